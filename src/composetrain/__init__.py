@@ -1,0 +1,37 @@
+"""composetrain: fast PyTorch training from small, pure transforms around a plain step.
+
+>>> import composetrain as ct
+>>> train = ct.accumulate(4)(step)                 # step(model, batch) -> loss
+>>> out = train(ct.TrainState(model, optimizer), batch)
+"""
+
+from composetrain.accumulate import accumulate
+from composetrain.batching import leading_size, split_batch
+from composetrain.core import (
+    Context,
+    Pass,
+    PlainStep,
+    StepOutput,
+    TrainState,
+    TrainStep,
+    Transform,
+    compose,
+    train_step,
+)
+
+__all__ = [
+    "Context",
+    "Pass",
+    "PlainStep",
+    "StepOutput",
+    "TrainState",
+    "TrainStep",
+    "Transform",
+    "accumulate",
+    "compose",
+    "leading_size",
+    "split_batch",
+    "train_step",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,130 @@
+"""accumulate(n): one update from n micro-batches, exactly the large-batch update."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import warnings
+from typing import Any
+
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from composetrain.batching import split_batch
+from composetrain.core import (
+    Context,
+    Pass,
+    TrainState,
+    TrainStep,
+    Transform,
+    WeightFn,
+    _name,
+    _show,
+    check_weights,
+    combine,
+)
+
+__all__ = ["accumulate"]
+
+
+def accumulate(n: int, *, weight: WeightFn | None = None) -> Transform:
+    """Split each batch into ``n`` micro-batches; forward+backward each; update once.
+
+    Activation memory falls about ``n``-fold, and the update, loss and metrics are
+    those of the plain step on the whole batch: every micro-batch's mean loss is
+    weighted by its share of the batch's units, so uneven micro-batches (a batch of
+    10 in 4 gives 3, 3, 2, 2) and token-level losses are exact. A batch smaller
+    than ``n`` gives fewer micro-batches, never an empty one.
+
+    Args:
+        n: the number of micro-batches, a positive int.
+        weight: ``weight(micro_batch) -> number``: how many units the step's mean
+            loss averages over (default: the leading size, i.e. samples). For a
+            token-level loss with padding, count the real tokens, e.g.
+            ``lambda b: (b["labels"] != -100).sum()``. It must add up over a split.
+
+    Returns:
+        A transform: ``accumulate(n)(step) -> TrainStep``.
+
+    Example:
+        >>> train = ct.accumulate(4, weight=lambda b: (b[1] != -100).sum())(step)
+        >>> out = train(state, (tokens, labels))     # one update, 4 forward+backward passes
+        >>> ct.compose(ct.accumulate(2), ct.accumulate(8))(step)   # nests as well
+        accumulate(2)(accumulate(8)(step))
+
+    Notes:
+        BatchNorm computes statistics per micro-batch, so with it the update is not
+        exactly the large-batch one (PyTorch issue 46516); a warning says so.
+        Dropout draws different masks than one large forward would: equal in
+        distribution, not bit for bit.
+    """
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        hint = " (did you mean accumulate(n)(step)?)" if callable(n) else ""
+        raise TypeError(f"accumulate: n must be a positive int, got {_show(n)}{hint}; e.g. accumulate(4)")
+    n = operator.index(n)
+    if n < 1:
+        raise ValueError(f"accumulate: n must be a positive int, got {n}; use accumulate(1) for no split")
+    if weight is not None and not callable(weight):
+        raise TypeError(
+            f"accumulate: weight must be a function micro_batch -> number of units, got {_show(weight)}; "
+            "e.g. weight=lambda b: (b['labels'] != -100).sum()"
+        )
+    label = f"accumulate({n})" if weight is None else f"accumulate({n}, weight={_name(weight)})"
+    return Transform(label, lambda step: _Accumulate(step, n, weight))
+
+
+class _Accumulate(TrainStep):
+    def __init__(self, inner: TrainStep, n: int, weight: WeightFn | None) -> None:
+        self.n = n
+        self.own_weight = weight
+        super().__init__(inner, weight=weight)
+
+    def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
+        who = repr(self)
+        micros = split_batch(batch, self.n, who)
+        if len(micros) == 1:
+            return self.inner.grads(state, batch, ctx)  # type: ignore[union-attr]
+        weights = self._weights(micros, ctx.piece_weight, who)
+        _warn_batchnorm(state, who)
+        last = len(micros) - 1
+        passes = [
+            self.inner.grads(  # type: ignore[union-attr]
+                state,
+                micro,
+                dataclasses.replace(ctx, piece_weight=w, last_backward=ctx.last_backward and i == last),
+            )
+            for i, (micro, w) in enumerate(zip(micros, weights, strict=True))
+        ]
+        return combine(passes, who)
+
+    def _weights(self, micros: list[Any], whole: float, who: str) -> list[float]:
+        """Units per micro-batch, all checked before the first forward."""
+        k = len(micros)
+        if self.weight is None:  # samples: the sizes torch.tensor_split gave, no need to ask
+            size = int(whole)
+            return [float(size // k + (i < size % k)) for i in range(k)]
+        weights = check_weights([self.weight(m) for m in micros], who, "micro-batch")
+        if abs(sum(weights) - whole) > 1e-6 * whole:
+            raise ValueError(
+                f"{who}: weight gave {sum(weights)} units over the micro-batches {weights} but "
+                f"{whole} for the whole batch; weight must count units (samples, tokens) so that "
+                "the counts add up over a split"
+            )
+        return weights
+
+    def _config(self) -> tuple[Any, ...]:
+        return (self.n, self.own_weight)
+
+    def _label(self) -> str:
+        if self.own_weight is None:
+            return f"accumulate({self.n})"
+        return f"accumulate({self.n}, weight={_name(self.own_weight)})"
+
+
+def _warn_batchnorm(state: TrainState, who: str) -> None:
+    if state.model.training and any(isinstance(m, _BatchNorm) and m.training for m in state.model.modules()):
+        warnings.warn(
+            f"{who}: the model has BatchNorm layers in training mode; they normalise each "
+            "micro-batch with its own statistics, so accumulation is close to, not exactly, the "
+            "large-batch update (PyTorch issue 46516). Use GroupNorm/LayerNorm for exactness.",
+            stacklevel=4,
+        )

@@ -1,0 +1,143 @@
+"""Split nested batches along their leading (batch) dimension.
+
+A batch is any nesting of tensors, tuples (named or not), lists, mappings and
+dataclasses. Tensors with at least one dimension are split; 0-dim tensors and
+non-tensor leaves (strings, numbers, None, ...) are passed unchanged to every
+piece. Pieces are views (``torch.tensor_split``): splitting copies no data.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+import torch
+
+__all__ = ["leading_size", "split_batch"]
+
+_Rebuild = Callable[[Iterator[Any]], Any]
+
+
+def _flatten(obj: Any, leaves: list[torch.Tensor]) -> _Rebuild:
+    """Append obj's tensor leaves to ``leaves``; return a function that rebuilds
+    obj from an iterator over replacement leaves (in the same order)."""
+    if isinstance(obj, torch.Tensor):
+        leaves.append(obj)
+        return next
+    if isinstance(obj, (tuple, list)):
+        rebuilds = [_flatten(item, leaves) for item in obj]
+        kind = type(obj)
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+            return lambda it: kind(*[r(it) for r in rebuilds])
+        return lambda it: kind([r(it) for r in rebuilds])
+    if isinstance(obj, Mapping):
+        keys = list(obj)
+        rebuilds = [_flatten(obj[k], leaves) for k in keys]
+
+        def rebuild_mapping(it: Iterator[Any]) -> Any:
+            values = [r(it) for r in rebuilds]
+            if isinstance(obj, MutableMapping):
+                # copy.copy keeps the mapping's own type (OrderedDict, defaultdict's
+                # factory, UserDict subclasses such as tokenizer outputs).
+                out = copy.copy(obj)
+                for k, v in zip(keys, values, strict=True):
+                    out[k] = v
+                return out
+            return dict(zip(keys, values, strict=True))
+
+        return rebuild_mapping
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = [f.name for f in dataclasses.fields(obj) if f.init]
+        rebuilds = [_flatten(getattr(obj, name), leaves) for name in names]
+        return lambda it: dataclasses.replace(obj, **{n: r(it) for n, r in zip(names, rebuilds, strict=True)})
+    return lambda it: obj
+
+
+def _paths(obj: Any, prefix: str = "batch") -> Iterator[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor leaf, in _flatten's order; used for error messages."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield from _paths(item, f"{prefix}[{i}]")
+    elif isinstance(obj, Mapping):
+        for k in obj:
+            yield from _paths(obj[k], f"{prefix}[{k!r}]")
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            if f.init:
+                yield from _paths(getattr(obj, f.name), f"{prefix}.{f.name}")
+
+
+def _leading(leaves: list[torch.Tensor], batch: Any, who: str) -> int | None:
+    sizes = {t.shape[0] for t in leaves if t.dim() > 0}
+    if len(sizes) > 1:
+        listing = ", ".join(f"{p} has {t.shape[0]}" for p, t in _paths(batch) if t.dim() > 0)
+        raise ValueError(
+            f"{who}: the batch's tensors disagree on the leading (batch) size: {listing}; "
+            "every tensor with a batch dimension must have the same first size"
+        )
+    return sizes.pop() if sizes else None
+
+
+def leading_size(batch: Any, who: str = "leading_size") -> int | None:
+    """The shared first dimension of the batch's tensors, or None if it has none.
+
+    Args:
+        batch: a nested batch (tensors in tuples, lists, mappings, dataclasses).
+        who: the name used in error messages.
+
+    Returns:
+        The leading size, or None when no tensor in the batch has a dimension.
+
+    Raises:
+        ValueError: the tensors disagree on their leading size.
+
+    Example:
+        >>> leading_size({"x": torch.zeros(8, 3), "y": torch.zeros(8)})
+        8
+    """
+    leaves: list[torch.Tensor] = []
+    _flatten(batch, leaves)
+    return _leading(leaves, batch, who)
+
+
+def split_batch(batch: Any, n: int, who: str = "split_batch") -> list[Any]:
+    """Split a nested batch into ``min(n, size)`` pieces of near-equal size.
+
+    Sizes follow ``torch.tensor_split``: a batch of 10 in 4 pieces gives 3, 3, 2, 2.
+    No piece is ever empty.
+
+    Args:
+        batch: a nested batch whose tensors share a leading size.
+        n: the largest number of pieces wanted (positive).
+        who: the name used in error messages.
+
+    Returns:
+        A list of batches with the same structure as ``batch``.
+
+    Raises:
+        ValueError: the batch is empty, holds no tensor with a batch dimension,
+            or its tensors disagree on the leading size.
+
+    Example:
+        >>> [b[0].shape[0] for b in split_batch((torch.zeros(10, 2), "tag"), 4)]
+        [3, 3, 2, 2]
+    """
+    leaves: list[torch.Tensor] = []
+    rebuild = _flatten(batch, leaves)
+    size = _leading(leaves, batch, who)
+    if size is None:
+        raise ValueError(
+            f"{who}: cannot split a batch that holds no tensor with a batch dimension "
+            f"(got {type(batch).__name__}); put the per-sample data in tensors"
+        )
+    if size == 0:
+        raise ValueError(f"{who}: the batch is empty (leading size 0); skip empty batches before the step")
+    k = min(n, size)
+    if k == 1:
+        return [batch]
+    pieces = [t.tensor_split(k) if t.dim() > 0 else (t,) * k for t in leaves]
+    return [rebuild(iter([p[i] for p in pieces])) for i in range(k)]

@@ -1,0 +1,122 @@
+"""Models, steps and comparisons shared by the tests."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import composetrain as ct
+
+IN, CLASSES = 5, 3
+
+
+@dataclasses.dataclass
+class Pair:
+    x: torch.Tensor
+    y: torch.Tensor
+    tag: str = "pair"
+
+
+class XY(NamedTuple):
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+STRUCTURES = ("tuple", "list", "dict", "ordered", "namedtuple", "dataclass", "nested")
+
+
+def make_batch(size: int, structure: str = "tuple", seed: int = 0, dtype=torch.float64) -> Any:
+    """A classification batch of ``size`` samples in the given nesting."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, IN, generator=g, dtype=dtype)
+    y = torch.randint(0, CLASSES, (size,), generator=g)
+    return {
+        "tuple": lambda: (x, y),
+        "list": lambda: [x, y],
+        "dict": lambda: {"x": x, "y": y, "source": "synthetic"},
+        "ordered": lambda: OrderedDict(y=y, x=x),
+        "namedtuple": lambda: XY(x, y),
+        "dataclass": lambda: Pair(x, y),
+        # a 0-dim tensor and strings ride along unsplit
+        "nested": lambda: {"inputs": (x, {"scale": torch.tensor(1.0, dtype=dtype)}), "meta": [y, "tag"]},
+    }[structure]()
+
+
+def get_xy(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(batch, (Pair, XY)):
+        return batch.x, batch.y
+    if isinstance(batch, dict) and "inputs" in batch:
+        x, extra = batch["inputs"]
+        return x * extra["scale"], batch["meta"][0]
+    if isinstance(batch, dict):
+        return batch["x"], batch["y"]
+    return batch[0], batch[1]
+
+
+def classify(model: nn.Module, batch: Any):
+    """A plain step: mean cross-entropy and accuracy over samples."""
+    x, y = get_xy(batch)
+    logits = model(x)
+    acc = (logits.argmax(-1) == y).to(logits.dtype).mean()
+    return F.cross_entropy(logits, y), {"acc": acc, "n_classes": float(CLASSES)}
+
+
+def mlp(seed: int = 0, dtype=torch.float64) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(IN, 8), nn.Tanh(), nn.Linear(8, CLASSES)).to(dtype)
+
+
+def make_state(seed: int = 0, *, model: nn.Module | None = None, optimizer: str = "sgd", scheduler: bool = True):
+    model = mlp(seed) if model is None else model
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if scheduler else None
+    return ct.TrainState(model, opt, sched)
+
+
+def assert_states_close(a: ct.TrainState, b: ct.TrainState, *, rtol: float = 1e-10, atol: float = 1e-12) -> None:
+    """Same params, optimizer state, scheduler and step (exact when rtol=atol=0)."""
+    assert a.step == b.step
+    for (na, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=rtol, atol=atol, msg=lambda m, n=na: f"param {n}: {m}")
+    sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
+    assert sa["param_groups"] == sb["param_groups"]
+    for key in sa["state"]:
+        for name, va in sa["state"][key].items():
+            torch.testing.assert_close(va, sb["state"][key][name], rtol=rtol, atol=atol)
+    if a.scheduler is not None:
+        assert a.scheduler.state_dict() == b.scheduler.state_dict()
+
+
+def assert_states_equal(a: ct.TrainState, b: ct.TrainState) -> None:
+    assert_states_close(a, b, rtol=0, atol=0)
+
+
+def snapshot(state: ct.TrainState) -> dict[str, Any]:
+    """A deep copy of everything a failed call must leave unchanged, gradients included."""
+    return {
+        "state": copy.deepcopy(state.state_dict()),
+        "grads": [None if p.grad is None else p.grad.clone() for p in state.model.parameters()],
+    }
+
+
+def assert_untouched(state: ct.TrainState, before: dict[str, Any]) -> None:
+    now = snapshot(state)
+    assert now["state"]["step"] == before["state"]["step"]
+    assert now["state"]["scheduler"] == before["state"]["scheduler"]
+    for k, v in before["state"]["model"].items():
+        assert torch.equal(now["state"]["model"][k], v), k
+    assert now["state"]["optimizer"]["param_groups"] == before["state"]["optimizer"]["param_groups"]
+    assert now["state"]["optimizer"]["state"].keys() == before["state"]["optimizer"]["state"].keys()
+    for key, entries in before["state"]["optimizer"]["state"].items():
+        for name, v in entries.items():
+            assert torch.equal(now["state"]["optimizer"]["state"][key][name], v)
+    assert all(g is None for g in now["grads"]), "a failed call left gradients behind"

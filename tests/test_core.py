@@ -1,0 +1,296 @@
+import copy
+import gc
+import io
+import weakref
+from typing import ClassVar
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_states_equal, assert_untouched, classify, make_batch, make_state, mlp, snapshot
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import composetrain as ct
+
+
+def hand_written_update(state, batch):
+    """The textbook PyTorch update train_step must equal bit for bit."""
+    loss, _ = classify(state.model, batch)
+    loss.backward()
+    state.optimizer.step()
+    state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def test_train_step_is_the_textbook_update_bit_for_bit():
+    ours, theirs = make_state(1), make_state(1)
+    train = ct.train_step(classify)
+    for i in range(5):
+        batch = make_batch(16, seed=i)
+        out = train(ours, batch)
+        assert torch.equal(out.loss, hand_written_update(theirs, batch))
+        theirs.step += 1
+    assert_states_equal(ours, theirs)
+    assert ours.step == 5 and ours.scheduler.last_epoch == 5
+
+
+def test_step_output_is_detached_on_device_and_grads_are_freed():
+    state = make_state()
+    out = ct.train_step(classify)(state, make_batch(8))
+    assert out.loss.dim() == 0 and not out.loss.requires_grad and out.loss.grad_fn is None
+    assert set(out.metrics) == {"acc", "n_classes"}
+    assert all(isinstance(v, torch.Tensor) and not v.requires_grad for v in out.metrics.values())
+    assert out.skipped is False
+    assert all(p.grad is None for p in state.model.parameters())
+
+
+class _Sentinel(torch.autograd.Function):
+    """Identity whose autograd node holds an object we can watch die."""
+
+    alive: ClassVar[list] = []
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.token = _Token()
+        _Sentinel.alive.append(weakref.ref(ctx.token))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Token:
+    pass
+
+
+def test_no_autograd_graph_survives_a_step():
+    _Sentinel.alive.clear()
+
+    def step(model, batch):
+        loss, metrics = classify(model, batch)
+        loss = _Sentinel.apply(loss)
+        return loss, {**metrics, "loss_again": loss}  # a metric that *is* the graph's output
+
+    state = make_state()
+    outs = [ct.accumulate(3)(step)(state, make_batch(12, seed=i)) for i in range(2)]
+    gc.collect()
+    assert len(_Sentinel.alive) == 6
+    assert all(ref() is None for ref in _Sentinel.alive), "a returned value keeps an autograd graph alive"
+    assert all(o.metrics["loss_again"].grad_fn is None for o in outs)
+
+
+def test_state_dict_round_trip_resumes_bit_exactly():
+    train = ct.accumulate(3)(classify)
+    straight = make_state(2, optimizer="adamw")
+    for i in range(3):
+        train(straight, make_batch(10, seed=i))
+    buffer = io.BytesIO()
+    torch.save(straight.state_dict(), buffer)
+
+    resumed = make_state(99, optimizer="adamw")  # different init: everything must come from the file
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer))
+    assert_states_equal(resumed, straight)
+    for i in range(3, 6):
+        a = train(straight, make_batch(10, seed=i))
+        b = train(resumed, make_batch(10, seed=i))
+        assert torch.equal(a.loss, b.loss)
+    assert_states_equal(resumed, straight)
+    assert resumed.step == 6
+
+
+def test_load_state_dict_refuses_other_models_and_changes_nothing():
+    saved = make_state(0).state_dict()
+    wide = ct.TrainState(
+        wide_model := nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)).double(),
+        torch.optim.SGD(wide_model.parameters(), lr=0.1),
+        None,
+    )
+    before = snapshot(wide)
+    with pytest.raises(ValueError, match=r"load_state_dict: .*does not match.*0.weight: \(8, 5\) vs \(16, 5\)"):
+        wide.load_state_dict({**saved, "scheduler": None})
+    assert_untouched(wide, before)
+
+    no_sched = make_state(0, scheduler=False)
+    with pytest.raises(ValueError, match="has scheduler state but this TrainState has no scheduler"):
+        no_sched.load_state_dict(saved)
+    two_groups = make_state(0)
+    params = list(two_groups.model.parameters())
+    two_groups.optimizer = torch.optim.SGD([{"params": params[:2]}, {"params": params[2:]}], lr=0.1)
+    with pytest.raises(ValueError, match=r"groups of sizes \[4\], this one \[2, 2\]"):
+        two_groups.load_state_dict(saved)
+    with pytest.raises(ValueError, match="lacks \\['step'\\]"):
+        make_state(0).load_state_dict({k: v for k, v in saved.items() if k != "step"})
+    with pytest.raises(ValueError, match="step must be a non-negative int, got -1"):
+        make_state(0).load_state_dict({**saved, "step": -1})
+
+
+def test_train_state_checks_its_arguments():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"TrainState: model must be a torch.nn.Module, got .*\(function\)"):
+        ct.TrainState(classify, opt)
+    with pytest.raises(TypeError, match=r"TrainState: optimizer must be a torch.optim.Optimizer, got .*\(list\)"):
+        ct.TrainState(model, list(model.parameters()))
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="scheduler was built for a different optimizer"):
+        ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(other, 1))
+    with pytest.raises(TypeError, match="ReduceLROnPlateau needs a metric"):
+        ct.TrainState(model, opt, torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
+    assert repr(ct.TrainState(model, opt)) == "TrainState(step=0, model=Sequential, optimizer=SGD, scheduler=None)"
+
+
+@pytest.mark.parametrize(
+    ("returned", "error", "pattern"),
+    [
+        (lambda loss: loss.reshape(1), ValueError, r"train_step\(bad\): the loss must be a scalar .*got shape \(1,\)"),
+        (lambda loss: loss.unsqueeze(0).expand(4), ValueError, r"got shape \(4,\); reduce it"),
+        (lambda loss: loss.item(), TypeError, r"must return a loss tensor or \(loss, metrics\), got .*\(float\)"),
+        (lambda loss: {"loss": loss}, TypeError, r"got .*\(dict\)"),
+        (lambda loss: loss.detach(), ValueError, "does not require grad"),
+        (lambda loss: (loss, [1.0]), TypeError, "metrics must be a mapping"),
+        (lambda loss: (loss, {"v": torch.ones(3)}), TypeError, "metric 'v' must be a scalar tensor or a number"),
+    ],
+)
+def test_bad_step_outputs_are_clear_errors_and_change_nothing(returned, error, pattern):
+    def bad(model, batch):
+        return returned(classify(model, batch)[0])
+
+    state = make_state()
+    before = snapshot(state)
+    for train in (ct.train_step(bad), ct.accumulate(2)(bad)):
+        with pytest.raises(error, match=pattern) as info:
+            train(state, make_batch(6))
+        assert str(info.value).startswith("train_step(bad): ")  # names the step that returned it
+        assert_untouched(state, before)
+
+
+def test_an_error_midway_through_a_split_changes_nothing():
+    calls = []
+
+    def flaky(model, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("out of memory (simulated)")
+        return classify(model, batch)
+
+    state = make_state()
+    before = snapshot(state)
+    with pytest.raises(RuntimeError, match="simulated"):
+        ct.accumulate(4)(flaky)(state, make_batch(8))
+    assert len(calls) == 3  # two backward passes had already written .grad
+    assert_untouched(state, before)
+
+
+def test_empty_batches_and_wrong_states_are_clear_errors():
+    state = make_state()
+    before = snapshot(state)
+    empty = make_batch(0)
+    with pytest.raises(ValueError, match=r"train_step\(classify\): the batch is empty \(leading size 0\)"):
+        ct.train_step(classify)(state, empty)
+    with pytest.raises(ValueError, match=r"accumulate\(2\)\(classify\): the batch is empty"):
+        ct.accumulate(2)(classify)(state, empty)
+    with pytest.raises(TypeError, match=r"state must be a ct.TrainState, got .*\(Sequential\)"):
+        ct.train_step(classify)(state.model, make_batch(4))
+    assert_untouched(state, before)
+
+
+def test_train_step_and_compose_check_their_arguments():
+    with pytest.raises(TypeError, match=r"train_step: step must be a function step\(model, batch\).*\(Sequential\)"):
+        ct.train_step(mlp())
+    with pytest.raises(TypeError, match=r"train_step: .*got 3 \(int\)"):
+        ct.train_step(3)
+    with pytest.raises(TypeError, match=r"compose: argument 1 must be a transform .*got 'x' \(str\)"):
+        ct.compose(ct.accumulate(2), "x")
+    with pytest.raises(TypeError, match="compose: argument 0"):
+        ct.compose(ct.train_step(classify))
+
+
+def test_train_step_is_idempotent_and_prints_as_what_it_is():
+    lifted = ct.train_step(classify)
+    assert ct.train_step(lifted) is lifted
+    assert repr(lifted) == "train_step(classify)"
+    assert lifted.__wrapped__ is classify and lifted.__name__ == "classify" and lifted.__doc__ == classify.__doc__
+    composed = ct.compose(ct.accumulate(2), ct.accumulate(3, weight=len))(classify)
+    assert repr(composed) == "accumulate(2)(accumulate(3, weight=len)(classify))"
+    assert repr(ct.compose(ct.accumulate(2), ct.accumulate(3))) == "compose(accumulate(2), accumulate(3))"
+    assert composed.__wrapped__ == ct.accumulate(3, weight=len)(classify)
+    assert composed.__name__ == "classify"
+    assert ct.compose()(classify) == lifted
+
+
+@given(sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4), order=st.permutations([0, 1, 2]))
+def test_compose_is_nested_application(sizes, order):
+    ts = [ct.accumulate(s) for s in sizes]
+    nested = classify
+    for t in reversed(ts):
+        nested = t(nested)
+    assert ct.compose(*ts)(classify) == nested
+
+
+def test_wrapping_never_mutates_the_wrapped_step():
+    def step(model, batch):
+        return classify(model, batch)
+
+    step.marker = "mine"
+    fn_state = dict(vars(step)), step.__name__, step.__doc__
+    inner = ct.accumulate(2)(step)
+    inner_state = dict(vars(inner))
+    outer = ct.accumulate(3)(inner)
+    ct.compose(ct.accumulate(4), ct.accumulate(5))(inner)
+    assert (dict(vars(step)), step.__name__, step.__doc__) == fn_state
+    assert dict(vars(inner)) == inner_state
+    assert outer.inner is inner
+    # the inner step still behaves exactly as one built afresh
+    a, b = make_state(3), make_state(3)
+    inner(a, make_batch(9))
+    ct.accumulate(2)(step)(b, make_batch(9))
+    assert_states_equal(a, b)
+
+
+@given(n=st.integers(1, 6), size=st.integers(1, 20))
+def test_the_same_composition_built_twice_is_equal_and_independent(n, size):
+    first = ct.compose(ct.accumulate(n), ct.accumulate(2))(classify)
+    second = ct.compose(ct.accumulate(n), ct.accumulate(2))(classify)
+    assert first == second and hash(first) == hash(second) and first is not second
+    assert first != ct.accumulate(n + 1)(classify)
+    a, b = make_state(4), make_state(4)
+    for i in range(3):
+        out_a, out_b = first(a, make_batch(size, seed=i)), second(b, make_batch(size, seed=i))
+        assert torch.equal(out_a.loss, out_b.loss)
+    assert_states_equal(a, b)
+
+
+def test_steps_hold_configuration_only():
+    train = ct.accumulate(3)(classify)
+    config = copy.copy(vars(train))
+    train(make_state(), make_batch(9))
+    assert vars(train) == config  # running a step leaves nothing behind in it
+
+
+def test_custom_transforms_see_the_context_protocol():
+    """A transform written by a user: the Context tells it which backward is the last."""
+
+    class Spy(ct.TrainStep):
+        def __init__(self, inner, log):
+            self.log = log
+            super().__init__(inner)
+
+        def grads(self, state, batch, ctx):
+            self.log.append((ctx.last_backward, ctx.piece_weight, ctx.total_weight))
+            return super().grads(state, batch, ctx)
+
+    log = []
+    train = ct.accumulate(2)(ct.accumulate(2)(Spy(ct.train_step(classify), log)))
+    train(make_state(), make_batch(10))
+    assert log == [(False, 3.0, 10.0), (False, 2.0, 10.0), (False, 3.0, 10.0), (True, 2.0, 10.0)]
+
+
+def test_plain_step_may_return_only_a_loss():
+    state = make_state()
+    out = ct.accumulate(2)(lambda m, b: F.cross_entropy(m(b[0]), b[1]))(state, make_batch(6))
+    assert out.metrics == {} and state.step == 1
