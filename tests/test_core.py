@@ -204,6 +204,8 @@ def test_train_step_and_compose_check_their_arguments():
         ct.train_step(mlp())
     with pytest.raises(TypeError, match=r"train_step: .*got 3 \(int\)"):
         ct.train_step(3)
+    with pytest.raises(TypeError, match=r"accumulate\(2\): step must be a function .*got 3 \(int\)"):
+        ct.accumulate(2)(3)
     with pytest.raises(TypeError, match=r"compose: argument 1 must be a transform .*got 'x' \(str\)"):
         ct.compose(ct.accumulate(2), "x")
     with pytest.raises(TypeError, match="compose: argument 0"):

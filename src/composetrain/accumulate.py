@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import warnings
 from typing import Any
@@ -90,7 +89,7 @@ class _Accumulate(TrainStep):
             self.inner.grads(  # type: ignore[union-attr]
                 state,
                 micro,
-                dataclasses.replace(ctx, piece_weight=w, last_backward=ctx.last_backward and i == last),
+                ctx._replace(piece_weight=w, last_backward=ctx.last_backward and i == last),
             )
             for i, (micro, w) in enumerate(zip(micros, weights, strict=True))
         ]

@@ -15,7 +15,8 @@ Transforms talk to the steps inside them through one explicit channel, the
 The loss has exactly one owner of its normalisation: the innermost pass scales
 its mean loss by ``ctx.piece_weight / ctx.total_weight`` before ``backward``, so
 the gradients summed over all passes are those of the mean over all units of the
-batch, however it was split.
+batch, however it was split. The same scaled loss, detached, is the pass's share
+of the reported loss: shares add up, with no second weighting.
 
 ``__call__`` is the only entry: it validates the state and the batch, builds the
 root context, runs both phases and always leaves every gradient ``None``
@@ -216,11 +217,10 @@ class StepOutput:
     skipped: bool | torch.Tensor = False
 
 
-@dataclasses.dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
     """What a transform tells the steps inside it during the grads phase.
 
-    Transforms pass a modified copy (``dataclasses.replace``) to their inner step;
+    Transforms pass a modified copy (``ctx._replace(...)``) to their inner step;
     nothing here is mutated.
 
     Attributes:
@@ -238,26 +238,34 @@ class Context:
 
 
 class Pass(NamedTuple):
-    """The result of a grads phase: detached means over ``weight`` units."""
+    """What a grads phase returns: its share of the update's mean loss and metrics.
+
+    A share is the pass's mean times ``piece_weight / total_weight`` (detached), so
+    the shares of all passes of an update add up to the means over the whole batch.
+    """
 
     loss: torch.Tensor
     metrics: dict[str, Metric]
-    weight: float
 
 
 def combine(passes: Sequence[Pass], who: str) -> Pass:
-    """Weighted mean of several passes: the loss and metrics of their union."""
-    total = sum(p.weight for p in passes)
-    loss = sum(p.loss * (p.weight / total) for p in passes)
+    """The sum of several passes' shares: the loss and metrics of their union."""
     names = passes[0].metrics.keys()
     for i, p in enumerate(passes):
         if p.metrics.keys() != names:
             raise ValueError(
-                f"{who}: the step returned metrics {sorted(p.metrics)} for piece {i} but "
-                f"{sorted(names)} for piece 0; return the same metric names for every batch"
+                f"{who}: the step returned metrics {sorted(p.metrics)} for piece {i + 1} but "
+                f"{sorted(names)} for piece 1; return the same metric names for every batch"
             )
-    metrics = {k: sum(p.metrics[k] * (p.weight / total) for p in passes) for k in names}
-    return Pass(loss, metrics, total)  # type: ignore[arg-type]
+    loss = _add([p.loss for p in passes])
+    return Pass(loss, {k: _add([p.metrics[k] for p in passes]) for k in names})
+
+
+def _add(values: list[Any]) -> Any:
+    """Sum of tensors (two kernel launches, whatever their number) or numbers."""
+    if all(isinstance(v, torch.Tensor) for v in values):
+        return torch.stack(values).sum(0)
+    return sum(values[1:], values[0])
 
 
 class TrainStep:
@@ -375,9 +383,12 @@ class _Lifted(TrainStep):
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         loss, metrics = _unpack(self.step(ctx.model, batch), self)
-        factor = ctx.piece_weight / ctx.total_weight
-        (loss if factor == 1.0 else loss * factor).backward()
-        return Pass(loss.detach(), metrics, ctx.piece_weight)
+        share = ctx.piece_weight / ctx.total_weight
+        if share != 1.0:  # only split batches pay for the scaling; a whole batch stays bit-exact
+            loss = loss * share
+            metrics = {k: v * share for k, v in metrics.items()}
+        loss.backward()
+        return Pass(loss.detach(), metrics)
 
     def update(self, state: TrainState, ctx: Context) -> bool:
         state.optimizer.step()
@@ -471,7 +482,7 @@ class Transform:
         self._build = build
 
     def __call__(self, step: PlainStep | TrainStep) -> TrainStep:
-        return self._build(train_step(step))
+        return self._build(_lift(step, self._label))
 
     def __repr__(self) -> str:
         return self._label
@@ -497,11 +508,15 @@ def train_step(step: PlainStep | TrainStep) -> TrainStep:
         >>> out = ct.train_step(step)(state, (x, y))       # one update on the whole batch
         >>> out = ct.accumulate(4)(step)(state, (x, y))    # the same update, in 4 micro-batches
     """
+    return _lift(step, "train_step")
+
+
+def _lift(step: PlainStep | TrainStep, who: str) -> TrainStep:
     if isinstance(step, TrainStep):
         return step
     if isinstance(step, (nn.Module, TrainState)) or not callable(step):
         raise TypeError(
-            f"train_step: step must be a function step(model, batch) -> loss, got {_show(step)}; "
+            f"{who}: step must be a function step(model, batch) -> loss, got {_show(step)}; "
             "write the forward and the loss in a function of (model, batch)"
         )
     return _Lifted(step)
@@ -530,7 +545,7 @@ def compose(*transforms: Callable[[TrainStep], TrainStep]) -> Transform:
 
     def build(step: TrainStep) -> TrainStep:
         for t in reversed(transforms):
-            step = train_step(t(step))
+            step = _lift(t(step), repr(t))
         return step
 
     return Transform(f"compose({', '.join(map(repr, transforms))})", build)

@@ -1,0 +1,189 @@
+"""Overhead of ct.accumulate(n) against a hand-written accumulation loop doing the same work.
+
+Same model, data and optimizer for every contender; PyTorch Lightning
+(accumulate_grad_batches) and Hugging Face Accelerate (gradient_accumulation_steps)
+join when installed (pip install -e ".[bench]").
+
+    python benchmarks/bench_accumulate.py               # the README's figures
+    python benchmarks/bench_accumulate.py --width 128   # a tinier model: overhead shows more
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+from common import compare, installed, report
+from torch import nn
+
+import composetrain as ct
+
+
+def make_model(width: int, depth: int, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(256, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def step(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def hand_written(model, batches, n):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def run(updates: int) -> float:
+        start = time.perf_counter()
+        for i in range(updates):
+            x, y = batches[i % len(batches)]
+            total = torch.zeros(())
+            for xb, yb in zip(x.tensor_split(n), y.tensor_split(n), strict=True):
+                loss = F.cross_entropy(model(xb), yb) * (xb.shape[0] / x.shape[0])
+                loss.backward()
+                total += loss.detach()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    return run
+
+
+def composetrain(model, batches, n):
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+    train = ct.accumulate(n)(step)
+
+    def run(updates: int) -> float:
+        start = time.perf_counter()
+        for i in range(updates):
+            train(state, batches[i % len(batches)])
+        return time.perf_counter() - start
+
+    return run
+
+
+def micro_batches(batches, n):
+    return [(xb, yb) for x, y in batches for xb, yb in zip(x.tensor_split(n), y.tensor_split(n), strict=True)]
+
+
+class Batches:
+    """A plain iterable of ready batches (a list would be read as several loaders)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+
+def lightning(model, batches, n):
+    import lightning.pytorch as pl
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    micros = micro_batches(batches, n)
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, _):
+            return step(self.model, batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+
+    class Clock(pl.Callback):
+        """Times the updates themselves, not the Trainer's start-up."""
+
+        def on_train_batch_start(self, trainer, *_):
+            if trainer.fit_loop.total_batch_idx == n:  # skip the first update: Trainer warm-up
+                self.start = time.perf_counter()
+
+        def on_train_end(self, *_):
+            self.end = time.perf_counter()
+
+    def run(updates: int) -> float:
+        clock = Clock()
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            max_steps=updates + 1,
+            accumulate_grad_batches=n,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[clock],
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Module(), train_dataloaders=Batches(micros * (1 + (updates + 1) * n // len(micros))))
+        return clock.end - clock.start
+
+    return run
+
+
+def accelerate(model, batches, n):
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=n)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model, opt = accelerator.prepare(model, opt)
+    micros = micro_batches(batches, n)
+
+    def run(updates: int) -> float:
+        start = time.perf_counter()
+        for i in range(updates * n):
+            with accelerator.accumulate(model):
+                loss = step(model, micros[i % len(micros)])
+                accelerator.backward(loss)
+                opt.step()
+                opt.zero_grad()
+        return time.perf_counter() - start
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=21)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    batches = [(torch.randn(args.batch, 256), torch.randint(0, 10, (args.batch,))) for _ in range(8)]
+    builders = {"hand-written loop": hand_written, "composetrain accumulate": composetrain}
+    if installed("lightning"):
+        builders["Lightning accumulate_grad_batches"] = lightning
+    if installed("accelerate"):
+        builders["Accelerate gradient_accumulation_steps"] = accelerate
+    model = make_model(args.width, args.depth)
+    contenders = {name: build(copy.deepcopy(model), batches, args.n) for name, build in builders.items()}
+    results = compare(contenders, updates=args.updates, rounds=args.rounds)
+    print(
+        report(
+            f"accumulate({args.n}): MLP 256-{args.width}x{args.depth}-10, batch {args.batch}, fp32, "
+            f"{torch.get_num_threads()} threads, torch {torch.__version__}",
+            results,
+            "hand-written loop",
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""README promises two commands; CI must run the very same test command."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands():
+    text = (ROOT / "README.md").read_text()
+    head = text[: text.index("## Quick example")]
+    return re.findall(r"```bash\n(.+?)\n```", head)
+
+
+def test_readme_opens_with_exactly_two_commands():
+    main_job, tests = readme_commands()
+    assert "examples/train_digits.py" in main_job
+    assert "pytest" in tests
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    _, tests = readme_commands()
+    assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_readme_quick_example_runs():
+    code = re.search(r"## Quick example\n\n```python\n(.+?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README quick example", "exec"), namespace)
+    assert namespace["state"].step == 1
+    assert repr(namespace["train_step"]) == "accumulate(4)(step)"
