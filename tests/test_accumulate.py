@@ -128,6 +128,24 @@ def test_token_weighted_accumulation_is_exact_with_random_padding(lengths, n, se
     assert_states_close(a, b)
 
 
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=24),
+    outer=st.integers(1, 4),
+    inner=st.integers(1, 4),
+    weighted=st.sampled_from(["outer", "inner"]),
+    seed=st.integers(0, 999),
+)
+def test_one_weight_serves_every_accumulate_of_a_composition(lengths, outer, inner, weighted, seed):
+    """weight= on either accumulate of a nesting counts units for both."""
+    w_outer, w_inner = (real_tokens, None) if weighted == "outer" else (None, real_tokens)
+    train = ct.accumulate(outer, weight=w_outer)(ct.accumulate(inner, weight=w_inner)(token_step))
+    a, b = make_state(model=token_model(seed)), make_state(model=token_model(seed))
+    for i in range(UPDATES):
+        batch = padded_batch(lengths, 12, seed + i)
+        assert_outputs_close(train(a, batch), ct.train_step(token_step)(b, batch))
+    assert_states_close(a, b)
+
+
 def test_averaging_micro_batch_means_is_wrong_for_token_losses():
     """transformers PR 34191: without weight=, unequal token counts give a different (wrong) update."""
     batch = padded_batch([12, 12, 1, 1], 12, seed=0)
@@ -194,9 +212,21 @@ def test_bad_n_is_a_clear_error(n, error, shown):
         ct.accumulate(n)
 
 
-def test_numpy_ints_are_whole_numbers():
+def test_numpy_numbers_are_accepted_for_n_and_weights():
     np = pytest.importorskip("numpy")
     assert repr(ct.accumulate(np.int64(3))(classify)) == "accumulate(3)(classify)"
+    a, b = make_state(), make_state()
+    ct.accumulate(3, weight=lambda m: np.int64(m[0].shape[0]))(classify)(a, make_batch(7))
+    ct.train_step(classify)(b, make_batch(7))
+    assert_states_close(a, b)
+
+
+def test_a_batch_without_units_is_refused_before_any_forward():
+    state = make_state()
+    before = snapshot(state)
+    with pytest.raises(ValueError, match=r"weight returned 0 for the batch; .*positive, finite"):
+        ct.accumulate(2, weight=lambda b: 0)(classify)(state, make_batch(6))
+    assert_untouched(state, before)
 
 
 def test_weight_must_be_callable():

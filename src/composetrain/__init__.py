@@ -6,18 +6,9 @@
 """
 
 from composetrain.accumulate import accumulate
-from composetrain.batching import leading_size, split_batch
-from composetrain.core import (
-    Context,
-    Pass,
-    PlainStep,
-    StepOutput,
-    TrainState,
-    TrainStep,
-    Transform,
-    compose,
-    train_step,
-)
+from composetrain.batching import leading_size, samples, split_batch
+from composetrain.core import Context, Pass, PlainStep, StepOutput, TrainStep, Transform, compose, train_step
+from composetrain.state import TrainState
 
 __all__ = [
     "Context",
@@ -30,6 +21,7 @@ __all__ = [
     "accumulate",
     "compose",
     "leading_size",
+    "samples",
     "split_batch",
     "train_step",
 ]

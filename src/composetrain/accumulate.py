@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import operator
 import warnings
+import weakref
 from typing import Any
 
+from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from composetrain.batching import split_batch
-from composetrain.core import (
-    Context,
-    Pass,
-    TrainState,
-    TrainStep,
-    Transform,
-    WeightFn,
-    _name,
-    _show,
-    check_weights,
-    combine,
-)
+from composetrain._util import name, show
+from composetrain.batching import check_weights, split_batch
+from composetrain.core import Context, Pass, TrainStep, Transform, WeightFn, combine
+from composetrain.state import TrainState
 
 __all__ = ["accumulate"]
 
@@ -39,7 +32,8 @@ def accumulate(n: int, *, weight: WeightFn | None = None) -> Transform:
         weight: ``weight(micro_batch) -> number``: how many units the step's mean
             loss averages over (default: the leading size, i.e. samples). For a
             token-level loss with padding, count the real tokens, e.g.
-            ``lambda b: (b["labels"] != -100).sum()``. It must add up over a split.
+            ``lambda b: (b["labels"] != -100).sum()``. It must add up over a split,
+            and it serves the whole composition (an inner accumulate uses it too).
 
     Returns:
         A transform: ``accumulate(n)(step) -> TrainStep``.
@@ -54,21 +48,26 @@ def accumulate(n: int, *, weight: WeightFn | None = None) -> Transform:
         BatchNorm computes statistics per micro-batch, so with it the update is not
         exactly the large-batch one (PyTorch issue 46516); a warning says so.
         Dropout draws different masks than one large forward would: equal in
-        distribution, not bit for bit.
+        distribution, not bit for bit. Weights returned as tensors on an accelerator
+        are read once per update (one host sync): return Python numbers or CPU
+        tensors to avoid it.
     """
     if isinstance(n, bool) or not hasattr(n, "__index__"):
         hint = " (did you mean accumulate(n)(step)?)" if callable(n) else ""
-        raise TypeError(f"accumulate: n must be a positive int, got {_show(n)}{hint}; e.g. accumulate(4)")
+        raise TypeError(f"accumulate: n must be a positive int, got {show(n)}{hint}; e.g. accumulate(4)")
     n = operator.index(n)
     if n < 1:
         raise ValueError(f"accumulate: n must be a positive int, got {n}; use accumulate(1) for no split")
     if weight is not None and not callable(weight):
         raise TypeError(
-            f"accumulate: weight must be a function micro_batch -> number of units, got {_show(weight)}; "
+            f"accumulate: weight must be a function micro_batch -> number of units, got {show(weight)}; "
             "e.g. weight=lambda b: (b['labels'] != -100).sum()"
         )
-    label = f"accumulate({n})" if weight is None else f"accumulate({n}, weight={_name(weight)})"
-    return Transform(label, lambda step: _Accumulate(step, n, weight))
+    return Transform(_label(n, weight), lambda step: _Accumulate(step, n, weight))
+
+
+def _label(n: int, weight: WeightFn | None) -> str:
+    return f"accumulate({n})" if weight is None else f"accumulate({n}, weight={name(weight)})"
 
 
 class _Accumulate(TrainStep):
@@ -78,49 +77,51 @@ class _Accumulate(TrainStep):
         super().__init__(inner, weight=weight)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
+        inner = self._inner()
         who = repr(self)
         micros = split_batch(batch, self.n, who)
         if len(micros) == 1:
-            return self.inner.grads(state, batch, ctx)  # type: ignore[union-attr]
-        weights = self._weights(micros, ctx.piece_weight, who)
-        _warn_batchnorm(state, who)
+            return inner.grads(state, batch, ctx)
+        weights = _weights(micros, ctx, who)
+        _warn_batchnorm(state.model, who)
         last = len(micros) - 1
         passes = [
-            self.inner.grads(  # type: ignore[union-attr]
-                state,
-                micro,
-                ctx._replace(piece_weight=w, last_backward=ctx.last_backward and i == last),
-            )
+            inner.grads(state, micro, ctx._replace(piece_weight=w, last_backward=ctx.last_backward and i == last))
             for i, (micro, w) in enumerate(zip(micros, weights, strict=True))
         ]
         return combine(passes, who)
-
-    def _weights(self, micros: list[Any], whole: float, who: str) -> list[float]:
-        """Units per micro-batch, all checked before the first forward."""
-        k = len(micros)
-        if self.weight is None:  # samples: the sizes torch.tensor_split gave, no need to ask
-            size = int(whole)
-            return [float(size // k + (i < size % k)) for i in range(k)]
-        weights = check_weights([self.weight(m) for m in micros], who, "micro-batch")
-        if abs(sum(weights) - whole) > 1e-6 * whole:
-            raise ValueError(
-                f"{who}: weight gave {sum(weights)} units over the micro-batches {weights} but "
-                f"{whole} for the whole batch; weight must count units (samples, tokens) so that "
-                "the counts add up over a split"
-            )
-        return weights
 
     def _config(self) -> tuple[Any, ...]:
         return (self.n, self.own_weight)
 
     def _label(self) -> str:
-        if self.own_weight is None:
-            return f"accumulate({self.n})"
-        return f"accumulate({self.n}, weight={_name(self.own_weight)})"
+        return _label(self.n, self.own_weight)
 
 
-def _warn_batchnorm(state: TrainState, who: str) -> None:
-    if state.model.training and any(isinstance(m, _BatchNorm) and m.training for m in state.model.modules()):
+def _weights(micros: list[Any], ctx: Context, who: str) -> list[float]:
+    """Units per micro-batch, all checked before the first forward."""
+    k = len(micros)
+    if ctx.weight is None:  # samples: the sizes torch.tensor_split gave, no need to ask
+        size = int(ctx.piece_weight)
+        return [float(size // k + (i < size % k)) for i in range(k)]
+    weights = check_weights([ctx.weight(m) for m in micros], who, "micro-batch")
+    whole = ctx.piece_weight
+    if isinstance(whole, float) and abs(sum(weights) - whole) > 1e-6 * whole:
+        raise ValueError(
+            f"{who}: weight gave {sum(weights)} units over the micro-batches {weights} but "
+            f"{whole} for the whole batch; weight must count units (samples, tokens) so that "
+            "the counts add up over a split"
+        )
+    return weights
+
+
+_batchnorms: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
+
+
+def _warn_batchnorm(model: nn.Module, who: str) -> None:
+    if model not in _batchnorms:  # a derived fact about the model, found once: not training state
+        _batchnorms[model] = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    if any(m.training for m in _batchnorms[model]):
         warnings.warn(
             f"{who}: the model has BatchNorm layers in training mode; they normalise each "
             "micro-batch with its own statistics, so accumulation is close to, not exactly, the "

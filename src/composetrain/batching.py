@@ -1,21 +1,28 @@
-"""Split nested batches along their leading (batch) dimension.
+"""Split nested batches along their leading (batch) dimension, and count their units.
 
 A batch is any nesting of tensors, tuples (named or not), lists, mappings and
 dataclasses. Tensors with at least one dimension are split; 0-dim tensors and
 non-tensor leaves (strings, numbers, None, ...) are passed unchanged to every
 piece. Pieces are views (``torch.tensor_split``): splitting copies no data.
+
+A batch's *units* are what its mean loss averages over: samples by default
+(``samples``), or what a ``weight`` function counts (tokens, ...).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+import math
+import numbers
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["leading_size", "split_batch"]
+from composetrain._util import show
+
+__all__ = ["check_weights", "leading_size", "samples", "split_batch"]
 
 _Rebuild = Callable[[Iterator[Any]], Any]
 
@@ -141,3 +148,53 @@ def split_batch(batch: Any, n: int, who: str = "split_batch") -> list[Any]:
         return [batch]
     pieces = [t.tensor_split(k) if t.dim() > 0 else (t,) * k for t in leaves]
     return [rebuild(iter([p[i] for p in pieces])) for i in range(k)]
+
+
+def samples(batch: Any, who: str = "samples") -> int:
+    """The default unit count: the batch's leading size (1 for a batch without tensors).
+
+    Raises:
+        ValueError: the batch is empty, or its tensors disagree on the leading size.
+    """
+    size = leading_size(batch, who)
+    if size == 0:
+        raise ValueError(
+            f"{who}: the batch is empty (leading size 0); skip empty batches before the step, "
+            "e.g. DataLoader(..., drop_last=True)"
+        )
+    return 1 if size is None else size
+
+
+def check_weights(values: Sequence[Any], who: str, what: str) -> list[float]:
+    """Turn unit counts (numbers or one-element tensors) into positive, finite floats.
+
+    Tensors are read with one host transfer for all of them (on an accelerator, one
+    host sync). ``what`` names the batches in messages ("micro-batch", "the batch").
+
+    Raises:
+        TypeError: a value is not a real number or a one-element tensor.
+        ValueError: a value is zero, negative, NaN or infinite.
+    """
+    tensors = [v for v in values if isinstance(v, torch.Tensor) and v.numel() == 1]
+    if tensors:
+        if len({t.device for t in tensors}) == 1:
+            read = iter(torch.stack([t.detach().reshape(()).double() for t in tensors]).tolist())
+        else:
+            read = iter([t.item() for t in tensors])
+        values = [next(read) if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in values]
+    out = []
+    for i, v in enumerate(values):
+        where = f"{what} {i + 1} of {len(values)}" if len(values) > 1 else what
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(
+                f"{who}: weight must return a number or a one-element tensor, got {show(v)} for "
+                f"{where}; return the count of units, e.g. (labels != -100).sum()"
+            )
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(
+                f"{who}: weight returned {v} for {where}; every batch must hold a positive, finite "
+                "number of units (samples, tokens), or its mean loss is undefined: use fewer "
+                "micro-batches, or drop batches with no units before the step"
+            )
+        out.append(float(v))
+    return out

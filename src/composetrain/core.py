@@ -1,56 +1,64 @@
-"""The core: TrainState, StepOutput, TrainStep, train_step and compose.
+"""The step protocol: TrainStep, its Context, train_step and compose.
 
 How a TrainStep works
 ---------------------
-``train_step(state, batch)`` performs exactly one optimizer update, in two phases
-that transforms may wrap:
+``train_step(state, batch)`` performs exactly one optimizer update in three phases,
+each of which a transform may wrap (subclass TrainStep, override, call the inner
+step's):
 
-1. ``grads(state, batch, ctx) -> Pass``: forward and backward, accumulating into
-   ``.grad``. A transform that splits the batch (``accumulate``) calls its inner
-   step's ``grads`` once per piece.
-2. ``update(state, ctx) -> skipped``: apply the optimizer update, or skip it.
+1. ``prepare(state, batch, ctx) -> ctx``, once per update, outermost first: set up
+   what the whole update needs (e.g. the batch's unit count across processes).
+2. ``grads(state, batch, ctx) -> Pass``: forward and backward, adding into
+   ``.grad``. A transform that splits the batch calls its inner step's ``grads``
+   once per piece; the innermost one runs the plain step.
+3. ``update(state, ctx) -> skipped``: apply the optimizer update, or skip it.
 
 Transforms talk to the steps inside them through one explicit channel, the
-``Context`` handed down the ``grads`` phase, never by testing each other's types.
+``Context``, never by testing each other's types. Because a composition is a
+chain, whatever a transform puts in the context reaches every pass inside it,
+whichever order the transforms were nested in:
+
+- ``around_forward``: context managers entered around the plain step's forward
+  only (autocast belongs there, never around backward or the optimizer).
+- ``around_pass``: context managers entered around forward *and* backward of one
+  pass, given that pass's context (DDP's ``no_sync`` must wrap both, and is
+  wanted only while ``last_backward`` is false).
+- ``loss_multiplier``: applied to the loss for ``backward`` only (loss scaling).
+- ``last_backward``: false while further backward passes of this update follow.
+
 The loss has exactly one owner of its normalisation: the innermost pass scales
-its mean loss by ``ctx.piece_weight / ctx.total_weight`` before ``backward``, so
-the gradients summed over all passes are those of the mean over all units of the
+its mean loss by ``piece_weight / total_weight`` before ``backward``, so the
+gradients summed over all passes are those of the mean over all units of the
 batch, however it was split. The same scaled loss, detached, is the pass's share
 of the reported loss: shares add up, with no second weighting.
 
-``__call__`` is the only entry: it validates the state and the batch, builds the
-root context, runs both phases and always leaves every gradient ``None``
-(``zero_grad(set_to_none=True)``), also when a phase raises, so a failed call
-changes nothing.
+``__call__`` is the only entry. It validates the state and the batch, builds the
+root context, runs the phases and always ends with every gradient ``None``, also
+when a phase raises; an error before the update leaves parameters, optimizer,
+scheduler and ``state.step`` untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol, TypeAlias
 
 import torch
 from torch import nn
 
-from composetrain.batching import leading_size
+from composetrain._util import name, show
+from composetrain.batching import check_weights, samples
+from composetrain.state import TrainState
 
-__all__ = [
-    "Context",
-    "Pass",
-    "PlainStep",
-    "StepOutput",
-    "TrainState",
-    "TrainStep",
-    "Transform",
-    "compose",
-    "train_step",
-]
+__all__ = ["Context", "Pass", "PlainStep", "StepOutput", "TrainStep", "Transform", "compose", "train_step"]
 
 Metric: TypeAlias = "torch.Tensor | float"
 WeightFn: TypeAlias = "Callable[[Any], int | float | torch.Tensor]"
+Hook: TypeAlias = "Callable[[Context], AbstractContextManager[Any]]"
 
 
 class PlainStep(Protocol):
@@ -63,144 +71,6 @@ class PlainStep(Protocol):
     def __call__(self, model: nn.Module, batch: Any, /) -> Any: ...
 
 
-class TrainState:
-    """All mutable training state: model, optimizer, scheduler and the update count.
-
-    Args:
-        model: the module being trained.
-        optimizer: a ``torch.optim.Optimizer`` over (some of) the model's parameters.
-        scheduler: an optional ``torch.optim.lr_scheduler.LRScheduler`` of that
-            optimizer; it steps once per applied optimizer update.
-
-    Attributes:
-        step: optimizer updates applied so far (skipped updates do not count).
-
-    Example:
-        >>> model = nn.Linear(4, 2)
-        >>> state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
-        >>> out = accumulate(2)(lambda m, b: m(b).pow(2).mean())(state, torch.ones(8, 4))
-        >>> state.step
-        1
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"TrainState: model must be a torch.nn.Module, got {_show(model)}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"TrainState: optimizer must be a torch.optim.Optimizer, got {_show(optimizer)}; "
-                "build one over the model, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
-            )
-        if scheduler is not None:
-            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                raise TypeError(
-                    "TrainState: scheduler ReduceLROnPlateau needs a metric at every step, so it "
-                    "cannot step once per update; call its step(metric) yourself after evaluation"
-                )
-            if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
-                raise TypeError(
-                    f"TrainState: scheduler must be a torch.optim.lr_scheduler.LRScheduler or None, "
-                    f"got {_show(scheduler)}"
-                )
-            if getattr(scheduler, "optimizer", optimizer) is not optimizer:
-                raise ValueError(
-                    "TrainState: scheduler was built for a different optimizer than the one given; "
-                    "build it as Scheduler(optimizer, ...) with this state's optimizer"
-                )
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.step = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: model, optimizer, scheduler and step.
-
-        Like ``nn.Module.state_dict``, tensors are references to the live ones:
-        save or deep-copy the result before training on.
-        """
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-            "step": self.step,
-        }
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore what ``state_dict()`` returned; continuing then is bit-identical.
-
-        Everything is checked before anything is written: a checkpoint of another
-        model, optimizer or scheduler raises and leaves this state untouched.
-        """
-        who = "TrainState.load_state_dict"
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(
-                f"{who}: state_dict must be a mapping from TrainState.state_dict(), got {_show(state_dict)}"
-            )
-        missing = {"model", "optimizer", "scheduler", "step"} - set(state_dict)
-        if missing:
-            raise ValueError(f"{who}: state_dict lacks {sorted(missing)}; pass what TrainState.state_dict() returned")
-        _check_model_state(self.model, state_dict["model"], who)
-        _check_optimizer_state(self.optimizer, state_dict["optimizer"], who)
-        has_sched, saved_sched = self.scheduler is not None, state_dict["scheduler"] is not None
-        if has_sched != saved_sched:
-            raise ValueError(
-                f"{who}: the checkpoint {'has' if saved_sched else 'has no'} scheduler state but this "
-                f"TrainState {'has' if has_sched else 'has no'} scheduler; build the state the way it was saved"
-            )
-        step = state_dict["step"]
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"{who}: step must be a non-negative int, got {step!r}")
-
-        self.model.load_state_dict(state_dict["model"])
-        self.optimizer.load_state_dict(state_dict["optimizer"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state_dict["scheduler"])
-        self.step = step
-
-    def __repr__(self) -> str:
-        sched = type(self.scheduler).__name__ if self.scheduler is not None else None
-        return (
-            f"TrainState(step={self.step}, model={type(self.model).__name__}, "
-            f"optimizer={type(self.optimizer).__name__}, scheduler={sched})"
-        )
-
-
-def _check_model_state(model: nn.Module, saved: Any, who: str) -> None:
-    if not isinstance(saved, Mapping):
-        raise TypeError(f"{who}: state_dict['model'] must be a mapping, got {_show(saved)}")
-    own = model.state_dict()
-    missing = sorted(own.keys() - saved.keys())
-    unexpected = sorted(saved.keys() - own.keys())
-    reshaped = [
-        f"{k}: {tuple(saved[k].shape)} vs {tuple(v.shape)}"
-        for k, v in own.items()
-        if k in saved and isinstance(saved[k], torch.Tensor) and saved[k].shape != v.shape
-    ]
-    if missing or unexpected or reshaped:
-        raise ValueError(
-            f"{who}: the checkpoint's model does not match this model (missing keys {missing[:5]}, "
-            f"unexpected keys {unexpected[:5]}, shape mismatches {reshaped[:5]}); "
-            "load a checkpoint saved from the same architecture"
-        )
-
-
-def _check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any, who: str) -> None:
-    if not isinstance(saved, Mapping) or "param_groups" not in saved or "state" not in saved:
-        raise TypeError(f"{who}: state_dict['optimizer'] must come from Optimizer.state_dict(), got {_show(saved)}")
-    own = [len(g["params"]) for g in optimizer.param_groups]
-    theirs = [len(g["params"]) for g in saved["param_groups"]]
-    if own != theirs:
-        raise ValueError(
-            f"{who}: the checkpoint's optimizer has parameter groups of sizes {theirs}, this one {own}; "
-            "load a checkpoint saved with the same optimizer over the same parameters"
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class StepOutput:
     """What one call of a TrainStep returns. Nothing in it holds an autograd graph.
@@ -208,7 +78,8 @@ class StepOutput:
     Attributes:
         loss: detached scalar tensor, the mean loss over the batch's units, still on
             its device (reading it is the caller's host sync, not the step's).
-        metrics: detached scalar tensors, means over the batch's units.
+        metrics: detached scalar tensors, means over the batch's units (metrics the
+            step returned as numbers become CPU tensors: reading them is free).
         skipped: bool-like, true when the update was not applied.
     """
 
@@ -218,23 +89,30 @@ class StepOutput:
 
 
 class Context(NamedTuple):
-    """What a transform tells the steps inside it during the grads phase.
+    """What a transform tells the steps inside it (see the module documentation).
 
-    Transforms pass a modified copy (``ctx._replace(...)``) to their inner step;
-    nothing here is mutated.
+    Transforms pass a modified copy, ``ctx._replace(...)``, to their inner step.
 
     Attributes:
         model: the module the plain step is called with.
-        total_weight: units (samples, tokens) in the whole batch of this update.
+        weight: the composition's unit counter ``weight(batch)``, None for samples.
+        total_weight: units in the whole batch of this update (across processes, if
+            a transform makes it so in ``prepare``).
         piece_weight: units in the batch this call sees.
-        last_backward: False while further backward passes of this update follow
-            (a transform that synchronises or unscales gradients waits for True).
+        last_backward: false while further backward passes of this update follow.
+        loss_multiplier: multiplies the loss for backward only.
+        around_forward: hooks entered around each forward.
+        around_pass: hooks entered around each forward and backward.
     """
 
     model: nn.Module
-    total_weight: float
-    piece_weight: float
+    weight: WeightFn | None
+    total_weight: float | torch.Tensor
+    piece_weight: float | torch.Tensor
     last_backward: bool = True
+    loss_multiplier: float | torch.Tensor = 1.0
+    around_forward: tuple[Hook, ...] = ()
+    around_pass: tuple[Hook, ...] = ()
 
 
 class Pass(NamedTuple):
@@ -257,8 +135,7 @@ def combine(passes: Sequence[Pass], who: str) -> Pass:
                 f"{who}: the step returned metrics {sorted(p.metrics)} for piece {i + 1} but "
                 f"{sorted(names)} for piece 1; return the same metric names for every batch"
             )
-    loss = _add([p.loss for p in passes])
-    return Pass(loss, {k: _add([p.metrics[k] for p in passes]) for k in names})
+    return Pass(_add([p.loss for p in passes]), {k: _add([p.metrics[k] for p in passes]) for k in names})
 
 
 def _add(values: list[Any]) -> Any:
@@ -272,13 +149,14 @@ class TrainStep:
     """One optimizer update per call: ``train_step(state, batch) -> StepOutput``.
 
     Built by ``ct.train_step`` and by the transforms. A transform subclasses
-    TrainStep, overrides ``grads`` and/or ``update`` and calls its inner step's
-    (see the module documentation for the protocol).
+    TrainStep, overrides ``prepare``, ``grads`` and/or ``update``, calls its inner
+    step's, and returns its configuration from ``_config()`` (steps with equal
+    configuration around equal inner steps are equal).
 
     Args:
         inner: the step this one wraps (None only for the lifted plain step).
-        weight: ``weight(batch) -> units`` for the whole chain, or None for the
-            batch's leading size; one chain has at most one weight function.
+        weight: ``weight(batch) -> units`` for the whole composition, or None
+            (samples); one composition has at most one weight function.
     """
 
     inner: TrainStep | None
@@ -288,9 +166,9 @@ class TrainStep:
         inherited = inner.weight if inner is not None else None
         if weight is not None and inherited is not None and weight is not inherited:
             raise ValueError(
-                f"{self._label()}: the step inside already counts units with "
-                f"weight={_name(inherited)}; one composition has one weight function: "
-                "give weight= to one accumulate only"
+                f"{self._label()}: the step inside already counts units with weight={name(inherited)}, "
+                f"not weight={name(weight)}; one composition has one weight function: give weight= to "
+                "one accumulate only"
             )
         self.inner = inner
         self.weight = weight if weight is not None else inherited
@@ -298,18 +176,28 @@ class TrainStep:
         if wrapped is not None:
             functools.update_wrapper(self, wrapped, updated=())
 
-    # -- the two phases ----------------------------------------------------------
+    # -- the phases ---------------------------------------------------------------
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        """Once per update, outermost first: the context for the whole update."""
+        return self._inner().prepare(state, batch, ctx)
+
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         """Forward and backward of ``batch``, gradients added into ``.grad``."""
-        assert self.inner is not None  # only the lifted plain step has no inner; it overrides this
-        return self.inner.grads(state, batch, ctx)
+        return self._inner().grads(state, batch, ctx)
 
     def update(self, state: TrainState, ctx: Context) -> bool | torch.Tensor:
         """Apply the update from ``.grad``; returns whether it was skipped."""
-        assert self.inner is not None
-        return self.inner.update(state, ctx)
+        return self._inner().update(state, ctx)
 
-    # -- the entry ---------------------------------------------------------------
+    def _inner(self) -> TrainStep:
+        if self.inner is None:
+            raise NotImplementedError(
+                f"{type(self).__name__}: a TrainStep without an inner step must override prepare, "
+                "grads and update; wrap a step instead: super().__init__(inner)"
+            )
+        return self.inner
+
+    # -- the entry ------------------------------------------------------------------
     def __call__(self, state: TrainState, batch: Any) -> StepOutput:
         """Run one optimizer update on ``batch``.
 
@@ -323,55 +211,52 @@ class TrainStep:
         """
         if not isinstance(state, TrainState):
             raise TypeError(
-                f"{self!r}: state must be a ct.TrainState, got {_show(state)}; "
+                f"{self!r}: state must be a ct.TrainState, got {show(state)}; "
                 "build one with ct.TrainState(model, optimizer)"
             )
-        units = self.units(batch)
-        ctx = Context(model=state.model, total_weight=units, piece_weight=units)
+        who = repr(self)
+        if self.weight is None:
+            units = float(samples(batch, who))
+        else:
+            units = check_weights([self.weight(batch)], who, "the batch")[0]
+        ctx = Context(state.model, self.weight, total_weight=units, piece_weight=units)
         try:
+            ctx = self.prepare(state, batch, ctx)
             done = self.grads(state, batch, ctx)
             skipped = self.update(state, ctx)
-        except BaseException:
-            state.model.zero_grad(set_to_none=True)  # a failed call leaves no gradient behind
-            raise
         finally:
-            state.optimizer.zero_grad(set_to_none=True)
+            state.zero_grad()
         metrics = {k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in done.metrics.items()}
         return StepOutput(done.loss, metrics, skipped)
 
-    def units(self, batch: Any) -> float:
-        """How many units ``batch`` holds under this chain's weight (checked)."""
-        if self.weight is None:
-            size = leading_size(batch, repr(self))
-            if size == 0:
-                raise ValueError(
-                    f"{self!r}: the batch is empty (leading size 0); skip empty batches "
-                    "before the step, e.g. DataLoader(..., drop_last=True)"
-                )
-            return 1.0 if size is None else float(size)
-        return check_weights([self.weight(batch)], f"{self!r}", "the batch")[0]
+    # -- identity -------------------------------------------------------------------
+    def _config(self) -> tuple[Any, ...] | None:
+        """The configuration that, with the inner step, defines this step.
 
-    # -- identity ----------------------------------------------------------------
-    def _config(self) -> tuple[Any, ...]:
-        """The configuration that, with the inner step, defines this step."""
-        return ()
+        None (the default) makes the step equal only to itself.
+        """
+        return None
 
     def _label(self) -> str:
         return type(self).__name__
 
     def __repr__(self) -> str:
         inner = self.inner
-        shown = _name(inner.step) if isinstance(inner, _Lifted) else repr(inner)
+        shown = name(inner.step) if isinstance(inner, _Lifted) else repr(inner)
         return f"{self._label()}({shown})"
 
     def __eq__(self, other: object) -> bool:
         if type(self) is not type(other):
             return False
-        assert isinstance(other, TrainStep)
-        return self._config() == other._config() and self.inner == other.inner
+        assert isinstance(other, TrainStep)  # for the type checker
+        config = self._config()
+        if config is None:
+            return self is other
+        return config == other._config() and self.inner == other.inner
 
     def __hash__(self) -> int:
-        return hash((type(self), self._config(), self.inner))
+        config = self._config()
+        return id(self) if config is None else hash((type(self), config, self.inner))
 
 
 class _Lifted(TrainStep):
@@ -381,13 +266,23 @@ class _Lifted(TrainStep):
         self.step = step
         super().__init__(None)
 
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        return ctx
+
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
-        loss, metrics = _unpack(self.step(ctx.model, batch), self)
-        share = ctx.piece_weight / ctx.total_weight
-        if share != 1.0:  # only split batches pay for the scaling; a whole batch stays bit-exact
-            loss = loss * share
-            metrics = {k: v * share for k, v in metrics.items()}
-        loss.backward()
+        with _entered(ctx.around_pass, ctx):
+            with _entered(ctx.around_forward, ctx):
+                out = self.step(ctx.model, batch)
+            loss, metrics = _unpack(out, self)
+            share = ctx.piece_weight / ctx.total_weight
+            if not (isinstance(share, float) and share == 1.0):  # a whole batch stays bit-exact
+                loss = loss * share
+                metrics = {k: v * share for k, v in metrics.items()}
+            multiplier = ctx.loss_multiplier
+            if isinstance(multiplier, float) and multiplier == 1.0:
+                loss.backward()
+            else:
+                (loss * multiplier).backward()
         return Pass(loss.detach(), metrics)
 
     def update(self, state: TrainState, ctx: Context) -> bool:
@@ -401,7 +296,16 @@ class _Lifted(TrainStep):
         return (self.step,)
 
     def __repr__(self) -> str:
-        return f"train_step({_name(self.step)})"
+        return f"train_step({name(self.step)})"
+
+
+def _entered(hooks: tuple[Hook, ...], ctx: Context) -> AbstractContextManager[Any]:
+    if not hooks:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for hook in hooks:
+        stack.enter_context(hook(ctx))
+    return stack
 
 
 def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
@@ -409,7 +313,7 @@ def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
     loss, metrics = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
     if not isinstance(loss, torch.Tensor):
         raise TypeError(
-            f"{who!r}: the step must return a loss tensor or (loss, metrics), got {_show(out)}; "
+            f"{who!r}: the step must return a loss tensor or (loss, metrics), got {show(out)}; "
             "return e.g. F.cross_entropy(model(x), y)"
         )
     if loss.dim() != 0:
@@ -425,50 +329,22 @@ def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
     if metrics is None:
         return loss, {}
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"{who!r}: metrics must be a mapping of names to scalars, got {_show(metrics)}")
+        raise TypeError(
+            f"{who!r}: metrics must be a mapping of names to scalars, got {show(metrics)}; "
+            'return (loss, {"acc": acc})'
+        )
     clean: dict[str, Metric] = {}
-    for name, value in metrics.items():
+    for key, value in metrics.items():
         if isinstance(value, torch.Tensor) and value.numel() == 1:
-            clean[name] = value.detach().reshape(())
+            clean[key] = value.detach().reshape(())
         elif isinstance(value, (int, float)):
-            clean[name] = float(value)
+            clean[key] = float(value)
         else:
             raise TypeError(
-                f"{who!r}: metric {name!r} must be a scalar tensor or a number, got {_show(value)}; "
+                f"{who!r}: metric {key!r} must be a scalar tensor or a number, got {show(value)}; "
                 "return a batch mean, e.g. (pred == y).float().mean()"
             )
     return loss, clean
-
-
-def check_weights(values: Sequence[Any], who: str, what: str) -> list[float]:
-    """Turn weights (numbers or one-element tensors) into positive finite floats.
-
-    Tensors on an accelerator are read with one host transfer for all of them.
-    ``what`` names the batch in messages ("micro-batch", "the batch").
-    """
-    tensors = [v for v in values if isinstance(v, torch.Tensor) and v.numel() == 1]
-    if tensors:
-        if len({t.device for t in tensors}) == 1:  # one transfer, not one per weight
-            read = iter(torch.stack([t.detach().reshape(()).double() for t in tensors]).tolist())
-        else:
-            read = iter([t.item() for t in tensors])
-        values = [next(read) if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in values]
-    out = []
-    for i, v in enumerate(values):
-        where = f"{what} {i + 1} of {len(values)}" if len(values) > 1 else what
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(
-                f"{who}: weight must return a number or a one-element tensor, got {_show(v)} for "
-                f"{where}; return the count of units, e.g. (labels != -100).sum()"
-            )
-        if not math.isfinite(v) or v <= 0:
-            raise ValueError(
-                f"{who}: weight returned {v} for {where}; every batch must hold a positive, finite "
-                "number of units (samples, tokens): use fewer micro-batches, or drop batches "
-                "with no units before the step"
-            )
-        out.append(float(v))
-    return out
 
 
 class Transform:
@@ -492,8 +368,8 @@ def train_step(step: PlainStep | TrainStep) -> TrainStep:
     """Lift a plain step to a TrainStep: the reference every transform is measured against.
 
     One call runs ``step(model, batch)``, ``loss.backward()``, ``optimizer.step()``,
-    ``scheduler.step()`` (if any), then ``optimizer.zero_grad(set_to_none=True)``.
-    A TrainStep is returned unchanged.
+    ``scheduler.step()`` (if any), then ``zero_grad(set_to_none=True)``. A TrainStep
+    is returned unchanged.
 
     Args:
         step: ``step(model, batch) -> loss`` or ``-> (loss, metrics)``.
@@ -516,7 +392,7 @@ def _lift(step: PlainStep | TrainStep, who: str) -> TrainStep:
         return step
     if isinstance(step, (nn.Module, TrainState)) or not callable(step):
         raise TypeError(
-            f"{who}: step must be a function step(model, batch) -> loss, got {_show(step)}; "
+            f"{who}: step must be a function step(model, batch) -> loss, got {show(step)}; "
             "write the forward and the loss in a function of (model, batch)"
         )
     return _Lifted(step)
@@ -532,14 +408,13 @@ def compose(*transforms: Callable[[TrainStep], TrainStep]) -> Transform:
         A Transform applying them right to left.
 
     Example:
-        >>> both = ct.compose(ct.accumulate(2), ct.accumulate(3))
-        >>> both(step)
+        >>> ct.compose(ct.accumulate(2), ct.accumulate(3))(step)
         accumulate(2)(accumulate(3)(step))
     """
     for i, t in enumerate(transforms):
         if isinstance(t, TrainStep) or not callable(t):
             raise TypeError(
-                f"compose: argument {i} must be a transform such as ct.accumulate(4), got {_show(t)}; "
+                f"compose: argument {i} must be a transform such as ct.accumulate(4), got {show(t)}; "
                 "pass transforms, then call the result on the step: compose(f, g)(step)"
             )
 
@@ -549,15 +424,3 @@ def compose(*transforms: Callable[[TrainStep], TrainStep]) -> Transform:
         return step
 
     return Transform(f"compose({', '.join(map(repr, transforms))})", build)
-
-
-def _name(fn: Any) -> str:
-    return getattr(fn, "__name__", None) or repr(fn)
-
-
-def _show(value: Any) -> str:
-    """A short description of a value for error messages: repr and type."""
-    text = " ".join(repr(value).split())
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({type(value).__name__})"

@@ -1,0 +1,200 @@
+"""TrainState: all mutable training state, in one object that a checkpoint sees whole."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from composetrain._util import show
+
+__all__ = ["TrainState"]
+
+T = TypeVar("T")
+
+
+class TrainState:
+    """All mutable training state: model, optimizer, scheduler, update count, transform state.
+
+    Args:
+        model: the module being trained.
+        optimizer: a ``torch.optim.Optimizer`` over (some of) the model's parameters.
+        scheduler: an optional ``torch.optim.lr_scheduler.LRScheduler`` of that
+            optimizer; it steps once per applied optimizer update.
+
+    Attributes:
+        step: optimizer updates applied so far (skipped updates do not count).
+
+    Example:
+        >>> model = nn.Linear(4, 2)
+        >>> state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> out = ct.accumulate(2)(lambda m, b: m(b).pow(2).mean())(state, torch.ones(8, 4))
+        >>> state.step
+        1
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"TrainState: model must be a torch.nn.Module, got {show(model)}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"TrainState: optimizer must be a torch.optim.Optimizer, got {show(optimizer)}; "
+                "build one over the model, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
+            )
+        if scheduler is not None:
+            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                raise TypeError(
+                    "TrainState: scheduler ReduceLROnPlateau needs a metric at every step, so it "
+                    "cannot step once per update; call its step(metric) yourself after evaluation"
+                )
+            if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
+                raise TypeError(
+                    f"TrainState: scheduler must be a torch.optim.lr_scheduler.LRScheduler or None, "
+                    f"got {show(scheduler)}; e.g. torch.optim.lr_scheduler.StepLR(optimizer, 1000)"
+                )
+            if getattr(scheduler, "optimizer", optimizer) is not optimizer:
+                raise ValueError(
+                    "TrainState: scheduler was built for a different optimizer than the one given; "
+                    "build it as Scheduler(optimizer, ...) with this state's optimizer"
+                )
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.step = 0
+        self._transforms: dict[str, Any] = {}  # state owned by transforms (loss scale, ...), by key
+        self._pending: dict[str, Any] = {}  # loaded from a checkpoint, not yet claimed by its transform
+
+    def transform_state(self, key: str, create: Callable[[], T]) -> T:
+        """The state a transform keeps here under ``key``, created on first use.
+
+        Transforms keep everything that changes while training here, never in
+        closures, so that ``state_dict()`` sees it. Objects with ``state_dict()`` /
+        ``load_state_dict()`` (a ``GradScaler``) are checkpointed through them;
+        other values (tensors, numbers) as they are. A value loaded from a
+        checkpoint before its transform first ran is applied when it is created.
+
+        Args:
+            key: the transform's name for its state, e.g. ``"mixed_precision"``.
+            create: builds the initial state.
+
+        Returns:
+            The (live) state object.
+        """
+        try:
+            return self._transforms[key]
+        except KeyError:
+            value = create()
+            if key in self._pending:
+                value = _restore(value, self._pending.pop(key))
+            self._transforms[key] = value
+            return value
+
+    def zero_grad(self) -> None:
+        """Set every gradient of the model and the optimizer to None."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)  # also parameters the optimizer does not hold
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: model, optimizer, scheduler, step, transform state.
+
+        Like ``nn.Module.state_dict``, tensors are references to the live ones:
+        save or deep-copy the result before training on. Global random number
+        generators are not included (``ct.run`` checkpoints those).
+        """
+        saved = {k: v.state_dict() if hasattr(v, "state_dict") else v for k, v in self._transforms.items()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "step": self.step,
+            "transforms": {**self._pending, **saved},
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict()`` returned; continuing then is bit-identical.
+
+        Everything is checked before anything is written: a checkpoint of another
+        model, optimizer or scheduler raises and leaves this state untouched.
+        """
+        who = "TrainState.load_state_dict"
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"{who}: state_dict must be a mapping from TrainState.state_dict(), got {show(state_dict)}")
+        missing = {"model", "optimizer", "scheduler", "step", "transforms"} - set(state_dict)
+        if missing:
+            raise ValueError(f"{who}: state_dict lacks {sorted(missing)}; pass what TrainState.state_dict() returned")
+        _check_model_state(self.model, state_dict["model"], who)
+        _check_optimizer_state(self.optimizer, state_dict["optimizer"], who)
+        has_sched, saved_sched = self.scheduler is not None, state_dict["scheduler"] is not None
+        if has_sched != saved_sched:
+            raise ValueError(
+                f"{who}: the checkpoint {'has' if saved_sched else 'has no'} scheduler state but this "
+                f"TrainState {'has' if has_sched else 'has no'} scheduler; build the state the way it was saved"
+            )
+        step = state_dict["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"{who}: step must be a non-negative int, got {step!r}")
+        transforms = state_dict["transforms"]
+        if not isinstance(transforms, Mapping):
+            raise TypeError(f"{who}: state_dict['transforms'] must be a mapping, got {show(transforms)}")
+
+        self.model.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state_dict["scheduler"])
+        self.step = step
+        # transform state is exactly the checkpoint's: live objects are reloaded, the rest is
+        # applied when its transform first runs, and state the checkpoint lacks starts afresh
+        self._transforms = {k: _restore(v, transforms[k]) for k, v in self._transforms.items() if k in transforms}
+        self._pending = {k: v for k, v in transforms.items() if k not in self._transforms}
+
+    def __repr__(self) -> str:
+        sched = type(self.scheduler).__name__ if self.scheduler is not None else None
+        return (
+            f"TrainState(step={self.step}, model={type(self.model).__name__}, "
+            f"optimizer={type(self.optimizer).__name__}, scheduler={sched})"
+        )
+
+
+def _restore(value: Any, saved: Any) -> Any:
+    if hasattr(value, "load_state_dict"):
+        value.load_state_dict(saved)
+        return value
+    return saved
+
+
+def _check_model_state(model: nn.Module, saved: Any, who: str) -> None:
+    if not isinstance(saved, Mapping):
+        raise TypeError(f"{who}: state_dict['model'] must be a mapping, got {show(saved)}")
+    own = model.state_dict()
+    missing = sorted(own.keys() - saved.keys())
+    unexpected = sorted(saved.keys() - own.keys())
+    reshaped = [
+        f"{k}: {tuple(saved[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in saved and isinstance(saved[k], torch.Tensor) and saved[k].shape != v.shape
+    ]
+    if missing or unexpected or reshaped:
+        raise ValueError(
+            f"{who}: the checkpoint's model does not match this model (missing keys {missing[:5]}, "
+            f"unexpected keys {unexpected[:5]}, shape mismatches {reshaped[:5]}); "
+            "load a checkpoint saved from the same architecture"
+        )
+
+
+def _check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any, who: str) -> None:
+    if not isinstance(saved, Mapping) or "param_groups" not in saved or "state" not in saved:
+        raise TypeError(f"{who}: state_dict['optimizer'] must come from Optimizer.state_dict(), got {show(saved)}")
+    own = [len(g["params"]) for g in optimizer.param_groups]
+    theirs = [len(g["params"]) for g in saved["param_groups"]]
+    if own != theirs:
+        raise ValueError(
+            f"{who}: the checkpoint's optimizer has parameter groups of sizes {theirs}, this one {own}; "
+            "load a checkpoint saved with the same optimizer over the same parameters"
+        )
