@@ -408,7 +408,7 @@ class HalfScale(ct.TrainStep):
         super().__init__(inner)
 
     def grads(self, state, batch, ctx):
-        done = super().grads(state, batch, ctx._replace(loss_multiplier=ctx.loss_multiplier * self.factor))
+        done = super().grads(state, batch, ctx._replace(scale_loss=(*ctx.scale_loss, lambda loss: loss * self.factor)))
         if ctx.last_backward:  # the last backward of this update: unscale exactly once
             for p in state.model.parameters():
                 p.grad.div_(self.factor)
@@ -419,7 +419,7 @@ class HalfScale(ct.TrainStep):
 
 
 @given(n=st.integers(1, 6), size=st.integers(1, 20), outside=st.booleans())
-def test_loss_multiplier_scales_gradients_not_the_reported_loss(n, size, outside):
+def test_scale_loss_scales_gradients_not_the_reported_loss(n, size, outside):
     scaled = (
         HalfScale(ct.accumulate(n)(classify), 4.0)
         if outside

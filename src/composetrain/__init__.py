@@ -7,7 +7,9 @@
 
 from composetrain.accumulate import accumulate
 from composetrain.batching import leading_size, samples, split_batch
-from composetrain.core import Context, Pass, PlainStep, StepOutput, TrainStep, Transform, compose, train_step
+from composetrain.clip import clip_grad_norm
+from composetrain.core import Context, Pass, PlainStep, StepOutput, TrainStep, Transform, Update, compose, train_step
+from composetrain.precision import mixed_precision
 from composetrain.state import TrainState
 
 __all__ = [
@@ -18,9 +20,12 @@ __all__ = [
     "TrainState",
     "TrainStep",
     "Transform",
+    "Update",
     "accumulate",
+    "clip_grad_norm",
     "compose",
     "leading_size",
+    "mixed_precision",
     "samples",
     "split_batch",
     "train_step",

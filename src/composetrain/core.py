@@ -11,7 +11,7 @@ step's):
 2. ``grads(state, batch, ctx) -> Pass``: forward and backward, adding into
    ``.grad``. A transform that splits the batch calls its inner step's ``grads``
    once per piece; the innermost one runs the plain step.
-3. ``update(state, ctx) -> skipped``: apply the optimizer update, or skip it.
+3. ``update(state, ctx) -> Update``: apply the optimizer update, or skip it.
 
 Transforms talk to the steps inside them through one explicit channel, the
 ``Context``, never by testing each other's types. Because a composition is a
@@ -23,8 +23,13 @@ whichever order the transforms were nested in:
 - ``around_pass``: context managers entered around forward *and* backward of one
   pass, given that pass's context (DDP's ``no_sync`` must wrap both, and is
   wanted only while ``last_backward`` is false).
-- ``loss_multiplier``: applied to the loss for ``backward`` only (loss scaling).
-- ``last_backward``: false while further backward passes of this update follow.
+- ``scale_loss``: functions applied to the loss for ``backward`` only (loss
+  scaling), never to the reported loss.
+- ``last_backward``: false while further backward passes of this update follow
+  (the moment to synchronise or unscale gradients, once).
+- ``skip_update``: set in the update phase by a transform that found the
+  gradients unusable; the innermost update then changes nothing, while the
+  transforms in between still run (and report their metrics).
 
 The loss has exactly one owner of its normalisation: the innermost pass scales
 its mean loss by ``piece_weight / total_weight`` before ``backward``, so the
@@ -45,7 +50,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple, Protocol, TypeAlias
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeAlias
 
 import torch
 from torch import nn
@@ -54,7 +59,7 @@ from composetrain._util import name, show
 from composetrain.batching import check_weights, samples
 from composetrain.state import TrainState
 
-__all__ = ["Context", "Pass", "PlainStep", "StepOutput", "TrainStep", "Transform", "compose", "train_step"]
+__all__ = ["Context", "Pass", "PlainStep", "StepOutput", "TrainStep", "Transform", "Update", "compose", "train_step"]
 
 Metric: TypeAlias = "torch.Tensor | float"
 WeightFn: TypeAlias = "Callable[[Any], int | float | torch.Tensor]"
@@ -100,9 +105,10 @@ class Context(NamedTuple):
             a transform makes it so in ``prepare``).
         piece_weight: units in the batch this call sees.
         last_backward: false while further backward passes of this update follow.
-        loss_multiplier: multiplies the loss for backward only.
+        scale_loss: functions applied, in order, to the loss for backward only.
         around_forward: hooks entered around each forward.
         around_pass: hooks entered around each forward and backward.
+        skip_update: the update phase must leave parameters, optimizer and scheduler alone.
     """
 
     model: nn.Module
@@ -110,9 +116,10 @@ class Context(NamedTuple):
     total_weight: float | torch.Tensor
     piece_weight: float | torch.Tensor
     last_backward: bool = True
-    loss_multiplier: float | torch.Tensor = 1.0
+    scale_loss: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = ()
     around_forward: tuple[Hook, ...] = ()
     around_pass: tuple[Hook, ...] = ()
+    skip_update: bool = False
 
 
 class Pass(NamedTuple):
@@ -123,6 +130,13 @@ class Pass(NamedTuple):
     """
 
     loss: torch.Tensor
+    metrics: dict[str, Metric]
+
+
+class Update(NamedTuple):
+    """What an update phase returns: whether it was skipped, and metrics of its own."""
+
+    skipped: bool | torch.Tensor
     metrics: dict[str, Metric]
 
 
@@ -151,7 +165,9 @@ class TrainStep:
     Built by ``ct.train_step`` and by the transforms. A transform subclasses
     TrainStep, overrides ``prepare``, ``grads`` and/or ``update``, calls its inner
     step's, and returns its configuration from ``_config()`` (steps with equal
-    configuration around equal inner steps are equal).
+    configuration around equal inner steps are equal). A transform that may occur
+    only once in a composition names itself in the class attribute ``role``; one
+    whose update phase reports metrics lists their names in ``reports``.
 
     Args:
         inner: the step this one wraps (None only for the lifted plain step).
@@ -161,8 +177,18 @@ class TrainStep:
 
     inner: TrainStep | None
     weight: WeightFn | None
+    role: ClassVar[str | None] = None
+    reports: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, inner: TrainStep | None, *, weight: WeightFn | None = None) -> None:
+        below = inner
+        while self.role is not None and below is not None:
+            if below.role == self.role:
+                raise ValueError(
+                    f"{self._label()}: the step inside, {inner!r}, already applies {self.role}; "
+                    f"use {self.role} once in a composition"
+                )
+            below = below.inner
         inherited = inner.weight if inner is not None else None
         if weight is not None and inherited is not None and weight is not inherited:
             raise ValueError(
@@ -172,6 +198,7 @@ class TrainStep:
             )
         self.inner = inner
         self.weight = weight if weight is not None else inherited
+        self.reported: frozenset[str] = self.reports | (inner.reported if inner is not None else frozenset())
         wrapped = inner if inner is not None else getattr(self, "step", None)
         if wrapped is not None:
             functools.update_wrapper(self, wrapped, updated=())
@@ -185,8 +212,8 @@ class TrainStep:
         """Forward and backward of ``batch``, gradients added into ``.grad``."""
         return self._inner().grads(state, batch, ctx)
 
-    def update(self, state: TrainState, ctx: Context) -> bool | torch.Tensor:
-        """Apply the update from ``.grad``; returns whether it was skipped."""
+    def update(self, state: TrainState, ctx: Context) -> Update:
+        """Apply the update from ``.grad`` (or nothing, under ``ctx.skip_update``)."""
         return self._inner().update(state, ctx)
 
     def _inner(self) -> TrainStep:
@@ -223,11 +250,18 @@ class TrainStep:
         try:
             ctx = self.prepare(state, batch, ctx)
             done = self.grads(state, batch, ctx)
-            skipped = self.update(state, ctx)
+            clash = done.metrics.keys() & self.reported
+            if clash:
+                raise ValueError(
+                    f"{self!r}: the step returns metrics {sorted(clash)} that a transform reports as well; "
+                    "rename them in the step"
+                )
+            applied = self.update(state, ctx)
         finally:
             state.zero_grad()
         metrics = {k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in done.metrics.items()}
-        return StepOutput(done.loss, metrics, skipped)
+        metrics.update((k, v if isinstance(v, torch.Tensor) else torch.tensor(v)) for k, v in applied.metrics.items())
+        return StepOutput(done.loss, metrics, applied.skipped)
 
     # -- identity -------------------------------------------------------------------
     def _config(self) -> tuple[Any, ...] | None:
@@ -278,19 +312,23 @@ class _Lifted(TrainStep):
             if not (isinstance(share, float) and share == 1.0):  # a whole batch stays bit-exact
                 loss = loss * share
                 metrics = {k: v * share for k, v in metrics.items()}
-            multiplier = ctx.loss_multiplier
-            if isinstance(multiplier, float) and multiplier == 1.0:
-                loss.backward()
-            else:
-                (loss * multiplier).backward()
-        return Pass(loss.detach(), metrics)
+            scaled = loss
+            for scale in ctx.scale_loss:
+                scaled = scale(scaled)
+            scaled.backward()
+        loss = loss.detach()
+        if loss.dtype in (torch.float16, torch.bfloat16):  # report 16-bit losses in float32
+            loss = loss.float()
+        return Pass(loss, metrics)
 
-    def update(self, state: TrainState, ctx: Context) -> bool:
+    def update(self, state: TrainState, ctx: Context) -> Update:
+        if ctx.skip_update:
+            return Update(True, {})
         state.optimizer.step()
         if state.scheduler is not None:
             state.scheduler.step()
         state.step += 1
-        return False
+        return Update(False, {})
 
     def _config(self) -> tuple[Any, ...]:
         return (self.step,)

@@ -92,7 +92,8 @@ class TrainState:
         except KeyError:
             value = create()
             if key in self._pending:
-                value = _restore(value, self._pending.pop(key))
+                value = _restore(value, self._pending[key])
+                del self._pending[key]  # only once it applied: a failed restore can be retried
             self._transforms[key] = value
             return value
 

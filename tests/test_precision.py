@@ -1,0 +1,369 @@
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_states_equal, assert_untouched, classify, make_batch, snapshot
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import composetrain as ct
+
+LOW = ["bf16", "fp16"]
+DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def state32(seed=0, scheduler=True, optimizer="sgd"):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3))
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if scheduler else None
+    return ct.TrainState(model, opt, sched)
+
+
+def batch32(size=12, seed=0):
+    return make_batch(size, seed=seed, dtype=torch.float32)
+
+
+def scale_of(state):
+    return state.state_dict()["transforms"]["mixed_precision"]["scaler"]["scale"]
+
+
+# -- what runs in which precision ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", LOW)
+def test_forward_runs_in_16_bit_while_weights_grads_and_optimizer_stay_fp32(dtype):
+    seen = []
+
+    def spy(model, batch):
+        x, y = batch
+        hidden = model[0](x)
+        seen.append((hidden.dtype, torch.is_autocast_enabled("cpu")))
+        return F.cross_entropy(model[2](model[1](hidden)), y)
+
+    state = state32(optimizer="adam")
+    grads = []
+    for p in state.model.parameters():
+        p.register_hook(lambda g: grads.append(g.dtype))
+    ct.mixed_precision(dtype=dtype)(ct.accumulate(2)(spy))(state, batch32())
+    assert seen == [(DTYPE[dtype], True)] * 2
+    assert all(p.dtype == torch.float32 for p in state.model.parameters())
+    assert set(grads) == {torch.float32}
+    assert all(v.dtype == torch.float32 for s in state.optimizer.state.values() for v in s.values() if v.dim() > 0)
+
+
+class _NoAutocastInBackward(torch.autograd.Function):
+    seen: list = []  # noqa: RUF012 - a test double
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _NoAutocastInBackward.seen.append(torch.is_autocast_enabled("cpu"))
+        return grad
+
+
+def test_autocast_covers_the_forward_only_never_backward_or_the_optimizer():
+    """PyTorch issue 65766: autocast around backward or optimizer.step() is wrong."""
+    _NoAutocastInBackward.seen = []
+    state = state32(scheduler=False)
+    in_step = []
+    original = state.optimizer.step
+
+    def step_spy(*a, **k):
+        in_step.append(torch.is_autocast_enabled("cpu"))
+        return original(*a, **k)
+
+    state.optimizer.step = step_spy
+
+    def step(model, batch):
+        loss, metrics = classify(model, batch)
+        return _NoAutocastInBackward.apply(loss), metrics
+
+    ct.mixed_precision(ct.accumulate(3)(step))(state, batch32())
+    assert _NoAutocastInBackward.seen == [False] * 3 and in_step == [False]
+
+
+def test_auto_picks_bf16_on_this_cpu_and_fp32_is_a_no_op():
+    seen = []
+
+    def spy(model, batch):
+        seen.append(model(batch[0]).dtype)
+        return classify(model, batch)[0]
+
+    state = state32()
+    ct.mixed_precision(spy)(state, batch32())
+    ref, ours = state32(1), state32(1)
+    ct.train_step(classify)(ref, batch32())
+    out = ct.mixed_precision(dtype="fp32")(classify)(ours, batch32())
+    assert seen == [torch.bfloat16]
+    assert_states_equal(ours, ref)
+    assert "mixed_precision" not in ours.state_dict()["transforms"] and out.skipped is False
+
+
+# -- equivalence ---------------------------------------------------------------------------------
+@given(dtype=st.sampled_from(LOW), n=st.integers(1, 6), size=st.integers(1, 24), seed=st.integers(0, 999))
+def test_nesting_orders_agree_bit_for_bit(dtype, n, size, seed):
+    outer = ct.mixed_precision(dtype=dtype)(ct.accumulate(n)(classify))
+    inner = ct.accumulate(n)(ct.mixed_precision(dtype=dtype)(classify))
+    a, b = state32(seed), state32(seed)
+    for i in range(3):
+        out_a, out_b = outer(a, batch32(size, seed + i)), inner(b, batch32(size, seed + i))
+        assert torch.equal(out_a.loss, out_b.loss) and out_a.skipped == out_b.skipped
+    assert_states_equal(a, b)
+    assert scale_of(a) == scale_of(b)
+
+
+TOLERANCE = {"bf16": 6e-2, "fp16": 1e-2}  # of the distance moved; 150 seeds gave at most 0.023 and 0.0021
+
+
+@given(dtype=st.sampled_from(LOW), n=st.integers(1, 4), size=st.integers(4, 32), seed=st.integers(0, 999))
+def test_16_bit_updates_track_the_fp32_reference(dtype, n, size, seed):
+    ref, ours = state32(seed, scheduler=False), state32(seed, scheduler=False)
+    before = [p.detach().clone() for p in ref.model.parameters()]
+    for i in range(3):
+        ct.train_step(classify)(ref, batch32(size, seed + i))
+        ct.mixed_precision(dtype=dtype)(ct.accumulate(n)(classify))(ours, batch32(size, seed + i))
+    for p0, pr, po in zip(before, ref.model.parameters(), ours.model.parameters(), strict=True):
+        moved = (pr - p0).norm()
+        assert (po - pr).norm() <= TOLERANCE[dtype] * moved + 1e-6
+
+
+# -- skipping -----------------------------------------------------------------------------------
+def poisoned(bad_calls, value=math.inf):
+    """A step whose loss is multiplied by ``value`` on the given (0-based) calls."""
+    calls = []
+
+    def step(model, batch):
+        loss, metrics = classify(model, batch)
+        calls.append(1)
+        return (loss * value if len(calls) - 1 in bad_calls else loss), metrics
+
+    return step
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_non_finite_gradients_skip_the_update_and_change_nothing(dtype, value):
+    state = state32(optimizer="adam")
+    train = ct.mixed_precision(dtype=dtype)(ct.accumulate(2)(poisoned({2, 3}, value)))
+    train(state, batch32(seed=0))  # calls 0 and 1: a clean update, so there is optimizer state to protect
+    before = snapshot(state)
+    scale = scale_of(state)
+    out = train(state, batch32(seed=1))  # calls 2 and 3 are poisoned
+    assert out.skipped is True
+    assert_untouched(state, before)  # params, Adam moments, step count, scheduler, no grads left
+    assert state.step == 1 and state.scheduler.last_epoch == 1
+    assert scale_of(state) == (scale / 2 if dtype == "fp16" else 1.0)  # fp16 backs off; bf16 has no scale
+    out = train(state, batch32(seed=2))  # and training goes on
+    assert out.skipped is False and state.step == 2
+
+
+def test_dynamic_scale_follows_gradscaler_rules_bit_for_bit():
+    """Our fp16 against the textbook GradScaler loop, with overflows injected at chosen updates."""
+    bad = {1, 2, 5}
+    ours, theirs = state32(3, scheduler=False), state32(3, scheduler=False)
+    train = ct.clip_grad_norm(1.0)(ct.mixed_precision(dtype="fp16")(poisoned(bad)))
+    scaler = torch.amp.GradScaler("cpu")
+    raw = poisoned(bad)
+    for i in range(8):
+        batch = batch32(seed=i)
+        out = train(ours, batch)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss, _ = raw(theirs.model, batch)
+        scaler.scale(loss).backward()
+        scaler.unscale_(theirs.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(theirs.model.parameters(), 1.0)
+        scaler.step(theirs.optimizer)
+        scaler.update()
+        theirs.optimizer.zero_grad(set_to_none=True)
+        assert out.skipped is (i in bad)
+        assert scale_of(ours) == scaler.get_scale() == 2.0**16 / 2 ** len([b for b in bad if b <= i])
+        torch.testing.assert_close(out.metrics["grad_norm"], norm, rtol=0, atol=0, equal_nan=True)
+        for p, q in zip(ours.model.parameters(), theirs.model.parameters(), strict=True):
+            assert torch.equal(p, q)
+    assert ours.step == 8 - len(bad)
+
+
+def test_the_scale_grows_after_2000_clean_updates_and_survives_a_resume():
+    state = state32()
+    train = ct.mixed_precision(dtype="fp16")(classify)
+    train(state, batch32())
+    saved = copy.deepcopy(state.state_dict())
+    saved["transforms"]["mixed_precision"]["scaler"]["_growth_tracker"] = 1999  # 1999 clean updates so far
+    resumed = state32()
+    resumed.load_state_dict(saved)
+    train(resumed, batch32(seed=1))
+    assert scale_of(resumed) == 2.0**17
+    assert resumed.state_dict()["transforms"]["mixed_precision"]["scaler"]["_growth_tracker"] == 0
+
+
+def test_resume_continues_with_the_same_loss_scale_bit_for_bit():
+    train = ct.mixed_precision(dtype="fp16")(ct.accumulate(2)(poisoned({0, 1, 6})))
+    straight = state32()
+    for i in range(3):
+        train(straight, batch32(seed=i))
+    saved = copy.deepcopy(straight.state_dict())
+    assert saved["transforms"]["mixed_precision"]["scaler"]["scale"] == 2.0**15
+
+    # a fresh process's step: its first call is the straight run's call 6, poisoned in both
+    twin = ct.mixed_precision(dtype="fp16")(ct.accumulate(2)(poisoned({0})))
+    resumed = state32(7)
+    resumed.load_state_dict(saved)
+    for i in range(3, 5):
+        train(straight, batch32(seed=i))
+        twin(resumed, batch32(seed=i))
+    assert_states_equal(resumed, straight)
+    assert scale_of(resumed) == scale_of(straight) == 2.0**14  # backed off once more, identically
+
+
+def test_many_consecutive_skips_raise_a_clear_error():
+    state = state32()
+    train = ct.mixed_precision(dtype="bf16", max_consecutive_skips=3)(poisoned(set(range(100)), math.nan))
+    before = snapshot(state)
+    train(state, batch32())
+    train(state, batch32())
+    with pytest.raises(FloatingPointError, match=r"3 updates in a row were skipped .*the loss itself is probably NaN"):
+        train(state, batch32())
+    assert_untouched(state, before)
+
+
+def test_a_checkpoint_for_another_precision_starts_the_scale_afresh_with_a_warning():
+    fp16 = state32()
+    ct.mixed_precision(dtype="fp16")(poisoned({0}))(fp16, batch32())
+    assert scale_of(fp16) == 2.0**15
+    bf16 = state32()
+    bf16.load_state_dict(fp16.state_dict())
+    with pytest.warns(UserWarning, match=r"the checkpoint's loss scaling is for fp16 .* this step runs bf16"):
+        ct.mixed_precision(dtype="bf16")(classify)(bf16, batch32())
+    assert scale_of(bf16) == 1.0
+    with pytest.warns(UserWarning, match=r"set up for bf16 .* this step runs fp16"):
+        ct.mixed_precision(dtype="fp16")(classify)(bf16, batch32())
+    assert scale_of(bf16) == 2.0**16
+
+
+# -- unscale once, scale constant ------------------------------------------------------------------
+@given(n=st.integers(1, 5), outside=st.booleans())
+def test_fp16_unscales_once_per_update_with_a_constant_scale(n, outside):
+    unscales, scales = [], []
+    original_unscale, original_scale = torch.amp.GradScaler.unscale_, torch.amp.GradScaler.scale
+
+    def unscale_spy(self, optimizer):
+        unscales.append(1)
+        return original_unscale(self, optimizer)
+
+    def scale_spy(self, outputs):
+        scaled = original_scale(self, outputs)
+        scales.append((scaled / outputs).item())
+        return scaled
+
+    if outside:
+        train = ct.mixed_precision(dtype="fp16")(ct.accumulate(n)(classify))
+    else:
+        train = ct.accumulate(n)(ct.mixed_precision(dtype="fp16")(classify))
+    state = state32()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.amp.GradScaler, "unscale_", unscale_spy)
+        mp.setattr(torch.amp.GradScaler, "scale", scale_spy)
+        for i in range(2):
+            train(state, batch32(10, seed=i))
+    assert len(unscales) == 2
+    assert len(scales) == 2 * min(n, 10) and len(set(scales)) == 1
+
+
+# -- bad input ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"dtype": "int8"}, ValueError, r"mixed_precision: dtype must be one of .*got 'int8' \(str\)"),
+        ({"dtype": torch.float64}, ValueError, r"got torch.float64"),
+        ({"dtype": "fp16", "loss_scale": 0}, ValueError, r"loss_scale must be a positive, finite number, got 0"),
+        ({"dtype": "fp16", "loss_scale": -8.0}, ValueError, r"got -8.0"),
+        ({"dtype": "fp16", "loss_scale": math.inf}, ValueError, r"got inf"),
+        ({"dtype": "fp16", "loss_scale": "big"}, TypeError, r"loss_scale must be 'dynamic' or a positive number"),
+        ({"dtype": "bf16", "loss_scale": 128.0}, ValueError, r"loss_scale=128.0 applies to fp16 only"),
+        ({"max_consecutive_skips": 0}, ValueError, r"max_consecutive_skips must be a positive int, got 0"),
+        ({"max_consecutive_skips": 2.5}, TypeError, r"max_consecutive_skips must be a positive int, got 2.5"),
+    ],
+)
+def test_bad_options_are_clear_errors(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        ct.mixed_precision(**kwargs)
+
+
+def test_positional_options_and_double_application_are_refused():
+    with pytest.raises(TypeError, match=r"pass options by keyword: mixed_precision\(dtype='bf16'\)"):
+        ct.mixed_precision("bf16")
+    with pytest.raises(ValueError, match="already applies mixed_precision; use mixed_precision once"):
+        ct.mixed_precision(ct.accumulate(2)(ct.mixed_precision(classify)))
+
+
+def test_a_device_without_autocast_is_a_clear_error_and_changes_nothing():
+    model = nn.Linear(5, 3, device="meta")
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    who = r"mixed_precision\(dtype='fp16'\)\(classify\)"
+    with pytest.raises(RuntimeError, match=who + ": torch.autocast is not available on device 'meta'"):
+        ct.mixed_precision(dtype="fp16")(classify)(state, batch32())
+    assert state.step == 0
+
+
+def test_bare_and_called_forms_and_decorators():
+    @ct.mixed_precision
+    @ct.accumulate(2)
+    def step(model, batch):
+        return classify(model, batch)
+
+    assert repr(step) == "mixed_precision(accumulate(2)(step))"
+    assert repr(ct.mixed_precision(dtype="fp16", loss_scale=1024.0)(classify)) == (
+        "mixed_precision(dtype='fp16', loss_scale=1024.0)(classify)"
+    )
+    assert ct.mixed_precision(classify) == ct.mixed_precision()(classify)
+    assert ct.mixed_precision(classify) != ct.mixed_precision(dtype="fp16")(classify)
+    state = state32()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert step(state, batch32()).skipped is False
+
+
+# -- GPU --------------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "auto"])
+def test_cuda_training_tracks_fp32_with_one_sync_per_update(dtype):
+    def gpu_state(seed):
+        s = state32(seed, scheduler=False)
+        s.model.cuda()
+        s.optimizer = torch.optim.SGD(s.model.parameters(), lr=0.1, momentum=0.9)
+        return s
+
+    ref, ours = gpu_state(0), gpu_state(0)
+    train = ct.mixed_precision(dtype=dtype)(ct.accumulate(2)(classify))
+    batches = [tuple(t.cuda() for t in batch32(32, seed=i)) for i in range(4)]
+    train(ours, batches[0])
+    ct.train_step(classify)(ref, batches[0])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for batch in batches[1:]:
+                train(ours, batch)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 3, [str(w.message) for w in syncs]  # one per update: the skip decision
+    for batch in batches[1:]:
+        ct.train_step(classify)(ref, batch)
+    tol = TOLERANCE["bf16" if dtype != "fp16" else "fp16"]
+    for p, q in zip(ours.model.parameters(), ref.model.parameters(), strict=True):
+        assert (p - q).norm() <= 10 * tol * q.norm()
