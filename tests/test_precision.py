@@ -241,12 +241,29 @@ def test_a_checkpoint_for_another_precision_starts_the_scale_afresh_with_a_warni
     assert scale_of(fp16) == 2.0**15
     bf16 = state32()
     bf16.load_state_dict(fp16.state_dict())
-    with pytest.warns(UserWarning, match=r"the checkpoint's loss scaling is for fp16 .* this step runs bf16"):
+    expected = r"the checkpoint's loss scaling is for fp16 \(dynamic loss scale\) on cpu, this step runs bf16 on cpu"
+    with pytest.warns(UserWarning, match=expected):
         ct.mixed_precision(dtype="bf16")(classify)(bf16, batch32())
     assert scale_of(bf16) == 1.0
     with pytest.warns(UserWarning, match=r"set up for bf16 .* this step runs fp16"):
         ct.mixed_precision(dtype="fp16")(classify)(bf16, batch32())
     assert scale_of(bf16) == 2.0**16
+
+
+def test_bf16_may_trust_its_gradients_to_save_the_check():
+    state = state32()
+    train = ct.mixed_precision(dtype="bf16", check_finite=False)(ct.accumulate(2)(poisoned({2})))
+    assert repr(train) == "mixed_precision(dtype='bf16', check_finite=False)(accumulate(2)(step))"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.amp.GradScaler, "unscale_", lambda *a: pytest.fail("check_finite=False must not unscale"))
+        assert train(state, batch32()).skipped is False
+        assert train(state, batch32(seed=1)).skipped is False  # not checked: the poison goes through
+    assert not all(p.isfinite().all() for p in state.model.parameters())
+    assert "mixed_precision" not in state.state_dict()["transforms"]
+    with pytest.raises(ValueError, match=r"check_finite=False is for bf16; fp16's loss scaling must see overflows"):
+        ct.mixed_precision(dtype="fp16", check_finite=False)
+    with pytest.raises(TypeError, match=r"check_finite must be True or False, got 0 \(int\)"):
+        ct.mixed_precision(check_finite=0)
 
 
 # -- unscale once, scale constant ------------------------------------------------------------------

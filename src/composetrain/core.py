@@ -30,6 +30,8 @@ whichever order the transforms were nested in:
 - ``skip_update``: set in the update phase by a transform that found the
   gradients unusable; the innermost update then changes nothing, while the
   transforms in between still run (and report their metrics).
+- ``notes``: what a transform decided in ``prepare`` for its own later phases of
+  this update, under its ``role`` (the context ``prepare`` returns reaches them all).
 
 The loss has exactly one owner of its normalisation: the innermost pass scales
 its mean loss by ``piece_weight / total_weight`` before ``backward``, so the
@@ -50,6 +52,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeAlias
 
 import torch
@@ -109,6 +112,7 @@ class Context(NamedTuple):
         around_forward: hooks entered around each forward.
         around_pass: hooks entered around each forward and backward.
         skip_update: the update phase must leave parameters, optimizer and scheduler alone.
+        notes: per-update decisions of transforms, by role, made in ``prepare``.
     """
 
     model: nn.Module
@@ -120,6 +124,7 @@ class Context(NamedTuple):
     around_forward: tuple[Hook, ...] = ()
     around_pass: tuple[Hook, ...] = ()
     skip_update: bool = False
+    notes: Mapping[str, Any] = MappingProxyType({})
 
 
 class Pass(NamedTuple):

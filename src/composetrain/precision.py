@@ -39,6 +39,7 @@ def mixed_precision(
     dtype: str | torch.dtype = "auto",
     loss_scale: str | float = "dynamic",
     max_consecutive_skips: int = 100,
+    check_finite: bool = True,
 ) -> Any:
     """Run each forward under ``torch.autocast``; keep weights, gradients and optimizer state fp32.
 
@@ -51,7 +52,8 @@ def mixed_precision(
     true gradients, whatever the nesting order. If they are not finite (fp16 or
     bf16), the update is skipped: parameters, optimizer state, scheduler and
     ``state.step`` stay exactly as they were and ``out.skipped`` is true. Deciding
-    that costs one host sync per update, the one ``GradScaler.step`` makes too.
+    that costs one pass over the gradients and one host sync per update, the ones
+    ``GradScaler`` makes too; bf16 can opt out with ``check_finite=False``.
 
     Args:
         step: the step to wrap; omit it to get a transform (``mixed_precision(dtype="fp16")``).
@@ -61,6 +63,8 @@ def mixed_precision(
             fp32's range and needs none).
         max_consecutive_skips: after this many skipped updates in a row, raise: the
             loss itself is then almost surely NaN or infinite.
+        check_finite: bf16 only: False trusts the gradients, saving the pass over
+            them and the host sync (about 3% of a CPU update here); fp16 always checks.
 
     Returns:
         The wrapped TrainStep, or a transform when ``step`` is omitted.
@@ -93,6 +97,13 @@ def mixed_precision(
         )
     if operator.index(max_consecutive_skips) < 1:
         raise ValueError(f"mixed_precision: max_consecutive_skips must be a positive int, got {max_consecutive_skips}")
+    if not isinstance(check_finite, bool):
+        raise TypeError(f"mixed_precision: check_finite must be True or False, got {show(check_finite)}")
+    if not check_finite and resolved is torch.float16:
+        raise ValueError(
+            "mixed_precision: check_finite=False is for bf16; fp16's loss scaling must see overflows: "
+            "drop check_finite, or use dtype='bf16'"
+        )
 
     options = []
     if dtype != "auto":
@@ -101,10 +112,11 @@ def mixed_precision(
         options.append(f"loss_scale={loss_scale}")
     if max_consecutive_skips != 100:
         options.append(f"max_consecutive_skips={max_consecutive_skips}")
+    if not check_finite:
+        options.append("check_finite=False")
     label = f"mixed_precision({', '.join(options)})" if options else "mixed_precision"
-    transform = Transform(
-        label, lambda inner: _MixedPrecision(inner, label, resolved, loss_scale, operator.index(max_consecutive_skips))
-    )
+    skips = operator.index(max_consecutive_skips)
+    transform = Transform(label, lambda inner: _MixedPrecision(inner, label, resolved, loss_scale, skips, check_finite))
     if step is None:
         return transform
     if isinstance(step, (str, torch.dtype)):
@@ -167,12 +179,19 @@ class _MixedPrecision(TrainStep):
     role = "mixed_precision"
 
     def __init__(
-        self, inner: TrainStep, label: str, dtype: torch.dtype | str, loss_scale: str | float, max_skips: int
+        self,
+        inner: TrainStep,
+        label: str,
+        dtype: torch.dtype | str,
+        loss_scale: str | float,
+        max_skips: int,
+        check_finite: bool,
     ) -> None:
         self.label = label
         self.dtype = dtype
         self.loss_scale = loss_scale
         self.max_skips = max_skips
+        self.check_finite = check_finite
         super().__init__(inner)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
@@ -180,32 +199,37 @@ class _MixedPrecision(TrainStep):
             return self._inner().prepare(state, batch, ctx)
         devices = sorted({p.device.type for p in state.model.parameters()}) or ["cpu"]
         dtype = self._resolve(devices)
+        autocasts = tuple(lambda c, d=d: torch.autocast(d, dtype=dtype) for d in devices)
+        ctx = ctx._replace(around_forward=(*ctx.around_forward, *autocasts))
+        scales = dtype is torch.float16 or self.check_finite
+        ctx = ctx._replace(notes={**ctx.notes, self.role: scales})
+        if not scales:  # bf16 trusting its gradients: autocast only, no scaler, no host sync
+            return self._inner().prepare(state, batch, ctx)
         # fp16 scales dynamically unless told a fixed scale; bf16 keeps scale 1 (the scaler then
         # only checks that the gradients are finite)
         fixed = 1.0 if dtype is torch.bfloat16 else None if self.loss_scale == "dynamic" else float(self.loss_scale)
         scaling = state.transform_state(self.role, _Scaling)
-        mode = f"{_SHORT[dtype]} ({'dynamic' if fixed is None else f'fixed {fixed:g}'} loss scale) on {devices[0]}"
+        if dtype is torch.bfloat16:
+            mode = f"bf16 on {devices[0]}"
+        else:
+            mode = f"fp16 ({'dynamic loss scale' if fixed is None else f'loss scale {fixed:g}'}) on {devices[0]}"
         scaling.configure(mode, devices[0], fixed, repr(self))
         if scaling.unscaled:  # a previous call failed between unscale and update: reset the stage only
             scaling.scaler.update(new_scale=scaling.scaler.get_scale())
             scaling.unscaled = False
-        autocasts = tuple(lambda c, d=d: torch.autocast(d, dtype=dtype) for d in devices)
-        ctx = ctx._replace(
-            around_forward=(*ctx.around_forward, *autocasts),
-            scale_loss=(*ctx.scale_loss, scaling.scaler.scale),
-        )
+        ctx = ctx._replace(scale_loss=(*ctx.scale_loss, scaling.scaler.scale))
         return self._inner().prepare(state, batch, ctx)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         done = self._inner().grads(state, batch, ctx)
-        if ctx.last_backward and self.dtype is not torch.float32:
+        if ctx.last_backward and ctx.notes.get(self.role):
             scaling = state.transform_state(self.role, _Scaling)
             scaling.scaler.unscale_(state.optimizer)  # exactly once per update, before any update phase
             scaling.unscaled = True
         return done
 
     def update(self, state: TrainState, ctx: Context) -> Update:
-        if self.dtype is torch.float32:
+        if not ctx.notes.get(self.role):  # fp32, or bf16 with check_finite=False
             return self._inner().update(state, ctx)
         scaling = state.transform_state(self.role, _Scaling)
         scaler = scaling.scaler
@@ -252,7 +276,7 @@ class _MixedPrecision(TrainStep):
         return torch.bfloat16
 
     def _config(self) -> tuple[Any, ...]:
-        return (self.dtype, self.loss_scale, self.max_skips)
+        return (self.dtype, self.loss_scale, self.max_skips, self.check_finite)
 
     def _label(self) -> str:
         return self.label
