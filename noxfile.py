@@ -29,3 +29,4 @@ def benchmarks(session: nox.Session) -> None:
     session.chdir("benchmarks")
     session.run("python", "bench_accumulate.py", *session.posargs)
     session.run("python", "bench_memory.py")
+    session.run("python", "bench_precision.py")

@@ -5,6 +5,7 @@ sees a batch of --batch-size images in --accumulate micro-batches (the same upda
 as one large batch, with a fraction of the activation memory).
 
     python examples/train_digits.py --epochs 15 --batch-size 128 --accumulate 4
+    python examples/train_digits.py --precision bf16 --clip 1.0
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128, help="samples per optimizer update")
     parser.add_argument("--accumulate", type=int, default=4, help="micro-batches per update")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate at batch size 32 (scaled linearly)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="forward precision")
+    parser.add_argument("--clip", type=float, default=None, help="clip the gradient norm to this")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -57,7 +60,10 @@ def main() -> None:
     updates_per_epoch = len(train) // args.batch_size
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * updates_per_epoch)
     state = ct.TrainState(model, optimizer, scheduler)
-    train_step = ct.accumulate(args.accumulate)(step)
+    transforms = [ct.mixed_precision(dtype=args.precision), ct.accumulate(args.accumulate)]
+    if args.clip is not None:
+        transforms.insert(0, ct.clip_grad_norm(args.clip))
+    train_step = ct.compose(*transforms)(step)
 
     print(f"{train_step} | {len(train)} train / {len(test)} test images | batch {args.batch_size}, lr {lr:.3f}")
     start = time.perf_counter()

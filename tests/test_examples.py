@@ -10,17 +10,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_digits_example_trains_to_high_accuracy():
+def run_digits(*args: str) -> str:
     pytest.importorskip("sklearn")
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "6"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
-    assert out.startswith("accumulate(4)(step)")
+    command = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "6", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout
+
+
+def test_digits_example_trains_to_high_accuracy():
+    out = run_digits()
+    assert out.startswith("mixed_precision(dtype='fp32')(accumulate(4)(step))")
     assert out.count("epoch ") == 6
     losses = [float(x) for x in re.findall(r"train loss (\d+\.\d+)", out)]
     assert losses[-1] < losses[0] / 4
+    assert float(re.search(r"test accuracy (\d\.\d+)", out).group(1)) > 0.9
+
+
+def test_digits_example_trains_in_bf16_with_clipping():
+    out = run_digits("--precision", "bf16", "--clip", "1.0")
+    assert out.startswith("clip_grad_norm(1.0)(mixed_precision(dtype='bf16')(accumulate(4)(step)))")
     assert float(re.search(r"test accuracy (\d\.\d+)", out).group(1)) > 0.9
