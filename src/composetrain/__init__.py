@@ -9,13 +9,17 @@ from composetrain.accumulate import accumulate
 from composetrain.batching import leading_size, samples, split_batch
 from composetrain.clip import clip_grad_norm
 from composetrain.core import Context, Pass, PlainStep, StepOutput, TrainStep, Transform, Update, compose, train_step
+from composetrain.distributed import distributed
 from composetrain.precision import mixed_precision
+from composetrain.rendezvous import Cluster, Process, detect, parse_nodelist, rendezvous
 from composetrain.state import TrainState
 
 __all__ = [
+    "Cluster",
     "Context",
     "Pass",
     "PlainStep",
+    "Process",
     "StepOutput",
     "TrainState",
     "TrainStep",
@@ -24,8 +28,12 @@ __all__ = [
     "accumulate",
     "clip_grad_norm",
     "compose",
+    "detect",
+    "distributed",
     "leading_size",
     "mixed_precision",
+    "parse_nodelist",
+    "rendezvous",
     "samples",
     "split_batch",
     "train_step",

@@ -1,0 +1,192 @@
+"""distributed: multi-process data parallel with DistributedDataParallel."""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from composetrain._util import name, show
+from composetrain.core import Context, PlainStep, TrainStep, Transform
+from composetrain.state import TrainState
+
+__all__ = ["distributed"]
+
+
+def distributed(
+    step: PlainStep | TrainStep | None = None,
+    *,
+    find_unused_parameters: bool = False,
+    bucket_cap_mb: float = 25.0,
+    broadcast_buffers: bool = True,
+    gradient_as_bucket_view: bool = False,
+    static_graph: bool = False,
+    comm_hook: Callable[..., Any] | None = None,
+    comm_state: Any = None,
+    process_group: Any = None,
+) -> Any:
+    """Data parallel over ``torch.distributed`` processes, through ``DistributedDataParallel``.
+
+    Each process runs the step on its own shard; DDP all-reduces the gradients in
+    buckets, overlapped with backward, once per update: every backward but the
+    last of an update (``accumulate``'s micro-batches) runs under ``no_sync``, which
+    wraps its forward and its backward. Replicas start identical (DDP broadcasts
+    rank 0's parameters and buffers when it wraps the model, on the first update).
+    The loss is normalised over all units of the global batch: one small
+    all-reduce per update adds up the processes' unit counts, so ranks holding
+    different numbers of samples or tokens still give exactly the update of one
+    process on the whole batch. With one process (or no process group) it is the
+    plain step. The DDP wrapper lives in the TrainState (not in checkpoints).
+
+    Under it, ``out.loss`` is this rank's share of the global mean, scaled by the
+    world size: it is the rank's own mean when ranks hold equal units, and its
+    average over ranks is the exact global mean in any case.
+
+    The step must call ``model(...)`` (DDP's forward) for its forward pass; reach
+    the wrapped module's attributes as ``model.module``.
+
+    Args:
+        step: the step to wrap; omit it to get a transform.
+        find_unused_parameters: let micro-batches or branches leave parameters
+            unused (DDP's escape hatch; it costs a graph traversal per backward).
+        bucket_cap_mb: DDP's gradient bucket size.
+        broadcast_buffers: sync buffers (BatchNorm statistics) from rank 0 each forward.
+        gradient_as_bucket_view: let gradients alias DDP's buckets (less memory).
+        static_graph: promise the same graph every iteration (DDP optimisations).
+        comm_hook: a DDP communication hook, e.g. ``fp16_compress_hook``.
+        comm_state: the state passed to ``comm_hook``.
+        process_group: the group to reduce over (default: the whole job).
+
+    Returns:
+        The wrapped TrainStep, or a transform when ``step`` is omitted.
+
+    Example:
+        >>> with ct.rendezvous() as proc:                     # torchrun, srun, or alone
+        ...     train = ct.distributed(ct.mixed_precision(ct.accumulate(4)(step)))
+        ...     out = train(state, local_batch)              # one update, one gradient sync
+    """
+    for arg, value in (
+        ("find_unused_parameters", find_unused_parameters),
+        ("broadcast_buffers", broadcast_buffers),
+        ("gradient_as_bucket_view", gradient_as_bucket_view),
+        ("static_graph", static_graph),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"distributed: {arg} must be True or False, got {show(value)}")
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, numbers.Real) or not bucket_cap_mb > 0:
+        raise ValueError(f"distributed: bucket_cap_mb must be a positive number, got {show(bucket_cap_mb)}; e.g. 25")
+    if comm_hook is not None and not callable(comm_hook):
+        raise TypeError(
+            f"distributed: comm_hook must be a DDP communication hook hook(state, bucket) -> Future, "
+            f"got {show(comm_hook)}"
+        )
+    options = {
+        "find_unused_parameters": find_unused_parameters,
+        "bucket_cap_mb": float(bucket_cap_mb),
+        "broadcast_buffers": broadcast_buffers,
+        "gradient_as_bucket_view": gradient_as_bucket_view,
+        "static_graph": static_graph,
+    }
+    defaults = {"find_unused_parameters": False, "bucket_cap_mb": 25.0, "broadcast_buffers": True}
+    shown = [f"{k}={v}" for k, v in options.items() if defaults.get(k, False) != v]
+    if comm_hook is not None:
+        shown.append(f"comm_hook={name(comm_hook)}")
+    label = f"distributed({', '.join(shown)})" if shown else "distributed"
+    transform = Transform(
+        label, lambda inner: _Distributed(inner, label, options, comm_hook, comm_state, process_group)
+    )
+    return transform if step is None else transform(step)
+
+
+class _Replica:
+    """The DDP wrapper kept in the TrainState; rebuilt on demand, never checkpointed."""
+
+    def __init__(self) -> None:
+        self.ddp: DistributedDataParallel | None = None
+        self.key: tuple[Any, ...] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, saved: Any) -> None:
+        pass
+
+
+class _Distributed(TrainStep):
+    role = "distributed"
+
+    def __init__(
+        self,
+        inner: TrainStep,
+        label: str,
+        options: dict[str, Any],
+        comm_hook: Callable[..., Any] | None,
+        comm_state: Any,
+        group: Any,
+    ) -> None:
+        self.label = label
+        self.options = options
+        self.comm_hook = comm_hook
+        self.comm_state = comm_state
+        self.group = group
+        super().__init__(inner)
+
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+        if world == 1:  # what does not apply is a no-op
+            launched = int(os.environ.get("WORLD_SIZE", "1"))
+            if launched > 1 and not dist.is_initialized():
+                raise RuntimeError(
+                    f"{self!r}: WORLD_SIZE={launched} but no process group is initialised; call "
+                    "ct.rendezvous() first (ct.run does it for you)"
+                )
+            return self._inner().prepare(state, batch, ctx)
+        ddp = self._ddp(state)
+        # the global unit count, so that every rank normalises by the same total; DDP averages
+        # over ranks, hence the total per rank
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else None
+        units = torch.tensor(float(ctx.total_weight), dtype=torch.float64, device=device)
+        dist.all_reduce(units, group=self.group)
+        per_rank: float | torch.Tensor = units.item() / world if units.device.type == "cpu" else units / world
+
+        def no_sync_unless_last(c: Context) -> contextlib.AbstractContextManager[Any]:
+            return contextlib.nullcontext() if c.last_backward else ddp.no_sync()
+
+        ctx = ctx._replace(model=ddp, total_weight=per_rank, around_pass=(*ctx.around_pass, no_sync_unless_last))
+        return self._inner().prepare(state, batch, ctx)
+
+    def _ddp(self, state: TrainState) -> DistributedDataParallel:
+        replica = state.transform_state(self.role, _Replica)
+        key = (id(state.model), self._config())
+        if replica.ddp is None or replica.key != key or replica.ddp.module is not state.model:
+            replica.ddp = self._wrap(state.model)
+            replica.key = key
+        return replica.ddp
+
+    def _wrap(self, model: nn.Module) -> DistributedDataParallel:
+        devices = {p.device for p in model.parameters()}
+        backend = dist.get_backend(self.group)
+        if backend == "nccl" and any(d.type != "cuda" for d in devices):
+            raise RuntimeError(
+                f"{self!r}: the process group uses nccl but the model has parameters on "
+                f"{sorted(str(d) for d in devices)}; move it to the process's GPU (proc.device) first"
+            )
+        only = next(iter(devices)) if len(devices) == 1 else None
+        device_ids = [only] if only is not None and only.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=self.group, **self.options)
+        if self.comm_hook is not None:
+            ddp.register_comm_hook(self.comm_state, self.comm_hook)
+        return ddp
+
+    def _config(self) -> tuple[Any, ...]:
+        return (tuple(sorted(self.options.items())), self.comm_hook, id(self.comm_state), self.group)
+
+    def _label(self) -> str:
+        return self.label

@@ -1,0 +1,333 @@
+"""Rendezvous: find this process's place in a job (torchrun, SLURM, or explicit) and join it.
+
+``rendezvous()`` reads the launcher's environment, initialises the
+``torch.distributed`` process group (nccl on CUDA, gloo on CPU), picks one device
+per local rank and returns a ``Process``; ``close()`` tears the group down. A
+plain single process needs no setup at all.
+
+Sources, in order of precedence:
+
+- explicit arguments (``rank``, ``world_size``, ``master_addr``, ...);
+- torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
+- SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
+  ``SLURM_NNODES``, ``SLURM_JOB_NODELIST`` (bracketed host lists such as
+  ``node[01-04,07]``); the master is the first host, the port ``MASTER_PORT`` or
+  one derived from ``SLURM_JOB_ID``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from composetrain._util import show
+
+__all__ = ["Cluster", "Process", "detect", "parse_nodelist", "rendezvous"]
+
+
+def parse_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM host list: ``"node[01-03,07],gpu-[1-2]-[3,5]"`` -> every host name, in order.
+
+    Zero padding follows each range's lower bound (``[08-10]`` gives 08, 09, 10).
+
+    Raises:
+        ValueError: the list is empty or malformed (unbalanced or nested brackets,
+            a range whose start exceeds its end, a non-numeric range).
+
+    Example:
+        >>> parse_nodelist("10.0.0.[089,100-101]")
+        ['10.0.0.089', '10.0.0.100', '10.0.0.101']
+    """
+    if not isinstance(nodelist, str) or not nodelist.strip():
+        raise ValueError(f"parse_nodelist: the host list is empty or not a string, got {show(nodelist)}")
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist.strip(), nodelist):
+        expanded = [""]
+        for text, bracket in re.findall(r"([^\[\]]+)|\[([^\[\]]*)\]", item):
+            choices = [text] if text else _expand_ranges(bracket, nodelist)
+            expanded = [head + choice for head in expanded for choice in choices]
+        hosts.extend(expanded)
+    return hosts
+
+
+def _split_top_level(nodelist: str, whole: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(nodelist):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"parse_nodelist: nested brackets at position {i} of {whole!r}")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"parse_nodelist: ']' without '[' at position {i} of {whole!r}")
+        elif char == "," and depth == 0:
+            items.append(nodelist[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"parse_nodelist: unbalanced brackets in {whole!r}")
+    items.append(nodelist[start:])
+    if any(not item.strip() for item in items):
+        raise ValueError(f"parse_nodelist: an empty host name in {whole!r}")
+    return items
+
+
+def _expand_ranges(ranges: str, whole: str) -> list[str]:
+    out: list[str] = []
+    for part in ranges.split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if match is None:
+            raise ValueError(f"parse_nodelist: {part!r} in {whole!r} is not a number or a range like 01-04")
+        start, stop = match.group(1), match.group(2) or match.group(1)
+        if int(start) > int(stop):
+            raise ValueError(f"parse_nodelist: the range {part!r} in {whole!r} runs backwards")
+        out.extend(str(i).zfill(len(start)) for i in range(int(start), int(stop) + 1))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """Where this process sits in its job, as its launcher described it.
+
+    Attributes:
+        rank: this process's rank among all processes.
+        world_size: the number of processes.
+        local_rank: this process's rank on its node (its device index).
+        master_addr: the host of rank 0, where the rendezvous store listens.
+        master_port: that store's port.
+        source: "explicit", "torchrun", "slurm" or "single".
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str
+
+
+def detect(env: Mapping[str, str] | None = None, **explicit: Any) -> Cluster:
+    """Read this process's place from explicit values, torchrun's or SLURM's environment.
+
+    Args:
+        env: the environment to read (default ``os.environ``).
+        **explicit: ``rank``, ``world_size``, ``local_rank``, ``master_addr``,
+            ``master_port``; they override the environment.
+
+    Returns:
+        The Cluster; a plain process is rank 0 of 1.
+
+    Raises:
+        ValueError: inconsistent or malformed launcher variables (each named).
+    """
+    env = os.environ if env is None else env
+    unknown = set(explicit) - {"rank", "world_size", "local_rank", "master_addr", "master_port"}
+    if unknown:
+        raise TypeError(f"rendezvous: unknown arguments {sorted(unknown)}")
+    if "rank" in explicit or "world_size" in explicit:
+        if "rank" not in explicit or "world_size" not in explicit:
+            raise ValueError("rendezvous: give rank and world_size together, got only one of them")
+        values = {
+            "rank": explicit["rank"],
+            "world_size": explicit["world_size"],
+            "local_rank": explicit.get("local_rank", explicit["rank"]),
+            "master_addr": explicit.get("master_addr", env.get("MASTER_ADDR", "127.0.0.1")),
+            "master_port": explicit.get("master_port", env.get("MASTER_PORT", "29500")),
+        }
+        return _cluster(values, "explicit", "arguments")
+    if "RANK" in env and "WORLD_SIZE" in env:
+        values = {
+            "rank": env["RANK"],
+            "world_size": env["WORLD_SIZE"],
+            "local_rank": env.get("LOCAL_RANK", "0"),
+            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+            "master_port": env.get("MASTER_PORT", "29500"),
+        }
+        return _cluster({**values, **explicit}, "torchrun", "RANK/WORLD_SIZE/LOCAL_RANK/MASTER_PORT")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return _slurm(env, explicit)
+    return Cluster(0, 1, 0, "127.0.0.1", 0, "single")
+
+
+def _slurm(env: Mapping[str, str], explicit: Mapping[str, Any]) -> Cluster:
+    missing = [k for k in ("SLURM_LOCALID", "SLURM_JOB_NODELIST") if k not in env]
+    if missing:
+        raise ValueError(f"rendezvous: SLURM_PROCID is set but {missing} are not; start the job with srun")
+    hosts = parse_nodelist(env["SLURM_JOB_NODELIST"])
+    nnodes = env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES"))
+    if nnodes is not None and _int(nnodes, "SLURM_NNODES") != len(hosts):
+        raise ValueError(
+            f"rendezvous: SLURM_NNODES={nnodes} but SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r} names "
+            f"{len(hosts)} hosts; these come from one allocation: check the job's environment"
+        )
+    if "MASTER_PORT" in env:
+        port: Any = env["MASTER_PORT"]
+    elif "SLURM_JOB_ID" in env:  # same for every task of the job, different for most jobs sharing a node
+        port = 15000 + _int(env["SLURM_JOB_ID"], "SLURM_JOB_ID") % 20000
+    else:
+        raise ValueError("rendezvous: under SLURM set MASTER_PORT, or SLURM_JOB_ID to derive a port from")
+    values = {
+        "rank": env["SLURM_PROCID"],
+        "world_size": env["SLURM_NTASKS"],
+        "local_rank": env["SLURM_LOCALID"],
+        "master_addr": env.get("MASTER_ADDR", hosts[0]),
+        "master_port": port,
+    }
+    cluster = _cluster({**values, **explicit}, "slurm", "SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID")
+    if cluster.world_size < len(hosts):
+        raise ValueError(
+            f"rendezvous: SLURM_NTASKS={cluster.world_size} is fewer than the {len(hosts)} nodes allocated; "
+            "ask for at least one task per node (--ntasks-per-node)"
+        )
+    return cluster
+
+
+def _cluster(values: Mapping[str, Any], source: str, names: str) -> Cluster:
+    rank = _int(values["rank"], "rank")
+    world = _int(values["world_size"], "world_size")
+    local = _int(values["local_rank"], "local_rank")
+    port = _int(values["master_port"], "master_port")
+    if world < 1 or not 0 <= rank < world or not 0 <= local <= rank or not 0 <= port < 65536:
+        raise ValueError(
+            f"rendezvous: inconsistent {source} values (from {names}): rank={rank}, world_size={world}, "
+            f"local_rank={local}, master_port={port}; need 0 <= local_rank <= rank < world_size and a port "
+            "below 65536"
+        )
+    return Cluster(rank, world, local, str(values["master_addr"]), port, source)
+
+
+def _int(value: Any, what: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"rendezvous: {what} must be an integer, got {value!r}") from None
+
+
+@dataclasses.dataclass
+class Process:
+    """This process in its job: its cluster place, device and process group backend.
+
+    ``close()`` (or leaving a ``with`` block) destroys the process group if
+    ``rendezvous`` created it.
+    """
+
+    cluster: Cluster
+    device: torch.device
+    backend: str | None
+    owns_group: bool
+
+    @property
+    def rank(self) -> int:
+        return self.cluster.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.cluster.rank == 0
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_group = False
+
+    def __enter__(self) -> Process:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def rendezvous(
+    *,
+    backend: str | None = None,
+    timeout: float = 300.0,
+    env: Mapping[str, str] | None = None,
+    **explicit: Any,
+) -> Process:
+    """Join the job this process belongs to; a plain process joins nothing.
+
+    Args:
+        backend: "nccl" or "gloo"; default nccl on CUDA, gloo on CPU.
+        timeout: seconds to wait for the other processes, at the rendezvous and
+            in every later collective, before failing with a clear error.
+        env: the environment to read (default ``os.environ``).
+        **explicit: ``rank``, ``world_size``, ``local_rank``, ``master_addr``,
+            ``master_port``, overriding the environment.
+
+    Returns:
+        The Process: rank, world size, device (``cuda:local_rank`` or cpu), backend.
+
+    Raises:
+        ValueError: inconsistent launcher variables, or more local ranks than GPUs.
+        RuntimeError: the rendezvous did not complete within ``timeout``.
+
+    Example:
+        >>> with ct.rendezvous() as proc:          # under torchrun, srun, or alone
+        ...     model.to(proc.device)
+        ...     ct.distributed(ct.accumulate(4)(step))(state, batch)
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"rendezvous: timeout must be a positive number of seconds, got {show(timeout)}")
+    cluster = detect(env, **explicit)
+    device = _device(cluster)
+    if dist.is_initialized():  # someone else set the group up: use it, and leave it to them
+        if dist.get_world_size() != cluster.world_size or dist.get_rank() != cluster.rank:
+            raise ValueError(
+                f"rendezvous: a process group is already initialised as rank {dist.get_rank()} of "
+                f"{dist.get_world_size()}, but the {cluster.source} values say rank {cluster.rank} of "
+                f"{cluster.world_size}"
+            )
+        return Process(cluster, device, dist.get_backend(), owns_group=False)
+    if cluster.world_size == 1:
+        return Process(cluster, device, None, owns_group=False)
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    wait = datetime.timedelta(seconds=timeout)
+    where = f"{cluster.master_addr}:{cluster.master_port}"
+    try:
+        if cluster.source == "torchrun":  # torchrun's agent hosts the store already: join it
+            dist.init_process_group(
+                backend, init_method="env://", rank=cluster.rank, world_size=cluster.world_size, timeout=wait
+            )
+        else:
+            store = dist.TCPStore(
+                cluster.master_addr,
+                cluster.master_port,
+                cluster.world_size,
+                is_master=cluster.rank == 0,
+                timeout=wait,
+                wait_for_workers=True,
+            )
+            dist.init_process_group(
+                backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=wait
+            )
+    except (RuntimeError, dist.DistError) as e:
+        hint = " (under SLURM, start every task with srun)" if cluster.source == "slurm" else ""
+        raise RuntimeError(
+            f"rendezvous: rank {cluster.rank} of {cluster.world_size} could not meet the others at {where} "
+            f"within {timeout:g}s ({type(e).__name__}: {str(e).splitlines()[0][:200]}); check that rank 0 "
+            f"is running{hint}, that MASTER_ADDR/MASTER_PORT reach it, and that every process got the same values"
+        ) from e
+    return Process(cluster, device, backend, owns_group=True)
+
+
+def _device(cluster: Cluster) -> torch.device:
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if cluster.local_rank >= count:
+        raise ValueError(
+            f"rendezvous: local rank {cluster.local_rank} but this node has {count} GPU(s); start one "
+            "process per GPU (torchrun --nproc-per-node, or srun --ntasks-per-node / --gpus-per-task=1)"
+        )
+    torch.cuda.set_device(cluster.local_rank)
+    return torch.device("cuda", cluster.local_rank)

@@ -1,0 +1,158 @@
+"""Cases run on every rank of a dist_pool.Pool, and their single-process references.
+
+A case names a composition as letters, outermost first: ``d`` distributed, ``m``
+mixed_precision (bf16), ``a`` accumulate(n), ``c`` clip_grad_norm. The global
+batch of each update is the concatenation of the ranks' shards in rank order, so
+the reference is the composition without ``d`` on the global batch, in one process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import composetrain as ct
+
+IN, CLASSES, VOCAB, PAD = 5, 3, 7, -100
+
+
+def classify(model, batch):
+    x, y = batch
+    logits = model(x)
+    return F.cross_entropy(logits, y), {"acc": (logits.argmax(-1) == y).to(logits.dtype).mean()}
+
+
+def token_step(model, batch):
+    logits = model(batch["tokens"])
+    return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=PAD)
+
+
+def real_tokens(batch):
+    return (batch["labels"] != PAD).sum()
+
+
+def build(letters: str, n: int, kind: str, **distributed_options: Any) -> ct.TrainStep:
+    step = token_step if kind == "tokens" else classify
+    weight = real_tokens if kind == "tokens" else None
+    parts = {
+        "d": ct.distributed(**distributed_options),
+        "m": ct.mixed_precision(dtype="bf16"),
+        "a": ct.accumulate(n, weight=weight),
+        "c": ct.clip_grad_norm(0.5),
+    }
+    return ct.compose(*(parts[k] for k in letters))(step)
+
+
+def make_state(kind: str, seed: int, dtype: torch.dtype) -> ct.TrainState:
+    torch.manual_seed(seed)
+    if kind == "tokens":
+        model = nn.Sequential(nn.Embedding(VOCAB, 6), nn.Tanh(), nn.Linear(6, VOCAB))
+    else:
+        model = nn.Sequential(nn.Linear(IN, 8), nn.Tanh(), nn.Linear(8, CLASSES))
+    model.to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+
+
+def global_batch(kind: str, sizes: list[int], seed: int, dtype: torch.dtype) -> Any:
+    """The global batch: ``sizes[r]`` samples for rank r, concatenated in rank order.
+
+    Token batches give rank r sequences of rank-dependent lengths, so ranks hold
+    different numbers of real tokens.
+    """
+    g = torch.Generator().manual_seed(seed)
+    total = sum(sizes)
+    if kind == "tokens":
+        tokens = torch.randint(0, VOCAB, (total, 10), generator=g)
+        labels = torch.randint(0, VOCAB, (total, 10), generator=g)
+        row = 0
+        for rank, size in enumerate(sizes):
+            for _ in range(size):
+                length = int(torch.randint(1, 4 + 6 * (rank % 2), (), generator=g))
+                labels[row, length:] = PAD
+                row += 1
+        return {"tokens": tokens, "labels": labels}
+    return torch.randn(total, IN, generator=g, dtype=dtype), torch.randint(0, CLASSES, (total,), generator=g)
+
+
+def shard(batch: Any, sizes: list[int], rank: int) -> Any:
+    start, stop = sum(sizes[:rank]), sum(sizes[: rank + 1])
+    if isinstance(batch, dict):
+        return {k: v[start:stop] for k, v in batch.items()}
+    return tuple(t[start:stop] for t in batch)
+
+
+def train(case: dict[str, Any], rank: int | None, **distributed_options: Any) -> dict[str, Any]:
+    """Run the case's updates; rank None is the single-process reference on the global batches."""
+    dtype = torch.float32 if "m" in case["letters"] else torch.float64
+    letters = case["letters"] if rank is not None else case["letters"].replace("d", "")
+    # ranks start from different weights: DDP must broadcast rank 0's, the reference's
+    state = make_state(case["kind"], case["seed"] + (rank or 0), dtype)
+    step = build(letters, case["n"], case["kind"], **distributed_options)
+    losses, skipped = [], []
+    for i, sizes in enumerate(case["sizes"]):
+        batch = global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
+        out = step(state, batch if rank is None else shard(batch, sizes, rank))
+        losses.append(out.loss)
+        skipped.append(bool(out.skipped))
+    return {
+        "params": [p.detach().clone() for p in state.model.parameters()],
+        "losses": losses,
+        "skipped": skipped,
+        "step": state.step,
+        "lr": state.scheduler.get_last_lr(),
+    }
+
+
+def run_case(rank: int, world: int, case: dict[str, Any]) -> dict[str, Any]:
+    return train(case, rank)
+
+
+def count_syncs(rank: int, world: int, n: int, updates: int) -> list[int]:
+    """All-reduces per update through a counting DDP communication hook, one bucket per parameter.
+
+    DDP reduces its first iteration in one bucket and rebuilds its buckets after it, so
+    the first update counts 1 whatever the parameters."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls: list[int] = []
+
+    def counting(state, bucket):  # unannotated: DDP checks hook annotations against its own types
+        calls.append(1)
+        return allreduce_hook(state, bucket)
+
+    state = make_state("classify", 0, torch.float64)
+    step = build("da", n, "classify", bucket_cap_mb=1e-6, comm_hook=counting)
+    per_update = []
+    for i in range(updates):
+        before = len(calls)
+        step(state, shard(global_batch("classify", [8] * world, i, torch.float64), [8] * world, rank))
+        per_update.append(len(calls) - before)
+    return per_update
+
+
+def syncs_without_no_sync(rank: int, world: int, n: int) -> int:
+    """What a loop that forgets no_sync pays: a gradient all-reduce after every micro-batch."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    calls: list[int] = []
+
+    def counting(state, bucket):  # unannotated: DDP checks hook annotations against its own types
+        calls.append(1)
+        return allreduce_hook(state, bucket)
+
+    state = make_state("classify", 0, torch.float64)
+    ddp = DistributedDataParallel(state.model, bucket_cap_mb=1e-6)
+    ddp.register_comm_hook(None, counting)
+    x, y = shard(global_batch("classify", [8] * world, 0, torch.float64), [8] * world, rank)
+    F.cross_entropy(ddp(x), y).backward()  # DDP's first iteration, after which it rebuilds its buckets
+    del calls[:]
+    for xb, yb in zip(x.tensor_split(n), y.tensor_split(n), strict=True):
+        (F.cross_entropy(ddp(xb), yb) / n).backward()
+    dist.barrier()
+    return len(calls)

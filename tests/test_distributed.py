@@ -1,0 +1,130 @@
+"""distributed() across real processes over gloo, against one process on the global batch."""
+
+import itertools
+
+import dist_cases
+import pytest
+import torch
+from dist_pool import Pool
+from helpers import assert_states_equal, classify, make_batch, make_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import composetrain as ct
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
+def pool(request):
+    p = Pool(request.param)
+    yield p
+    p.close()
+
+
+def run(pool, **case):
+    case.setdefault("seed", 0)
+    return pool.run("dist_cases", "run_case", case), dist_cases.train(case, rank=None)
+
+
+def assert_matches_reference(results, reference, rtol=1e-10, atol=1e-12):
+    for r in results:  # every rank holds the same parameters: rank 0's initial ones, trained identically
+        for p, q in zip(r["params"], results[0]["params"], strict=True):
+            assert torch.equal(p, q)
+        assert r["step"] == reference["step"] and r["lr"] == reference["lr"]
+    for p, q in zip(results[0]["params"], reference["params"], strict=True):
+        torch.testing.assert_close(p, q, rtol=rtol, atol=atol)
+    for i, ref_loss in enumerate(reference["losses"]):  # averaging out.loss over ranks gives the global mean
+        mean = torch.stack([r["losses"][i] for r in results]).mean()
+        torch.testing.assert_close(mean, ref_loss, rtol=rtol, atol=atol)
+
+
+rank_sizes = st.integers(1, 9)
+
+
+@settings(max_examples=12)
+@given(
+    data=st.data(),
+    letters=st.sampled_from(["da", "ad", "dca", "adc"]),
+    n=st.integers(1, 4),
+    seed=st.integers(0, 999),
+)
+def test_distributed_accumulate_is_one_process_on_the_global_batch(pool, data, letters, n, seed):
+    """float64, momentum SGD, a scheduler, 3 updates; ranks may hold different numbers of samples."""
+    sizes = [data.draw(st.lists(rank_sizes, min_size=pool.world, max_size=pool.world)) for _ in range(3)]
+    results, reference = run(pool, letters=letters, n=n, kind="classify", sizes=sizes, seed=seed)
+    assert_matches_reference(results, reference)
+
+
+@settings(max_examples=8)
+@given(letters=st.sampled_from(["da", "ad"]), n=st.integers(1, 3), seed=st.integers(0, 999))
+def test_token_weighted_normalisation_is_global_across_ranks(pool, letters, n, seed):
+    """Odd ranks hold sequences up to 9 tokens long, even ranks up to 3: the loss is still the
+    mean over every real token of the global batch, not a mean of per-rank means."""
+    sizes = [[4] * pool.world] * 3
+    results, reference = run(pool, letters=letters, n=n, kind="tokens", sizes=sizes, seed=seed)
+    assert_matches_reference(results, reference)
+
+
+def test_ranks_with_very_different_batches_never_hang(pool):
+    """One rank's batch is smaller than n: it runs fewer micro-batches, and still syncs once."""
+    sizes = [[3] + [8] * (pool.world - 1), [1] + [5] * (pool.world - 1)]
+    results, reference = run(pool, letters="da", n=4, kind="classify", sizes=sizes)
+    assert_matches_reference(results, reference)
+
+
+MP_ORDERS = ["".join(p) for p in itertools.permutations("dma")]
+
+
+def test_mixed_precision_in_every_order_agrees_and_tracks_one_process(pool):
+    sizes = [[6] * pool.world] * 3
+    runs = {letters: run(pool, letters=letters, n=2, kind="classify", sizes=sizes) for letters in MP_ORDERS}
+    first = runs[MP_ORDERS[0]][0]
+    for results, _ in runs.values():  # every order: bit for bit the same on every rank
+        for r, f in zip(results, first, strict=True):
+            assert all(torch.equal(p, q) for p, q in zip(r["params"], f["params"], strict=True))
+    # against one process on the global batch, in bf16: micro-batch boundaries differ, so rounding does
+    _, reference = runs[MP_ORDERS[0]]
+    for p, q in zip(first[0]["params"], reference["params"], strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3)
+
+
+def test_one_gradient_sync_per_update_whatever_n(pool):
+    """A counting DDP communication hook; buckets of one parameter each (4 of them) once DDP has
+    rebuilt its buckets after its first iteration."""
+    one_backward = pool.run("dist_cases", "count_syncs", 1, 3)
+    assert one_backward == [[1, 4, 4]] * pool.world
+    for n in (2, 4):
+        assert pool.run("dist_cases", "count_syncs", n, 3) == one_backward, n
+    # the loop that forgets no_sync pays one sync per micro-batch
+    assert pool.run("dist_cases", "syncs_without_no_sync", 4) == [16] * pool.world
+
+
+def test_world_size_one_is_the_plain_step_bit_for_bit():
+    a, b = make_state(0), make_state(0)
+    for i in range(3):
+        ct.distributed(ct.accumulate(2)(classify))(a, make_batch(8, seed=i))
+        ct.accumulate(2)(classify)(b, make_batch(8, seed=i))
+    assert_states_equal(a, b)
+
+
+def test_a_launched_job_without_a_process_group_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    expected = r"distributed\(classify\): WORLD_SIZE=2 but no process group .*ct.rendezvous"
+    with pytest.raises(RuntimeError, match=expected):
+        ct.distributed(classify)(make_state(), make_batch(4))
+
+
+def test_options_are_checked_and_shown():
+    with pytest.raises(TypeError, match=r"distributed: find_unused_parameters must be True or False, got 1 \(int\)"):
+        ct.distributed(find_unused_parameters=1)
+    with pytest.raises(ValueError, match=r"distributed: bucket_cap_mb must be a positive number, got 0"):
+        ct.distributed(bucket_cap_mb=0)
+    with pytest.raises(TypeError, match="comm_hook must be a DDP communication hook"):
+        ct.distributed(comm_hook="fp16")
+    with pytest.raises(ValueError, match="already applies distributed; use distributed once"):
+        ct.distributed(ct.accumulate(2)(ct.distributed(classify)))
+    assert repr(ct.distributed(find_unused_parameters=True)(classify)) == (
+        "distributed(find_unused_parameters=True)(classify)"
+    )
+    assert repr(ct.distributed(ct.mixed_precision(ct.accumulate(16)(classify)))) == (
+        "distributed(mixed_precision(accumulate(16)(classify)))"
+    )
