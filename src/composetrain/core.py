@@ -321,10 +321,7 @@ class _Lifted(TrainStep):
             for scale in ctx.scale_loss:
                 scaled = scale(scaled)
             scaled.backward()
-        loss = loss.detach()
-        if loss.dtype in (torch.float16, torch.bfloat16):  # report 16-bit losses in float32
-            loss = loss.float()
-        return Pass(loss, metrics)
+        return Pass(_reported(loss.detach()), metrics)
 
     def update(self, state: TrainState, ctx: Context) -> Update:
         if ctx.skip_update:
@@ -340,6 +337,13 @@ class _Lifted(TrainStep):
 
     def __repr__(self) -> str:
         return f"train_step({name(self.step)})"
+
+
+def _reported(value: Any) -> Any:
+    """16-bit losses and metrics are reported (and summed over micro-batches) in float32."""
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+        return value.float()
+    return value
 
 
 def _entered(hooks: tuple[Hook, ...], ctx: Context) -> AbstractContextManager[Any]:
@@ -379,7 +383,7 @@ def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
     clean: dict[str, Metric] = {}
     for key, value in metrics.items():
         if isinstance(value, torch.Tensor) and value.numel() == 1:
-            clean[key] = value.detach().reshape(())
+            clean[key] = _reported(value.detach().reshape(()))
         elif isinstance(value, (int, float)):
             clean[key] = float(value)
         else:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import warnings
 from typing import Any
 
 import torch
 
 from composetrain._util import show
 from composetrain.core import Context, Pass, PlainStep, TrainStep, Transform, Update
+from composetrain.scaling import LossScaling
 from composetrain.state import TrainState
 
 __all__ = ["mixed_precision"]
@@ -30,7 +30,6 @@ _DTYPES: dict[Any, torch.dtype | str] = {
     torch.float32: torch.float32,
 }
 _SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-_DYNAMIC: dict[str, Any] = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
 def mixed_precision(
@@ -127,54 +126,6 @@ def mixed_precision(
     return transform(step)
 
 
-class _Scaling:
-    """The mixed-precision state kept in the TrainState: a GradScaler and the skip streak.
-
-    ``mode`` says what the scaler was set up for (dtype, scale, device); a step or a
-    checkpoint for another mode starts afresh, with a warning, rather than reusing
-    a loss scale that belongs to another configuration.
-    """
-
-    def __init__(self) -> None:
-        self.mode: str | None = None
-        self.scaler = torch.amp.GradScaler("cpu", enabled=False)  # replaced by configure()
-        self.fixed: float | None = None  # the constant scale, or None for dynamic scaling
-        self.consecutive_skips = 0
-        self.unscaled = False  # unscale_ ran and update() has not yet: the scaler's own stage
-        self._saved: dict[str, Any] | None = None  # loaded, applied by configure()
-
-    def configure(self, mode: str, device: str, fixed: float | None, who: str) -> None:
-        if mode == self.mode:
-            return
-        if self.mode is not None:
-            warnings.warn(
-                f"{who}: the TrainState's loss scaling was set up for {self.mode}, this step runs {mode}; "
-                "starting afresh",
-                stacklevel=5,
-            )
-        settings = _DYNAMIC if fixed is None else {**_DYNAMIC, "init_scale": fixed}
-        self.mode, self.fixed = mode, fixed
-        self.scaler = torch.amp.GradScaler(device, **settings)
-        self.consecutive_skips, self.unscaled = 0, False
-        saved, self._saved = self._saved, None
-        if saved is not None and saved["mode"] == mode:
-            self.scaler.load_state_dict(saved["scaler"])
-            self.consecutive_skips = saved["consecutive_skips"]
-        elif saved is not None:
-            warnings.warn(
-                f"{who}: the checkpoint's loss scaling is for {saved['mode']}, this step runs {mode}; starting afresh",
-                stacklevel=5,
-            )
-
-    def state_dict(self) -> dict[str, Any] | None:
-        if self.mode is None:
-            return self._saved
-        return {"mode": self.mode, "scaler": self.scaler.state_dict(), "consecutive_skips": self.consecutive_skips}
-
-    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
-        self.mode, self._saved = None, saved  # the next update's configure() applies it
-
-
 class _MixedPrecision(TrainStep):
     role = "mixed_precision"
 
@@ -197,23 +148,19 @@ class _MixedPrecision(TrainStep):
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         if self.dtype is torch.float32:  # what does not apply is a no-op
             return self._inner().prepare(state, batch, ctx)
-        devices = sorted({p.device.type for p in state.model.parameters()}) or ["cpu"]
+        devices = {p.device for p in state.model.parameters()} or {torch.device("cpu")}
         dtype = self._resolve(devices)
-        autocasts = tuple(lambda c, d=d: torch.autocast(d, dtype=dtype) for d in devices)
-        ctx = ctx._replace(around_forward=(*ctx.around_forward, *autocasts))
+        kinds = sorted({d.type for d in devices})
+        autocasts = tuple(lambda c, d=d: torch.autocast(d, dtype=dtype) for d in kinds)
         scales = dtype is torch.float16 or self.check_finite
-        ctx = ctx._replace(notes={**ctx.notes, self.role: scales})
+        ctx = ctx._replace(around_forward=(*ctx.around_forward, *autocasts), notes={**ctx.notes, self.role: scales})
         if not scales:  # bf16 trusting its gradients: autocast only, no scaler, no host sync
             return self._inner().prepare(state, batch, ctx)
-        # fp16 scales dynamically unless told a fixed scale; bf16 keeps scale 1 (the scaler then
-        # only checks that the gradients are finite)
+        # fp16 scales dynamically unless told a fixed scale; bf16 keeps scale 1, where the scaler
+        # only checks that the gradients are finite
         fixed = 1.0 if dtype is torch.bfloat16 else None if self.loss_scale == "dynamic" else float(self.loss_scale)
-        scaling = state.transform_state(self.role, _Scaling)
-        if dtype is torch.bfloat16:
-            mode = f"bf16 on {devices[0]}"
-        else:
-            mode = f"fp16 ({'dynamic loss scale' if fixed is None else f'loss scale {fixed:g}'}) on {devices[0]}"
-        scaling.configure(mode, devices[0], fixed, repr(self))
+        scaling = state.transform_state(self.role, LossScaling)
+        scaling.configure((_SHORT[dtype], fixed), kinds[0], repr(self))
         if scaling.unscaled:  # a previous call failed between unscale and update: reset the stage only
             scaling.scaler.update(new_scale=scaling.scaler.get_scale())
             scaling.unscaled = False
@@ -223,7 +170,7 @@ class _MixedPrecision(TrainStep):
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         done = self._inner().grads(state, batch, ctx)
         if ctx.last_backward and ctx.notes.get(self.role):
-            scaling = state.transform_state(self.role, _Scaling)
+            scaling = state.transform_state(self.role, LossScaling)
             scaling.scaler.unscale_(state.optimizer)  # exactly once per update, before any update phase
             scaling.unscaled = True
         return done
@@ -231,18 +178,21 @@ class _MixedPrecision(TrainStep):
     def update(self, state: TrainState, ctx: Context) -> Update:
         if not ctx.notes.get(self.role):  # fp32, or bf16 with check_finite=False
             return self._inner().update(state, ctx)
-        scaling = state.transform_state(self.role, _Scaling)
+        scaling = state.transform_state(self.role, LossScaling)
+        if not scaling.unscaled:
+            raise RuntimeError(
+                f"{self!r}: the gradients were never unscaled: no pass inside it was marked as the last "
+                "backward of the update (Context.last_backward); a transform inside it must pass "
+                "last_backward=True to its final backward"
+            )
         scaler = scaling.scaler
-        # GradScaler has no public way to say whether step() skipped (pytorch issue 55585),
-        # so we read the inf checks unscale_ recorded and skip ourselves: the same one host sync.
-        infs = scaler._found_inf_per_device(state.optimizer)
-        found_inf = bool(sum(v.item() for v in infs.values()))
+        found_inf = scaling.found_inf(state.optimizer)  # the one host sync, as in GradScaler.step
         try:
-            applied = self._inner().update(state, ctx._replace(skip_update=ctx.skip_update or found_inf))
+            applied = self._inner().update(state, ctx._replace(skip_update=ctx.skip_update or bool(found_inf)))
         finally:
             if scaling.fixed is not None:
                 scaler.update(new_scale=scaling.fixed)
-            elif infs:
+            elif found_inf is not None:
                 scaler.update()  # back off on inf, grow after growth_interval clean updates
             else:  # no parameter had a gradient: nothing to learn about the scale
                 scaler.update(new_scale=scaler.get_scale())
@@ -257,23 +207,30 @@ class _MixedPrecision(TrainStep):
             )
         return applied
 
-    def _resolve(self, devices: list[str]) -> torch.dtype:
+    def _resolve(self, devices: set[torch.device]) -> torch.dtype:
         for device in devices:
-            if not torch.amp.is_autocast_available(device):
+            if not torch.amp.is_autocast_available(device.type):
                 raise RuntimeError(
-                    f"{self!r}: torch.autocast is not available on device {device!r}; "
+                    f"{self!r}: torch.autocast is not available on device {device.type!r}; "
                     "train on cpu or cuda, or drop mixed_precision"
                 )
-        if self.dtype != "auto":
-            assert isinstance(self.dtype, torch.dtype)
-            if self.dtype is torch.bfloat16 and "cuda" in devices and not torch.cuda.is_bf16_supported():
-                raise RuntimeError(
-                    f"{self!r}: this GPU does not support bf16; use dtype='fp16' (with loss scaling) or 'auto'"
+        # native bf16 on CUDA is Ampere (compute capability 8.0) and later; older GPUs only emulate it
+        old_gpus = sorted(str(d) for d in devices if d.type == "cuda" and torch.cuda.get_device_capability(d) < (8, 0))
+        if self.dtype == "auto":
+            dtype = torch.float16 if old_gpus else torch.bfloat16
+            if dtype is torch.bfloat16 and self.loss_scale != "dynamic":
+                raise ValueError(
+                    f"{self!r}: loss_scale={self.loss_scale} applies to fp16, but dtype='auto' chose bf16 on "
+                    f"{sorted(d.type for d in devices)}; pass dtype='fp16', or drop loss_scale"
                 )
-            return self.dtype
-        if "cuda" in devices and not torch.cuda.is_bf16_supported():
-            return torch.float16
-        return torch.bfloat16
+            return dtype
+        assert isinstance(self.dtype, torch.dtype)
+        if self.dtype is torch.bfloat16 and old_gpus:
+            raise RuntimeError(
+                f"{self!r}: {old_gpus} do not support bf16 natively (compute capability below 8.0); "
+                "use dtype='fp16' (with loss scaling) or 'auto'"
+            )
+        return self.dtype
 
     def _config(self) -> tuple[Any, ...]:
         return (self.dtype, self.loss_scale, self.max_skips, self.check_finite)
