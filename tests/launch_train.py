@@ -1,0 +1,26 @@
+"""Trains one distributed case under whatever launched this process (torchrun, srun-like
+environment variables, ...) and saves this rank's result to OUT/rank<r>.pt.
+
+    torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT \\
+        tests/launch_train.py OUT
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dist_cases
+
+import composetrain as ct
+
+CASE = {"letters": "dma", "n": 2, "kind": "classify", "sizes": [[5, 7], [6, 6], [8, 3]], "seed": 3}
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    out = Path(sys.argv[1])
+    with ct.rendezvous(timeout=60) as proc:
+        result = dist_cases.train(CASE, proc.rank)
+        result["cluster"] = proc.cluster
+    torch.save(result, out / f"rank{proc.rank}.pt")
