@@ -180,7 +180,9 @@ class _Distributed(TrainStep):
             )
         only = next(iter(devices)) if len(devices) == 1 else None
         device_ids = [only] if only is not None and only.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=self.group, **self.options)
+        # only what differs from DDP's defaults: newer torch renames broadcast_buffers, and warns on it
+        options = {k: v for k, v in self.options.items() if not (k == "broadcast_buffers" and v)}
+        ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=self.group, **options)
         if self.comm_hook is not None:
             ddp.register_comm_hook(self.comm_state, self.comm_hook)
         return ddp
