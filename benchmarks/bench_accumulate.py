@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import logging
 import time
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -73,65 +71,12 @@ def micro_batches(batches, n):
     return [(xb, yb) for x, y in batches for xb, yb in zip(x.tensor_split(n), y.tensor_split(n), strict=True)]
 
 
-class Batches:
-    """A plain iterable of ready batches (a list would be read as several loaders)."""
-
-    def __init__(self, items):
-        self.items = items
-
-    def __iter__(self):
-        return iter(self.items)
-
-    def __len__(self):
-        return len(self.items)
-
-
 def lightning(model, batches, n):
-    import lightning.pytorch as pl
+    from baselines import lightning as contender
 
-    logging.getLogger("lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     micros = micro_batches(batches, n)
-
-    class Module(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch, _):
-            return step(self.model, batch)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-
-    class Clock(pl.Callback):
-        """Times the updates themselves, not the Trainer's start-up."""
-
-        def on_train_batch_start(self, trainer, *_):
-            if trainer.fit_loop.total_batch_idx == n:  # skip the first update: Trainer warm-up
-                self.start = time.perf_counter()
-
-        def on_train_end(self, *_):
-            self.end = time.perf_counter()
-
-    def run(updates: int) -> float:
-        clock = Clock()
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            max_steps=updates + 1,
-            accumulate_grad_batches=n,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[clock],
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(Module(), train_dataloaders=Batches(micros * (1 + (updates + 1) * n // len(micros))))
-        return clock.end - clock.start
-
-    return run
+    opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)  # noqa: E731
+    return contender(model, micros, step, opt, per_update=n, accumulate_grad_batches=n)
 
 
 def accelerate(model, batches, n):

@@ -11,14 +11,13 @@ accumulate_grad_batches when installed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
-import logging
 import time
-import warnings
 
 import torch
 import torch.nn.functional as F
-from bench_accumulate import Batches, make_model, micro_batches, step
+from bench_accumulate import make_model, micro_batches, step
 from common import compare, installed, report
 from torch.nn.parallel import DistributedDataParallel
 
@@ -40,7 +39,7 @@ def hand_written(model, batches, n, *, no_sync=True):
             pieces = list(zip(x.tensor_split(n), y.tensor_split(n), strict=True))
             for j, (xb, yb) in enumerate(pieces):
                 last = j == len(pieces) - 1
-                with ddp.no_sync() if no_sync and not last else contextlib_null():
+                with ddp.no_sync() if no_sync and not last else contextlib.nullcontext():
                     loss = F.cross_entropy(ddp(xb), yb) * (xb.shape[0] / x.shape[0])
                     loss.backward()
             opt.step()
@@ -48,12 +47,6 @@ def hand_written(model, batches, n, *, no_sync=True):
         return time.perf_counter() - start
 
     return run
-
-
-def contextlib_null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def composetrain(model, batches, n):
@@ -70,52 +63,20 @@ def composetrain(model, batches, n):
 
 
 def lightning(model, batches, n):
-    import lightning.pytorch as pl
+    from baselines import lightning as contender
 
-    logging.getLogger("lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     micros = micro_batches(batches, n)
-
-    class Module(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch, _):
-            return step(self.model, batch)
-
-        def configure_optimizers(self):
-            return sgd(self.model)
-
-    class Clock(pl.Callback):
-        def on_train_batch_start(self, trainer, *_):
-            if trainer.fit_loop.total_batch_idx == n:  # skip the first update: Trainer warm-up
-                self.start = time.perf_counter()
-
-        def on_train_end(self, *_):
-            self.end = time.perf_counter()
-
-    def run(updates: int) -> float:
-        clock = Clock()
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            strategy="ddp",
-            devices=torch.distributed.get_world_size(),
-            max_steps=updates + 1,
-            accumulate_grad_batches=n,
-            use_distributed_sampler=False,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[clock],
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(Module(), train_dataloaders=Batches(micros * (1 + (updates + 1) * n // len(micros))))
-        return clock.end - clock.start
-
-    return run
+    return contender(
+        model,
+        micros,
+        step,
+        sgd,
+        per_update=n,
+        strategy="ddp",
+        devices=torch.distributed.get_world_size(),
+        accumulate_grad_batches=n,
+        use_distributed_sampler=False,
+    )
 
 
 def main() -> None:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import logging
 import time
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -91,67 +89,11 @@ def composetrain(model, batches, dtype, device, check_finite=True):
     return timed_loop(device, lambda i: train(state, batches[i % len(batches)]))
 
 
-class Batches:
-    def __init__(self, items):
-        self.items = items
-
-    def __iter__(self):
-        return iter(self.items)
-
-    def __len__(self):
-        return len(self.items)
-
-
 def lightning(model, batches, dtype, device):
-    import lightning.pytorch as pl
-
-    logging.getLogger("lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-
-    class Module(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch, _):
-            return step(self.model, batch)
-
-        def configure_optimizers(self):
-            return sgd(self.model)
-
-    class Clock(pl.Callback):
-        def on_train_batch_start(self, trainer, *_):
-            if trainer.global_step == 1:  # skip the first update: Trainer warm-up
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                self.start = time.perf_counter()
-
-        def on_train_end(self, *_):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            self.end = time.perf_counter()
+    from baselines import lightning as contender
 
     precision = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}[dtype]
-
-    def run(updates: int) -> float:
-        clock = Clock()
-        trainer = pl.Trainer(
-            accelerator=device.type,
-            devices=1,
-            precision=precision,
-            max_steps=updates + 1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[clock],
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(Module(), train_dataloaders=Batches(batches * (1 + (updates + 1) // len(batches))))
-        return clock.end - clock.start
-
-    return run
+    return contender(model, batches, step, sgd, device=device.type, devices=1, precision=precision)
 
 
 def accelerate(model, batches, dtype, device):
