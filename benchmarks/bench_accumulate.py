@@ -16,7 +16,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import compare, installed, report
+from common import compare, installed, report, timed_loop
 from torch import nn
 
 import composetrain as ct
@@ -57,14 +57,7 @@ def hand_written(model, batches, n):
 def composetrain(model, batches, n):
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     train = ct.accumulate(n)(step)
-
-    def run(updates: int) -> float:
-        start = time.perf_counter()
-        for i in range(updates):
-            train(state, batches[i % len(batches)])
-        return time.perf_counter() - start
-
-    return run
+    return timed_loop(lambda i: train(state, batches[i % len(batches)]))
 
 
 def micro_batches(batches, n):

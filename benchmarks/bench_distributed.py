@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 from bench_accumulate import make_model, micro_batches, step
-from common import compare, installed, report
+from common import compare, installed, report, timed_loop
 from torch.nn.parallel import DistributedDataParallel
 
 import composetrain as ct
@@ -52,14 +52,7 @@ def hand_written(model, batches, n, *, no_sync=True):
 def composetrain(model, batches, n):
     state = ct.TrainState(model, sgd(model))
     train = ct.distributed(ct.accumulate(n)(step))
-
-    def run(updates: int) -> float:
-        start = time.perf_counter()
-        for i in range(updates):
-            train(state, batches[i % len(batches)])
-        return time.perf_counter() - start
-
-    return run
+    return timed_loop(lambda i: train(state, batches[i % len(batches)]))
 
 
 def lightning(model, batches, n):

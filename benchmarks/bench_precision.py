@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
 
 import torch
 import torch.nn.functional as F
-from common import compare, installed, report
+from common import compare, installed, report, timed_loop
 from torch import nn
 
 import composetrain as ct
@@ -53,20 +52,6 @@ def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def timed_loop(device, run_one):
-    def run(updates: int) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for i in range(updates):
-            run_one(i)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    return run
-
-
 def hand_written(model, batches, dtype, device):
     opt = sgd(model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == "fp16")
@@ -80,13 +65,13 @@ def hand_written(model, batches, dtype, device):
         scaler.update()
         opt.zero_grad(set_to_none=True)
 
-    return timed_loop(device, one)
+    return timed_loop(one, device.type)
 
 
 def composetrain(model, batches, dtype, device, check_finite=True):
     state = ct.TrainState(model, sgd(model))
     train = ct.mixed_precision(dtype=dtype, check_finite=check_finite)(step)
-    return timed_loop(device, lambda i: train(state, batches[i % len(batches)]))
+    return timed_loop(lambda i: train(state, batches[i % len(batches)]), device.type)
 
 
 def lightning(model, batches, dtype, device):
@@ -108,7 +93,7 @@ def accelerate(model, batches, dtype, device):
         opt.step()
         opt.zero_grad()
 
-    return timed_loop(device, one)
+    return timed_loop(one, device.type)
 
 
 def peak_memory(build, model, batches, dtype, device) -> float:

@@ -62,7 +62,18 @@ def report(title: str, results: list[Result], baseline: str) -> str:
     return "\n".join(lines)
 
 
-def timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def timed_loop(one: Callable[[int], object], device: str = "cpu") -> Contender:
+    """A contender that calls ``one(i)`` for i in range(updates), timed (CUDA work awaited)."""
+    import torch
+
+    def run(updates: int) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(updates):
+            one(i)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    return run
