@@ -156,3 +156,9 @@ def syncs_without_no_sync(rank: int, world: int, n: int) -> int:
         (F.cross_entropy(ddp(xb), yb) / n).backward()
     dist.barrier()
     return len(calls)
+
+
+def fewest(rank: int, world: int) -> int:
+    """Each rank offers a different count; all agree on the smallest."""
+    proc = ct.rendezvous(rank=rank, world_size=world)  # the pool's group: reused, not re-created
+    return proc.fewest(10 + 3 * rank)

@@ -98,6 +98,12 @@ def test_one_gradient_sync_per_update_whatever_n(pool):
     assert pool.run("dist_cases", "syncs_without_no_sync", 4) == [16] * pool.world
 
 
+def test_ranks_agree_on_the_fewest_updates_so_uneven_data_cannot_hang(pool):
+    assert pool.run("dist_cases", "fewest") == [10] * pool.world
+    with ct.rendezvous(env={}) as alone:
+        assert alone.fewest(7) == 7
+
+
 def test_world_size_one_is_the_plain_step_bit_for_bit():
     a, b = make_state(0), make_state(0)
     for i in range(3):

@@ -235,6 +235,19 @@ class Process:
     def is_main(self) -> bool:
         return self.cluster.rank == 0
 
+    def fewest(self, count: int) -> int:
+        """The smallest ``count`` over all ranks (one all-reduce; ``count`` itself when alone).
+
+        Uneven data must not hang DDP (PyTorch issue 38174): truncate each epoch to
+        this many updates and every rank runs the same number of them.
+        """
+        if self.world_size == 1 or not dist.is_initialized():
+            return count
+        device = self.device if self.backend == "nccl" else torch.device("cpu")
+        value = torch.tensor(count, dtype=torch.int64, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return int(value.item())
+
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
