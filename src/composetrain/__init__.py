@@ -12,6 +12,7 @@ from composetrain.core import Context, Pass, PlainStep, StepOutput, TrainStep, T
 from composetrain.distributed import distributed
 from composetrain.precision import mixed_precision
 from composetrain.rendezvous import Cluster, Process, detect, parse_nodelist, rendezvous
+from composetrain.run import RunResult, run
 from composetrain.state import TrainState
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "Pass",
     "PlainStep",
     "Process",
+    "RunResult",
     "StepOutput",
     "TrainState",
     "TrainStep",
@@ -34,6 +36,7 @@ __all__ = [
     "mixed_precision",
     "parse_nodelist",
     "rendezvous",
+    "run",
     "samples",
     "split_batch",
     "train_step",

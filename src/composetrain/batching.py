@@ -22,7 +22,7 @@ import torch
 
 from composetrain._util import show
 
-__all__ = ["check_weights", "leading_size", "samples", "split_batch"]
+__all__ = ["check_weights", "leading_size", "map_tensors", "samples", "split_batch"]
 
 _Rebuild = Callable[[Iterator[Any]], Any]
 
@@ -87,6 +87,18 @@ def _leading(leaves: list[torch.Tensor], batch: Any, who: str) -> int | None:
             "every tensor with a batch dimension must have the same first size"
         )
     return sizes.pop() if sizes else None
+
+
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The batch with ``fn`` applied to every tensor leaf, structure kept.
+
+    Example:
+        >>> map_tensors({"x": torch.zeros(2), "name": "a"}, lambda t: t + 1)
+        {'x': tensor([1., 1.]), 'name': 'a'}
+    """
+    leaves: list[torch.Tensor] = []
+    rebuild = _flatten(batch, leaves)
+    return rebuild(iter([fn(t) for t in leaves]))
 
 
 def leading_size(batch: Any, who: str = "leading_size") -> int | None:

@@ -204,6 +204,10 @@ class TrainStep:
         self.inner = inner
         self.weight = weight if weight is not None else inherited
         self.reported: frozenset[str] = self.reports | (inner.reported if inner is not None else frozenset())
+        # what the composition applies, for the driver: e.g. "distributed" in train_step.roles
+        self.roles: frozenset[str] = frozenset({self.role} if self.role else ()) | (
+            inner.roles if inner is not None else frozenset()
+        )
         wrapped = inner if inner is not None else getattr(self, "step", None)
         if wrapped is not None:
             functools.update_wrapper(self, wrapped, updated=())

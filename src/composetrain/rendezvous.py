@@ -102,7 +102,8 @@ class Cluster:
         local_rank: this process's rank on its node (its device index).
         master_addr: the host of rank 0, where the rendezvous store listens.
         master_port: that store's port.
-        source: "explicit", "torchrun", "slurm" or "single".
+        source: "explicit", "torchrun", "slurm", "single", or "existing" (a process
+            group initialised before ``rendezvous`` was called, with no launcher variables).
     """
 
     rank: int
@@ -292,6 +293,9 @@ def rendezvous(
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"rendezvous: timeout must be a positive number of seconds, got {show(timeout)}")
     cluster = detect(env, **explicit)
+    if dist.is_initialized() and cluster.source == "single":  # a group set up by hand: adopt it
+        local = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        cluster = Cluster(dist.get_rank(), dist.get_world_size(), local, "", 0, "existing")
     device = _device(cluster)
     if dist.is_initialized():  # someone else set the group up: use it, and leave it to them
         if dist.get_world_size() != cluster.world_size or dist.get_rank() != cluster.rank:

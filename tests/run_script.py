@@ -1,0 +1,90 @@
+"""A training job for ct.run's process-level tests: resumable, killable, launchable by torchrun.
+
+python tests/run_script.py --dir CKPT --epochs 3 --out final.pt [--checkpoint-every 3]
+    [--max-steps N] [--slow-save K] [--step-delay S]
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import composetrain as ct
+import composetrain.checkpoint as checkpoint
+
+
+def dataset(n=96):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
+def model():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 2)).double()
+
+
+def step(model, batch):
+    x, y = batch
+    logits = model(x)
+    return F.cross_entropy(logits, y), {"acc": (logits.argmax(-1) == y).double().mean()}
+
+
+def state():
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    return ct.TrainState(m, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--checkpoint-every", type=int, default=None)
+    p.add_argument("--slow-save", type=int, default=0, help="hang inside the Kth save, after its first file")
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep in every step")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+
+    saves = []
+    if args.slow_save:
+        original = checkpoint._write
+
+        def slow(obj, path):
+            original(obj, path)
+            saves.append(path)
+            if len(saves) == args.slow_save:
+                print("SAVING", flush=True)
+                time.sleep(600)
+
+        checkpoint._write = slow
+
+    def delayed(model, batch):
+        time.sleep(args.step_delay)
+        return step(model, batch)
+
+    s = state()
+    train = ct.distributed(ct.accumulate(2)(delayed))
+    result = ct.run(
+        train, s, dataset(), batch_size=12, epochs=args.epochs, max_steps=args.max_steps, num_workers=0,
+        checkpoint_dir=args.dir, checkpoint_every=args.checkpoint_every, log_every=4, progress=False, seed=5,
+    )  # fmt: skip
+    rank = int(os.environ.get("RANK", "0"))  # ct.run has left the process group by now
+    out = Path(args.out)
+    torch.save(
+        {"state": s.state_dict(), "history": result.history, "preempted": result.preempted, "steps": result.steps},
+        out.with_name(f"{out.stem}-rank{rank}{out.suffix}"),
+    )
+    print("DONE" if not result.preempted else "PREEMPTED", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

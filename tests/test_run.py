@@ -1,0 +1,403 @@
+"""ct.run: epochs and steps, shuffles, logging without host syncs, exact resume, pre-emption, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import run_script
+import torch
+from dist_pool import Pool, free_port
+from helpers import assert_states_equal
+from torch.utils.data import Dataset, TensorDataset
+
+import composetrain as ct
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = str(HERE / "run_script.py")
+
+
+def train(tmp=None, **options):
+    state = run_script.state()
+    options = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 4, **options}
+    result = ct.run(ct.accumulate(2)(run_script.step), state, run_script.dataset(), checkpoint_dir=tmp, **options)
+    return state, result
+
+
+# -- the loop -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("drop_last", "per_epoch"), [(False, 8), (True, 8)])
+def test_updates_per_epoch_and_epochs(drop_last, per_epoch):
+    state, result = train(epochs=3, drop_last=drop_last)  # 96 samples in batches of 12
+    assert state.step == result.steps == 3 * per_epoch and result.epochs == 3
+    assert [r["step"] for r in result.history] == [4, 8, 12, 16, 20, 24]
+
+
+def test_a_short_last_batch_makes_one_more_update():
+    state = run_script.state()
+    ct.run(
+        run_script.step,
+        state,
+        TensorDataset(*run_script.dataset(100).tensors),
+        batch_size=12,
+        num_workers=0,
+        progress=False,
+    )
+    assert state.step == 9
+
+
+def test_max_steps_counts_optimizer_updates():
+    state, result = train(max_steps=11)
+    assert state.step == 11 and result.epochs == 1  # 8 per epoch: 11 stops inside the second
+    state, result = train(epochs=1, max_steps=100)
+    assert state.step == 8  # whichever ends first
+
+
+def test_every_epoch_reshuffles_and_the_seed_decides_the_order():
+    def orders(seed):
+        seen = []
+
+        def spy(model, batch):
+            seen.append(batch[0][:, 0].tolist())
+            return run_script.step(model, batch)
+
+        ct.run(
+            spy,
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=96,
+            epochs=3,
+            num_workers=0,
+            progress=False,
+            seed=seed,
+        )
+        return seen
+
+    first = orders(1)
+    assert first[0] != first[1] != first[2] and sorted(first[0]) == sorted(first[1])  # set_epoch every epoch
+    assert orders(1) == first and orders(2) != first
+
+
+def test_metrics_are_read_only_at_log_points(monkeypatch):
+    state = run_script.state()
+    reads = []
+    for name in ("item", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, original=original, name=name):
+            if self.is_floating_point():  # metrics; not the loader's integer seed draws
+                reads.append(state.step)
+            return original(self)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    result = ct.run(
+        ct.accumulate(2)(run_script.step),
+        state,
+        run_script.dataset(),
+        batch_size=12,
+        epochs=2,
+        log_every=5,
+        num_workers=0,
+        progress=False,
+    )
+    monkeypatch.undo()
+    assert reads and set(reads) == {5, 8, 10, 15, 16}  # multiples of 5, and each epoch's end
+    assert all(isinstance(v, (int, float)) for r in result.history for v in r.values())  # no tensors kept
+
+
+def test_history_and_metrics_file(tmp_path):
+    _, result = train(tmp_path, epochs=2)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == result.history
+    assert {"step", "epoch", "loss", "acc", "lr", "skipped", "updates_per_s", "data_wait"} <= lines[0].keys()
+    assert lines[-1]["loss"] < lines[0]["loss"]
+
+
+def test_evaluation_is_an_exact_mean_over_the_eval_data():
+    def evaluate(model, batch):
+        x, y = batch
+        return {"acc": (model(x).argmax(-1) == y).double().mean(), "n": 1.0}
+
+    state, result = train(epochs=2, eval_step=evaluate, eval_data=run_script.dataset(50))
+    assert state.model.training  # back in training mode after each evaluation
+    x, y = run_script.dataset(50).tensors
+    state.model.eval()
+    with torch.no_grad():
+        expected = (state.model(x).argmax(-1) == y).double().mean().item()
+    assert [e["epoch"] for e in result.evals] == [1, 2]
+    assert result.evals[-1]["acc"] == pytest.approx(expected, abs=1e-12) and result.evals[-1]["n"] == 1.0
+
+
+class Slow(Dataset):
+    def __init__(self, delay):
+        self.delay = delay
+        self.inner = run_script.dataset()
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return self.inner[i]
+
+
+def test_the_bottleneck_report_names_the_cause():
+    state = run_script.state()
+    result = ct.run(run_script.step, state, Slow(0.004), batch_size=12, num_workers=0, progress=False)
+    assert (
+        result.data_wait > 0.5
+        and "data loading is" in result.bottleneck
+        and "raise num_workers (now 0)" in result.bottleneck
+    )
+    _, fast = train(epochs=1)
+    assert fast.bottleneck.startswith("compute-bound")
+
+
+# -- exact resume ----------------------------------------------------------------------------------
+def test_resuming_after_k_epochs_is_bit_identical_to_running_straight(tmp_path):
+    straight, straight_result = train(tmp_path / "a", epochs=4)
+    train(tmp_path / "b", epochs=2)
+    resumed, resumed_result = train(tmp_path / "b", epochs=4)  # the same command, a larger total
+    assert_states_equal(resumed, straight)
+    assert untimed(resumed_result.history) == untimed(straight_result.history)
+
+
+def untimed(history):
+    return [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in history]
+
+
+@pytest.mark.parametrize("stop_at", [5, 11])
+def test_resuming_mid_epoch_and_mid_window_is_bit_identical(tmp_path, stop_at):
+    """Dropout draws from the restored RNG, accumulate(2) splits every batch, the sampler
+    restarts part-way through the epoch."""
+    straight, _ = train(tmp_path / "a", epochs=3)
+    train(tmp_path / "b", max_steps=stop_at)
+    assert sorted(p.name for p in (tmp_path / "b").glob("step-*"))[-1] == f"step-{stop_at:09d}"
+    resumed, _ = train(tmp_path / "b", epochs=3)
+    assert_states_equal(resumed, straight)
+
+
+def test_a_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path):
+    straight, _ = train(tmp_path / "a", epochs=3)
+    train(tmp_path / "b", epochs=2)
+    newest = sorted((tmp_path / "b").glob("step-*"))[-1]
+    (newest / "state.pt").write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*step-000000016"):
+        resumed, _ = train(tmp_path / "b", epochs=3)
+    assert_states_equal(resumed, straight)
+
+
+def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp_path):
+    train(tmp_path, epochs=1)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    other = ct.TrainState(torch.nn.Linear(6, 2).double(), torch.optim.SGD(torch.nn.Linear(6, 2).parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=r"run: the latest checkpoint .*step-000000008 does not fit this model"):
+        ct.run(
+            run_script.step,
+            other,
+            run_script.dataset(),
+            batch_size=12,
+            checkpoint_dir=tmp_path,
+            num_workers=0,
+            progress=False,
+        )
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+# -- processes killed and signalled ------------------------------------------------------------------
+def launch(*args, env=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    command = [sys.executable, SCRIPT, *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def finish(proc, timeout=180):
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def wait_for(condition, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the condition never came true")
+        time.sleep(0.05)
+
+
+def final(path):
+    return torch.load(path.with_name(f"{path.stem}-rank0{path.suffix}"), weights_only=False)
+
+
+def straight_run(tmp_path):
+    code, out = finish(
+        launch("--dir", str(tmp_path / "straight"), "--out", str(tmp_path / "straight.pt"), "--epochs", "3")
+    )
+    assert code == 0, out
+    return final(tmp_path / "straight.pt")
+
+
+def assert_same_training(a, b):
+    for k, v in a["state"]["model"].items():
+        assert torch.equal(v, b["state"]["model"][k]), k
+    assert a["state"]["step"] == b["state"]["step"] and untimed(a["history"]) == untimed(b["history"])
+
+
+def test_sigkill_during_training_resumes_from_the_last_checkpoint_bit_identically(tmp_path):
+    straight = straight_run(tmp_path)
+    job = [
+        "--dir",
+        str(tmp_path / "job"),
+        "--out",
+        str(tmp_path / "job.pt"),
+        "--epochs",
+        "3",
+        "--checkpoint-every",
+        "3",
+    ]
+    proc = launch(*job, "--step-delay", "0.05")
+    wait_for(lambda: len(list((tmp_path / "job").glob("step-*"))) >= 2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    code, out = finish(launch(*job))
+    assert code == 0, out
+    assert_same_training(final(tmp_path / "job.pt"), straight)
+
+
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint_valid(tmp_path):
+    straight = straight_run(tmp_path)
+    job = [
+        "--dir",
+        str(tmp_path / "job"),
+        "--out",
+        str(tmp_path / "job.pt"),
+        "--epochs",
+        "3",
+        "--checkpoint-every",
+        "3",
+    ]
+    proc = launch(*job, "--slow-save", "3")  # hangs inside the second save, after its rng file
+    wait_for(lambda: list((tmp_path / "job").glob(".step-*.tmp")) and len(list((tmp_path / "job").glob("step-*"))) == 1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    code, out = finish(launch(*job))
+    assert code == 0, out
+    assert not list((tmp_path / "job").glob(".step-*.tmp"))
+    assert_same_training(final(tmp_path / "job.pt"), straight)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_sigterm_saves_and_exits_cleanly_and_a_rerun_continues(tmp_path, sig):
+    straight = straight_run(tmp_path)
+    job = ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3"]
+    proc = launch(*job, "--step-delay", "0.05")
+    wait_for(lambda: (tmp_path / "job" / "metrics.jsonl").exists())
+    proc.send_signal(sig)
+    code, out = finish(proc)
+    assert code == 0 and "PREEMPTED" in out, out
+    stopped = final(tmp_path / "job.pt")
+    assert 0 < stopped["steps"] < 24
+    assert (tmp_path / "job" / f"step-{stopped['steps']:09d}").is_dir()  # saved where it stopped
+    code, out = finish(launch(*job))
+    assert code == 0 and "DONE" in out, out
+    assert_same_training(final(tmp_path / "job.pt"), straight)
+
+
+def test_preemption_under_slurm_requeues_the_job(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "requeued"}\n')
+    (fake / "scontrol").chmod(0o755)
+    job = ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3", "--step-delay", "0.05"]
+    proc = launch(*job, env={"PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"})
+    wait_for(lambda: (tmp_path / "job" / "metrics.jsonl").exists())
+    proc.send_signal(signal.SIGUSR1)
+    code, out = finish(proc)
+    assert code == 0, out
+    assert (tmp_path / "requeued").read_text().strip() == "requeue 4242"
+
+
+# -- bad input -------------------------------------------------------------------------------------
+def quick(**options):
+    state = run_script.state()
+    data = options.pop("data", run_script.dataset())
+    return ct.run(run_script.step, state, data, **{"num_workers": 0, "progress": False, **options})
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "pattern"),
+    [
+        ({"data": TensorDataset(torch.zeros(0, 6)), "batch_size": 4}, ValueError, r"run: the dataset is empty"),
+        ({}, ValueError, r"run: batch_size is required when data is a Dataset, e.g. batch_size=64"),
+        (
+            {"batch_size": 200, "drop_last": True},
+            ValueError,
+            r"batch_size=200 on 1 process\(es\) needs 200 samples .* has 96",
+        ),
+        ({"batch_size": 0}, ValueError, r"batch_size must be a positive int, got 0"),
+        ({"batch_size": 4, "epochs": 0}, ValueError, r"run: epochs must be a positive int or None, got 0"),
+        ({"batch_size": 4, "log_every": 0}, ValueError, r"log_every must be a positive int, got 0"),
+        ({"batch_size": 4, "num_workers": -1}, ValueError, r"num_workers must be 'auto' or a non-negative int, got -1"),
+        ({"data": 42, "batch_size": 4}, TypeError, r"data must be a torch Dataset or DataLoader, got 42 \(int\)"),
+        ({"batch_size": 4, "eval_data": run_script.dataset()}, ValueError, "give eval_step and eval_data together"),
+    ],
+)
+def test_bad_input_is_a_clear_error(options, error, pattern):
+    with pytest.raises(error, match=pattern):
+        quick(**options)
+
+
+def test_an_unwritable_checkpoint_dir_is_a_clear_error_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    state = run_script.state()
+    before = [p.clone() for p in state.model.parameters()]
+    with pytest.raises(PermissionError, match=r"checkpoint_dir .*file/runs' is not writable"):
+        ct.run(
+            run_script.step, state, run_script.dataset(), batch_size=12, checkpoint_dir=blocker / "runs", progress=False
+        )
+    assert state.step == 0 and all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))
+
+
+# -- two ranks ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pool():
+    p = Pool(2)
+    yield p
+    p.close()
+
+
+def test_two_ranks_in_the_pool(pool):
+    results = pool.run("run_cases", "two_ranks")
+    a, b = results
+    assert a["steps"] == b["steps"] == 3 * 4  # 96 samples, 12 per rank per update: 4 updates per epoch
+    assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"], strict=True))
+    assert a["first_batches"][0] != b["first_batches"][0]  # each rank its own share
+    assert a["first_batches"][0] != a["first_batches"][1]  # reshuffled every epoch
+    assert a["evals"] == b["evals"] and a["evals"][-1]["acc"] == pytest.approx(a["single_process_eval"], abs=1e-12)
+    assert untimed(a["history"]) == untimed(b["history"])
+    with pytest.raises(RuntimeError, match=r"does not synchronise them; wrap it: ct.distributed"):
+        pool.run("run_cases", "not_distributed")
+
+
+def test_two_ranks_under_torchrun_resume_bit_identically(tmp_path):
+    def torchrun(*args):
+        port = free_port()
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}", SCRIPT, *args,
+        ]  # fmt: skip
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    torchrun("--dir", str(tmp_path / "a"), "--out", str(tmp_path / "a.pt"), "--epochs", "2")
+    torchrun("--dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.pt"), "--max-steps", "3")
+    torchrun("--dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.pt"), "--epochs", "2")
+    for rank in range(2):
+        a = torch.load(tmp_path / f"a-rank{rank}.pt", weights_only=False)
+        b = torch.load(tmp_path / f"b-rank{rank}.pt", weights_only=False)
+        assert_same_training(a, b)
+        assert a["state"]["step"] == 2 * 4
