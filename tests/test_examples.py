@@ -25,6 +25,17 @@ def test_digits_example_trains_to_high_accuracy():
     assert float(re.search(r"test accuracy (\d\.\d+)", out).group(1)) > 0.9
 
 
+def test_the_run_example_trains_evaluates_and_resumes(tmp_path):
+    pytest.importorskip("sklearn")
+    command = [sys.executable, str(ROOT / "examples" / "run_digits.py"), "--checkpoint-dir", str(tmp_path)]
+    first = subprocess.run([*command, "--epochs", "3"], capture_output=True, text=True, check=True, timeout=300)
+    assert first.stdout.count("test acc") == 3
+    again = subprocess.run([*command, "--epochs", "6"], capture_output=True, text=True, check=True, timeout=300)
+    accuracies = [float(a) for a in re.findall(r"test acc (\d\.\d+)", again.stdout)]
+    assert len(accuracies) == 6 and accuracies[-1] > 0.85  # the first three came from the checkpoint
+    assert (tmp_path / "metrics.jsonl").exists()
+
+
 def test_digits_example_trains_in_bf16_with_clipping():
     out = run_digits("--precision", "bf16", "--clip", "1.0")
     assert out.startswith("clip_grad_norm(1.0)(mixed_precision(dtype='bf16')(accumulate(4)(step)))")

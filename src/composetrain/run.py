@@ -24,7 +24,7 @@ from composetrain.batching import leading_size
 from composetrain.checkpoint import Checkpoints, restore_rng
 from composetrain.core import PlainStep, StepOutput, TrainStep
 from composetrain.core import train_step as lift
-from composetrain.data import make_loader, to_device
+from composetrain.data import auto_workers, make_loader, to_device
 from composetrain.rendezvous import Process, rendezvous
 from composetrain.state import TrainState
 
@@ -228,7 +228,7 @@ def run(
             _requeue(requeue, proc, who)
         result = RunResult(
             history=history, evals=evals, steps=state.step, epochs=epoch, preempted=stop.agreed,
-            data_wait=meter.data_wait, bottleneck=meter.bottleneck(num_workers, loader), checkpoint=saved_at,
+            data_wait=meter.data_wait, bottleneck=meter.bottleneck(loader), checkpoint=saved_at,
         )  # fmt: skip
         if proc.is_main and progress:
             print(f"{who}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
@@ -329,14 +329,21 @@ class _Meter:
         total = self.waited + self.computed
         return self.waited / total if total > 0 else 0.0
 
-    def bottleneck(self, num_workers: Any, loader: DataLoader[Any]) -> str:
+    def bottleneck(self, loader: DataLoader[Any]) -> str:
         share = self.data_wait
-        if share > 0.2:
+        if share <= 0.2:
+            return f"compute-bound: data loading is {share:.0%} of the step"
+        spare = auto_workers(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        if loader.num_workers < spare:
             return (
-                f"data loading is {share:.0%} of the step: raise num_workers (now {loader.num_workers}), or make "
-                "the dataset's __getitem__ cheaper"
+                f"data loading is {share:.0%} of the step: raise num_workers (now {loader.num_workers}; this "
+                f"process has cores for {spare}), or make the dataset's __getitem__ cheaper"
             )
-        return f"compute-bound: data loading is {share:.0%} of the step"
+        return (
+            f"data loading is {share:.0%} of the step, and its {loader.num_workers} workers already use every "
+            "spare core: make the dataset's __getitem__ cheaper (decode once and cache, smaller inputs) or "
+            "give the job more CPUs"
+        )
 
 
 class _StopSignal:
