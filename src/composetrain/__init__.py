@@ -9,7 +9,9 @@ from composetrain.accumulate import accumulate
 from composetrain.batching import leading_size, samples, split_batch
 from composetrain.clip import clip_grad_norm
 from composetrain.core import Context, Pass, PlainStep, StepOutput, TrainStep, Transform, Update, compose, train_step
+from composetrain.data_parallel import data_parallel
 from composetrain.distributed import distributed
+from composetrain.pipeline import pipeline_split
 from composetrain.precision import mixed_precision
 from composetrain.rendezvous import Cluster, Process, detect, parse_nodelist, rendezvous
 from composetrain.run import RunResult, run
@@ -30,11 +32,13 @@ __all__ = [
     "accumulate",
     "clip_grad_norm",
     "compose",
+    "data_parallel",
     "detect",
     "distributed",
     "leading_size",
     "mixed_precision",
     "parse_nodelist",
+    "pipeline_split",
     "rendezvous",
     "run",
     "samples",

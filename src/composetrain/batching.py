@@ -22,7 +22,7 @@ import torch
 
 from composetrain._util import show
 
-__all__ = ["check_weights", "leading_size", "map_tensors", "samples", "split_batch"]
+__all__ = ["check_weights", "concat_batches", "leading_size", "map_tensors", "samples", "split_batch"]
 
 _Rebuild = Callable[[Iterator[Any]], Any]
 
@@ -160,6 +160,36 @@ def split_batch(batch: Any, n: int, who: str = "split_batch") -> list[Any]:
         return [batch]
     pieces = [t.tensor_split(k) if t.dim() > 0 else (t,) * k for t in leaves]
     return [rebuild(iter([p[i] for p in pieces])) for i in range(k)]
+
+
+def concat_batches(pieces: list[Any], device: torch.device | None = None) -> Any:
+    """Undo ``split_batch``: concatenate the pieces' tensors along dim 0 (on ``device``, if given).
+
+    Non-tensor leaves and 0-dim tensors are taken from the first piece.
+
+    Raises:
+        ValueError: the pieces do not share one structure.
+
+    Example:
+        >>> concat_batches(split_batch((torch.arange(5), "tag"), 2))
+        (tensor([0, 1, 2, 3, 4]), 'tag')
+    """
+    columns: list[list[torch.Tensor]] = []
+    rebuild: _Rebuild | None = None
+    for piece in pieces:
+        leaves: list[torch.Tensor] = []
+        shape = _flatten(piece, leaves)
+        rebuild = rebuild or shape
+        if columns and len(leaves) != len(columns):
+            raise ValueError(
+                f"concat_batches: the pieces hold {len(columns)} and {len(leaves)} tensors; "
+                "give pieces of one structure"
+            )
+        columns = columns or [[] for _ in leaves]
+        for column, leaf in zip(columns, leaves, strict=True):
+            column.append(leaf if device is None else leaf.to(device))
+    assert rebuild is not None, "concat_batches: no pieces"
+    return rebuild(iter([c[0] if c[0].dim() == 0 else torch.cat(c) for c in columns]))
 
 
 def samples(batch: Any, who: str = "samples") -> int:

@@ -172,7 +172,9 @@ class TrainStep:
     step's, and returns its configuration from ``_config()`` (steps with equal
     configuration around equal inner steps are equal). A transform that may occur
     only once in a composition names itself in the class attribute ``role``; one
-    whose update phase reports metrics lists their names in ``reports``.
+    whose update phase reports metrics lists their names in ``reports``; one that
+    cannot be correct around another names that role in ``refuses_inside``, with
+    the reason and the order to use (checked when the composition is built).
 
     Args:
         inner: the step this one wraps (None only for the lifted plain step).
@@ -184,16 +186,17 @@ class TrainStep:
     weight: WeightFn | None
     role: ClassVar[str | None] = None
     reports: ClassVar[frozenset[str]] = frozenset()
+    refuses_inside: ClassVar[Mapping[str, str]] = MappingProxyType({})  # role -> why, and the order to use
 
     def __init__(self, inner: TrainStep | None, *, weight: WeightFn | None = None) -> None:
-        below = inner
-        while self.role is not None and below is not None:
-            if below.role == self.role:
-                raise ValueError(
-                    f"{self._label()}: the step inside, {inner!r}, already applies {self.role}; "
-                    f"use {self.role} once in a composition"
-                )
-            below = below.inner
+        inside = inner.roles if inner is not None else frozenset()
+        if self.role is not None and self.role in inside:
+            raise ValueError(
+                f"{self._label()}: the step inside, {inner!r}, already applies {self.role}; "
+                f"use {self.role} once in a composition"
+            )
+        for role in sorted(inside & self.refuses_inside.keys()):
+            raise ValueError(f"{self._label()}: cannot wrap a step that applies {role}: {self.refuses_inside[role]}")
         inherited = inner.weight if inner is not None else None
         if weight is not None and inherited is not None and weight is not inherited:
             raise ValueError(

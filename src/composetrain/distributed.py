@@ -6,6 +6,7 @@ import contextlib
 import numbers
 import os
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -121,6 +122,12 @@ class _Replica:
 
 class _Distributed(TrainStep):
     role = "distributed"
+    refuses_inside = MappingProxyType(
+        {
+            "data_parallel": "DDP reduces the gradients of one module, not of thread replicas; run one process "
+            "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node"
+        }
+    )
 
     def __init__(
         self,
@@ -148,25 +155,27 @@ class _Distributed(TrainStep):
                     "ct.rendezvous() first (ct.run does it for you)"
                 )
             return self._inner().prepare(state, batch, ctx)
-        ddp = self._ddp(state)
         # the global unit count, so that every rank normalises by the same total; DDP averages
         # over ranks, hence the total per rank
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else None
         units = torch.tensor(float(ctx.total_weight), dtype=torch.float64, device=device)
         dist.all_reduce(units, group=self.group)
         per_rank: float | torch.Tensor = units.item() / world if units.device.type == "cpu" else units / world
+        # transforms inside place or wrap the model first (pipeline_split); DDP goes outermost,
+        # because its forward must run exactly once per backward
+        ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
+        ddp = self._ddp(state, ctx.model)
 
         def no_sync_unless_last(c: Context) -> contextlib.AbstractContextManager[Any]:
             return contextlib.nullcontext() if c.last_backward else ddp.no_sync()
 
-        ctx = ctx._replace(model=ddp, total_weight=per_rank, around_pass=(*ctx.around_pass, no_sync_unless_last))
-        return self._inner().prepare(state, batch, ctx)
+        return ctx._replace(model=ddp, around_pass=(*ctx.around_pass, no_sync_unless_last))
 
-    def _ddp(self, state: TrainState) -> DistributedDataParallel:
+    def _ddp(self, state: TrainState, module: nn.Module) -> DistributedDataParallel:
         replica = state.transform_state(self.role, _Replica)
-        key = (id(state.model), self._config())
-        if replica.ddp is None or replica.key != key or replica.ddp.module is not state.model:
-            replica.ddp = self._wrap(state.model)
+        key = (id(module), self._config())
+        if replica.ddp is None or replica.key != key or replica.ddp.module is not module:
+            replica.ddp = self._wrap(module)
             replica.key = key
         return replica.ddp
 

@@ -1,0 +1,151 @@
+"""data_parallel(devices): one process, several devices, one replica each, one update."""
+
+from __future__ import annotations
+
+import copy
+from concurrent.futures import ThreadPoolExecutor, wait
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import nn
+
+from composetrain.batching import check_weights, map_tensors, split_batch
+from composetrain.core import Context, Pass, TrainStep, Transform, combine
+from composetrain.placement import parse_devices
+from composetrain.state import TrainState
+
+__all__ = ["data_parallel"]
+
+
+def data_parallel(devices: list[str | torch.device]) -> Transform:
+    """Replicate the model on each device, split each batch across them, run the shards in
+    parallel threads, sum the gradients onto ``devices[0]`` and update once.
+
+    The model (the master copy, which the optimizer holds) lives on ``devices[0]``;
+    every update first refreshes the replicas from its weights. Each shard's mean
+    loss is weighted by its share of the batch's units, as in ``accumulate``, so the
+    update equals the plain step's on the whole batch. A device may repeat
+    (``["cpu", "cpu"]``), which is how it is tested without GPUs.
+
+    Prefer ``ct.distributed`` with one process per device, also on one node: it
+    runs every device at full speed with no Python threads contending for the GIL,
+    no replica copies each update, and gradient all-reduce overlapped with backward
+    (the recipe "DDP over DP"). ``data_parallel`` is for quick single-process use.
+
+    Args:
+        devices: the devices, e.g. ``["cuda:0", "cuda:1"]``; the first holds the master.
+
+    Returns:
+        A transform: ``data_parallel(devices)(step) -> TrainStep``.
+
+    Example:
+        >>> train = ct.mixed_precision(ct.data_parallel(["cuda:0", "cuda:1"])(ct.accumulate(2)(step)))
+
+    Notes:
+        Buffers (BatchNorm running statistics) keep the master's shard's updates, as
+        with ``nn.DataParallel``. ``mixed_precision`` goes outside it (it must unscale
+        after the gradients are summed); ``distributed`` does not compose with it.
+    """
+    parsed = parse_devices(devices, "data_parallel", "devices")
+    label = f"data_parallel({[str(d) for d in parsed]})"
+    return Transform(label, lambda step: _DataParallel(step, label, parsed))
+
+
+class _Replicas:
+    """Copies of the model on the other devices, and the threads that drive them (never checkpointed)."""
+
+    def __init__(self) -> None:
+        self.master: nn.Module | None = None
+        self.copies: list[nn.Module] = []
+        self.pool: ThreadPoolExecutor | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, saved: Any) -> None:
+        pass
+
+
+class _DataParallel(TrainStep):
+    role = "data_parallel"
+    refuses_inside = MappingProxyType(
+        {
+            "mixed_precision": "it would unscale each replica's gradients before they are summed; use "
+            "mixed_precision(data_parallel(...)(step))",
+            "distributed": "DDP reduces the gradients of one module, not of thread replicas; run one process "
+            "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node",
+            "pipeline_split": "a model split across devices cannot also be replicated on each of them",
+        }
+    )
+
+    def __init__(self, inner: TrainStep, label: str, devices: list[torch.device]) -> None:
+        self.label = label
+        self.devices = devices
+        super().__init__(inner)
+
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        replicas = state.transform_state(self.role, _Replicas)
+        model = state.model
+        if replicas.master is not model or len(replicas.copies) != len(self.devices) - 1:
+            model.to(self.devices[0])
+            replicas.master = model
+            replicas.copies = [copy.deepcopy(model).to(d) for d in self.devices[1:]]
+            replicas.pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="data_parallel")
+        with torch.no_grad():  # every update starts from the master's weights, and no gradient
+            sources = list(model.parameters()) + list(model.buffers())
+            for replica in replicas.copies:
+                replica.zero_grad(set_to_none=True)
+                targets = list(replica.parameters()) + list(replica.buffers())
+                torch._foreach_copy_(targets, sources)
+                replica.train(model.training)
+        return self._inner().prepare(state, batch, ctx)
+
+    def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
+        who = repr(self)
+        shards = split_batch(batch, len(self.devices), who)
+        replicas = state.transform_state(self.role, _Replicas)
+        models = [state.model, *replicas.copies][: len(shards)]
+        if ctx.weight is None:  # samples: the sizes split_batch gave
+            weights = [float(s) for s in _sizes(int(ctx.piece_weight), len(shards))]
+        else:
+            weights = check_weights([ctx.weight(s) for s in shards], who, "shard")
+        inner = self._inner()
+
+        def run(i: int) -> Pass:
+            shard = shards[i] if i == 0 else _to(shards[i], self.devices[i])
+            done = inner.grads(state, shard, ctx._replace(model=models[i], piece_weight=weights[i]))
+            return done
+
+        assert replicas.pool is not None
+        futures = [replicas.pool.submit(run, i) for i in range(len(shards))]
+        wait(futures)  # all shards finish before any error surfaces: none writes gradients later
+        passes = [f.result() for f in futures]
+        # sum the replicas' gradients onto the master, and clear theirs
+        with torch.no_grad():
+            for replica in models[1:]:
+                for master, copy_ in zip(state.model.parameters(), replica.parameters(), strict=True):
+                    if copy_.grad is None:
+                        continue
+                    grad = copy_.grad.to(master.device)
+                    master.grad = grad if master.grad is None else master.grad.add_(grad)
+                    copy_.grad = None
+        first = self.devices[0]
+        moved = [Pass(p.loss.to(first), {k: _to(v, first) for k, v in p.metrics.items()}) for p in passes]
+        return combine(moved, who)
+
+    def _config(self) -> tuple[Any, ...]:
+        return (tuple(self.devices),)
+
+    def _label(self) -> str:
+        return self.label
+
+
+def _sizes(size: int, k: int) -> list[int]:
+    return [size // k + (i < size % k) for i in range(k)]
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, float):
+        return value
+    return map_tensors(value, lambda t: t.to(device, non_blocking=True))

@@ -1,0 +1,172 @@
+"""pipeline_split(placement, chunks): a model split across devices, micro-batches pipelined."""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from composetrain._util import show
+from composetrain.batching import concat_batches, map_tensors, split_batch
+from composetrain.core import Context, Pass, TrainStep, Transform
+from composetrain.placement import check_placement, parse_device
+from composetrain.state import TrainState
+
+__all__ = ["pipeline_split"]
+
+
+def pipeline_split(placement: Mapping[str, str | torch.device], *, chunks: int = 1) -> Transform:
+    """Place the model's submodules on devices; with ``chunks > 1``, pipeline micro-batches through them.
+
+    ``placement`` maps submodule names (as in ``model.named_modules()``) to devices,
+    in the order the model runs them: ``{"encoder": "cuda:0", "decoder": "cuda:1"}``.
+    Every parameter and buffer must fall in exactly one placed module. The model's
+    own forward keeps working: each placed module moves its inputs to its device
+    (a forward pre-hook), so activations hop from stage to stage. The batch goes to
+    the last stage's device, where the outputs come out and the loss is computed.
+
+    With ``chunks > 1`` each forward splits its inputs into that many micro-batches
+    and runs them through the stages one after the other (GPipe's fill-and-drain
+    schedule), concatenating the outputs: on CUDA, kernels are queued
+    asynchronously, so stage 1 works on micro-batch 2 while stage 2 works on
+    micro-batch 1. The loss and the update are those of the whole batch (exactly,
+    but for BatchNorm, which sees micro-batches; a warning says so).
+
+    Args:
+        placement: submodule name -> device, in execution order.
+        chunks: micro-batches per forward (1: no pipelining, only placement).
+
+    Returns:
+        A transform: ``pipeline_split(placement, chunks=4)(step) -> TrainStep``.
+
+    Example:
+        >>> split = ct.pipeline_split({"encoder": "cuda:0", "decoder": "cuda:1"}, chunks=4)
+        >>> train = ct.distributed(split(step))      # mix both: each rank splits its model over its GPUs
+
+    Notes:
+        With ``chunks > 1`` the step receives a wrapper: reach the model's attributes
+        as ``model.module`` (as under DDP). A tensor shared by stages on different
+        devices (tied weights) is refused: place those modules together.
+    """
+    if not isinstance(placement, Mapping) or not placement:
+        raise TypeError(
+            f"pipeline_split: placement must map submodule names to devices, e.g. "
+            f"{{'encoder': 'cuda:0', 'decoder': 'cuda:1'}}, got {show(placement)}"
+        )
+    for key in placement:
+        if not isinstance(key, str):
+            raise TypeError(f"pipeline_split: placement keys must be submodule names, got {show(key)}")
+    parsed = {k: parse_device(v, "pipeline_split", f"placement[{k!r}]") for k, v in placement.items()}
+    if isinstance(chunks, bool) or not hasattr(chunks, "__index__") or operator.index(chunks) < 1:
+        raise ValueError(f"pipeline_split: chunks must be a positive int, got {show(chunks)}")
+    shown = {k: str(v) for k, v in parsed.items()}
+    label = f"pipeline_split({shown})" if chunks == 1 else f"pipeline_split({shown}, chunks={chunks})"
+    return Transform(label, lambda step: _Pipeline(step, label, parsed, operator.index(chunks)))
+
+
+class _Chunked(nn.Module):
+    """Runs the model on ``chunks`` micro-batches of its inputs, one after the other, and
+    concatenates the outputs: the fill-and-drain schedule of GPipe."""
+
+    def __init__(self, module: nn.Module, chunks: int) -> None:
+        super().__init__()
+        self.module = module
+        self.chunks = chunks
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        pieces = split_batch((args, kwargs), self.chunks, "pipeline_split")
+        return concat_batches([self.module(*a, **k) for a, k in pieces])
+
+
+class _Placed:
+    """The model as placed: hooks, and the chunking wrapper (never checkpointed)."""
+
+    def __init__(self) -> None:
+        self.model: nn.Module | None = None
+        self.key: tuple[Any, ...] = ()
+        self.hooks: list[Any] = []
+        self.chunked: nn.Module | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, saved: Any) -> None:
+        pass
+
+
+class _Pipeline(TrainStep):
+    role = "pipeline_split"
+    refuses_inside = MappingProxyType(
+        {"data_parallel": "a model split across devices cannot also be replicated on each of them"}
+    )
+
+    def __init__(self, inner: TrainStep, label: str, placement: dict[str, torch.device], chunks: int) -> None:
+        self.label = label
+        self.placement = placement
+        self.chunks = chunks
+        self.last = list(placement.values())[-1]
+        super().__init__(inner)
+
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        placed = state.transform_state(self.role, _Placed)
+        key = (id(state.model), self._config())
+        if placed.model is not state.model or placed.key != key:
+            self._place(state, placed)
+            placed.model, placed.key = state.model, key
+        if self.chunks > 1 and any(isinstance(m, _BatchNorm) and m.training for m in state.model.modules()):
+            warnings.warn(
+                f"{self!r}: BatchNorm layers see micro-batches of {self.chunks}th of the batch, so the update is "
+                "close to, not exactly, the whole batch's (PyTorch issue 46516)",
+                stacklevel=2,
+            )
+        model = placed.chunked if placed.chunked is not None else ctx.model
+        return self._inner().prepare(state, batch, ctx._replace(model=model))
+
+    def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
+        # the targets meet the outputs on the last stage; inputs hop to the first stage by its hook
+        return self._inner().grads(state, _to(batch, self.last), ctx)
+
+    def _place(self, state: TrainState, placed: _Placed) -> None:
+        model = state.model
+        check_placement(model, self.placement, repr(self))
+        for handle in placed.hooks:
+            handle.remove()
+        placed.hooks = []
+        modules = dict(model.named_modules())
+        for name, device in self.placement.items():
+            modules[name].to(device)
+            placed.hooks.append(modules[name].register_forward_pre_hook(_mover(device), with_kwargs=True))
+        _move_optimizer_state(state.optimizer)
+        placed.chunked = _Chunked(model, self.chunks) if self.chunks > 1 else None
+
+    def _config(self) -> tuple[Any, ...]:
+        return (tuple(self.placement.items()), self.chunks)
+
+    def _label(self) -> str:
+        return self.label
+
+
+def _mover(device: torch.device) -> Any:
+    def move_inputs(module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        return _to(args, device), _to(kwargs, device)
+
+    return move_inputs
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return map_tensors(value, lambda t: t if t.device == device else t.to(device, non_blocking=True))
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Optimizer state follows its parameters (moments shaped like them; step counters stay put)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for k, v in optimizer.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor) and v.shape == p.shape and v.device != p.device:
+                    optimizer.state[p][k] = v.to(p.device)

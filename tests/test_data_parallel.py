@@ -1,0 +1,114 @@
+"""data_parallel: replicas on several devices of one process, against the plain step."""
+
+import pytest
+import torch
+from helpers import STRUCTURES, assert_states_close, assert_untouched, classify, make_batch, make_state, snapshot
+from hypothesis import given
+from hypothesis import strategies as st
+from test_precision import batch32, state32
+
+import composetrain as ct
+
+
+@given(
+    k=st.integers(1, 4),
+    size=st.integers(1, 20),
+    structure=st.sampled_from(STRUCTURES),
+    seed=st.integers(0, 999),
+)
+def test_data_parallel_equals_the_plain_step(k, size, structure, seed):
+    """float64, momentum SGD, a scheduler, 3 updates; batches smaller than k leave devices idle."""
+    a, b = make_state(seed), make_state(seed)
+    train = ct.data_parallel(["cpu"] * k)(classify)
+    for i in range(3):
+        out, ref = (
+            train(a, make_batch(size, structure, seed + i)),
+            ct.train_step(classify)(b, make_batch(size, structure, seed + i)),
+        )
+        torch.testing.assert_close(out.loss, ref.loss, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(out.metrics["acc"], ref.metrics["acc"], rtol=1e-10, atol=1e-12)
+    assert_states_close(a, b)
+
+
+@given(k=st.integers(2, 3), n=st.integers(1, 3), outside=st.booleans(), size=st.integers(1, 20))
+def test_composes_with_accumulate_in_both_orders(k, n, outside, size):
+    if outside:
+        train = ct.accumulate(n)(ct.data_parallel(["cpu"] * k)(classify))
+    else:
+        train = ct.data_parallel(["cpu"] * k)(ct.accumulate(n)(classify))
+    a, b = make_state(1), make_state(1)
+    for i in range(3):
+        train(a, make_batch(size, seed=i))
+        ct.train_step(classify)(b, make_batch(size, seed=i))
+    assert_states_close(a, b)
+
+
+def test_mixed_precision_goes_outside_and_tracks_one_device():
+    a, b = state32(2), state32(2)
+    for i in range(3):
+        ct.mixed_precision(dtype="bf16")(ct.data_parallel(["cpu", "cpu"])(classify))(a, batch32(16, i))
+        ct.mixed_precision(dtype="bf16")(ct.accumulate(2)(classify))(b, batch32(16, i))
+    # the same two halves of each batch, in the same precision: the same update but for summation order
+    assert_states_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_orders_that_cannot_be_correct_are_refused_when_built():
+    expected = r"data_parallel\(\['cpu'\]\): cannot wrap a step that applies mixed_precision: .*use mixed_precision\("
+    with pytest.raises(ValueError, match=expected):
+        ct.data_parallel(["cpu"])(ct.mixed_precision(classify))
+    with pytest.raises(ValueError, match=r"cannot wrap a step that applies distributed: .*DDP over DP"):
+        ct.data_parallel(["cpu"])(ct.distributed(classify))
+    with pytest.raises(ValueError, match=r"distributed: cannot wrap a step that applies data_parallel"):
+        ct.distributed(ct.data_parallel(["cpu"])(classify))
+
+
+@pytest.mark.parametrize(
+    ("devices", "error", "pattern"),
+    [
+        ("cpu", TypeError, r"data_parallel: devices must be a non-empty list of devices, .*got 'cpu' \(str\)"),
+        ([], TypeError, r"non-empty list"),
+        (["cpu", "gpu0"], ValueError, r"devices\[1\] = 'gpu0' is not a device; use 'cpu', 'cuda:0'"),
+        (["cpu", 3], TypeError, r"devices\[1\] must be a device such as 'cpu' or 'cuda:0', got 3 \(int\)"),
+        (["cuda:7"], ValueError, r"devices\[0\] = 'cuda:7' does not exist here: this machine has \d+ CUDA device"),
+    ],
+)
+def test_bad_devices_are_clear_errors(devices, error, pattern):
+    with pytest.raises(error, match=pattern):
+        ct.data_parallel(devices)
+
+
+def test_a_failing_shard_changes_nothing_and_leaves_no_gradient_behind():
+    calls = []
+
+    def flaky(model, batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("shard failed (simulated)")
+        return classify(model, batch)
+
+    state = make_state()
+    train = ct.data_parallel(["cpu", "cpu", "cpu"])(flaky)
+    before = snapshot(state)
+    with pytest.raises(RuntimeError, match="simulated"):
+        train(state, make_batch(9))
+    assert_untouched(state, before)
+    ref = make_state()
+    train(state, make_batch(9))  # the replicas' stale gradients must not leak into this update
+    ct.train_step(classify)(ref, make_batch(9))
+    assert_states_close(state, ref)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+def test_two_replicas_on_one_gpu_match_one_device():
+    a, b = make_state(3), make_state(3)
+    a.model.cuda()
+    b.model.cuda()
+    for i in range(3):
+        batch = tuple(t.cuda() for t in make_batch(12, seed=i))
+        ct.data_parallel(["cuda:0", "cuda:0"])(classify)(a, batch)
+        ct.train_step(classify)(b, batch)
+    assert_states_close(a, b)

@@ -1,0 +1,178 @@
+"""pipeline_split: placement, validation, pipelined micro-batches, compositions."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from dist_pool import Pool
+from helpers import assert_states_close, classify, make_batch, make_state
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import composetrain as ct
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(5, 8), nn.Tanh())
+        self.decoder = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.decoder(self.encoder(x))
+
+
+def model_of(kind, seed):
+    torch.manual_seed(seed)
+    if kind == "sequential":
+        return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    return EncoderDecoder().double()
+
+
+PLACEMENTS = {
+    "sequential": {"0": "cpu", "2": "cpu", "4": "cpu"},
+    "encoder-decoder": {"encoder": "cpu", "decoder": "cpu"},
+}
+
+
+@given(
+    kind=st.sampled_from(sorted(PLACEMENTS)),
+    chunks=st.integers(1, 8),
+    size=st.integers(1, 24),
+    seed=st.integers(0, 999),
+)
+def test_pipeline_split_equals_the_plain_step(kind, chunks, size, seed):
+    a = make_state(model=model_of(kind, seed))
+    b = make_state(model=model_of(kind, seed))
+    train = ct.pipeline_split(PLACEMENTS[kind], chunks=chunks)(classify)
+    for i in range(3):
+        out, ref = (
+            train(a, make_batch(size, seed=seed + i)),
+            ct.train_step(classify)(b, make_batch(size, seed=seed + i)),
+        )
+        torch.testing.assert_close(out.loss, ref.loss, rtol=1e-10, atol=1e-12)
+    assert_states_close(a, b)
+
+
+@given(chunks=st.integers(1, 4), n=st.integers(1, 3), outside=st.booleans())
+def test_composes_with_accumulate_and_mixed_precision(chunks, n, outside):
+    split = ct.pipeline_split(PLACEMENTS["encoder-decoder"], chunks=chunks)
+    if outside:
+        train = ct.compose(ct.mixed_precision(dtype="bf16"), split, ct.accumulate(n))(classify)
+    else:
+        train = ct.compose(ct.accumulate(n), ct.mixed_precision(dtype="bf16"), split)(classify)
+    a = make_state(model=model_of("encoder-decoder", 0).float())
+    b = make_state(model=model_of("encoder-decoder", 0).float())
+    before = [p.detach().clone() for p in b.model.parameters()]
+    for i in range(3):
+        batch = make_batch(16, seed=i, dtype=torch.float32)
+        train(a, batch)
+        ct.train_step(classify)(b, batch)
+    for p0, pa, pb in zip(before, a.model.parameters(), b.model.parameters(), strict=True):
+        assert (pa - pb).norm() <= 0.06 * (pb - p0).norm() + 1e-6  # bf16's tolerance, as in test_precision
+
+
+def test_inputs_hop_between_stages_through_hooks():
+    seen = []
+    model = model_of("encoder-decoder", 0)
+    model.decoder.register_forward_pre_hook(lambda m, args: seen.append(args[0].device))
+    state = make_state(model=model)
+    ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}, chunks=3)(classify)(state, make_batch(9))
+    assert seen == [torch.device("cpu")] * 3  # three micro-batches through the decoder
+
+
+@pytest.mark.parametrize(
+    ("placement", "pattern"),
+    [
+        (
+            {"encoder": "cpu", "head": "cpu"},
+            r"the model has no submodule \['head'\]; its children are \['encoder', 'decoder'\]",
+        ),
+        ({"encoder": "cpu"}, r"leaves \['decoder.weight', 'decoder.bias'\] on no device"),
+        (
+            {"encoder": "cpu", "encoder.0": "cpu", "decoder": "cpu"},
+            r"encoder.0.weight is placed twice, by \['encoder', 'encoder.0'\]",
+        ),
+    ],
+)
+def test_placements_that_do_not_cover_the_model_once_are_refused_before_anything_moves(placement, pattern):
+    state = make_state(model=model_of("encoder-decoder", 0))
+    before = [p.detach().clone() for p in state.model.parameters()]
+    with pytest.raises(ValueError, match=pattern):
+        ct.pipeline_split(placement)(classify)(state, make_batch(4))
+    assert state.step == 0 and all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))
+
+
+def test_tied_weights_across_devices_are_refused_and_on_one_device_are_fine():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(7, 7)
+            self.head = nn.Linear(7, 7, bias=False)
+            self.head.weight = self.embed.weight  # tied
+
+        def forward(self, tokens):
+            return self.head(self.embed(tokens))
+
+    def step(model, batch):
+        return F.cross_entropy(model(batch), batch)
+
+    state = make_state(model=Tied())
+    with pytest.raises(ValueError, match=r"is shared \(tied\) by \{'embed': 'cpu', 'head': 'meta'\}"):
+        ct.pipeline_split({"embed": "cpu", "head": "meta"})(step)(state, torch.randint(0, 7, (4,)))
+    out = ct.pipeline_split({"embed": "cpu", "head": "cpu"})(step)(state, torch.randint(0, 7, (4,)))
+    assert state.step == 1 and out.loss.isfinite()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "pattern"),
+    [
+        (({},), {}, TypeError, r"pipeline_split: placement must map submodule names to devices"),
+        (({"encoder": "tpu:9"},), {}, ValueError, r"placement\['encoder'\] = 'tpu:9' is not a device"),
+        (({"encoder": "cuda:5"},), {}, ValueError, r"placement\['encoder'\] = 'cuda:5' does not exist here"),
+        (({"encoder": "cpu"},), {"chunks": 0}, ValueError, r"chunks must be a positive int, got 0"),
+        (({1: "cpu"},), {}, TypeError, r"placement keys must be submodule names, got 1 \(int\)"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(args, kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        ct.pipeline_split(*args, **kwargs)
+
+
+def test_batchnorm_with_chunks_is_reported():
+    model = nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)).double()
+    with pytest.warns(UserWarning, match="BatchNorm layers see micro-batches"):
+        ct.pipeline_split({"0": "cpu", "1": "cpu", "2": "cpu"}, chunks=2)(classify)(
+            make_state(model=model), make_batch(8)
+        )
+
+
+def test_mix_both_each_rank_splits_its_model():
+    """distributed(pipeline_split(...)) over 2 gloo ranks equals one process on the global batch."""
+    pool = Pool(2)
+    try:
+        results = pool.run("pipeline_cases", "distributed_pipeline", 4)
+    finally:
+        pool.close()
+    reference = __import__("pipeline_cases").distributed_pipeline(None, 2, 4)
+    for r in results:
+        for p, q in zip(r, reference, strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_a_cpu_and_gpu_placement_trains_like_one_device(chunks):
+    a = make_state(model=model_of("encoder-decoder", 0))
+    b = make_state(model=model_of("encoder-decoder", 0))
+    train = ct.pipeline_split({"encoder": "cuda:0", "decoder": "cpu"}, chunks=chunks)(classify)
+    for i in range(3):
+        out = train(a, make_batch(16, seed=i))
+        assert out.loss.device.type == "cpu"  # the last stage's device
+        ct.train_step(classify)(b, make_batch(16, seed=i))
+    for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-7, atol=1e-9)
