@@ -32,3 +32,4 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_precision.py")
     session.run("python", "-m", "torch.distributed.run", "--nproc-per-node=2", "bench_distributed.py")
     session.run("python", "bench_run.py")
+    session.run("python", "bench_parallel.py")
