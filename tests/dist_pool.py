@@ -62,12 +62,11 @@ class Pool:
     def run(self, module: str, function: str, *args: Any, timeout: float = 120) -> list[Any]:
         for q in self.jobs:
             q.put((module, function, args))
-        out: dict[int, Any] = {}
-        for _ in range(self.world):
-            rank, status, payload = self.results.get(timeout=timeout)
-            if status == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{payload}")
-            out[rank] = pickle.loads(payload)
+        replies = [self.results.get(timeout=timeout) for _ in range(self.world)]  # every rank's, errors too
+        errors = [f"rank {rank} failed:\n{payload}" for rank, status, payload in sorted(replies) if status == "error"]
+        if errors:
+            raise RuntimeError("\n".join(errors))
+        out = {rank: pickle.loads(payload) for rank, _, payload in replies}
         return [out[r] for r in range(self.world)]
 
     def close(self) -> None:

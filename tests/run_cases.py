@@ -12,15 +12,12 @@ def evaluate(model, batch):
 
 
 def two_ranks(rank, world):
-    first_batches = []
+    micro_batches = []
 
-    def spy(model, batch):
-        if len(first_batches) < 3 and (not first_batches or spy.calls % 4 == 0):
-            first_batches.append(batch[0][:, 0].tolist())
-        spy.calls += 1
+    def spy(model, batch):  # accumulate(2): two micro-batches per update, 4 updates per epoch
+        micro_batches.append(batch[0][:, 0].tolist())
         return run_script.step(model, batch)
 
-    spy.calls = 0
     state = run_script.state()
     result = ct.run(
         ct.distributed(ct.accumulate(2)(spy)), state, run_script.dataset(), batch_size=12, epochs=3, num_workers=0,
@@ -33,7 +30,7 @@ def two_ranks(rank, world):
     return {
         "steps": state.step,
         "params": [p.detach().clone() for p in state.model.parameters()],
-        "first_batches": first_batches,
+        "epoch_firsts": [micro_batches[8 * e] for e in range(3)],
         "evals": result.evals,
         "history": result.history,
         "single_process_eval": single,
@@ -42,3 +39,56 @@ def two_ranks(rank, world):
 
 def not_distributed(rank, world):
     ct.run(run_script.step, run_script.state(), run_script.dataset(), batch_size=12, num_workers=0, progress=False)
+
+
+def signal_one_rank(rank, world):
+    """Rank 1 alone gets SIGTERM during its 6th update: both ranks must stop after the same one."""
+    import os
+    import signal
+    import tempfile
+
+    calls = []
+
+    def step(model, batch):
+        calls.append(1)
+        if rank == 1 and len(calls) == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return run_script.step(model, batch)
+
+    state = run_script.state()
+    with tempfile.TemporaryDirectory() as shared:
+        directory = f"{tempfile.gettempdir()}/ct-signal-{os.getppid()}"
+        result = ct.run(
+            ct.distributed(step), state, run_script.dataset(), batch_size=12, epochs=3, num_workers=0,
+            progress=False, checkpoint_dir=directory,
+        )  # fmt: skip
+    del shared
+    return {"steps": state.step, "preempted": result.preempted, "saved": result.checkpoint.name}
+
+
+def uneven_loaders(rank, world):
+    """Ranks given DataLoaders of different lengths agree on the fewest batches per epoch."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    x, y = run_script.dataset().tensors
+    mine = TensorDataset(x[: 48 + 24 * rank], y[: 48 + 24 * rank])  # rank 0: 48 samples, rank 1: 72
+    loader = DataLoader(mine, batch_size=12, sampler=DistributedSampler(mine, num_replicas=1, rank=0, seed=1))
+    state = run_script.state()
+    ct.run(ct.distributed(run_script.step), state, loader, epochs=2, progress=False)
+    return state.step
+
+
+def unwritable(rank, world):
+    import tempfile
+    from pathlib import Path
+
+    blocker = Path(tempfile.gettempdir()) / f"ct-blocker-{rank}"
+    blocker.write_text("")  # each rank names its own file: checkpoint_dir is rank 0's anyway
+    try:
+        ct.run(
+            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
+            checkpoint_dir=Path(tempfile.gettempdir()) / "ct-blocker-0" / "runs", progress=False, num_workers=0,
+        )  # fmt: skip
+    except PermissionError as e:
+        return str(e)
+    return "no error"

@@ -148,6 +148,8 @@ def test_train_state_checks_its_arguments():
     other = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="scheduler was built for a different optimizer"):
         ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(other, 1))
+    with pytest.raises(ValueError, match="none of the optimizer's parameters belong to the model"):
+        ct.TrainState(model, torch.optim.SGD(mlp(1).parameters(), lr=0.1))
     with pytest.raises(TypeError, match="ReduceLROnPlateau needs a metric"):
         ct.TrainState(model, opt, torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
     assert repr(ct.TrainState(model, opt)) == "TrainState(step=0, model=Sequential, optimizer=SGD, scheduler=None)"

@@ -29,24 +29,14 @@ def train(tmp=None, **options):
 
 
 # -- the loop -------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("drop_last", "per_epoch"), [(False, 8), (True, 8)])
+@pytest.mark.parametrize(("drop_last", "per_epoch"), [(False, 9), (True, 8)])
 def test_updates_per_epoch_and_epochs(drop_last, per_epoch):
-    state, result = train(epochs=3, drop_last=drop_last)  # 96 samples in batches of 12
-    assert state.step == result.steps == 3 * per_epoch and result.epochs == 3
-    assert [r["step"] for r in result.history] == [4, 8, 12, 16, 20, 24]
-
-
-def test_a_short_last_batch_makes_one_more_update():
     state = run_script.state()
-    ct.run(
-        run_script.step,
-        state,
-        TensorDataset(*run_script.dataset(100).tensors),
-        batch_size=12,
-        num_workers=0,
-        progress=False,
-    )
-    assert state.step == 9
+    data = TensorDataset(*run_script.dataset(100).tensors)  # 100 samples in batches of 12: 8 full, one of 4
+    options = {"batch_size": 12, "num_workers": 0, "progress": False, "log_every": 4}
+    result = ct.run(ct.accumulate(2)(run_script.step), state, data, epochs=3, drop_last=drop_last, **options)
+    assert state.step == result.steps == 3 * per_epoch and result.epochs == 3
+    assert result.history[-1]["step"] == 3 * per_epoch
 
 
 def test_max_steps_counts_optimizer_updates():
@@ -146,7 +136,7 @@ class Slow(Dataset):
 
 def test_the_bottleneck_report_names_the_cause():
     state = run_script.state()
-    result = ct.run(run_script.step, state, Slow(0.004), batch_size=12, num_workers=0, progress=False)
+    result = ct.run(run_script.step, state, Slow(0.01), batch_size=12, num_workers=0, progress=False)
     assert result.data_wait > 0.5 and "data loading is" in result.bottleneck
     spare = ct.data.auto_workers()
     if spare > 0:
@@ -181,6 +171,43 @@ def test_resuming_mid_epoch_and_mid_window_is_bit_identical(tmp_path, stop_at):
     assert_states_equal(resumed, straight)
 
 
+def test_resume_under_mixed_precision_with_skipped_updates_is_bit_identical(tmp_path):
+    import math as m
+
+    def run_on(path, offset=0, **options):
+        calls = []
+
+        def overflows_now_and_then(model, batch):
+            calls.append(1)
+            loss, metrics = run_script.step(model, batch)
+            return (loss * m.inf if (len(calls) + offset) % 7 == 0 else loss), metrics
+
+        model = run_script.model().float()
+        state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+        data = TensorDataset(run_script.dataset().tensors[0].float(), run_script.dataset().tensors[1])
+        train = ct.mixed_precision(dtype="fp16")(overflows_now_and_then)
+        ct.run(train, state, data, batch_size=12, checkpoint_dir=path, num_workers=0, progress=False, **options)
+        return state
+
+    straight = run_on(tmp_path / "a", epochs=3)
+    run_on(tmp_path / "b", max_steps=9)  # 10 calls: one skipped at the 7th
+    resumed = run_on(tmp_path / "b", epochs=3, offset=10)  # its call count goes on where the first left off
+    assert_states_equal(resumed, straight)
+    assert (
+        resumed.state_dict()["transforms"]["mixed_precision"] == straight.state_dict()["transforms"]["mixed_precision"]
+    )
+
+
+def test_a_corrupt_rank_file_is_skipped_like_a_corrupt_state(tmp_path):
+    straight, _ = train(tmp_path / "a", epochs=3)
+    train(tmp_path / "b", epochs=2)
+    newest = sorted((tmp_path / "b").glob("step-*"))[-1]
+    (newest / "rank-0.pt").write_bytes(b"")
+    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*step-000000016"):
+        resumed, _ = train(tmp_path / "b", epochs=3)
+    assert_states_equal(resumed, straight)
+
+
 def test_a_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path):
     straight, _ = train(tmp_path / "a", epochs=3)
     train(tmp_path / "b", epochs=2)
@@ -194,18 +221,146 @@ def test_a_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path):
 def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp_path):
     train(tmp_path, epochs=1)
     before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
-    other = ct.TrainState(torch.nn.Linear(6, 2).double(), torch.optim.SGD(torch.nn.Linear(6, 2).parameters(), lr=0.1))
+    linear = torch.nn.Linear(6, 2).double()
+    other = ct.TrainState(linear, torch.optim.SGD(linear.parameters(), lr=0.1))
     with pytest.raises(ValueError, match=r"run: the latest checkpoint .*step-000000008 does not fit this model"):
         ct.run(
-            run_script.step,
-            other,
-            run_script.dataset(),
-            batch_size=12,
-            checkpoint_dir=tmp_path,
-            num_workers=0,
-            progress=False,
-        )
+            run_script.step, other, run_script.dataset(), batch_size=12, checkpoint_dir=tmp_path, num_workers=0,
+            progress=False, seed=5,
+        )  # fmt: skip
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_resuming_with_other_data_settings_is_refused_not_looped(tmp_path):
+    """A checkpoint at step 5 of batch 12 cannot continue with batch 48 (it used to spin forever)."""
+    train(tmp_path, max_steps=5)
+    with pytest.raises(
+        ValueError, match=r"other data settings \(batch_size was 12, now 48, updates_per_epoch was 8, now 2\)"
+    ):
+        train(tmp_path, epochs=2, batch_size=48)
+
+
+def test_pruning_keeps_the_newest_and_moves_corrupt_checkpoints_aside(tmp_path):
+    straight, _ = train(tmp_path / "a", epochs=3)
+    train(tmp_path / "b", epochs=2, keep_checkpoints=1)
+    assert sorted(p.name for p in (tmp_path / "b").glob("step-*")) == ["step-000000016"]
+    bogus = tmp_path / "b" / "step-000000099"  # newer than anything, and unreadable
+    bogus.mkdir()
+    (bogus / "state.pt").write_bytes(b"junk")
+    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*step-000000099"):
+        resumed, result = train(tmp_path / "b", epochs=3, keep_checkpoints=1)
+    assert_states_equal(resumed, straight)
+    assert sorted(p.name for p in (tmp_path / "b").glob("*step-*")) == ["corrupt-step-000000099", "step-000000024"]
+    assert result.checkpoint == tmp_path / "b" / "step-000000024" and result.checkpoint.is_dir()
+
+
+def test_a_dataloader_given_as_is_resumes_mid_epoch_exactly(tmp_path):
+    """RandomSampler draws its shuffle from the global RNG: replayed from the epoch's start."""
+    from torch.utils.data import DataLoader
+
+    def given_loader():
+        return DataLoader(run_script.dataset(), batch_size=12, shuffle=True)
+
+    def run_on(path, **options):
+        state = run_script.state()
+        ct.run(
+            ct.accumulate(2)(run_script.step),
+            state,
+            given_loader(),
+            checkpoint_dir=path,
+            progress=False,
+            seed=5,
+            log_every=4,
+            **options,
+        )
+        return state
+
+    straight = run_on(tmp_path / "a", epochs=3)
+    run_on(tmp_path / "b", max_steps=11)
+    assert_states_equal(run_on(tmp_path / "b", epochs=3), straight)
+
+
+def test_max_steps_alone_runs_until_that_many_updates_even_when_some_are_skipped():
+    import math as m
+
+    calls = []
+
+    def sometimes_overflows(model, batch):
+        calls.append(1)
+        loss, metrics = run_script.step(model, batch)
+        return (loss * m.inf if len(calls) % 5 == 0 else loss), metrics
+
+    model = run_script.model().float()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    data = TensorDataset(run_script.dataset().tensors[0].float(), run_script.dataset().tensors[1])
+    result = ct.run(
+        ct.mixed_precision(dtype="fp16")(sometimes_overflows),
+        state,
+        data,
+        batch_size=12,
+        max_steps=20,
+        num_workers=0,
+        progress=False,
+    )
+    assert state.step == 20 and sum(r["skipped"] for r in result.history) >= 4
+
+
+def test_workers_give_the_same_training_and_draw_distinct_random_streams():
+    _, with_workers = train(epochs=2, num_workers=2)
+    _, without = train(epochs=2, num_workers=0)
+    assert untimed(with_workers.history) == untimed(without.history)
+
+    class Noisy(Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            info = torch.utils.data.get_worker_info()
+            return torch.tensor([float(info.id if info else -1), float(torch.rand(()))])
+
+    seen = []
+
+    def spy(model, batch):
+        seen.extend(batch.tolist())
+        return model(torch.zeros(1, 6, dtype=torch.float64)).sum() * 0 + model[0].weight.sum() * 0
+
+    ct.run(spy, run_script.state(), Noisy(), batch_size=2, num_workers=2, shuffle=False, progress=False)
+    by_worker = {w: [r for i, r in seen if i == w] for w in (0.0, 1.0)}
+    assert by_worker[0.0] and by_worker[1.0] and by_worker[0.0] != by_worker[1.0]  # not one shared stream
+
+
+def test_eval_every_counts_updates_and_eval_runs_without_grad():
+    grad_modes = []
+
+    def evaluate(model, batch):
+        grad_modes.append(torch.is_grad_enabled())
+        x, y = batch
+        return {"acc": (model(x).argmax(-1) == y).double().mean()}
+
+    _, result = train(epochs=2, eval_step=evaluate, eval_data=run_script.dataset(24), eval_every=5)
+    assert [e["step"] for e in result.evals] == [5, 10, 15] and not any(grad_modes)
+
+
+def test_a_loader_without_length_is_refused():
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(run_script.dataset())
+
+    with pytest.raises(TypeError, match="a DataLoader over an IterableDataset has no length"):
+        ct.run(run_script.step, run_script.state(), DataLoader(Stream(), batch_size=4), progress=False)
+
+
+def test_the_metrics_file_after_a_crash_holds_each_record_once(tmp_path):
+    train(tmp_path, max_steps=6, checkpoint_every=3)  # logs at 4, checkpoint at 3 and 6
+    checkpoint_6 = tmp_path / "step-000000006"
+    import shutil
+
+    shutil.rmtree(checkpoint_6)  # as if killed after logging step 4 and before saving step 6
+    _, result = train(tmp_path, epochs=2, checkpoint_every=3)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [r["step"] for r in result.history] == [4, 8, 12, 16]
 
 
 # -- processes killed and signalled ------------------------------------------------------------------
@@ -375,12 +530,26 @@ def test_two_ranks_in_the_pool(pool):
     a, b = results
     assert a["steps"] == b["steps"] == 3 * 4  # 96 samples, 12 per rank per update: 4 updates per epoch
     assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"], strict=True))
-    assert a["first_batches"][0] != b["first_batches"][0]  # each rank its own share
-    assert a["first_batches"][0] != a["first_batches"][1]  # reshuffled every epoch
+    assert a["epoch_firsts"][0] != b["epoch_firsts"][0]  # each rank its own share
+    assert a["epoch_firsts"][0] != a["epoch_firsts"][1] != a["epoch_firsts"][2]  # reshuffled every epoch
     assert a["evals"] == b["evals"] and a["evals"][-1]["acc"] == pytest.approx(a["single_process_eval"], abs=1e-12)
     assert untimed(a["history"]) == untimed(b["history"])
     with pytest.raises(RuntimeError, match=r"does not synchronise them; wrap it: ct.distributed"):
         pool.run("run_cases", "not_distributed")
+
+
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update(pool):
+    a, b = pool.run("run_cases", "signal_one_rank")
+    assert a == b and a["preempted"] and a["steps"] == 6 and a["saved"] == "step-000000006"
+
+
+def test_ranks_with_loaders_of_different_lengths_run_the_same_updates(pool):
+    assert pool.run("run_cases", "uneven_loaders") == [8, 8]  # 4 batches per epoch on the shorter rank
+
+
+def test_an_unwritable_checkpoint_dir_fails_on_every_rank_without_hanging(pool):
+    messages = pool.run("run_cases", "unwritable", timeout=60)
+    assert all("checkpoint_dir" in m and "is not writable" in m for m in messages)
 
 
 def test_two_ranks_under_torchrun_resume_bit_identically(tmp_path):

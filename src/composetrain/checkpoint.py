@@ -66,7 +66,10 @@ def _fsync_dir(path: Path) -> None:
 
 
 class Checkpoints:
-    """The checkpoints of one run in ``directory``, written by all ranks together.
+    """The checkpoints of one run in ``directory``, written and read by all ranks together.
+
+    Every decision (the directory is writable, which checkpoint loads) is made once and
+    shared, so that no rank raises while the others wait in a collective.
 
     Args:
         directory: where checkpoints live; created if missing, checked writable.
@@ -78,28 +81,46 @@ class Checkpoints:
     def __init__(self, directory: str | os.PathLike[str], rank: int, world_size: int, keep: int, who: str) -> None:
         self.dir = Path(directory)
         self.rank, self.world_size, self.keep, self.who = rank, world_size, keep, who
+        problem = None
         if rank == 0:
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 probe = self.dir / f".write-test-{os.getpid()}"
                 probe.write_bytes(b"")
                 probe.unlink()
+                for stale in self.dir.glob(".step-*"):  # a save that a crash interrupted
+                    shutil.rmtree(stale, ignore_errors=True)
             except OSError as e:
-                raise PermissionError(
-                    f"{who}: checkpoint_dir {str(self.dir)!r} is not writable ({e.strerror or e}); choose a "
-                    "folder you can write to"
-                ) from e
-            for stale in self.dir.glob(".step-*.tmp"):  # a save that a crash interrupted
-                shutil.rmtree(stale, ignore_errors=True)
-        self._barrier()
+                problem = e.strerror or str(e)
+        problem = self._shared(problem)
+        if problem is not None:
+            raise PermissionError(
+                f"{who}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
+            )
+
+    def _shared(self, value: Any) -> Any:
+        """Rank 0's ``value``, on every rank."""
+        if self.world_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
 
+    def _all(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every rank."""
+        if self.world_size == 1:
+            return ok
+        flag = torch.tensor([int(ok)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
     def save(self, step: int, payload: dict[str, Any], local: dict[str, Any]) -> Path:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
-        ``step``, atomically."""
+        ``step``, atomically; then drop all but the ``keep`` newest older ones."""
         final = self.dir / f"step-{step:09d}"
         tmp = self.dir / f".step-{step:09d}.tmp"
         if self.rank == 0:
@@ -112,12 +133,15 @@ class Checkpoints:
         self._barrier()
         if self.rank == 0:
             _fsync_dir(tmp)
-            if final.exists():  # saved at this step before (e.g. the end after an epoch boundary)
-                shutil.rmtree(final)
+            old = self.dir / f".step-{step:09d}.old"
+            if final.exists():  # saved at this step before (a skipped update): keep it until replaced
+                os.replace(final, old)
             os.replace(tmp, final)
             _fsync_dir(self.dir)
-            for old in self._steps()[self.keep :]:
-                shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+            older = [p for p in self._steps() if p.name < final.name]
+            for stale in older[self.keep - 1 :]:
+                shutil.rmtree(stale, ignore_errors=True)
         self._barrier()
         return final
 
@@ -125,37 +149,42 @@ class Checkpoints:
         return sorted((p for p in self.dir.glob("step-*") if p.is_dir()), reverse=True)
 
     def latest(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
-        """The newest checkpoint that loads: (path, payload, this rank's local part); None if none.
+        """The newest checkpoint that every rank can load: (path, payload, this rank's part).
 
-        A checkpoint that does not load is skipped with a warning. Every rank picks
-        the same one (the newest that rank 0 can read).
+        Every rank reads it (the folder must be shared by the nodes). One that does not
+        load is skipped with a warning and moved aside (``corrupt-step-...``), so that
+        it never shadows the good ones again.
         """
-        chosen: Path | None = None
-        if self.rank == 0:
-            for path in self._steps():
-                try:
-                    payload = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-                    if payload.get("format") != FORMAT:
-                        raise ValueError(f"format {payload.get('format')!r}, expected {FORMAT}")
-                    missing = [r for r in range(self.world_size) if not (path / f"rank-{r}.pt").exists()]
-                    if missing:
-                        raise ValueError(f"nothing saved for ranks {missing}")
-                    chosen = path
-                    break
-                except Exception as e:
-                    warnings.warn(f"{self.who}: skipping unreadable checkpoint {path}: {e}", stacklevel=2)
-        if self.world_size > 1:
-            shared = [str(chosen) if chosen is not None else None]
-            dist.broadcast_object_list(shared, src=0)
-            chosen = Path(shared[0]) if shared[0] is not None else None
-        if chosen is None:
-            return None
-        payload = torch.load(chosen / "state.pt", map_location="cpu", weights_only=False)
-        if payload["world_size"] != self.world_size:
-            raise ValueError(
-                f"{self.who}: checkpoint {chosen} was saved by {payload['world_size']} process(es), this run has "
-                f"{self.world_size}; resume with the same number of processes (the data order and random "
-                "states are per rank)"
-            )
-        local = torch.load(chosen / f"rank-{self.rank}.pt", weights_only=False)
-        return chosen, payload, local
+        for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
+            path = self.dir / name
+            payload: Any
+            payload, problem = _load(path / "state.pt")
+            if payload is not None and payload.get("format") != FORMAT:
+                payload, problem = None, f"format {payload.get('format')!r}, expected {FORMAT}"
+            local = None
+            if self._all(payload is not None):
+                assert payload is not None
+                if payload["world_size"] != self.world_size:  # read from the same file on every rank
+                    raise ValueError(
+                        f"{self.who}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
+                        f"run has {self.world_size}; resume with the same number of processes (the data order "
+                        "and random states are per rank)"
+                    )
+                local, problem = _load(path / f"rank-{self.rank}.pt")
+            if self._all(local is not None):
+                assert payload is not None and local is not None
+                return path, payload, local
+            if self.rank == 0:
+                warnings.warn(
+                    f"{self.who}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}", stacklevel=2
+                )
+                os.replace(path, self.dir / f"corrupt-{name}")
+            self._barrier()
+        return None
+
+
+def _load(path: Path) -> tuple[Any, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False), None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -13,7 +14,17 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from composetrain._util import show
 from composetrain.batching import map_tensors
 
-__all__ = ["auto_workers", "make_loader", "to_device"]
+__all__ = ["auto_workers", "epoch_batches", "local_world_size", "make_loader", "to_device"]
+
+
+def local_world_size() -> int:
+    """Processes on this node: torchrun's LOCAL_WORLD_SIZE, SLURM's tasks per node, else 1."""
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        value = os.environ.get(name, "")
+        digits = value.split("(")[0].split(",")[0]  # SLURM writes "4(x2)" or "4,2"
+        if digits.isdigit():
+            return int(digits)
+    return 1
 
 
 def auto_workers(local_world_size: int = 1) -> int:
@@ -79,6 +90,11 @@ def make_loader(
         TypeError / ValueError: what ``data`` or the options cannot give, named.
     """
     if isinstance(data, DataLoader):
+        if isinstance(data.dataset, IterableDataset):
+            raise TypeError(
+                f"{who}: a DataLoader over an IterableDataset has no length, so epochs cannot hold the same "
+                "number of updates on every rank nor be resumed part-way; use a map-style Dataset"
+            )
         if world_size > 1 and not isinstance(data.sampler, DistributedSampler | ResumableSampler):
             raise ValueError(
                 f"{who}: the DataLoader given has a {type(data.sampler).__name__}, so every rank would see "
@@ -135,6 +151,47 @@ def _check_not_empty(dataset: Any, who: str) -> int:
     if size == 0:
         raise ValueError(f"{who}: the dataset is empty: there is nothing to train on")
     return size
+
+
+def epoch_batches(
+    loader: DataLoader[Any],
+    sampler: ResumableSampler | None,
+    epoch: int,
+    start: int,
+    epoch_rng: dict[str, Any] | None,
+    device: torch.device,
+) -> Iterator[tuple[int, Any, float]]:
+    """This epoch's batches from batch ``start`` on: (batches done after this one, batch, seconds waited).
+
+    Our own sampler starts part-way by itself. A DataLoader given as is gets replayed:
+    its shuffle is drawn again from the random state the epoch began with
+    (``epoch_rng``), then the batches already seen are read and dropped.
+    """
+    from composetrain.checkpoint import capture_rng, restore_rng
+
+    if sampler is not None:
+        sampler.set_epoch(epoch, start=start * (loader.batch_size or 1))
+        batches = iter(loader)
+    else:
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        now = capture_rng()
+        if start and epoch_rng is not None:
+            restore_rng(epoch_rng)
+        batches = iter(loader)
+        for _ in range(start):  # the first read draws the shuffle, under the epoch's random state
+            next(batches)
+            restore_rng(now)
+    position = start
+    while True:
+        tick = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        batch = to_device(batch, device)
+        position += 1
+        yield position, batch, time.perf_counter() - tick
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -48,6 +48,13 @@ class TrainState:
                 f"TrainState: optimizer must be a torch.optim.Optimizer, got {show(optimizer)}; "
                 "build one over the model, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
             )
+        own = {id(p) for p in model.parameters()}
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        if held and not any(id(p) in own for p in held):
+            raise ValueError(
+                "TrainState: none of the optimizer's parameters belong to the model, so training would change "
+                "nothing; build the optimizer over this model: torch.optim.SGD(model.parameters(), ...)"
+            )
         if scheduler is not None:
             if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 raise TypeError(

@@ -1,0 +1,67 @@
+"""Pre-emption for ct.run: SIGTERM / SIGUSR1 ask to stop, the ranks agree, SLURM requeues."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from composetrain.rendezvous import Process
+
+__all__ = ["StopSignal", "requeue"]
+
+
+class StopSignal:
+    """SIGTERM (``scancel``, torchrun's shutdown) or SIGUSR1 (SLURM's ``--signal=SIGUSR1@90``
+    pre-emption warning) ask to stop. Ranks stop after the same update: each update they agree
+    in one tiny all-reduce on a gloo group of its own, so the flag stays on the CPU and checking
+    it never waits for a GPU."""
+
+    def __init__(self, proc: Process) -> None:
+        self.received: set[str] = set()
+        self.agreed = False
+        self.previous: dict[int, Any] = {}
+        self.group: Any = dist.new_group(backend="gloo") if proc.world_size > 1 else None
+        if threading.current_thread() is threading.main_thread():
+            for name in ("SIGTERM", "SIGUSR1"):
+                sig = getattr(signal, name, None)
+                if sig is not None:
+                    self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received.add(signal.Signals(signum).name)
+
+    def check(self) -> bool:
+        """After each update: has any rank been asked to stop?"""
+        if self.group is None:
+            self.agreed = bool(self.received)
+        else:
+            flag = torch.tensor([int(bool(self.received))])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            self.agreed = bool(flag.item())
+        return self.agreed
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
+
+
+def requeue(enabled: bool, stop: StopSignal, proc: Process, who: str) -> None:
+    """After a save on SIGUSR1 (pre-emption, not ``scancel``'s SIGTERM), requeue the SLURM job."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not (enabled and job and proc.is_main and "SIGUSR1" in stop.received):
+        return
+    try:
+        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, text=True, timeout=60)
+        print(f"{who}: saved and requeued SLURM job {job}", file=sys.stderr)
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"{who}: saved, but could not requeue SLURM job {job}: {e}", file=sys.stderr)
