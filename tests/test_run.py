@@ -198,21 +198,12 @@ def test_resume_under_mixed_precision_with_skipped_updates_is_bit_identical(tmp_
     )
 
 
-def test_a_corrupt_rank_file_is_skipped_like_a_corrupt_state(tmp_path):
+@pytest.mark.parametrize("damaged", ["state.pt", "rank-0.pt"])
+def test_a_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path, damaged):
     straight, _ = train(tmp_path / "a", epochs=3)
     train(tmp_path / "b", epochs=2)
     newest = sorted((tmp_path / "b").glob("step-*"))[-1]
-    (newest / "rank-0.pt").write_bytes(b"")
-    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*step-000000016"):
-        resumed, _ = train(tmp_path / "b", epochs=3)
-    assert_states_equal(resumed, straight)
-
-
-def test_a_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path):
-    straight, _ = train(tmp_path / "a", epochs=3)
-    train(tmp_path / "b", epochs=2)
-    newest = sorted((tmp_path / "b").glob("step-*"))[-1]
-    (newest / "state.pt").write_bytes(b"not a checkpoint")
+    (newest / damaged).write_bytes(b"not a checkpoint")
     with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*step-000000016"):
         resumed, _ = train(tmp_path / "b", epochs=3)
     assert_states_equal(resumed, straight)

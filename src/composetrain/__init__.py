@@ -15,7 +15,7 @@ from composetrain.pipeline import pipeline_split
 from composetrain.precision import mixed_precision
 from composetrain.rendezvous import Cluster, Process, detect, parse_nodelist, rendezvous
 from composetrain.run import RunResult, run
-from composetrain.state import TrainState
+from composetrain.state import RuntimeState, TrainState
 
 __all__ = [
     "Cluster",
@@ -24,6 +24,7 @@ __all__ = [
     "PlainStep",
     "Process",
     "RunResult",
+    "RuntimeState",
     "StepOutput",
     "TrainState",
     "TrainStep",

@@ -13,7 +13,7 @@ from torch import nn
 from composetrain.batching import check_weights, map_tensors, split_batch
 from composetrain.core import Context, Pass, TrainStep, Transform, combine
 from composetrain.placement import parse_devices
-from composetrain.state import TrainState
+from composetrain.state import RuntimeState, TrainState
 
 __all__ = ["data_parallel"]
 
@@ -52,19 +52,13 @@ def data_parallel(devices: list[str | torch.device]) -> Transform:
     return Transform(label, lambda step: _DataParallel(step, label, parsed))
 
 
-class _Replicas:
+class _Replicas(RuntimeState):
     """Copies of the model on the other devices, and the threads that drive them (never checkpointed)."""
 
     def __init__(self) -> None:
         self.master: nn.Module | None = None
         self.copies: list[nn.Module] = []
         self.pool: ThreadPoolExecutor | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, saved: Any) -> None:
-        pass
 
 
 class _DataParallel(TrainStep):

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from composetrain._util import name, show
 from composetrain.core import Context, PlainStep, TrainStep, Transform
-from composetrain.state import TrainState
+from composetrain.state import RuntimeState, TrainState
 
 __all__ = ["distributed"]
 
@@ -106,18 +106,12 @@ def distributed(
     return transform if step is None else transform(step)
 
 
-class _Replica:
+class _Replica(RuntimeState):
     """The DDP wrapper kept in the TrainState; rebuilt on demand, never checkpointed."""
 
     def __init__(self) -> None:
         self.ddp: DistributedDataParallel | None = None
         self.key: tuple[Any, ...] = ()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, saved: Any) -> None:
-        pass
 
 
 class _Distributed(TrainStep):

@@ -16,7 +16,7 @@ from composetrain._util import show
 from composetrain.batching import concat_batches, map_tensors, split_batch
 from composetrain.core import Context, Pass, TrainStep, Transform
 from composetrain.placement import check_placement, parse_device
-from composetrain.state import TrainState
+from composetrain.state import RuntimeState, TrainState
 
 __all__ = ["pipeline_split"]
 
@@ -84,7 +84,7 @@ class _Chunked(nn.Module):
         return concat_batches([self.module(*a, **k) for a, k in pieces])
 
 
-class _Placed:
+class _Placed(RuntimeState):
     """The model as placed: hooks, and the chunking wrapper (never checkpointed)."""
 
     def __init__(self) -> None:
@@ -92,12 +92,6 @@ class _Placed:
         self.key: tuple[Any, ...] = ()
         self.hooks: list[Any] = []
         self.chunked: nn.Module | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, saved: Any) -> None:
-        pass
 
 
 class _Pipeline(TrainStep):

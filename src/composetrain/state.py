@@ -10,9 +10,23 @@ from torch import nn
 
 from composetrain._util import show
 
-__all__ = ["TrainState"]
+__all__ = ["RuntimeState", "TrainState"]
 
 T = TypeVar("T")
+
+
+class RuntimeState:
+    """Transform state rebuilt on demand and never checkpointed: a DDP wrapper, replicas, hooks.
+
+    Subclass it for what a transform keeps in ``TrainState.transform_state`` but a
+    checkpoint must not carry (it holds modules or threads, and is cheap to rebuild).
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, saved: Any) -> None:
+        pass
 
 
 class TrainState:
