@@ -8,14 +8,16 @@
 from composetrain.accumulate import accumulate
 from composetrain.batching import leading_size, samples, split_batch
 from composetrain.clip import clip_grad_norm
-from composetrain.core import Context, Pass, PlainStep, StepOutput, TrainStep, Transform, Update, compose, train_step
+from composetrain.core import Context, Pass, StepOutput, TrainStep, Update
 from composetrain.data_parallel import data_parallel
 from composetrain.distributed import distributed
+from composetrain.hostlist import parse_nodelist
 from composetrain.pipeline import pipeline_split
 from composetrain.precision import mixed_precision
-from composetrain.rendezvous import Cluster, Process, detect, parse_nodelist, rendezvous
+from composetrain.rendezvous import Cluster, Process, detect, rendezvous
 from composetrain.run import RunResult, run
 from composetrain.state import RuntimeState, TrainState
+from composetrain.steps import PlainStep, Transform, compose, train_step
 
 __all__ = [
     "Cluster",

@@ -12,8 +12,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from composetrain._util import name, show
 from composetrain.batching import check_weights, split_batch
-from composetrain.core import Context, Pass, TrainStep, Transform, WeightFn, combine
+from composetrain.core import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.state import TrainState
+from composetrain.steps import Transform
 
 __all__ = ["accumulate"]
 

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 
 from composetrain._util import show
-from composetrain.core import Context, TrainStep, Transform, Update
+from composetrain.core import Context, TrainStep, Update
 from composetrain.state import TrainState
+from composetrain.steps import Transform
 
 __all__ = ["clip_grad_norm"]
 

@@ -1,4 +1,4 @@
-"""The step protocol: TrainStep, its Context, train_step and compose.
+"""The step protocol: TrainStep, its phases and the Context between transforms.
 
 How a TrainStep works
 ---------------------
@@ -47,13 +47,12 @@ scheduler and ``state.step`` untouched.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import MappingProxyType
-from typing import Any, ClassVar, NamedTuple, Protocol, TypeAlias
+from typing import Any, ClassVar, NamedTuple, TypeAlias
 
 import torch
 from torch import nn
@@ -62,21 +61,11 @@ from composetrain._util import name, show
 from composetrain.batching import check_weights, samples
 from composetrain.state import TrainState
 
-__all__ = ["Context", "Pass", "PlainStep", "StepOutput", "TrainStep", "Transform", "Update", "compose", "train_step"]
+__all__ = ["Context", "Pass", "StepOutput", "TrainStep", "Update", "combine"]
 
 Metric: TypeAlias = "torch.Tensor | float"
 WeightFn: TypeAlias = "Callable[[Any], int | float | torch.Tensor]"
 Hook: TypeAlias = "Callable[[Context], AbstractContextManager[Any]]"
-
-
-class PlainStep(Protocol):
-    """``step(model, batch) -> loss`` or ``-> (loss, metrics)``: forward and loss, nothing else.
-
-    ``loss`` is a scalar tensor, the mean over the batch's units (samples by
-    default); ``metrics`` maps names to scalar tensors or numbers, also batch means.
-    """
-
-    def __call__(self, model: nn.Module, batch: Any, /) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,7 +277,8 @@ class TrainStep:
 
     def __repr__(self) -> str:
         inner = self.inner
-        shown = name(inner.step) if isinstance(inner, _Lifted) else repr(inner)
+        plain = getattr(inner, "step", None) if inner is not None and inner.inner is None else None
+        shown = name(plain) if plain is not None else repr(inner)  # a lifted plain step shows as its name
         return f"{self._label()}({shown})"
 
     def __eq__(self, other: object) -> bool:
@@ -303,178 +293,3 @@ class TrainStep:
     def __hash__(self) -> int:
         config = self._config()
         return id(self) if config is None else hash((type(self), config, self.inner))
-
-
-class _Lifted(TrainStep):
-    """The plain step lifted: forward, backward, optimizer step, scheduler step."""
-
-    def __init__(self, step: PlainStep) -> None:
-        self.step = step
-        super().__init__(None)
-
-    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
-        return ctx
-
-    def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
-        with _entered(ctx.around_pass, ctx):
-            with _entered(ctx.around_forward, ctx):
-                out = self.step(ctx.model, batch)
-            loss, metrics = _unpack(out, self)
-            share = ctx.piece_weight / ctx.total_weight
-            if not (isinstance(share, float) and share == 1.0):  # a whole batch stays bit-exact
-                loss = loss * share
-                metrics = {k: v * share for k, v in metrics.items()}
-            scaled = loss
-            for scale in ctx.scale_loss:
-                scaled = scale(scaled)
-            scaled.backward()
-        return Pass(_reported(loss.detach()), metrics)
-
-    def update(self, state: TrainState, ctx: Context) -> Update:
-        if ctx.skip_update:
-            return Update(True, {})
-        state.optimizer.step()
-        if state.scheduler is not None:
-            state.scheduler.step()
-        state.step += 1
-        return Update(False, {})
-
-    def _config(self) -> tuple[Any, ...]:
-        return (self.step,)
-
-    def __repr__(self) -> str:
-        return f"train_step({name(self.step)})"
-
-
-def _reported(value: Any) -> Any:
-    """16-bit losses and metrics are reported (and summed over micro-batches) in float32."""
-    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
-        return value.float()
-    return value
-
-
-def _entered(hooks: tuple[Hook, ...], ctx: Context) -> AbstractContextManager[Any]:
-    if not hooks:
-        return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    for hook in hooks:
-        stack.enter_context(hook(ctx))
-    return stack
-
-
-def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
-    """Check a plain step's return value; detach the metrics."""
-    loss, metrics = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError(
-            f"{who!r}: the step must return a loss tensor or (loss, metrics), got {show(out)}; "
-            "return e.g. F.cross_entropy(model(x), y)"
-        )
-    if loss.dim() != 0:
-        raise ValueError(
-            f"{who!r}: the loss must be a scalar (0-dim) tensor, the mean over the batch, got shape "
-            f"{tuple(loss.shape)}; reduce it, e.g. F.cross_entropy(..., reduction='mean') or loss.mean()"
-        )
-    if not loss.requires_grad:
-        raise ValueError(
-            f"{who!r}: the loss does not require grad (computed under torch.no_grad(), detached, "
-            "or from parameters with requires_grad=False); compute it from the model's output"
-        )
-    if metrics is None:
-        return loss, {}
-    if not isinstance(metrics, Mapping):
-        raise TypeError(
-            f"{who!r}: metrics must be a mapping of names to scalars, got {show(metrics)}; "
-            'return (loss, {"acc": acc})'
-        )
-    clean: dict[str, Metric] = {}
-    for key, value in metrics.items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            clean[key] = _reported(value.detach().reshape(()))
-        elif isinstance(value, (int, float)):
-            clean[key] = float(value)
-        else:
-            raise TypeError(
-                f"{who!r}: metric {key!r} must be a scalar tensor or a number, got {show(value)}; "
-                "return a batch mean, e.g. (pred == y).float().mean()"
-            )
-    return loss, clean
-
-
-class Transform:
-    """A transform with its configuration bound: ``Transform(step) -> TrainStep``.
-
-    Returned by ``accumulate(n)`` and ``compose(...)``; prints as what it is.
-    """
-
-    def __init__(self, label: str, build: Callable[[TrainStep], TrainStep]) -> None:
-        self._label = label
-        self._build = build
-
-    def __call__(self, step: PlainStep | TrainStep) -> TrainStep:
-        return self._build(_lift(step, self._label))
-
-    def __repr__(self) -> str:
-        return self._label
-
-
-def train_step(step: PlainStep | TrainStep) -> TrainStep:
-    """Lift a plain step to a TrainStep: the reference every transform is measured against.
-
-    One call runs ``step(model, batch)``, ``loss.backward()``, ``optimizer.step()``,
-    ``scheduler.step()`` (if any), then ``zero_grad(set_to_none=True)``. A TrainStep
-    is returned unchanged.
-
-    Args:
-        step: ``step(model, batch) -> loss`` or ``-> (loss, metrics)``.
-
-    Returns:
-        The TrainStep.
-
-    Example:
-        >>> def step(model, batch):
-        ...     x, y = batch
-        ...     return F.cross_entropy(model(x), y)
-        >>> out = ct.train_step(step)(state, (x, y))       # one update on the whole batch
-        >>> out = ct.accumulate(4)(step)(state, (x, y))    # the same update, in 4 micro-batches
-    """
-    return _lift(step, "train_step")
-
-
-def _lift(step: PlainStep | TrainStep, who: str) -> TrainStep:
-    if isinstance(step, TrainStep):
-        return step
-    if isinstance(step, (nn.Module, TrainState)) or not callable(step):
-        raise TypeError(
-            f"{who}: step must be a function step(model, batch) -> loss, got {show(step)}; "
-            "write the forward and the loss in a function of (model, batch)"
-        )
-    return _Lifted(step)
-
-
-def compose(*transforms: Callable[[TrainStep], TrainStep]) -> Transform:
-    """``compose(f, g, h)(step) == f(g(h(step)))``: the first transform is outermost.
-
-    Args:
-        *transforms: transforms such as ``accumulate(4)``; none gives the lift alone.
-
-    Returns:
-        A Transform applying them right to left.
-
-    Example:
-        >>> ct.compose(ct.accumulate(2), ct.accumulate(3))(step)
-        accumulate(2)(accumulate(3)(step))
-    """
-    for i, t in enumerate(transforms):
-        if isinstance(t, TrainStep) or not callable(t):
-            raise TypeError(
-                f"compose: argument {i} must be a transform such as ct.accumulate(4), got {show(t)}; "
-                "pass transforms, then call the result on the step: compose(f, g)(step)"
-            )
-
-    def build(step: TrainStep) -> TrainStep:
-        for t in reversed(transforms):
-            step = _lift(t(step), repr(t))
-        return step
-
-    return Transform(f"compose({', '.join(map(repr, transforms))})", build)

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from composetrain.batching import check_weights, map_tensors, split_batch
-from composetrain.core import Context, Pass, TrainStep, Transform, combine
+from composetrain.core import Context, Pass, TrainStep, combine
 from composetrain.placement import parse_devices
 from composetrain.state import RuntimeState, TrainState
+from composetrain.steps import Transform
 
 __all__ = ["data_parallel"]
 

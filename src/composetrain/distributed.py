@@ -15,8 +15,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from composetrain._util import name, show
-from composetrain.core import Context, PlainStep, TrainStep, Transform
+from composetrain.core import Context, TrainStep
 from composetrain.state import RuntimeState, TrainState
+from composetrain.steps import PlainStep, Transform
 
 __all__ = ["distributed"]
 

@@ -14,9 +14,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from composetrain._util import show
 from composetrain.batching import concat_batches, map_tensors, split_batch
-from composetrain.core import Context, Pass, TrainStep, Transform
+from composetrain.core import Context, Pass, TrainStep
 from composetrain.placement import check_placement, parse_device
 from composetrain.state import RuntimeState, TrainState
+from composetrain.steps import Transform
 
 __all__ = ["pipeline_split"]
 

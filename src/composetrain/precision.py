@@ -10,9 +10,10 @@ from typing import Any
 import torch
 
 from composetrain._util import show
-from composetrain.core import Context, Pass, PlainStep, TrainStep, Transform, Update
+from composetrain.core import Context, Pass, TrainStep, Update
 from composetrain.scaling import LossScaling
 from composetrain.state import TrainState
+from composetrain.steps import PlainStep, Transform
 
 __all__ = ["mixed_precision"]
 

@@ -15,8 +15,7 @@ import torch
 
 from composetrain._util import show
 from composetrain.checkpoint import Checkpoints, capture_rng, restore_rng
-from composetrain.core import PlainStep, StepOutput, TrainStep
-from composetrain.core import train_step as lift
+from composetrain.core import StepOutput, TrainStep
 from composetrain.data import epoch_batches, local_world_size, make_loader
 from composetrain.evaluation import EvalStep, evaluator
 from composetrain.monitor import Meter, MetricsLog, progress_bar
@@ -24,6 +23,8 @@ from composetrain.preemption import StopSignal
 from composetrain.preemption import requeue as requeue_job
 from composetrain.rendezvous import Process, rendezvous
 from composetrain.state import TrainState
+from composetrain.steps import PlainStep
+from composetrain.steps import train_step as lift
 
 __all__ = ["RunResult", "run"]
 
