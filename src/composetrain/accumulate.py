@@ -79,7 +79,7 @@ class _Accumulate(TrainStep):
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         inner = self._inner()
-        who = repr(self)
+        who = self  # formatted only if an error needs it
         micros = split_batch(batch, self.n, who)
         if len(micros) == 1:
             return inner.grads(state, batch, ctx)
@@ -99,7 +99,7 @@ class _Accumulate(TrainStep):
         return _label(self.n, self.own_weight)
 
 
-def _weights(micros: list[Any], ctx: Context, who: str) -> list[float]:
+def _weights(micros: list[Any], ctx: Context, who: object) -> list[float]:
     """Units per micro-batch, all checked before the first forward."""
     k = len(micros)
     if ctx.weight is None:  # samples: the sizes torch.tensor_split gave, no need to ask
@@ -119,7 +119,7 @@ def _weights(micros: list[Any], ctx: Context, who: str) -> list[float]:
 _batchnorms: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
 
 
-def _warn_batchnorm(model: nn.Module, who: str) -> None:
+def _warn_batchnorm(model: nn.Module, who: object) -> None:
     if model not in _batchnorms:  # a derived fact about the model, found once: not training state
         _batchnorms[model] = [m for m in model.modules() if isinstance(m, _BatchNorm)]
     if any(m.training for m in _batchnorms[model]):

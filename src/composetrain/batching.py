@@ -78,7 +78,7 @@ def _paths(obj: Any, prefix: str = "batch") -> Iterator[tuple[str, torch.Tensor]
                 yield from _paths(getattr(obj, f.name), f"{prefix}.{f.name}")
 
 
-def _leading(leaves: list[torch.Tensor], batch: Any, who: str) -> int | None:
+def _leading(leaves: list[torch.Tensor], batch: Any, who: object) -> int | None:
     sizes = {t.shape[0] for t in leaves if t.dim() > 0}
     if len(sizes) > 1:
         listing = ", ".join(f"{p} has {t.shape[0]}" for p, t in _paths(batch) if t.dim() > 0)
@@ -101,7 +101,7 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return rebuild(iter([fn(t) for t in leaves]))
 
 
-def leading_size(batch: Any, who: str = "leading_size") -> int | None:
+def leading_size(batch: Any, who: object = "leading_size") -> int | None:
     """The shared first dimension of the batch's tensors, or None if it has none.
 
     Args:
@@ -123,7 +123,7 @@ def leading_size(batch: Any, who: str = "leading_size") -> int | None:
     return _leading(leaves, batch, who)
 
 
-def split_batch(batch: Any, n: int, who: str = "split_batch") -> list[Any]:
+def split_batch(batch: Any, n: int, who: object = "split_batch") -> list[Any]:
     """Split a nested batch into ``min(n, size)`` pieces of near-equal size.
 
     Sizes follow ``torch.tensor_split``: a batch of 10 in 4 pieces gives 3, 3, 2, 2.
@@ -192,7 +192,7 @@ def concat_batches(pieces: list[Any], device: torch.device | None = None) -> Any
     return rebuild(iter([c[0] if c[0].dim() == 0 else torch.cat(c) for c in columns]))
 
 
-def samples(batch: Any, who: str = "samples") -> int:
+def samples(batch: Any, who: object = "samples") -> int:
     """The default unit count: the batch's leading size (1 for a batch without tensors).
 
     Raises:
@@ -207,7 +207,7 @@ def samples(batch: Any, who: str = "samples") -> int:
     return 1 if size is None else size
 
 
-def check_weights(values: Sequence[Any], who: str, what: str) -> list[float]:
+def check_weights(values: Sequence[Any], who: object, what: str) -> list[float]:
     """Turn unit counts (numbers or one-element tensors) into positive, finite floats.
 
     Tensors are read with one host transfer for all of them (on an accelerator, one

@@ -134,7 +134,7 @@ class Update(NamedTuple):
     metrics: dict[str, Metric]
 
 
-def combine(passes: Sequence[Pass], who: str) -> Pass:
+def combine(passes: Sequence[Pass], who: object) -> Pass:
     """The sum of several passes' shares: the loss and metrics of their union."""
     names = passes[0].metrics.keys()
     for i, p in enumerate(passes):
@@ -242,7 +242,7 @@ class TrainStep:
                 f"{self!r}: state must be a ct.TrainState, got {show(state)}; "
                 "build one with ct.TrainState(model, optimizer)"
             )
-        who = repr(self)
+        who = self  # formatted only if an error needs it
         if self.weight is None:
             units = float(samples(batch, who))
         else:

@@ -97,7 +97,7 @@ class _DataParallel(TrainStep):
         return self._inner().prepare(state, batch, ctx)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
-        who = repr(self)
+        who = self  # formatted only if an error needs it
         shards = split_batch(batch, len(self.devices), who)
         replicas = state.transform_state(self.role, _Replicas)
         models = [state.model, *replicas.copies][: len(shards)]

@@ -89,6 +89,9 @@ class TrainState:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.step = 0
+        # trainable parameters no optimizer holds: their gradients are cleared too (found once, not per update)
+        held_ids = {id(p) for p in held}
+        self._unheld = [p for p in model.parameters() if p.requires_grad and id(p) not in held_ids]
         self._transforms: dict[str, Any] = {}  # state owned by transforms (loss scale, ...), by key
         self._pending: dict[str, Any] = {}  # loaded from a checkpoint, not yet claimed by its transform
 
@@ -119,9 +122,10 @@ class TrainState:
             return value
 
     def zero_grad(self) -> None:
-        """Set every gradient of the model and the optimizer to None."""
+        """Set every gradient of the optimizer, and of the model's other trainable parameters, to None."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.model.zero_grad(set_to_none=True)  # also parameters the optimizer does not hold
+        for p in self._unheld:
+            p.grad = None
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: model, optimizer, scheduler, step, transform state.

@@ -43,18 +43,26 @@ class _Lifted(TrainStep):
         return ctx
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
+        if not (ctx.around_pass or ctx.around_forward):  # the common case, without context managers
+            return self._pass(batch, ctx)
         with _entered(ctx.around_pass, ctx):
+            return self._pass(batch, ctx)
+
+    def _pass(self, batch: Any, ctx: Context) -> Pass:
+        if ctx.around_forward:
             with _entered(ctx.around_forward, ctx):
                 out = self.step(ctx.model, batch)
-            loss, metrics = _unpack(out, self)
-            share = ctx.piece_weight / ctx.total_weight
-            if not (isinstance(share, float) and share == 1.0):  # a whole batch stays bit-exact
-                loss = loss * share
-                metrics = {k: v * share for k, v in metrics.items()}
-            scaled = loss
-            for scale in ctx.scale_loss:
-                scaled = scale(scaled)
-            scaled.backward()
+        else:
+            out = self.step(ctx.model, batch)
+        loss, metrics = _unpack(out, self)
+        share = ctx.piece_weight / ctx.total_weight
+        if not (isinstance(share, float) and share == 1.0):  # a whole batch stays bit-exact
+            loss = loss * share
+            metrics = {k: v * share for k, v in metrics.items()}
+        scaled = loss
+        for scale in ctx.scale_loss:
+            scaled = scale(scaled)
+        scaled.backward()
         return Pass(_reported(loss.detach()), metrics)
 
     def update(self, state: TrainState, ctx: Context) -> Update:
