@@ -392,18 +392,14 @@ def assert_same_training(a, b):
     assert a["state"]["step"] == b["state"]["step"] and untimed(a["history"]) == untimed(b["history"])
 
 
+def job_args(tmp_path, *extra):
+    """The resumable job of these tests: 3 epochs into tmp_path/job, its result in tmp_path/job.pt."""
+    return ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3", *extra]
+
+
 def test_sigkill_during_training_resumes_from_the_last_checkpoint_bit_identically(tmp_path):
     straight = straight_run(tmp_path)
-    job = [
-        "--dir",
-        str(tmp_path / "job"),
-        "--out",
-        str(tmp_path / "job.pt"),
-        "--epochs",
-        "3",
-        "--checkpoint-every",
-        "3",
-    ]
+    job = job_args(tmp_path, "--checkpoint-every", "3")
     proc = launch(*job, "--step-delay", "0.05")
     wait_for(lambda: len(list((tmp_path / "job").glob("step-*"))) >= 2)
     proc.send_signal(signal.SIGKILL)
@@ -415,17 +411,8 @@ def test_sigkill_during_training_resumes_from_the_last_checkpoint_bit_identicall
 
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_valid(tmp_path):
     straight = straight_run(tmp_path)
-    job = [
-        "--dir",
-        str(tmp_path / "job"),
-        "--out",
-        str(tmp_path / "job.pt"),
-        "--epochs",
-        "3",
-        "--checkpoint-every",
-        "3",
-    ]
-    proc = launch(*job, "--slow-save", "3")  # hangs inside the second save, after its rng file
+    job = job_args(tmp_path, "--checkpoint-every", "3")
+    proc = launch(*job, "--slow-save", "3")  # hangs inside the second save, after its first file
     wait_for(lambda: list((tmp_path / "job").glob(".step-*.tmp")) and len(list((tmp_path / "job").glob("step-*"))) == 1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -438,7 +425,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_valid(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_sigterm_saves_and_exits_cleanly_and_a_rerun_continues(tmp_path, sig):
     straight = straight_run(tmp_path)
-    job = ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3"]
+    job = job_args(tmp_path)
     proc = launch(*job, "--step-delay", "0.05")
     wait_for(lambda: (tmp_path / "job" / "metrics.jsonl").exists())
     proc.send_signal(sig)
@@ -457,7 +444,7 @@ def test_preemption_under_slurm_requeues_the_job(tmp_path):
     fake.mkdir()
     (fake / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "requeued"}\n')
     (fake / "scontrol").chmod(0o755)
-    job = ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3", "--step-delay", "0.05"]
+    job = job_args(tmp_path, "--step-delay", "0.05")
     proc = launch(*job, env={"PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"})
     wait_for(lambda: (tmp_path / "job" / "metrics.jsonl").exists())
     proc.send_signal(signal.SIGUSR1)
