@@ -75,6 +75,7 @@ class _Accumulate(TrainStep):
     def __init__(self, inner: TrainStep, n: int, weight: WeightFn | None) -> None:
         self.n = n
         self.own_weight = weight
+        self.label = _label(n, weight)
         super().__init__(inner, weight=weight)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
@@ -94,9 +95,6 @@ class _Accumulate(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (self.n, self.own_weight)
-
-    def _label(self) -> str:
-        return _label(self.n, self.own_weight)
 
 
 def _weights(micros: list[Any], ctx: Context, who: object) -> list[float]:

@@ -67,6 +67,3 @@ class _ClipGradNorm(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (self.max_norm, self.norm_type)
-
-    def _label(self) -> str:
-        return self.label

@@ -273,7 +273,8 @@ class TrainStep:
         return None
 
     def _label(self) -> str:
-        return type(self).__name__
+        """How the transform prints: its ``label`` attribute if it set one, else its class name."""
+        return getattr(self, "label", type(self).__name__)
 
     def __repr__(self) -> str:
         inner = self.inner

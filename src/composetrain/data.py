@@ -195,7 +195,6 @@ def epoch_batches(
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor of a batch to ``device``, without blocking when its memory is pinned."""
-    if device.type == "cpu":
-        return batch
-    return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
+    """Move every tensor of a nested batch to ``device`` (those already there stay as they are),
+    without blocking when its memory is pinned; non-tensor leaves pass through."""
+    return map_tensors(batch, lambda t: t if t.device == device else t.to(device, non_blocking=True))

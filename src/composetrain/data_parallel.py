@@ -10,8 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain.batching import check_weights, map_tensors, split_batch
+from composetrain.batching import check_weights, split_batch
 from composetrain.core import Context, Pass, TrainStep, combine
+from composetrain.data import to_device
 from composetrain.placement import parse_devices
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import Transform
@@ -108,7 +109,7 @@ class _DataParallel(TrainStep):
         inner = self._inner()
 
         def run(i: int) -> Pass:
-            shard = shards[i] if i == 0 else _to(shards[i], self.devices[i])
+            shard = shards[i] if i == 0 else to_device(shards[i], self.devices[i])
             done = inner.grads(state, shard, ctx._replace(model=models[i], piece_weight=weights[i]))
             return done
 
@@ -126,21 +127,12 @@ class _DataParallel(TrainStep):
                     master.grad = grad if master.grad is None else master.grad.add_(grad)
                     copy_.grad = None
         first = self.devices[0]
-        moved = [Pass(p.loss.to(first), {k: _to(v, first) for k, v in p.metrics.items()}) for p in passes]
+        moved = [Pass(p.loss.to(first), {k: to_device(v, first) for k, v in p.metrics.items()}) for p in passes]
         return combine(moved, who)
 
     def _config(self) -> tuple[Any, ...]:
         return (tuple(self.devices),)
 
-    def _label(self) -> str:
-        return self.label
-
 
 def _sizes(size: int, k: int) -> list[int]:
     return [size // k + (i < size % k) for i in range(k)]
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, float):
-        return value
-    return map_tensors(value, lambda t: t.to(device, non_blocking=True))

@@ -193,6 +193,3 @@ class _Distributed(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (tuple(sorted(self.options.items())), self.comm_hook, id(self.comm_state), self.group)
-
-    def _label(self) -> str:
-        return self.label

@@ -13,8 +13,9 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from composetrain._util import show
-from composetrain.batching import concat_batches, map_tensors, split_batch
+from composetrain.batching import concat_batches, split_batch
 from composetrain.core import Context, Pass, TrainStep
+from composetrain.data import to_device
 from composetrain.placement import check_placement, parse_device
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import Transform
@@ -125,7 +126,7 @@ class _Pipeline(TrainStep):
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         # the targets meet the outputs on the last stage; inputs hop to the first stage by its hook
-        return self._inner().grads(state, _to(batch, self.last), ctx)
+        return self._inner().grads(state, to_device(batch, self.last), ctx)
 
     def _place(self, state: TrainState, placed: _Placed) -> None:
         model = state.model
@@ -143,19 +144,12 @@ class _Pipeline(TrainStep):
     def _config(self) -> tuple[Any, ...]:
         return (tuple(self.placement.items()), self.chunks)
 
-    def _label(self) -> str:
-        return self.label
-
 
 def _mover(device: torch.device) -> Any:
     def move_inputs(module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
-        return _to(args, device), _to(kwargs, device)
+        return to_device(args, device), to_device(kwargs, device)
 
     return move_inputs
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    return map_tensors(value, lambda t: t if t.device == device else t.to(device, non_blocking=True))
 
 
 def _move_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

@@ -235,6 +235,3 @@ class _MixedPrecision(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (self.dtype, self.loss_scale, self.max_skips, self.check_finite)
-
-    def _label(self) -> str:
-        return self.label
