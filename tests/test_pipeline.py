@@ -141,7 +141,8 @@ def test_bad_arguments_are_clear_errors(args, kwargs, error, pattern):
 
 def test_batchnorm_with_chunks_is_reported():
     model = nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)).double()
-    with pytest.warns(UserWarning, match="BatchNorm layers see micro-batches"):
+    expected = "the model has BatchNorm layers in training mode; they normalise each micro-batch"
+    with pytest.warns(UserWarning, match=expected):
         ct.pipeline_split({"0": "cpu", "1": "cpu", "2": "cpu"}, chunks=2)(classify)(
             make_state(model=model), make_batch(8)
         )

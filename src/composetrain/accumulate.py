@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import operator
-import warnings
-import weakref
 from typing import Any
 
-from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-
 from composetrain._util import name, show
-from composetrain.batching import check_weights, split_batch
+from composetrain.batching import check_weights, split_batch, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.state import TrainState
 from composetrain.steps import Transform
@@ -85,7 +80,7 @@ class _Accumulate(TrainStep):
         if len(micros) == 1:
             return inner.grads(state, batch, ctx)
         weights = _weights(micros, ctx, who)
-        _warn_batchnorm(state.model, who)
+        warn_if_batchnorm(state.model, who)
         last = len(micros) - 1
         passes = [
             inner.grads(state, micro, ctx._replace(piece_weight=w, last_backward=ctx.last_backward and i == last))
@@ -112,18 +107,3 @@ def _weights(micros: list[Any], ctx: Context, who: object) -> list[float]:
             "the counts add up over a split"
         )
     return weights
-
-
-_batchnorms: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
-
-
-def _warn_batchnorm(model: nn.Module, who: object) -> None:
-    if model not in _batchnorms:  # a derived fact about the model, found once: not training state
-        _batchnorms[model] = [m for m in model.modules() if isinstance(m, _BatchNorm)]
-    if any(m.training for m in _batchnorms[model]):
-        warnings.warn(
-            f"{who}: the model has BatchNorm layers in training mode; they normalise each "
-            "micro-batch with its own statistics, so accumulation is close to, not exactly, the "
-            "large-batch update (PyTorch issue 46516). Use GroupNorm/LayerNorm for exactness.",
-            stacklevel=4,
-        )

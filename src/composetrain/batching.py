@@ -15,14 +15,26 @@ import copy
 import dataclasses
 import math
 import numbers
+import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from composetrain._util import show
 
-__all__ = ["check_weights", "concat_batches", "leading_size", "map_tensors", "samples", "split_batch"]
+__all__ = [
+    "check_weights",
+    "concat_batches",
+    "leading_size",
+    "map_tensors",
+    "samples",
+    "split_batch",
+    "warn_if_batchnorm",
+]
 
 _Rebuild = Callable[[Iterator[Any]], Any]
 
@@ -240,3 +252,22 @@ def check_weights(values: Sequence[Any], who: object, what: str) -> list[float]:
             )
         out.append(float(v))
     return out
+
+
+_batchnorms: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
+
+
+def warn_if_batchnorm(model: nn.Module, who: object) -> None:
+    """Warn that a split batch is not exactly the whole batch for BatchNorm in training mode.
+
+    Which modules are BatchNorm is found once per model (a derived fact, not training state).
+    """
+    if model not in _batchnorms:
+        _batchnorms[model] = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    if any(m.training for m in _batchnorms[model]):
+        warnings.warn(
+            f"{who}: the model has BatchNorm layers in training mode; they normalise each micro-batch with "
+            "its own statistics, so the update is close to, not exactly, the whole batch's (PyTorch issue "
+            "46516). Use GroupNorm/LayerNorm for exactness.",
+            stacklevel=3,
+        )

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from composetrain._util import show
-from composetrain.batching import concat_batches, split_batch
+from composetrain.batching import concat_batches, split_batch, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep
 from composetrain.data import to_device
 from composetrain.placement import check_placement, parse_device
@@ -115,12 +113,8 @@ class _Pipeline(TrainStep):
         if placed.model is not state.model or placed.key != key:
             self._place(state, placed)
             placed.model, placed.key = state.model, key
-        if self.chunks > 1 and any(isinstance(m, _BatchNorm) and m.training for m in state.model.modules()):
-            warnings.warn(
-                f"{self!r}: BatchNorm layers see micro-batches of {self.chunks}th of the batch, so the update is "
-                "close to, not exactly, the whole batch's (PyTorch issue 46516)",
-                stacklevel=2,
-            )
+        if self.chunks > 1:
+            warn_if_batchnorm(state.model, self)
         model = placed.chunked if placed.chunked is not None else ctx.model
         return self._inner().prepare(state, batch, ctx._replace(model=model))
 
