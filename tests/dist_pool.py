@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import socket
 import traceback
 from typing import Any
@@ -17,9 +18,17 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below Linux's ephemeral range (32768+). A port from that range can be handed to a
+    client, retrying to connect before the server binds, as its own source port: it then connects to
+    itself, and the rendezvous fails now and then."""
+    while True:
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def _serve(rank: int, world: int, port: int, jobs: Any, results: Any) -> None:

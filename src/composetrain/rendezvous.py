@@ -111,7 +111,9 @@ def _slurm(env: Mapping[str, str], explicit: Mapping[str, Any]) -> Cluster:
     if "MASTER_PORT" in env:
         port: Any = env["MASTER_PORT"]
     elif "SLURM_JOB_ID" in env:  # same for every task of the job, different for most jobs sharing a node
-        port = 15000 + _int(env["SLURM_JOB_ID"], "SLURM_JOB_ID") % 20000
+        # below Linux's ephemeral ports (32768+): a client retrying to connect could otherwise be given
+        # the store's own port as its source port and connect to itself
+        port = 15000 + _int(env["SLURM_JOB_ID"], "SLURM_JOB_ID") % 15000
     else:
         raise ValueError("rendezvous: under SLURM set MASTER_PORT, or SLURM_JOB_ID to derive a port from")
     values = {
