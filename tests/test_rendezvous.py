@@ -202,15 +202,20 @@ def wait_all(procs, timeout=240):
 
 def test_two_torchrun_nodes_on_localhost_form_one_group_and_train_like_one_process(tmp_path):
     port = free_port()
+    # the rendezvous store lives here, not in one of the agents: otherwise the agent hosting it may
+    # exit first and the other's last look at the store fails (a torchrun teardown race)
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ct-test", LAUNCH, str(tmp_path),
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ct-test",
+        "--rdzv-conf=is_host=0", LAUNCH, str(tmp_path),
     ]  # fmt: skip
     procs = [
         subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)
     ]
     wait_all(procs)
+    del store  # alive until both agents are done
     assert_trained_like_one_process(tmp_path, 2, "torchrun")
 
 
