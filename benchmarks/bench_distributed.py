@@ -102,6 +102,7 @@ def main() -> None:
                 f"256-{args.width}x{args.depth}-10, batch {args.batch} per rank, 1 thread per rank"
             )
             print(report(title, results, "hand-written DDP loop, no_sync"))
+        del contenders  # their DDP wrappers hold the process group: let it go with the block
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ def train(case: dict[str, Any], rank: int | None, **distributed_options: Any) ->
     for i, sizes in enumerate(case["sizes"]):
         batch = global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
         out = step(state, batch if rank is None else shard(batch, sizes, rank))
+        if i == case.get("release_after"):
+            state.release_runtime()  # the DDP wrapper goes; the next update builds a new one
         losses.append(out.loss)
         skipped.append(bool(out.skipped))
     return {

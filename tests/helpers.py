@@ -120,3 +120,17 @@ def assert_untouched(state: ct.TrainState, before: dict[str, Any]) -> None:
         for name, v in entries.items():
             assert torch.equal(now["state"]["optimizer"]["state"][key][name], v)
     assert all(g is None for g in now["grads"]), "a failed call left gradients behind"
+
+
+def process_group_threads() -> list[str] | None:
+    """Names of this process's threads that belong to a gloo process group or its store (Linux only).
+
+    After the group is destroyed none may remain: one left running into the interpreter's
+    exit can abort the process ("terminate called without an active exception")."""
+    from pathlib import Path
+
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return None
+    names = [(t / "comm").read_text().strip() for t in tasks.iterdir()]
+    return [n for n in names if n.startswith(("pt_gloo", "gloo_", "pt_tcpstore"))]

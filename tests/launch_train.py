@@ -12,6 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dist_cases
+from helpers import process_group_threads
 
 import composetrain as ct
 
@@ -23,4 +24,5 @@ if __name__ == "__main__":
     with ct.rendezvous(timeout=60) as proc:
         result = dist_cases.train(CASE, proc.rank)
         result["cluster"] = proc.cluster
+    result["threads_left"] = process_group_threads()
     torch.save(result, out / f"rank{proc.rank}.pt")

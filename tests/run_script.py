@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from helpers import process_group_threads  # the script's folder is on sys.path
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -80,7 +81,13 @@ def main():
     rank = int(os.environ.get("RANK", "0"))  # ct.run has left the process group by now
     out = Path(args.out)
     torch.save(
-        {"state": s.state_dict(), "history": result.history, "preempted": result.preempted, "steps": result.steps},
+        {
+            "state": s.state_dict(),
+            "history": result.history,
+            "preempted": result.preempted,
+            "steps": result.steps,
+            "threads_left": process_group_threads(),
+        },
         out.with_name(f"{out.stem}-rank{rank}{out.suffix}"),
     )
     print("DONE" if not result.preempted else "PREEMPTED", flush=True)

@@ -87,6 +87,13 @@ def test_mixed_precision_in_every_order_agrees_and_tracks_one_process(pool):
         torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3)
 
 
+def test_a_released_ddp_wrapper_is_rebuilt_and_training_continues_exactly(pool):
+    sizes = [[3 + r for r in range(pool.world)]] * 4
+    for release_after in (0, 2):
+        results, reference = run(pool, letters="da", n=2, kind="classify", sizes=sizes, release_after=release_after)
+        assert_matches_reference(results, reference)
+
+
 def test_one_gradient_sync_per_update_whatever_n(pool):
     """A counting DDP communication hook; buckets of one parameter each (4 of them) once DDP has
     rebuilt its buckets after its first iteration."""

@@ -1,6 +1,8 @@
 """rendezvous: launcher environments, SLURM host lists, and real launches (torchrun, srun-like)."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -180,13 +182,22 @@ def assert_trained_like_one_process(out: Path, world: int, source: str):
     assert [r["cluster"].source for r in results] == [source] * world
     assert sorted(r["cluster"].rank for r in results) == list(range(world))
     for r in results:
+        assert r["threads_left"] in ([], None), "the process group outlived ct.rendezvous's close"
         assert all(torch.equal(p, q) for p, q in zip(r["params"], results[0]["params"], strict=True))
         assert r["step"] == reference["step"] == 3
     for p, q in zip(results[0]["params"], reference["params"], strict=True):
         torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3)  # bf16 inside: micro-batch boundaries differ
 
 
+def start(command, env):
+    """A process in a session of its own, so that it and everything it started can be killed at once."""
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
 def wait_all(procs, timeout=240):
+    """Waits for every process; on a timeout kills them all and fails with what each printed."""
     deadline = time.monotonic() + timeout
     outputs = []
     for p in procs:
@@ -194,8 +205,10 @@ def wait_all(procs, timeout=240):
             outputs.append(p.communicate(timeout=max(1, deadline - time.monotonic()))[0])
         except subprocess.TimeoutExpired:
             for q in procs:
-                q.kill()
-            raise
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(q.pid, signal.SIGKILL)
+            printed = outputs + [q.communicate()[0] for q in procs[len(outputs) :]]
+            pytest.fail(f"still running after {timeout}s; each printed:\n" + "\n-----\n".join(printed))
     for p, text in zip(procs, outputs, strict=True):
         assert p.returncode == 0, text[-3000:]
 
@@ -208,12 +221,9 @@ def test_two_torchrun_nodes_on_localhost_form_one_group_and_train_like_one_proce
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ct-test",
-        "--rdzv-conf=is_host=0", LAUNCH, str(tmp_path),
+        "--rdzv-conf=is_host=0", "--local-addr=127.0.0.1", LAUNCH, str(tmp_path),
     ]  # fmt: skip
-    procs = [
-        subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for _ in range(2)
-    ]
+    procs = [start(command, clean_env()) for _ in range(2)]
     wait_all(procs)
     del store  # alive until both agents are done
     assert_trained_like_one_process(tmp_path, 2, "torchrun")
@@ -234,14 +244,6 @@ def test_srun_style_environment_without_torchrun_trains_like_one_process(tmp_pat
             SLURM_JOB_ID=str(job_id if job_id is not None else 1),
             **extra,
         )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, LAUNCH, str(tmp_path)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
+        procs.append(start([sys.executable, LAUNCH, str(tmp_path)], env))
     wait_all(procs)
     assert_trained_like_one_process(tmp_path, 2, "slurm")

@@ -114,6 +114,9 @@ class _Replica(RuntimeState):
         self.ddp: DistributedDataParallel | None = None
         self.key: tuple[Any, ...] = ()
 
+    def release(self) -> None:
+        self.ddp, self.key = None, ()  # DDP holds its process group, which must go when destroyed
+
 
 class _Distributed(TrainStep):
     role = "distributed"
@@ -192,4 +195,6 @@ class _Distributed(TrainStep):
         return ddp
 
     def _config(self) -> tuple[Any, ...]:
-        return (tuple(sorted(self.options.items())), self.comm_hook, id(self.comm_state), self.group)
+        # the group itself, not None for the default one: a new default group needs a new wrapper
+        group = self.group if self.group is not None else dist.group.WORLD
+        return (tuple(sorted(self.options.items())), self.comm_hook, id(self.comm_state), group)

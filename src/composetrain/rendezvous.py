@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -250,6 +251,11 @@ def rendezvous(
     if cluster.world_size == 1:
         return Process(cluster, device, None, owns_group=False)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    # torch.distributed.nn binds group.WORLD into default arguments when first imported
+    # (DDP imports it through torch._dynamo): after init_process_group, that would keep the
+    # group and its threads alive past destroy_process_group, into the interpreter's exit,
+    # where a gloo thread freeing its last work aborts the process at random
+    importlib.import_module("torch.distributed.nn")
     wait = datetime.timedelta(seconds=timeout)
     where = f"{cluster.master_addr}:{cluster.master_port}"
     try:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,8 @@ def run(
     who = "run"
     step_fn = lift(train_step)
     _check_arguments(epochs, max_steps, log_every, checkpoint_every, keep_checkpoints, eval_every, state, who)
-    with rendezvous(timeout=timeout) as proc:
+    # leaving, the state lets go of its DDP wrapper first, or it keeps the process group alive
+    with rendezvous(timeout=timeout) as proc, _releasing(state):
         if proc.world_size > 1 and "distributed" not in step_fn.roles:
             raise ValueError(
                 f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
@@ -236,6 +238,14 @@ def run(
         if proc.is_main and progress:
             print(f"{who}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
+
+
+@contextlib.contextmanager
+def _releasing(state: TrainState) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        state.release_runtime()
 
 
 def _timed(step_fn: TrainStep, state: TrainState, batch: Any) -> tuple[StepOutput, float]:

@@ -28,6 +28,9 @@ class RuntimeState:
     def load_state_dict(self, saved: Any) -> None:
         pass
 
+    def release(self) -> None:
+        """Let go of what is bound to the process group (a DDP wrapper); rebuilt on next use."""
+
 
 class TrainState:
     """All mutable training state: model, optimizer, scheduler, update count, transform state.
@@ -120,6 +123,18 @@ class TrainState:
                 del self._pending[key]  # only once it applied: a failed restore can be retried
             self._transforms[key] = value
             return value
+
+    def release_runtime(self) -> None:
+        """Let transforms drop what is bound to the process group, such as the DDP wrapper.
+
+        A DDP wrapper keeps its process group alive: call this before
+        ``destroy_process_group`` (``ct.run`` and ``ct.rendezvous`` users leaving the
+        job), or the group's threads outlive it and may crash the interpreter's exit.
+        The next step rebuilds what it needs.
+        """
+        for value in self._transforms.values():
+            if isinstance(value, RuntimeState):
+                value.release()
 
     def zero_grad(self) -> None:
         """Set every gradient of the optimizer, and of the model's other trainable parameters, to None."""
