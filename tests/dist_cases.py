@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -98,8 +99,13 @@ def train(case: dict[str, Any], rank: int | None, **distributed_options: Any) ->
         out = step(state, batch if rank is None else shard(batch, sizes, rank))
         if i == case.get("release_after"):
             state.release_runtime()  # the DDP wrapper goes; the next update builds a new one
+        if i == case.get("regroup_after") and rank is not None:
+            regroup(rank)  # the old wrapper's group is gone; the next update must not use it
         losses.append(out.loss)
         skipped.append(bool(out.skipped))
+    if "regroup_after" in case and rank is not None:  # the wrapper in use is bound to the live group
+        ddp = state.transform_state("distributed", lambda: None).ddp
+        assert ddp.process_group is dist.group.WORLD, "a DDP wrapper of a destroyed group was reused"
     return {
         "params": [p.detach().clone() for p in state.model.parameters()],
         "losses": losses,
@@ -107,6 +113,18 @@ def train(case: dict[str, Any], rank: int | None, **distributed_options: Any) ->
         "step": state.step,
         "lr": state.scheduler.get_last_lr(),
     }
+
+
+def regroup(rank: int) -> None:
+    """Destroy the default process group and make a new one of the same ranks."""
+    from dist_pool import free_port
+
+    world = dist.get_world_size()
+    port = torch.tensor(free_port() if rank == 0 else 0)
+    dist.broadcast(port, src=0)
+    dist.destroy_process_group()
+    store = dist.TCPStore("127.0.0.1", int(port), world, is_master=rank == 0, wait_for_workers=True)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
 
 
 def run_case(rank: int, world: int, case: dict[str, Any]) -> dict[str, Any]:

@@ -94,6 +94,13 @@ def test_a_released_ddp_wrapper_is_rebuilt_and_training_continues_exactly(pool):
         assert_matches_reference(results, reference)
 
 
+def test_a_new_default_group_gets_a_new_ddp_wrapper(pool):
+    """The wrapper of a destroyed group is never reused: training goes on, exactly, in the new one."""
+    sizes = [[3 + r for r in range(pool.world)]] * 3
+    results, reference = run(pool, letters="da", n=2, kind="classify", sizes=sizes, regroup_after=0)
+    assert_matches_reference(results, reference)
+
+
 def test_one_gradient_sync_per_update_whatever_n(pool):
     """A counting DDP communication hook; buckets of one parameter each (4 of them) once DDP has
     rebuilt its buckets after its first iteration."""

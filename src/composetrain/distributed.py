@@ -171,7 +171,9 @@ class _Distributed(TrainStep):
 
     def _ddp(self, state: TrainState, module: nn.Module) -> DistributedDataParallel:
         replica = state.transform_state(self.role, _Replica)
-        key = (id(module), self._config())
+        # the live group, not None for the default one: a new default group needs a new wrapper
+        group = self.group if self.group is not None else dist.group.WORLD
+        key = (id(module), group, self._config())
         if replica.ddp is None or replica.key != key or replica.ddp.module is not module:
             replica.ddp = self._wrap(module)
             replica.key = key
@@ -195,6 +197,4 @@ class _Distributed(TrainStep):
         return ddp
 
     def _config(self) -> tuple[Any, ...]:
-        # the group itself, not None for the default one: a new default group needs a new wrapper
-        group = self.group if self.group is not None else dist.group.WORLD
-        return (tuple(sorted(self.options.items())), self.comm_hook, id(self.comm_state), group)
+        return (tuple(sorted(self.options.items())), self.comm_hook, id(self.comm_state), self.group)
