@@ -93,19 +93,23 @@ def train(case: dict[str, Any], rank: int | None, **distributed_options: Any) ->
     # ranks start from different weights: DDP must broadcast rank 0's, the reference's
     state = make_state(case["kind"], case["seed"] + (rank or 0), dtype)
     step = build(letters, case["n"], case["kind"], **distributed_options)
-    losses, skipped = [], []
+    losses, skipped, released = [], [], None
     for i, sizes in enumerate(case["sizes"]):
         batch = global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
         out = step(state, batch if rank is None else shard(batch, sizes, rank))
+        if released is not None and rank is not None:
+            assert wrapper(state) is not None and wrapper(state) is not released, "no new DDP wrapper was built"
+            released = None
         if i == case.get("release_after"):
+            released = wrapper(state) if rank is not None else None
             state.release_runtime()  # the DDP wrapper goes; the next update builds a new one
+            assert rank is None or wrapper(state) is None
         if i == case.get("regroup_after") and rank is not None:
             regroup(rank)  # the old wrapper's group is gone; the next update must not use it
         losses.append(out.loss)
         skipped.append(bool(out.skipped))
     if "regroup_after" in case and rank is not None:  # the wrapper in use is bound to the live group
-        ddp = state.transform_state("distributed", lambda: None).ddp
-        assert ddp.process_group is dist.group.WORLD, "a DDP wrapper of a destroyed group was reused"
+        assert wrapper(state).process_group is dist.group.WORLD, "a DDP wrapper of a destroyed group was reused"
     return {
         "params": [p.detach().clone() for p in state.model.parameters()],
         "losses": losses,
@@ -113,6 +117,11 @@ def train(case: dict[str, Any], rank: int | None, **distributed_options: Any) ->
         "step": state.step,
         "lr": state.scheduler.get_last_lr(),
     }
+
+
+def wrapper(state: ct.TrainState) -> Any:
+    """The DDP wrapper that ``distributed`` keeps in the state (None before the first update)."""
+    return state.transform_state("distributed", lambda: None).ddp
 
 
 def regroup(rank: int) -> None:

@@ -142,8 +142,9 @@ def run(
     who = "run"
     step_fn = lift(train_step)
     _check_arguments(epochs, max_steps, log_every, checkpoint_every, keep_checkpoints, eval_every, state, who)
-    # leaving, the state lets go of its DDP wrapper first, or it keeps the process group alive
-    with rendezvous(timeout=timeout) as proc, _releasing(state):
+    # leaving a group it created, the state lets go of its DDP wrapper first, or the wrapper keeps
+    # the group (and its threads) alive past destroy_process_group
+    with rendezvous(timeout=timeout) as proc, _releasing(state) if proc.owns_group else contextlib.nullcontext():
         if proc.world_size > 1 and "distributed" not in step_fn.roles:
             raise ValueError(
                 f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
@@ -179,8 +180,8 @@ def run(
         log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
         log = MetricsLog(log_path, proc, at.history)
         meter = Meter(proc, state, at.window)
-        stop = StopSignal(proc)
         bar = progress_bar(progress and proc.is_main, max_steps or (epochs or 1) * per_epoch, state.step)
+        stop = StopSignal(proc)  # restored in the finally below, whatever happens
         total_epochs = epochs if epochs is not None else 1 if max_steps is None else None  # None: until max_steps
 
         def reached_max() -> bool:
@@ -228,8 +229,8 @@ def run(
                 if checkpoints is not None:
                     saved_at = save()
         finally:
-            bar.close()
             stop.restore()
+            bar.close()
         requeue_job(requeue, stop, proc, who)
         result = RunResult(
             history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=stop.agreed,

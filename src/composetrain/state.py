@@ -128,9 +128,10 @@ class TrainState:
         """Let transforms drop what is bound to the process group, such as the DDP wrapper.
 
         A DDP wrapper keeps its process group alive: call this before
-        ``destroy_process_group`` (``ct.run`` and ``ct.rendezvous`` users leaving the
-        job), or the group's threads outlive it and may crash the interpreter's exit.
-        The next step rebuilds what it needs.
+        ``destroy_process_group`` (``ct.run`` does, for a group it created), or the
+        group's threads outlive it and may crash the interpreter's exit. The next step
+        rebuilds what it needs; a stateful communication hook (PowerSGD's error
+        feedback, kept per bucket) then starts again with the new wrapper's buckets.
         """
         for value in self._transforms.values():
             if isinstance(value, RuntimeState):
