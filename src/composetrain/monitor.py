@@ -99,7 +99,7 @@ class Meter:
                 f"process has cores for {spare}), or make the dataset's __getitem__ cheaper"
             )
         return (
-            f"data loading is {share:.0%} of the step, and its {loader.num_workers} workers already use every "
+            f"data loading is {share:.0%} of the step, and its workers ({loader.num_workers}) already use every "
             "spare core: make the dataset's __getitem__ cheaper (decode once and cache, smaller inputs) or "
             "give the job more CPUs"
         )
