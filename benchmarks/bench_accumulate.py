@@ -6,6 +6,7 @@ join when installed (pip install -e ".[bench]").
 
     python benchmarks/bench_accumulate.py               # the README's figures
     python benchmarks/bench_accumulate.py --width 128   # a tinier model: overhead shows more
+    python benchmarks/bench_accumulate.py --no-baselines  # the two loops alone
 """
 
 from __future__ import annotations
@@ -101,14 +102,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--no-baselines", action="store_true", help="only the two loops: no Lightning, Accelerate")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     batches = [(torch.randn(args.batch, 256), torch.randint(0, 10, (args.batch,))) for _ in range(8)]
     builders = {"hand-written loop": hand_written, "composetrain accumulate": composetrain}
-    if installed("lightning"):
+    if installed("lightning") and not args.no_baselines:
         builders["Lightning accumulate_grad_batches"] = lightning
-    if installed("accelerate"):
+    if installed("accelerate") and not args.no_baselines:
         builders["Accelerate gradient_accumulation_steps"] = accelerate
     model = make_model(args.width, args.depth)
     contenders = {name: build(copy.deepcopy(model), batches, args.n) for name, build in builders.items()}
