@@ -97,17 +97,16 @@ def train(case: dict[str, Any], rank: int | None, **distributed_options: Any) ->
     for i, sizes in enumerate(case["sizes"]):
         batch = global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
         out = step(state, batch if rank is None else shard(batch, sizes, rank))
-        if released is not None and rank is not None:
-            assert wrapper(state) is not None and wrapper(state) is not released, "no new DDP wrapper was built"
-            released = None
-        if i == case.get("release_after"):
-            released = wrapper(state) if rank is not None else None
+        if i == case.get("release_after") and rank is not None:
+            released = wrapper(state)
             state.release_runtime()  # the DDP wrapper goes; the next update builds a new one
-            assert rank is None or wrapper(state) is None
+            assert wrapper(state) is None
         if i == case.get("regroup_after") and rank is not None:
             regroup(rank)  # the old wrapper's group is gone; the next update must not use it
         losses.append(out.loss)
         skipped.append(bool(out.skipped))
+    if released is not None:
+        assert wrapper(state) not in (None, released), "no new DDP wrapper was built"
     if "regroup_after" in case and rank is not None:  # the wrapper in use is bound to the live group
         assert wrapper(state).process_group is dist.group.WORLD, "a DDP wrapper of a destroyed group was reused"
     return {

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Sized
 from pathlib import Path
 from typing import Any
 
@@ -142,9 +141,7 @@ def run(
     who = "run"
     step_fn = lift(train_step)
     _check_arguments(epochs, max_steps, log_every, checkpoint_every, keep_checkpoints, eval_every, state, who)
-    # leaving a group it created, the state lets go of its DDP wrapper first, or the wrapper keeps
-    # the group (and its threads) alive past destroy_process_group
-    with rendezvous(timeout=timeout) as proc, _releasing(state) if proc.owns_group else contextlib.nullcontext():
+    with rendezvous(timeout=timeout) as proc:
         if proc.world_size > 1 and "distributed" not in step_fn.roles:
             raise ValueError(
                 f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
@@ -229,6 +226,8 @@ def run(
                 if checkpoints is not None:
                     saved_at = save()
         finally:
+            if proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
+                state.release_runtime()
             stop.restore()
             bar.close()
         requeue_job(requeue, stop, proc, who)
@@ -239,14 +238,6 @@ def run(
         if proc.is_main and progress:
             print(f"{who}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
-
-
-@contextlib.contextmanager
-def _releasing(state: TrainState) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        state.release_runtime()
 
 
 def _timed(step_fn: TrainStep, state: TrainState, batch: Any) -> tuple[StepOutput, float]:
