@@ -105,7 +105,7 @@ def test_the_reported_norm_is_before_clipping_and_the_update_uses_the_clipped_gr
         ((-1.0,), ValueError, r"got -1.0"),
         ((math.inf,), ValueError, r"got inf"),
         ((math.nan,), ValueError, r"got nan"),
-        (("1",), TypeError, r"clip_grad_norm: max_norm must be a positive number, got '1' \(str\)"),
+        (("1",), TypeError, r"clip_grad_norm: max_norm must be a positive, finite number, got '1' \(str\)"),
         ((True,), TypeError, r"got True \(bool\)"),
     ],
 )
@@ -115,7 +115,7 @@ def test_bad_max_norm_is_a_clear_error(args, error, pattern):
 
 
 def test_bad_norm_type_and_metric_clashes_are_clear_errors():
-    with pytest.raises(ValueError, match=r"norm_type must be positive .*got 0"):
+    with pytest.raises(ValueError, match=r"norm_type must be a positive number, got 0"):
         ct.clip_grad_norm(1.0, norm_type=0)
 
     def step(model, batch):

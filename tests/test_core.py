@@ -487,3 +487,75 @@ def test_objects_with_state_dicts_are_checkpointed_through_them():
     fresh.load_state_dict(saved)
     restored = fresh.transform_state("scaler", lambda: torch.amp.GradScaler("cpu", init_scale=8.0))
     assert restored.get_scale() == 2.0
+
+
+# -- one rule for arguments, and transforms where steps belong -------------------------------------
+@pytest.mark.parametrize(
+    ("build", "error", "pattern"),
+    [
+        (lambda: ct.accumulate(torch.tensor(3.0)), TypeError, r"^accumulate: n must be a positive int, got tensor"),
+        (lambda: ct.accumulate(torch.tensor(3)), TypeError, r"^accumulate: n must be a positive int, got tensor"),
+        (lambda: ct.accumulate(0), ValueError, r"^accumulate: n must be a positive int, got 0 \(int\)"),
+        (lambda: ct.pipeline_split({"0": "cpu"}, chunks=2.0), TypeError, r"chunks must be a positive int, got 2.0"),
+        (lambda: ct.pipeline_split({"0": "cpu"}, chunks="2"), TypeError, r"chunks must be a positive int, got '2'"),
+        (lambda: ct.pipeline_split({"0": "cpu"}, chunks=0), ValueError, r"chunks must be a positive int, got 0"),
+        (lambda: ct.mixed_precision(max_consecutive_skips=1.0), TypeError, r"max_consecutive_skips must be a pos"),
+        (lambda: ct.mixed_precision(dtype=["bf16"]), TypeError, r"^mixed_precision: dtype must be a string .*list"),
+        (lambda: ct.mixed_precision(dtype="bf8"), ValueError, r"^mixed_precision: dtype must be one of"),
+        (lambda: ct.clip_grad_norm(torch.tensor(1.0)), TypeError, r"max_norm must be a positive, finite number"),
+        (lambda: ct.clip_grad_norm(float("nan")), ValueError, r"max_norm must be a positive, finite number"),
+        (lambda: ct.distributed(bucket_cap_mb="25"), TypeError, r"bucket_cap_mb must be a positive, finite number"),
+        (lambda: ct.distributed(bucket_cap_mb=-1), ValueError, r"bucket_cap_mb must be a positive, finite number"),
+    ],
+)
+def test_int_and_real_arguments_follow_one_rule(build, error, pattern):
+    """A value of the wrong kind is a TypeError, one out of range a ValueError, for every transform."""
+    with pytest.raises(error, match=pattern):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("build", "pattern"),
+    [
+        (
+            lambda: ct.accumulate(2)(ct.accumulate(3)),
+            r"^accumulate\(2\): step must be .*got the transform "
+            r"accumulate\(3\); apply it to your step first: accumulate\(3\)\(step\)",
+        ),
+        (
+            lambda: ct.accumulate(2)(ct.mixed_precision),
+            r"got ct.mixed_precision, which builds transforms; "
+            r"apply it to your step first: ct.mixed_precision\(...\)\(step\)",
+        ),
+        (lambda: ct.mixed_precision(ct.clip_grad_norm(1.0)), r"got the transform clip_grad_norm\(1.0\)"),
+        (lambda: ct.distributed(ct.compose(ct.accumulate(2))), r"got the transform compose\(accumulate\(2\)\)"),
+        (lambda: ct.train_step(ct.data_parallel(["cpu"])), r"got the transform data_parallel"),
+        (lambda: ct.compose(ct.accumulate(2))(ct.pipeline_split), r"got ct.pipeline_split, which builds"),
+    ],
+)
+def test_a_transform_where_a_step_belongs_is_refused_when_built(build, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        build()
+
+
+def test_run_refuses_a_transform_given_as_its_train_step_before_anything_runs():
+    state = make_state()
+    before = snapshot(state)
+    with pytest.raises(TypeError, match=r"^run: train_step must be a function .*got the transform accumulate\(2\)"):
+        ct.run(ct.accumulate(2), state, [make_batch(4)], progress=False)
+    assert_untouched(state, before)
+
+
+def test_numpy_numbers_are_metrics_like_python_numbers():
+    np = pytest.importorskip("numpy")
+
+    def step(model, batch):
+        loss, metrics = classify(model, batch)
+        acc = float(metrics["acc"])
+        return loss, {"a32": np.float32(acc), "a64": np.float64(acc), "i": np.int64(3), "arr": np.array(acc)}
+
+    out = ct.accumulate(3)(step)(make_state(), make_batch(9))
+    ref = ct.accumulate(3)(classify)(make_state(), make_batch(9))
+    for key in ("a32", "a64", "arr"):
+        torch.testing.assert_close(out.metrics[key].double(), ref.metrics["acc"].double(), rtol=1e-6, atol=0)
+    assert out.metrics["i"].item() == 3

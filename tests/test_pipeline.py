@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dist_pool import Pool
-from helpers import assert_states_close, classify, make_batch, make_state
+from helpers import assert_states_close, assert_untouched, classify, make_batch, make_state, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
@@ -177,3 +177,63 @@ def test_a_cpu_and_gpu_placement_trains_like_one_device(chunks):
         ct.train_step(classify)(b, make_batch(16, seed=i))
     for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-7, atol=1e-9)
+
+
+class ReturnsItsLoss(nn.Module):
+    """A model that returns (logits, its own mean loss), as Hugging Face models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(5, 8), nn.Tanh())
+        self.decoder = nn.Linear(8, 3)
+
+    def forward(self, x, y=None):
+        logits = self.decoder(self.encoder(x))
+        loss = None if y is None else F.cross_entropy(logits, y)  # only given labels, as in Hugging Face
+        return logits, loss, torch.tensor(7.0, dtype=torch.float64)
+
+
+def sgd_state(kind, seed=0):
+    torch.manual_seed(seed)
+    model = kind().double()
+    return ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+
+
+def own_loss(model, batch):
+    x, y = batch
+    _, loss, _ = model(x, y)
+    return loss
+
+
+@pytest.mark.parametrize("chunks", [2, 3])
+def test_a_models_own_mean_loss_with_chunks_is_refused_not_taken_from_the_first_chunk(chunks):
+    """Pitfall 24: each chunk returns its own 0-dim mean; keeping chunk 1's trained on a third of the batch."""
+    state = sgd_state(ReturnsItsLoss)
+    before = snapshot(state)
+    train = ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}, chunks=chunks)(own_loss)
+    with pytest.raises(
+        ValueError,
+        match=r"0-dim tensor \(output leaf 1, such as its own mean loss\) that differs "
+        rf"between the {chunks} chunks; .*compute the loss in the step, or use chunks=1",
+    ):
+        train(state, make_batch(9))
+    assert_untouched(state, before)
+
+
+def test_a_models_own_loss_trains_exactly_with_one_chunk_and_constant_scalars_pass_through():
+    a, ref = sgd_state(ReturnsItsLoss), sgd_state(ReturnsItsLoss)
+    batch = make_batch(9)
+    ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"})(own_loss)(a, batch)
+    ct.train_step(own_loss)(ref, batch)
+    assert_states_close(a, ref)
+
+    def logits_loss(model, batch):  # per-sample outputs chunked, a constant 0-dim output alongside
+        x, y = batch
+        logits, _, seven = model(x)
+        assert seven.item() == 7.0
+        return F.cross_entropy(logits, y)
+
+    c, d = sgd_state(ReturnsItsLoss), sgd_state(ReturnsItsLoss)
+    ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}, chunks=3)(logits_loss)(c, batch)
+    ct.train_step(logits_loss)(d, batch)
+    assert_states_close(c, d)

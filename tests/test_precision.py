@@ -498,3 +498,15 @@ def test_a_model_split_over_cpu_and_gpu_autocasts_both_and_keeps_its_scale_when_
     scale = scale_of(state)
     ct.mixed_precision(dtype="fp16")(classify)(state, tuple(t.cuda() for t in batch32()))
     assert scale_of(state) == scale  # the same precision on another device carries the scale over
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_half_precision_model_is_refused_before_anything_changes(dtype):
+    """model.half() under mixed precision: a clear error, not torch's 'Attempting to unscale FP16 gradients'."""
+    state = state32()
+    state.model.half()
+    before = snapshot(state)
+    batch = (batch32()[0].half(), batch32()[1])
+    with pytest.raises(TypeError, match=r"holds float16 parameters \(model.half\(\)\); .*keep the model in float32"):
+        ct.mixed_precision(dtype=dtype)(classify)(state, batch)
+    assert_untouched(state, before)

@@ -1,8 +1,13 @@
-"""Helpers for error messages (internal)."""
+"""Helpers for argument checks and error messages (internal)."""
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from typing import Any
+
+__all__ = ["check_int", "check_real", "name", "show"]
 
 
 def show(value: Any) -> str:
@@ -16,3 +21,46 @@ def show(value: Any) -> str:
 def name(fn: Any) -> str:
     """How a function is named in reprs and messages."""
     return getattr(fn, "__name__", None) or repr(fn)
+
+
+def check_int(value: Any, who: str, arg: str, *, minimum: int = 1, example: str = "") -> int:
+    """``value`` as an int of at least ``minimum``: the one rule for integer arguments.
+
+    Anything that is not an integer (a bool, a float, a tensor, a string) is a
+    TypeError; an integer out of range is a ValueError. Integer-like values such
+    as ``numpy.int64`` are accepted.
+
+    Example:
+        >>> check_int(0, "accumulate", "n", example="accumulate(4)")
+        Traceback (most recent call last):
+        ValueError: accumulate: n must be an int >= 1, got 0 (int); e.g. accumulate(4)
+    """
+    hint = f"; e.g. {example}" if example else ""
+    kind = "a positive int" if minimum == 1 else "a non-negative int" if minimum == 0 else f"an int >= {minimum}"
+    index = None
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral):
+        index = operator.index(value)
+    if index is None:
+        raise TypeError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
+    if index < minimum:
+        raise ValueError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
+    return index
+
+
+def check_real(
+    value: Any, who: str, arg: str, *, positive: bool = True, finite: bool = True, example: str = ""
+) -> float:
+    """``value`` as a float: the one rule for real-number arguments.
+
+    A non-number (a bool, a string, a tensor) is a TypeError; NaN, an infinity when
+    ``finite``, or a value that is not positive when ``positive`` is a ValueError.
+    """
+    hint = f"; e.g. {example}" if example else ""
+    kind = "a " + ", ".join(w for w, on in (("positive", positive), ("finite", finite)) if on) + " number"
+    kind = kind.replace("a  ", "a ")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
+    number = float(value)
+    if math.isnan(number) or (finite and math.isinf(number)) or (positive and not number > 0):
+        raise ValueError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
+    return number

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
-from composetrain._util import name, show
+from composetrain._util import check_int, name, show
 from composetrain.batching import check_weights, split_batch, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.state import TrainState
-from composetrain.steps import Transform
+from composetrain.steps import Transform, transform_factory
 
 __all__ = ["accumulate"]
 
 
+@transform_factory
 def accumulate(n: int, *, weight: WeightFn | None = None) -> Transform:
     """Split each batch into ``n`` micro-batches; forward+backward each; update once.
 
@@ -48,12 +48,12 @@ def accumulate(n: int, *, weight: WeightFn | None = None) -> Transform:
         are read once per update (one host sync): return Python numbers or CPU
         tensors to avoid it.
     """
-    if isinstance(n, bool) or not hasattr(n, "__index__"):
-        hint = " (did you mean accumulate(n)(step)?)" if callable(n) else ""
-        raise TypeError(f"accumulate: n must be a positive int, got {show(n)}{hint}; e.g. accumulate(4)")
-    n = operator.index(n)
-    if n < 1:
-        raise ValueError(f"accumulate: n must be a positive int, got {n}; use accumulate(1) for no split")
+    if callable(n):
+        raise TypeError(
+            f"accumulate: n must be a positive int, got {show(n)} (did you mean accumulate(n)(step)?); "
+            "e.g. accumulate(4)"
+        )
+    n = check_int(n, "accumulate", "n", example="accumulate(4), or accumulate(1) for no split")
     if weight is not None and not callable(weight):
         raise TypeError(
             f"accumulate: weight must be a function micro_batch -> number of units, got {show(weight)}; "

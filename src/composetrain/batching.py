@@ -30,6 +30,7 @@ __all__ = [
     "check_weights",
     "concat_batches",
     "leading_size",
+    "leaves",
     "map_tensors",
     "samples",
     "split_batch",
@@ -111,6 +112,13 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     leaves: list[torch.Tensor] = []
     rebuild = _flatten(batch, leaves)
     return rebuild(iter([fn(t) for t in leaves]))
+
+
+def leaves(batch: Any) -> list[torch.Tensor]:
+    """The batch's tensors, in a fixed order (the one ``map_tensors`` and ``split_batch`` use)."""
+    found: list[torch.Tensor] = []
+    _flatten(batch, found)
+    return found
 
 
 def leading_size(batch: Any, who: object = "leading_size") -> int | None:

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
 import torch
 
-from composetrain._util import show
+from composetrain._util import check_real
 from composetrain.core import Context, TrainStep, Update
 from composetrain.state import TrainState
-from composetrain.steps import Transform
+from composetrain.steps import Transform, transform_factory
 
 __all__ = ["clip_grad_norm"]
 
 
+@transform_factory
 def clip_grad_norm(max_norm: float, *, norm_type: float = 2.0) -> Transform:
     """Scale the gradients so that their global norm is at most ``max_norm``, like optax's
     ``clip_by_global_norm``; the norm before clipping is reported as ``out.metrics["grad_norm"]``.
@@ -38,13 +37,8 @@ def clip_grad_norm(max_norm: float, *, norm_type: float = 2.0) -> Transform:
         >>> train = ct.compose(ct.clip_grad_norm(1.0), ct.mixed_precision, ct.accumulate(4))(step)
         >>> train(state, batch).metrics["grad_norm"]
     """
-    for arg, value in (("max_norm", max_norm), ("norm_type", norm_type)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"clip_grad_norm: {arg} must be a positive number, got {show(value)}; e.g. 1.0")
-    if not math.isfinite(max_norm) or max_norm <= 0:
-        raise ValueError(f"clip_grad_norm: max_norm must be a positive, finite number, got {max_norm}; e.g. 1.0")
-    if not (norm_type > 0):
-        raise ValueError(f"clip_grad_norm: norm_type must be positive (2.0, or float('inf')), got {norm_type}")
+    max_norm = check_real(max_norm, "clip_grad_norm", "max_norm", example="1.0")
+    norm_type = check_real(norm_type, "clip_grad_norm", "norm_type", finite=False, example="2.0, or float('inf')")
     label = f"clip_grad_norm({max_norm})" if norm_type == 2.0 else f"clip_grad_norm({max_norm}, norm_type={norm_type})"
     return Transform(label, lambda step: _ClipGradNorm(step, label, float(max_norm), float(norm_type)))
 

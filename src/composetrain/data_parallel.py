@@ -15,11 +15,12 @@ from composetrain.core import Context, Pass, TrainStep, combine
 from composetrain.data import to_device
 from composetrain.placement import parse_devices
 from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import Transform
+from composetrain.steps import Transform, transform_factory
 
 __all__ = ["data_parallel"]
 
 
+@transform_factory
 def data_parallel(devices: list[str | torch.device]) -> Transform:
     """Replicate the model on each device, split each batch across them, run the shards in
     parallel threads, sum the gradients onto ``devices[0]`` and update once.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import numbers
 import os
 from collections.abc import Callable
 from types import MappingProxyType
@@ -14,14 +13,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from composetrain._util import name, show
+from composetrain._util import check_real, name, show
 from composetrain.core import Context, TrainStep
 from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import PlainStep, Transform
+from composetrain.steps import PlainStep, Transform, transform_factory
 
 __all__ = ["distributed"]
 
 
+@transform_factory
 def distributed(
     step: PlainStep | TrainStep | None = None,
     *,
@@ -82,8 +82,7 @@ def distributed(
     ):
         if not isinstance(value, bool):
             raise TypeError(f"distributed: {arg} must be True or False, got {show(value)}")
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, numbers.Real) or not bucket_cap_mb > 0:
-        raise ValueError(f"distributed: bucket_cap_mb must be a positive number, got {show(bucket_cap_mb)}; e.g. 25")
+    bucket_cap_mb = check_real(bucket_cap_mb, "distributed", "bucket_cap_mb", example="25")
     if comm_hook is not None and not callable(comm_hook):
         raise TypeError(
             f"distributed: comm_hook must be a DDP communication hook hook(state, bucket) -> Future, "

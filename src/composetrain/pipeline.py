@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -10,17 +9,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain._util import show
-from composetrain.batching import concat_batches, split_batch, warn_if_batchnorm
+from composetrain._util import check_int, show
+from composetrain.batching import concat_batches, leaves, split_batch, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep
 from composetrain.data import to_device
 from composetrain.placement import check_placement, parse_device
 from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import Transform
+from composetrain.steps import Transform, transform_factory
 
 __all__ = ["pipeline_split"]
 
 
+@transform_factory
 def pipeline_split(placement: Mapping[str, str | torch.device], *, chunks: int = 1) -> Transform:
     """Place the model's submodules on devices; with ``chunks > 1``, pipeline micro-batches through them.
 
@@ -63,25 +63,45 @@ def pipeline_split(placement: Mapping[str, str | torch.device], *, chunks: int =
         if not isinstance(key, str):
             raise TypeError(f"pipeline_split: placement keys must be submodule names, got {show(key)}")
     parsed = {k: parse_device(v, "pipeline_split", f"placement[{k!r}]") for k, v in placement.items()}
-    if isinstance(chunks, bool) or not hasattr(chunks, "__index__") or operator.index(chunks) < 1:
-        raise ValueError(f"pipeline_split: chunks must be a positive int, got {show(chunks)}")
+    chunks = check_int(chunks, "pipeline_split", "chunks", example="chunks=4, or chunks=1 for no pipelining")
     shown = {k: str(v) for k, v in parsed.items()}
     label = f"pipeline_split({shown})" if chunks == 1 else f"pipeline_split({shown}, chunks={chunks})"
-    return Transform(label, lambda step: _Pipeline(step, label, parsed, operator.index(chunks)))
+    return Transform(label, lambda step: _Pipeline(step, label, parsed, chunks))
 
 
 class _Chunked(nn.Module):
     """Runs the model on ``chunks`` micro-batches of its inputs, one after the other, and
     concatenates the outputs: the fill-and-drain schedule of GPipe."""
 
-    def __init__(self, module: nn.Module, chunks: int) -> None:
+    def __init__(self, module: nn.Module, chunks: int, who: str) -> None:
         super().__init__()
         self.module = module
         self.chunks = chunks
+        self.who = who
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        pieces = split_batch((args, kwargs), self.chunks, "pipeline_split")
-        return concat_batches([self.module(*a, **k) for a, k in pieces])
+        pieces = split_batch((args, kwargs), self.chunks, self.who)
+        outputs = [self.module(*a, **k) for a, k in pieces]
+        _refuse_chunk_scalars(outputs, self.who)
+        return concat_batches(outputs)
+
+
+def _refuse_chunk_scalars(outputs: list[Any], who: str) -> None:
+    """A 0-dim output (a model's own mean loss) is one value per chunk; how they combine (a mean
+    over samples, over tokens, a sum) only the model knows, so one that differs, or carries
+    gradients, is refused rather than silently taken from the first chunk (pitfall 24)."""
+    columns = zip(*(leaves(out) for out in outputs), strict=True)
+    for i, column in enumerate(columns):
+        first = column[0]
+        if first.dim() != 0:
+            continue
+        if any(t.requires_grad for t in column) or not all(torch.equal(first, t) for t in column[1:]):
+            raise ValueError(
+                f"{who}: the model returns a 0-dim tensor (output leaf {i}, such as its own mean loss) "
+                f"that differs between the {len(outputs)} chunks; each chunk computes its own, and whether "
+                "they combine as a mean over samples, over tokens or as a sum only the model knows: return "
+                "per-sample outputs (logits) and compute the loss in the step, or use chunks=1"
+            )
 
 
 class _Placed(RuntimeState):
@@ -133,7 +153,7 @@ class _Pipeline(TrainStep):
             modules[name].to(device)
             placed.hooks.append(modules[name].register_forward_pre_hook(_mover(device), with_kwargs=True))
         _move_optimizer_state(state.optimizer)
-        placed.chunked = _Chunked(model, self.chunks) if self.chunks > 1 else None
+        placed.chunked = _Chunked(model, self.chunks, repr(self)) if self.chunks > 1 else None
 
     def _config(self) -> tuple[Any, ...]:
         return (tuple(self.placement.items()), self.chunks)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import math
-import numbers
-import operator
 from typing import Any
 
 import torch
 
-from composetrain._util import show
+from composetrain._util import check_int, check_real, show
 from composetrain.core import Context, Pass, TrainStep, Update
 from composetrain.scaling import LossScaling
 from composetrain.state import TrainState
-from composetrain.steps import PlainStep, Transform
+from composetrain.steps import PlainStep, Transform, transform_factory
 
 __all__ = ["mixed_precision"]
 
@@ -33,6 +30,7 @@ _DTYPES: dict[Any, torch.dtype | str] = {
 _SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
+@transform_factory
 def mixed_precision(
     step: PlainStep | TrainStep | None = None,
     *,
@@ -73,30 +71,26 @@ def mixed_precision(
         >>> train = ct.mixed_precision(ct.accumulate(4)(step))          # bf16 on this CPU
         >>> train = ct.compose(ct.clip_grad_norm(1.0), ct.mixed_precision(dtype="fp16"))(step)
     """
-    if dtype not in _DTYPES or isinstance(dtype, bool):
+    if not isinstance(dtype, (str, torch.dtype)):
+        raise TypeError(
+            f"mixed_precision: dtype must be a string such as 'bf16' or a torch dtype, got {show(dtype)}; "
+            "e.g. mixed_precision(dtype='bf16')"
+        )
+    if dtype not in _DTYPES:
         raise ValueError(f"mixed_precision: dtype must be one of 'bf16', 'fp16', 'auto' or 'fp32', got {show(dtype)}")
     resolved = _DTYPES[dtype]
-    if loss_scale != "dynamic":
-        if isinstance(loss_scale, bool) or not isinstance(loss_scale, numbers.Real):
+    if not (isinstance(loss_scale, str) and loss_scale == "dynamic"):
+        if isinstance(loss_scale, str):
             raise TypeError(
                 f"mixed_precision: loss_scale must be 'dynamic' or a positive number, got {show(loss_scale)}"
             )
-        if not math.isfinite(loss_scale) or loss_scale <= 0:
-            raise ValueError(
-                f"mixed_precision: loss_scale must be a positive, finite number, got {loss_scale}; "
-                "e.g. loss_scale=1024.0, or 'dynamic'"
-            )
+        check_real(loss_scale, "mixed_precision", "loss_scale", example="loss_scale=1024.0, or 'dynamic'")
         if resolved in (torch.bfloat16, torch.float32):
             raise ValueError(
                 f"mixed_precision: loss_scale={loss_scale} applies to fp16 only, got dtype={dtype!r}; "
                 "bf16 and fp32 need no loss scaling: drop loss_scale, or use dtype='fp16'"
             )
-    if isinstance(max_consecutive_skips, bool) or not hasattr(max_consecutive_skips, "__index__"):
-        raise TypeError(
-            f"mixed_precision: max_consecutive_skips must be a positive int, got {show(max_consecutive_skips)}"
-        )
-    if operator.index(max_consecutive_skips) < 1:
-        raise ValueError(f"mixed_precision: max_consecutive_skips must be a positive int, got {max_consecutive_skips}")
+    skips = check_int(max_consecutive_skips, "mixed_precision", "max_consecutive_skips", example="100")
     if not isinstance(check_finite, bool):
         raise TypeError(f"mixed_precision: check_finite must be True or False, got {show(check_finite)}")
     if not check_finite and resolved is torch.float16:
@@ -115,7 +109,6 @@ def mixed_precision(
     if not check_finite:
         options.append("check_finite=False")
     label = f"mixed_precision({', '.join(options)})" if options else "mixed_precision"
-    skips = operator.index(max_consecutive_skips)
     transform = Transform(label, lambda inner: _MixedPrecision(inner, label, resolved, loss_scale, skips, check_finite))
     if step is None:
         return transform
@@ -161,6 +154,8 @@ class _MixedPrecision(TrainStep):
         # only checks that the gradients are finite
         fixed = 1.0 if dtype is torch.bfloat16 else None if self.loss_scale == "dynamic" else float(self.loss_scale)
         scaling = state.transform_state(self.role, LossScaling)
+        if scaling.device is None:  # first use: GradScaler cannot unscale fp16 gradients
+            _refuse_fp16_weights(state.optimizer, self)
         scaling.configure((_SHORT[dtype], fixed), kinds[0], repr(self))
         if scaling.unscaled:  # a previous call failed between unscale and update: reset the stage only
             scaling.scaler.update(new_scale=scaling.scaler.get_scale())
@@ -235,3 +230,12 @@ class _MixedPrecision(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (self.dtype, self.loss_scale, self.max_skips, self.check_finite)
+
+
+def _refuse_fp16_weights(optimizer: torch.optim.Optimizer, who: object) -> None:
+    if any(p.dtype is torch.float16 for group in optimizer.param_groups for p in group["params"]):
+        raise TypeError(
+            f"{who!r}: the optimizer holds float16 parameters (model.half()); mixed precision keeps the "
+            "weights, gradients and optimizer state in float32 and runs only the forward in 16 bits: keep "
+            "the model in float32 (drop .half())"
+        )

@@ -24,7 +24,7 @@ from composetrain.preemption import requeue as requeue_job
 from composetrain.rendezvous import Process, rendezvous
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep
-from composetrain.steps import train_step as lift
+from composetrain.steps import _lift as lift
 
 __all__ = ["RunResult", "run"]
 
@@ -139,7 +139,7 @@ def run(
         >>> result.history[-1]["loss"], result.bottleneck
     """
     who = "run"
-    step_fn = lift(train_step)
+    step_fn = lift(train_step, who, "train_step")
     _check_arguments(epochs, max_steps, log_every, checkpoint_every, keep_checkpoints, eval_every, state, who)
     with rendezvous(timeout=timeout) as proc:
         if proc.world_size > 1 and "distributed" not in step_fn.roles:

@@ -8,9 +8,10 @@ textbook update, forward, backward, ``optimizer.step()``, ``scheduler.step()``,
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -19,7 +20,9 @@ from composetrain._util import name, show
 from composetrain.core import Context, Hook, Metric, Pass, TrainStep, Update
 from composetrain.state import TrainState
 
-__all__ = ["PlainStep", "Transform", "compose", "train_step"]
+__all__ = ["PlainStep", "Transform", "compose", "train_step", "transform_factory"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PlainStep(Protocol):
@@ -126,8 +129,8 @@ def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
     for key, value in metrics.items():
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             clean[key] = _reported(value.detach().reshape(()))
-        elif isinstance(value, (int, float)):
-            clean[key] = float(value)
+        elif isinstance(value, numbers.Real) or (hasattr(value, "__array__") and getattr(value, "size", 0) == 1):
+            clean[key] = float(value)  # Python and NumPy numbers (np.float32 is no float subclass)
         else:
             raise TypeError(
                 f"{who!r}: metric {key!r} must be a scalar tensor or a number, got {show(value)}; "
@@ -176,17 +179,35 @@ def train_step(step: PlainStep | TrainStep) -> TrainStep:
     return _lift(step, "train_step")
 
 
-def _lift(step: PlainStep | TrainStep, who: str) -> TrainStep:
+def transform_factory(fn: F) -> F:
+    """Mark a function that builds transforms (``ct.accumulate``, ...): passed where a step
+    belongs, it is refused when the composition is built, not at its first call."""
+    setattr(fn, "__composetrain_factory__", True)  # noqa: B010 (functions take attributes)
+    return fn
+
+
+def _lift(step: PlainStep | TrainStep, who: str, arg: str = "step") -> TrainStep:
     if isinstance(step, TrainStep):
         return step
+    if isinstance(step, Transform):
+        raise TypeError(
+            f"{who}: {arg} must be a function step(model, batch) -> loss, got the transform {step!r}; apply it "
+            f"to your step first: {step!r}(step)"
+        )
+    if getattr(step, "__composetrain_factory__", False):
+        raise TypeError(
+            f"{who}: {arg} must be a function step(model, batch) -> loss, got ct.{name(step)}, which builds "
+            f"transforms; apply it to your step first: ct.{name(step)}(...)(step)"
+        )
     if isinstance(step, (nn.Module, TrainState)) or not callable(step):
         raise TypeError(
-            f"{who}: step must be a function step(model, batch) -> loss, got {show(step)}; "
+            f"{who}: {arg} must be a function step(model, batch) -> loss, got {show(step)}; "
             "write the forward and the loss in a function of (model, batch)"
         )
     return _Lifted(step)
 
 
+@transform_factory
 def compose(*transforms: Callable[[TrainStep], TrainStep]) -> Transform:
     """``compose(f, g, h)(step) == f(g(h(step)))``: the first transform is outermost.
 
