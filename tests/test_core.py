@@ -559,3 +559,91 @@ def test_numpy_numbers_are_metrics_like_python_numbers():
     for key in ("a32", "a64", "arr"):
         torch.testing.assert_close(out.metrics[key].double(), ref.metrics["acc"].double(), rtol=1e-6, atol=0)
     assert out.metrics["i"].item() == 3
+
+
+# -- the classes of silent wrong results, as properties ---------------------------------------------
+class Tricky(nn.Module):
+    """Submodules whose modes differ from the model's, and a forward that returns its own mean loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Tanh())
+        self.decoder = nn.Linear(8, 3)
+
+    def forward(self, x, y=None):
+        logits = self.decoder(self.encoder(x))
+        return logits, None if y is None else F.cross_entropy(logits, y)  # as Hugging Face models do
+
+
+def tricky_state(seed):
+    torch.manual_seed(seed)
+    model = Tricky().double()
+    model.train()
+    model.encoder[1].eval()  # frozen BatchNorm statistics
+    model.encoder[2].eval()  # dropout off in this submodule only
+    return ct.TrainState(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+
+
+def logits_step(model, batch):
+    x, y = batch
+    logits, _ = model(x)
+    return F.cross_entropy(logits, y)
+
+
+def own_loss_step(model, batch):
+    x, y = batch
+    return model(x, y)[1]
+
+
+TRANSFORMS = {
+    "accumulate(2)": ct.accumulate(2),
+    "accumulate(3)": ct.accumulate(3),
+    "clip": ct.clip_grad_norm(0.5),
+    "pipeline": ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}),
+    "pipeline(chunks=2)": ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}, chunks=2),
+}
+
+
+@given(
+    names=st.lists(st.sampled_from(sorted(TRANSFORMS)), min_size=1, max_size=3),
+    own_loss=st.booleans(),
+    frozen=st.sampled_from(["encoder.0.weight", "decoder.bias", None]),
+    unfrozen_later=st.sampled_from(["decoder.weight", "encoder.1.weight", None]),
+    size=st.integers(4, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_compositions_equal_the_plain_step_with_frozen_parameters_modes_and_own_losses(
+    names, own_loss, frozen, unfrozen_later, size, seed
+):
+    """Frozen and later-unfrozen parameters, submodules in eval mode, a model returning its own mean
+    loss: every composition either equals the plain step update after update, or refuses with nothing changed."""
+    pipelines = [n for n in names if n.startswith("pipeline")]
+    if len(pipelines) > 1:
+        names = [n for n in names if not n.startswith("pipeline")] + pipelines[:1]
+    names = [n for i, n in enumerate(names) if n != "clip" or "clip" not in names[:i]]
+    step = own_loss_step if own_loss else logits_step
+    train = ct.compose(*(TRANSFORMS[n] for n in names))(step)
+    plain = ct.train_step(ct.clip_grad_norm(0.5)(step) if "clip" in names else step)
+    a, b = tricky_state(seed), tricky_state(seed)
+    for state in (a, b):
+        if frozen:
+            state.model.get_parameter(frozen).requires_grad_(False)
+        if unfrozen_later:
+            state.model.get_parameter(unfrozen_later).requires_grad_(False)
+    for update in range(3):
+        if update == 1 and unfrozen_later:  # unfreeze after the first update, freeze another
+            for state in (a, b):
+                state.model.get_parameter(unfrozen_later).requires_grad_(True)
+                state.model.decoder.bias.requires_grad_(False)
+        batch = make_batch(size, seed=seed + update)
+        if own_loss and "pipeline(chunks=2)" in names:
+            before = snapshot(a)
+            with pytest.raises(ValueError, match=r"0-dim tensor .* differs between the 2 chunks"):
+                train(a, batch)
+            assert_untouched(a, before)
+            return
+        train(a, batch)
+        plain(b, batch)
+        assert_states_close(a, b)
+        for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+            assert pa.grad is None and pb.grad is None, name
