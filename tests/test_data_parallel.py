@@ -70,6 +70,11 @@ def test_orders_that_cannot_be_correct_are_refused_when_built():
         (["cpu", "gpu0"], ValueError, r"devices\[1\] = 'gpu0' is not a device; use 'cpu', 'cuda:0'"),
         (["cpu", 3], TypeError, r"devices\[1\] must be a device such as 'cpu' or 'cuda:0', got 3 \(int\)"),
         (["cuda:7"], ValueError, r"devices\[0\] = 'cuda:7' does not exist here: this machine has \d+ CUDA device"),
+        (["cpu", "meta"], ValueError, r"devices\[1\] = 'meta' cannot train: a meta tensor has a shape but no data"),
+        ([torch.device("meta")], ValueError, r"devices\[0\] = device\(type='meta'\) cannot train"),
+        (["mps"], ValueError, r"devices\[0\] = 'mps' does not exist here: this machine has 0 MPS device\(s\); use"),
+        (["cpu", "xpu:1"], ValueError, r"devices\[1\] = 'xpu:1' does not exist here: this machine has 0 XPU device"),
+        (["hpu"], ValueError, r"devices\[0\] = 'hpu' does not exist here: this machine has 0 HPU device"),
     ],
 )
 def test_bad_devices_are_clear_errors(devices, error, pattern):
