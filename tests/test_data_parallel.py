@@ -5,6 +5,7 @@ import torch
 from helpers import STRUCTURES, assert_states_close, assert_untouched, classify, make_batch, make_state, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
+from test_accumulate import padded_batch, real_tokens, token_model, token_step
 from test_precision import batch32, state32
 
 import composetrain as ct
@@ -117,3 +118,50 @@ def test_two_replicas_on_one_gpu_match_one_device():
         ct.data_parallel(["cuda:0", "cuda:0"])(classify)(a, batch)
         ct.train_step(classify)(b, batch)
     assert_states_close(a, b)
+
+
+# -- shard weights ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 4])
+def test_shard_weights_that_do_not_add_up_are_refused_and_change_nothing(k):
+    """A weight of 1 per batch gives k units over k shards but 1 for the whole batch: the update
+    would be k times too large (accumulate refuses the same function)."""
+    state = make_state()
+    before = snapshot(state)
+    train = ct.data_parallel(["cpu"] * k)(ct.accumulate(1, weight=lambda b: 1)(classify))
+    shards = ", ".join(["1.0"] * k)
+    expected = rf"\(classify\)\): weight gave {k}.0 units over the shards \[{shards}\] but 1.0 for the whole batch"
+    with pytest.raises(ValueError, match=r"^data_parallel\(\['cpu'.*" + expected):
+        train(state, make_batch(8))
+    assert_untouched(state, before)
+
+
+def test_shards_are_weighted_by_the_composition_weight():
+    """Token-level loss, uneven real tokens per shard: each shard counts its own tokens."""
+    a = make_state(model=token_model(0))
+    b = make_state(model=token_model(0))
+    train = ct.data_parallel(["cpu", "cpu", "cpu"])(ct.accumulate(1, weight=real_tokens)(token_step))
+    for i in range(3):
+        batch = padded_batch([1, 9, 9, 2, 2, 9, 1], 9, i)
+        torch.testing.assert_close(train(a, batch).loss, ct.train_step(token_step)(b, batch).loss)
+    assert_states_close(a, b)
+
+
+# -- batches without a batch dimension ------------------------------------------------------------
+def scalar_step(model, batch):
+    scale = batch["scale"] if isinstance(batch, dict) else batch[0]
+    return (model(torch.ones(2, 5, dtype=torch.float64) * scale) ** 2).mean()
+
+
+def test_a_batch_of_scalars_is_one_shard_on_one_device_and_refused_on_several():
+    a, b = make_state(), make_state()
+    ct.data_parallel(["cpu"])(scalar_step)(a, {"scale": torch.tensor(2.0)})
+    ct.train_step(scalar_step)(b, {"scale": torch.tensor(2.0)})
+    assert_states_close(a, b)
+    before = snapshot(a)
+    with pytest.raises(
+        ValueError,
+        match=r"^data_parallel\(\['cpu', 'cpu'\]\)\(scalar_step\): cannot split the batch into 2 shards: it holds no "
+        r"tensor with a batch dimension \(got \{'scale': tensor\(2.\)\} \(dict\)\); ",
+    ):
+        ct.data_parallel(["cpu", "cpu"])(scalar_step)(a, {"scale": torch.tensor(2.0)})
+    assert_untouched(a, before)

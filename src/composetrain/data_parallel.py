@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain.batching import check_weights, split_batch
+from composetrain.batching import split_weighted
 from composetrain.core import Context, Pass, TrainStep, combine
 from composetrain.data import to_device
 from composetrain.placement import parse_devices
@@ -99,13 +99,9 @@ class _DataParallel(TrainStep):
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         who = self  # formatted only if an error needs it
-        shards = split_batch(batch, len(self.devices), who)
+        shards, weights = split_weighted(batch, len(self.devices), ctx, who, "shard")
         replicas = state.transform_state(self.role, _Replicas)
         models = [state.model, *replicas.copies][: len(shards)]
-        if ctx.weight is None:  # samples: the sizes split_batch gave
-            weights = [float(s) for s in _sizes(int(ctx.piece_weight), len(shards))]
-        else:
-            weights = check_weights([ctx.weight(s) for s in shards], who, "shard")
         inner = self._inner()
 
         def run(i: int) -> Pass:
@@ -132,7 +128,3 @@ class _DataParallel(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (tuple(self.devices),)
-
-
-def _sizes(size: int, k: int) -> list[int]:
-    return [size // k + (i < size % k) for i in range(k)]
