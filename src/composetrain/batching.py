@@ -311,8 +311,8 @@ def warn_if_batchnorm(model: nn.Module, who: object) -> None:
         _batchnorms[model] = [m for m in model.modules() if isinstance(m, _BatchNorm)]
     if any(m.training for m in _batchnorms[model]):
         warnings.warn(
-            f"{who}: the model has BatchNorm layers in training mode; they normalise each micro-batch with "
-            "its own statistics, so the update is close to, not exactly, the whole batch's (PyTorch issue "
-            "46516). Use GroupNorm/LayerNorm for exactness.",
+            f"{who}: the model has BatchNorm layers in training mode; they normalise each micro-batch (or "
+            "data_parallel shard) with its own statistics, so the update is close to, not exactly, the whole "
+            "batch's (PyTorch issue 46516). Use GroupNorm/LayerNorm for exactness.",
             stacklevel=3,
         )
