@@ -274,3 +274,34 @@ def test_two_different_weights_in_one_composition_are_refused():
     # an accumulate without weight= inherits the one inside
     train = ct.accumulate(2)(ct.accumulate(2, weight=real_tokens)(token_step))
     assert train.weight is real_tokens
+
+
+# -- batches that stay whole ----------------------------------------------------------------------
+def scalar_step(model, batch):
+    scale = batch["scale"] * batch["shift"] if isinstance(batch, dict) else batch[0]
+    return (model(torch.ones(2, 5, dtype=torch.float64) * scale) ** 2).mean()
+
+
+@pytest.mark.parametrize(
+    "batch", [(torch.tensor(2.0),), {"scale": torch.tensor(0.5), "shift": torch.tensor(3.0)}], ids=["tuple", "dict"]
+)
+def test_a_batch_of_scalars_passes_through_accumulate_1_as_the_plain_step_takes_it(batch):
+    a, b, (pair,) = run_both(ct.accumulate(1)(scalar_step), ct.train_step(scalar_step), [batch])
+    assert_outputs_close(*pair)
+    assert_states_close(a, b)
+    # a weight is asked once, for the whole batch: nothing is split
+    a, b, (pair,) = run_both(ct.accumulate(1, weight=lambda b: 3)(scalar_step), ct.train_step(scalar_step), [batch])
+    assert_states_close(a, b)
+
+
+def test_splitting_a_batch_of_scalars_is_a_clear_error_that_changes_nothing():
+    state = make_state()
+    before = snapshot(state)
+    with pytest.raises(
+        ValueError,
+        match=r"^accumulate\(2\)\(scalar_step\): cannot split the batch into 2 micro-batches: it holds no tensor "
+        r"with a batch dimension \(got \(tensor\(2.\),\) \(tuple\)\); give the per-sample data a leading batch "
+        r"dimension, or do not split",
+    ):
+        ct.accumulate(2)(scalar_step)(state, (torch.tensor(2.0),))
+    assert_untouched(state, before)

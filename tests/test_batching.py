@@ -5,8 +5,11 @@ import torch
 from helpers import STRUCTURES, Pair, get_xy, make_batch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch import nn
 
 from composetrain import leading_size, split_batch
+from composetrain.batching import split_weighted
+from composetrain.core import Context
 
 
 @given(size=st.integers(1, 40), n=st.integers(1, 16), structure=st.sampled_from(STRUCTURES))
@@ -61,3 +64,47 @@ def test_unsplittable_and_empty_batches_are_clear_errors():
         split_batch(["a", "b"], 2)
     with pytest.raises(ValueError, match="empty"):
         split_batch((torch.zeros(0, 3), torch.zeros(0)), 2)
+
+
+def context(batch, weight=None):
+    units = float(leading_size(batch) if weight is None else weight(batch))
+    return Context(nn.Identity(), weight, total_weight=units, piece_weight=units)
+
+
+def count_ones(batch):
+    return batch["mask"].sum()
+
+
+@given(size=st.integers(1, 40), n=st.integers(1, 16), weighted=st.booleans(), seed=st.integers(0, 999))
+def test_split_weighted_gives_each_piece_its_units_and_they_add_up(size, n, weighted, seed):
+    g = torch.Generator().manual_seed(seed)
+    batch = {"x": torch.randn(size, 3, generator=g), "mask": torch.randint(1, 4, (size,), generator=g)}
+    weight = count_ones if weighted else None
+    pieces, units = split_weighted(batch, n, context(batch, weight), "test", "micro-batch")
+    assert [leading_size(p) for p in pieces] == [leading_size(p) for p in split_batch(batch, n)]
+    expected = [float(count_ones(p) if weighted else leading_size(p)) for p in pieces]
+    assert units == expected and sum(units) == context(batch, weight).piece_weight
+
+
+def test_split_weighted_passes_a_batch_that_stays_whole_through_unweighed():
+    calls = []
+
+    def weight(batch):
+        calls.append(1)
+        return 5
+
+    scalars = {"scale": torch.tensor(2.0)}
+    ctx = Context(nn.Identity(), weight, total_weight=5.0, piece_weight=5.0)
+    assert split_weighted(scalars, 1, ctx, "test", "shard") == ([scalars], [5.0])
+    one = (torch.zeros(1, 3),)
+    assert split_weighted(one, 4, ctx, "test", "shard") == ([one], [5.0])
+    assert calls == []  # the whole batch was weighed by the caller already
+
+
+def test_split_weighted_refuses_counts_that_do_not_add_up_or_batches_it_cannot_split():
+    batch = {"x": torch.zeros(6, 2), "mask": torch.ones(6)}
+    ctx = Context(nn.Identity(), lambda b: 1, total_weight=1.0, piece_weight=1.0)
+    with pytest.raises(ValueError, match=r"^who: weight gave 3.0 units over the shards \[1.0, 1.0, 1.0\] but 1.0 for"):
+        split_weighted(batch, 3, ctx, "who", "shard")
+    with pytest.raises(ValueError, match=r"^who: cannot split the batch into 2 micro-batches: it holds no tensor"):
+        split_weighted((torch.tensor(1.0), "tag"), 2, ctx, "who", "micro-batch")

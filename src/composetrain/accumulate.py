@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from composetrain._util import check_int, name, show
-from composetrain.batching import check_weights, split_batch, warn_if_batchnorm
+from composetrain.batching import split_weighted, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.state import TrainState
 from composetrain.steps import Transform, transform_factory
@@ -76,10 +76,9 @@ class _Accumulate(TrainStep):
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         inner = self._inner()
         who = self  # formatted only if an error needs it
-        micros = split_batch(batch, self.n, who)
-        if len(micros) == 1:
+        micros, weights = split_weighted(batch, self.n, ctx, who, "micro-batch")
+        if len(micros) == 1:  # the batch as the plain step takes it
             return inner.grads(state, batch, ctx)
-        weights = _weights(micros, ctx, who)
         warn_if_batchnorm(state.model, who)
         last = len(micros) - 1
         passes = [
@@ -90,20 +89,3 @@ class _Accumulate(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (self.n, self.own_weight)
-
-
-def _weights(micros: list[Any], ctx: Context, who: object) -> list[float]:
-    """Units per micro-batch, all checked before the first forward."""
-    k = len(micros)
-    if ctx.weight is None:  # samples: the sizes torch.tensor_split gave, no need to ask
-        size = int(ctx.piece_weight)
-        return [float(size // k + (i < size % k)) for i in range(k)]
-    weights = check_weights([ctx.weight(m) for m in micros], who, "micro-batch")
-    whole = ctx.piece_weight
-    if isinstance(whole, float) and abs(sum(weights) - whole) > 1e-6 * whole:
-        raise ValueError(
-            f"{who}: weight gave {sum(weights)} units over the micro-batches {weights} but "
-            f"{whole} for the whole batch; weight must count units (samples, tokens) so that "
-            "the counts add up over a split"
-        )
-    return weights

@@ -18,13 +18,16 @@ import numbers
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from composetrain._util import show
+
+if TYPE_CHECKING:  # core imports this module
+    from composetrain.core import Context
 
 __all__ = [
     "check_weights",
@@ -34,6 +37,7 @@ __all__ = [
     "map_tensors",
     "samples",
     "split_batch",
+    "split_weighted",
     "warn_if_batchnorm",
 ]
 
@@ -165,21 +169,62 @@ def split_batch(batch: Any, n: int, who: object = "split_batch") -> list[Any]:
         >>> [b[0].shape[0] for b in split_batch((torch.zeros(10, 2), "tag"), 4)]
         [3, 3, 2, 2]
     """
+    return _split(batch, n, who, "pieces")[0]
+
+
+def _split(batch: Any, n: int, who: object, plural: str) -> tuple[list[Any], list[int]]:
+    """split_batch's pieces and their sizes; ``plural`` names the pieces in messages."""
     leaves: list[torch.Tensor] = []
     rebuild = _flatten(batch, leaves)
     size = _leading(leaves, batch, who)
     if size is None:
         raise ValueError(
-            f"{who}: cannot split a batch that holds no tensor with a batch dimension "
-            f"(got {type(batch).__name__}); put the per-sample data in tensors"
+            f"{who}: cannot split the batch into {n} {plural}: it holds no tensor with a batch dimension "
+            f"(got {show(batch)}); give the per-sample data a leading batch dimension, or do not split it"
         )
     if size == 0:
         raise ValueError(f"{who}: the batch is empty (leading size 0); skip empty batches before the step")
     k = min(n, size)
     if k == 1:
-        return [batch]
+        return [batch], [size]
     pieces = [t.tensor_split(k) if t.dim() > 0 else (t,) * k for t in leaves]
-    return [rebuild(iter([p[i] for p in pieces])) for i in range(k)]
+    return [rebuild(iter([p[i] for p in pieces])) for i in range(k)], [size // k + (i < size % k) for i in range(k)]
+
+
+def split_weighted(batch: Any, n: int, ctx: Context, who: object, what: str) -> tuple[list[Any], list[float]]:
+    """Split a batch into at most ``n`` pieces and count each one's units: the one owner of
+    splitting and weighting for the transforms that split (accumulate, data_parallel).
+
+    Units are the pieces' sizes for samples (``ctx.weight`` is None), else what
+    ``ctx.weight`` counts; each piece's mean loss is scaled by them, so they must add
+    up to the whole batch's, ``ctx.piece_weight``, or the update would be mis-scaled.
+    A batch that stays whole (``n == 1``, one sample) passes through as the plain
+    step takes it, unchecked and unweighed. ``what`` names a piece in messages.
+
+    Returns:
+        The pieces (as ``split_batch``) and their units, all checked before any forward.
+
+    Raises:
+        ValueError: the batch cannot be split, or the units are not positive, finite
+            and adding up. TypeError: ``ctx.weight`` did not return a number.
+    """
+    whole = float(ctx.piece_weight)
+    if n == 1:
+        return [batch], [whole]
+    plural = f"{what}es" if what.endswith("ch") else f"{what}s"  # micro-batches, shards
+    pieces, sizes = _split(batch, n, who, plural)
+    if len(pieces) == 1:
+        return pieces, [whole]
+    if ctx.weight is None:
+        weights = [float(s) for s in sizes]
+    else:
+        weights = check_weights([ctx.weight(p) for p in pieces], who, what)
+    if abs(sum(weights) - whole) > 1e-6 * whole:
+        raise ValueError(
+            f"{who}: weight gave {sum(weights)} units over the {plural} {weights} but {whole} for the whole "
+            "batch; weight must count units (samples, tokens) so that the counts add up over a split"
+        )
+    return pieces, weights
 
 
 def concat_batches(pieces: list[Any], device: torch.device | None = None) -> Any:
@@ -274,8 +319,8 @@ def warn_if_batchnorm(model: nn.Module, who: object) -> None:
         _batchnorms[model] = [m for m in model.modules() if isinstance(m, _BatchNorm)]
     if any(m.training for m in _batchnorms[model]):
         warnings.warn(
-            f"{who}: the model has BatchNorm layers in training mode; they normalise each micro-batch with "
-            "its own statistics, so the update is close to, not exactly, the whole batch's (PyTorch issue "
-            "46516). Use GroupNorm/LayerNorm for exactness.",
+            f"{who}: the model has BatchNorm layers in training mode; they normalise each micro-batch (or "
+            "data_parallel shard) with its own statistics, so the update is close to, not exactly, the whole "
+            "batch's (PyTorch issue 46516). Use GroupNorm/LayerNorm for exactness.",
             stacklevel=3,
         )

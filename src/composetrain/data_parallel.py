@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain.batching import check_weights, split_batch
+from composetrain.batching import split_weighted, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, combine
 from composetrain.data import to_device
 from composetrain.placement import parse_devices
@@ -95,18 +95,16 @@ class _DataParallel(TrainStep):
                 replica.zero_grad(set_to_none=True)
                 targets = list(replica.parameters()) + list(replica.buffers())
                 torch._foreach_copy_(targets, sources)
-                replica.train(model.training)
+                _follow(model, replica)
         return self._inner().prepare(state, batch, ctx)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         who = self  # formatted only if an error needs it
-        shards = split_batch(batch, len(self.devices), who)
+        shards, weights = split_weighted(batch, len(self.devices), ctx, who, "shard")
+        if len(shards) > 1:
+            warn_if_batchnorm(state.model, who)
         replicas = state.transform_state(self.role, _Replicas)
         models = [state.model, *replicas.copies][: len(shards)]
-        if ctx.weight is None:  # samples: the sizes split_batch gave
-            weights = [float(s) for s in _sizes(int(ctx.piece_weight), len(shards))]
-        else:
-            weights = check_weights([ctx.weight(s) for s in shards], who, "shard")
         inner = self._inner()
 
         def run(i: int) -> Pass:
@@ -135,5 +133,11 @@ class _DataParallel(TrainStep):
         return (tuple(self.devices),)
 
 
-def _sizes(size: int, k: int) -> list[int]:
-    return [size // k + (i < size % k) for i in range(k)]
+def _follow(master: nn.Module, replica: nn.Module) -> None:
+    """Copy what besides weights changes between updates (pitfall 23): each submodule's train/eval
+    mode (a frozen BatchNorm, a Dropout in eval) and each parameter's requires_grad (a frozen layer
+    must get no gradient from any shard, an unfrozen one its gradient from every shard)."""
+    for source, target in zip(master.modules(), replica.modules(), strict=True):
+        target.training = source.training
+    for p, q in zip(master.parameters(), replica.parameters(), strict=True):
+        q.requires_grad_(p.requires_grad)

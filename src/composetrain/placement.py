@@ -14,20 +14,45 @@ __all__ = ["check_placement", "parse_device", "parse_devices"]
 
 
 def parse_device(value: Any, who: str, what: str) -> torch.device:
-    """A device that exists on this machine, from a string or ``torch.device``."""
+    """A device that can train here, from a string or ``torch.device``.
+
+    Refused when the transform is built, not at the first update with a raw torch
+    error: ``meta`` (shapes without data), and a device whose backend this machine
+    lacks (``mps`` off a Mac, ``xpu`` without an Intel GPU, ``cuda:7`` on 2 GPUs).
+    An accelerator without an index is its current device (``cuda`` -> ``cuda:0``).
+    """
     if not isinstance(value, (str, torch.device)):
         raise TypeError(f"{who}: {what} must be a device such as 'cpu' or 'cuda:0', got {show(value)}")
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
         raise ValueError(f"{who}: {what} = {value!r} is not a device; use 'cpu', 'cuda:0', ...") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = device.index if device.index is not None else (torch.cuda.current_device() if count else 0)
-        if index >= count:
-            raise ValueError(f"{who}: {what} = {value!r} does not exist here: this machine has {count} CUDA device(s)")
-        device = torch.device("cuda", index)
-    return device
+    if device.type == "cpu":
+        return device
+    if device.type == "meta":
+        raise ValueError(
+            f"{who}: {what} = {value!r} cannot train: a meta tensor has a shape but no data; use 'cpu' or "
+            "'cuda:0' (build the model on meta, then materialise it with model.to_empty(device=...))"
+        )
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu, out-of-tree backends
+    count = _device_count(backend)
+    current = getattr(backend, "current_device", None)  # torch.mps has none: its one device is 0
+    index = device.index if device.index is not None else (current() if count and callable(current) else 0)
+    if index >= count:
+        raise ValueError(
+            f"{who}: {what} = {value!r} does not exist here: this machine has {count} {device.type.upper()} "
+            "device(s); use 'cpu' or a device it has"
+        )
+    return torch.device(device.type, index)
+
+
+def _device_count(backend: Any) -> int:
+    """How many devices of a backend (``torch.cuda``, ``torch.mps``, ...) this process can use."""
+    available = getattr(backend, "is_available", None)
+    if not callable(available) or not available():
+        return 0
+    count = getattr(backend, "device_count", None)
+    return int(count()) if callable(count) else 1
 
 
 def parse_devices(devices: Any, who: str, what: str) -> list[torch.device]:
