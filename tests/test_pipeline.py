@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import composetrain as ct
+from composetrain.placement import check_placement
 
 
 class EncoderDecoder(nn.Module):
@@ -118,8 +119,10 @@ def test_tied_weights_across_devices_are_refused_and_on_one_device_are_fine():
         return F.cross_entropy(model(batch), batch)
 
     state = make_state(model=Tied())
+    # two distinct devices without a GPU: the check itself, on device labels ('meta' cannot train)
+    two = {"embed": torch.device("cpu"), "head": torch.device("meta")}
     with pytest.raises(ValueError, match=r"is shared \(tied\) by \{'embed': 'cpu', 'head': 'meta'\}"):
-        ct.pipeline_split({"embed": "cpu", "head": "meta"})(step)(state, torch.randint(0, 7, (4,)))
+        check_placement(state.model, two, "pipeline_split")
     out = ct.pipeline_split({"embed": "cpu", "head": "cpu"})(step)(state, torch.randint(0, 7, (4,)))
     assert state.step == 1 and out.loss.isfinite()
 
