@@ -813,3 +813,12 @@ def test_a_half_launched_job_says_what_is_missing(monkeypatch):
         "rendezvous: WORLD_SIZE=2 is set but RANK is not: launch with torchrun, or set RANK, LOCAL_RANK, "
         "MASTER_ADDR, MASTER_PORT (or unset WORLD_SIZE to run a single process)"
     )
+
+
+def test_an_unwritable_log_file_is_a_clear_error_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    state = run_script.state()
+    with pytest.raises(PermissionError, match=r"run: log_file '.*file/log.jsonl' is not writable \(.*\); choose a"):
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, log_file=blocker / "log.jsonl")
+    assert state.step == 0

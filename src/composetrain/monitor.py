@@ -178,7 +178,7 @@ class MetricsLog:
             aside = next(p for p in names if not p.exists())
             os.replace(self.path, aside)
             warnings.warn(
-                f"{WHO}: log_file {str(self.path)!r} held {found.count(chr(10))} lines that are not this run's "
+                f"{WHO}: log_file {str(self.path)!r} held {len(found.splitlines())} lines that are not this run's "
                 f"(another run's, or one that started afresh); moved them to {str(aside)!r}",
                 stacklevel=3,
             )
