@@ -92,3 +92,45 @@ def unwritable(rank, world):
     except PermissionError as e:
         return str(e)
     return "no error"
+
+
+def _outcome(call):
+    """The error a call raised, as text (every rank must raise one, none may hang), or "no error"."""
+    try:
+        call()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _run_two(step, **options):
+    options = {"batch_size": 12, "num_workers": 0, "progress": False, "epochs": 1, **options}
+    return ct.run(ct.distributed(step), run_script.state(), run_script.dataset(), **options)
+
+
+def eval_names_differ(rank, world):
+    def unequal(model, batch):
+        return {**evaluate(model, batch), **({"extra": 1.0} if rank == 1 else {})}
+
+    return _outcome(lambda: _run_two(run_script.step, eval_step=unequal, eval_data=run_script.dataset(50)))
+
+
+def eval_fails_on_one_rank(rank, world):
+    def fails(model, batch):
+        if rank == 1:
+            raise RuntimeError("the eval step broke")
+        return evaluate(model, batch)
+
+    return _outcome(lambda: _run_two(run_script.step, eval_step=fails, eval_data=run_script.dataset(50)))
+
+
+def train_names_differ(rank, world):
+    def unequal(model, batch):
+        loss, metrics = run_script.step(model, batch)
+        return loss, {**metrics, **({"extra": 1.0} if rank == 1 else {})}
+
+    return _outcome(lambda: _run_two(unequal, log_every=2))
+
+
+def stop_inside_a_window(rank, world):
+    return _run_two(run_script.step, max_steps=3, log_every=50).history

@@ -128,7 +128,15 @@ def test_world_size_one_is_the_plain_step_bit_for_bit():
 
 def test_a_launched_job_without_a_process_group_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    expected = r"distributed\(classify\): WORLD_SIZE=2 but no process group .*ct.rendezvous"
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(RuntimeError) as caught:  # says what the launch is missing
+        ct.distributed(classify)(make_state(), make_batch(4))
+    assert str(caught.value) == (
+        "distributed(classify): WORLD_SIZE=2 is set but RANK is not: launch with torchrun, or set RANK, LOCAL_RANK, "
+        "MASTER_ADDR, MASTER_PORT, and call ct.rendezvous() first (ct.run does it for you)"
+    )
+    monkeypatch.setenv("RANK", "0")
+    expected = r"distributed\(classify\): WORLD_SIZE=2 is set but no process group is initialised: call ct.rendezvous"
     with pytest.raises(RuntimeError, match=expected):
         ct.distributed(classify)(make_state(), make_batch(4))
 

@@ -13,6 +13,8 @@ import run_script
 import torch
 from dist_pool import Pool, free_port
 from helpers import assert_states_equal
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import Dataset, TensorDataset
 
 import composetrain as ct
@@ -457,7 +459,8 @@ def test_preemption_under_slurm_requeues_the_job(tmp_path):
 def quick(**options):
     state = run_script.state()
     data = options.pop("data", run_script.dataset())
-    return ct.run(run_script.step, state, data, **{"num_workers": 0, "progress": False, **options})
+    step = options.pop("step", run_script.step)
+    return ct.run(step, state, data, **{"num_workers": 0, "progress": False, **options})
 
 
 @pytest.mark.parametrize(
@@ -550,3 +553,272 @@ def test_two_ranks_under_torchrun_resume_bit_identically(tmp_path):
         assert_same_training(a, b)
         assert a["state"]["step"] == 2 * 4
         assert a["threads_left"] in ([], None), "ct.run left the process group alive (its DDP wrapper?)"
+
+
+def test_every_rank_refuses_eval_metric_names_that_differ_between_ranks(pool):
+    messages = pool.run("run_cases", "eval_names_differ", timeout=50)
+    expected = (
+        "ValueError: run: eval_step returned different metric names on different ranks (rank 0: ['acc']; "
+        "rank 1: ['acc', 'extra']); return the same names on every rank"
+    )
+    assert messages == [expected, expected]
+
+
+def test_an_evaluation_failing_on_one_rank_fails_every_rank(pool):
+    messages = pool.run("run_cases", "eval_fails_on_one_rank", timeout=50)
+    assert messages == [
+        "RuntimeError: run: evaluation failed on rank 1: RuntimeError: the eval step broke",
+        "RuntimeError: the eval step broke",
+    ]
+
+
+def test_every_rank_refuses_training_metric_names_that_differ_between_ranks(pool):
+    messages = pool.run("run_cases", "train_names_differ", timeout=50)
+    expected = (
+        "ValueError: run: the step returned different metric names on different ranks (rank 0: ['acc']; "
+        "rank 1: ['acc', 'extra']); return the same names on every rank"
+    )
+    assert messages == [expected, expected]
+
+
+def test_every_rank_logs_the_window_a_stop_cut_short(pool):
+    a, b = pool.run("run_cases", "stop_inside_a_window", timeout=50)
+    assert [r["step"] for r in a] == [3] and untimed(a) == untimed(b)
+
+
+# -- hardening: evaluation, logging, ct.run's arguments ------------------------------------------------
+def accuracy(model, batch):
+    x, y = batch
+    return {"acc": (model(x).argmax(-1) == y).double().mean()}
+
+
+def test_an_eval_metric_missing_from_some_batches_is_refused_not_diluted():
+    calls = []
+
+    def sometimes_extra(model, batch):  # 50 samples in batches of 12: 5 batches, "extra" in the 3rd only
+        calls.append(1)
+        return {**accuracy(model, batch), **({"extra": 1.0} if len(calls) == 3 else {})}
+
+    state = run_script.state()
+    with pytest.raises(ValueError) as caught:
+        ct.run(
+            ct.accumulate(2)(run_script.step), state, run_script.dataset(), batch_size=12, num_workers=0,
+            progress=False, eval_step=sometimes_extra, eval_data=run_script.dataset(50),
+        )  # fmt: skip
+    assert str(caught.value) == (
+        "run: eval_step returned metric 'extra' for batch 3 but not for batch 1 (metrics ['acc', 'extra'] against "
+        "['acc']); return the same metric names for every batch"
+    )
+    assert state.model.training  # evaluation leaves train mode restored, also when it fails
+
+
+@pytest.mark.parametrize(
+    ("metric", "shown"),
+    [(torch.ones(12, dtype=torch.float64), "shape (12,)"), ("high", "'high' (str)")],
+)
+def test_a_non_scalar_eval_metric_is_a_clear_error(metric, shown):
+    def evaluate(model, batch):
+        return {"acc": metric}
+
+    with pytest.raises(ValueError) as caught:
+        quick(batch_size=12, eval_step=evaluate, eval_data=run_script.dataset(24))
+    assert str(caught.value) == (
+        f"run: eval_step's metric 'acc' must be a scalar (the batch mean), got {shown} for batch 1; reduce it, "
+        "e.g. (pred == y).double().mean()"
+    )
+
+
+def test_training_metric_names_that_change_between_updates_are_a_clear_error():
+    calls = []
+
+    def sometimes_extra(model, batch):
+        calls.append(1)
+        loss, metrics = run_script.step(model, batch)
+        return loss, {**metrics, **({"extra": 1.0} if len(calls) == 7 else {})}
+
+    with pytest.raises(ValueError) as caught:
+        quick(batch_size=12, log_every=4, step=sometimes_extra)
+    assert str(caught.value) == (
+        "run: the step returned metric 'extra' for update 3 since the last log point but not for update 1 "
+        "(metrics ['acc', 'extra'] against ['acc']); return the same metric names from every update"
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"seed": "abc"}, ValueError, "run: seed must be an int in [0, 2**32), got 'abc' (str); e.g. seed=0"),
+        ({"seed": 2.5}, ValueError, "run: seed must be an int in [0, 2**32), got 2.5 (float); e.g. seed=0"),
+        ({"seed": -1}, ValueError, "run: seed must be an int in [0, 2**32), got -1 (int); e.g. seed=0"),
+        ({"seed": 2**64}, ValueError, f"run: seed must be an int in [0, 2**32), got {2**64} (int); e.g. seed=0"),
+        (
+            {"shuffle": "no"},
+            TypeError,
+            "run: shuffle must be True or False (or None: the default), got 'no' (str); e.g. shuffle=True",
+        ),
+        (
+            {"drop_last": 1},
+            TypeError,
+            "run: drop_last must be True or False (or None: the default), got 1 (int); e.g. drop_last=True",
+        ),
+        ({"progress": "yes"}, TypeError, "run: progress must be True or False, got 'yes' (str); e.g. progress=True"),
+        ({"requeue": None}, TypeError, "run: requeue must be True or False, got None (NoneType); e.g. requeue=True"),
+        *(
+            (
+                {"timeout": bad},
+                ValueError,
+                f"run: timeout must be a positive, finite number of seconds, got {shown}; e.g. timeout=300",
+            )
+            for bad, shown in [
+                (0, "0 (int)"),
+                (-1.0, "-1.0 (float)"),
+                (float("inf"), "inf (float)"),
+                ("5", "'5' (str)"),
+            ]
+        ),
+        (
+            {"checkpoint_every": 3},
+            ValueError,
+            "run: checkpoint_every=3 but no checkpoint_dir to save in; give checkpoint_dir, or leave "
+            "checkpoint_every out",
+        ),
+        (
+            {"eval_every": 3},
+            ValueError,
+            "run: eval_every=3 but no eval_step to evaluate with; give eval_step and eval_data, or leave "
+            "eval_every out",
+        ),
+    ],
+)
+def test_bad_run_options_are_refused_before_anything_runs(options, error, message):
+    state = run_script.state()
+    before = [p.detach().clone() for p in state.model.parameters()]
+    with pytest.raises(error) as caught:
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, **options)
+    assert str(caught.value) == message
+    assert state.step == 0 and all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))
+
+
+def test_options_a_given_dataloader_would_ignore_are_refused():
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    fix = "leave it out (the DataLoader is used as given), or pass the Dataset and let ct.run build the loader"
+    shuffled = DataLoader(run_script.dataset(), batch_size=12, shuffle=True)
+    custom = DataLoader(run_script.dataset(), batch_sampler=BatchSampler(SequentialSampler(range(96)), 12, False))
+    for loader, options, message in [
+        (shuffled, {"batch_size": 24}, f"run: batch_size=24 but the DataLoader given batches by 12; {fix}"),
+        (custom, {"batch_size": 12}, f"run: batch_size=12 but the DataLoader given batches by its BatchSampler; {fix}"),
+        (shuffled, {"drop_last": True}, f"run: drop_last=True but the DataLoader given has drop_last=False; {fix}"),
+        (
+            shuffled,
+            {"shuffle": False},
+            f"run: shuffle=False but the DataLoader given has a RandomSampler (shuffled); {fix}",
+        ),
+    ]:
+        with pytest.raises(ValueError) as caught:
+            ct.run(run_script.step, run_script.state(), loader, progress=False, **options)
+        assert str(caught.value) == message
+    # the loader's own values, and the defaults, are no error; a Dataset for eval_data batches as the loader does
+    state = run_script.state()
+    result = ct.run(
+        run_script.step, state, shuffled, batch_size=12, shuffle=True, drop_last=False, progress=False,
+        eval_step=accuracy, eval_data=run_script.dataset(50),
+    )  # fmt: skip
+    assert state.step == 8 and len(result.evals) == 1
+
+
+def test_a_run_stopped_inside_a_logging_window_logs_it(tmp_path):
+    _, short = train(max_steps=3, log_every=50)
+    assert [r["step"] for r in short.history] == [3]
+    _, stopped = train(tmp_path / "b", max_steps=5)  # logs at 4, then the one-update window of step 5
+    assert [r["step"] for r in stopped.history] == [4, 5]
+    _, resumed = train(tmp_path / "b", epochs=2)  # the checkpoint at 5 still holds its window: exact history
+    _, straight = train(epochs=2)
+    assert untimed(resumed.history) == untimed(straight.history)
+    lines = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert untimed(lines) == untimed(straight.history)
+
+
+@settings(max_examples=12)
+@given(max_steps=st.integers(1, 20), log_every=st.integers(1, 12))
+def test_every_update_is_logged_exactly_once(max_steps, log_every):
+    """The records' windows cover every update once: log points, epoch ends (8 updates each), the stop."""
+    losses = []
+
+    def spy(model, batch):
+        loss, metrics = run_script.step(model, batch)
+        losses.append(loss.item())
+        return loss, metrics
+
+    result = ct.run(
+        spy, run_script.state(), run_script.dataset(), batch_size=12, num_workers=0, progress=False,
+        max_steps=max_steps, log_every=log_every,
+    )  # fmt: skip
+    steps = [r["step"] for r in result.history]
+    assert steps == sorted({s for s in range(1, max_steps + 1) if s % log_every == 0 or s % 8 == 0} | {max_steps})
+    windows = [b - a for a, b in zip([0, *steps], steps, strict=False)]
+    weighted = sum(r["loss"] * n for r, n in zip(result.history, windows, strict=True))
+    assert weighted == pytest.approx(sum(losses), rel=1e-6)  # the meter averages in float32
+
+
+@pytest.mark.parametrize(
+    ("options", "evaluated_at"), [({}, [8, 16]), ({"eval_every": 5, "checkpoint_every": 5}, [5, 10, 15])]
+)
+def test_a_failing_evaluation_keeps_its_checkpoint_and_the_resumed_run_evaluates_again(tmp_path, options, evaluated_at):
+    calls = []
+
+    def fails_once(model, batch):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("evaluation crashed")
+        return accuracy(model, batch)
+
+    options = {"epochs": 2, "eval_data": run_script.dataset(24), **options}
+    with pytest.raises(RuntimeError, match="evaluation crashed"):
+        train(tmp_path / "b", eval_step=fails_once, **options)
+    assert (tmp_path / "b" / f"step-{evaluated_at[0]:09d}").is_dir()  # saved before the evaluation
+    resumed, result = train(tmp_path / "b", eval_step=accuracy, **options)
+    straight, expected = train(tmp_path / "a", eval_step=accuracy, **options)
+    assert_states_equal(resumed, straight)
+    assert [e["step"] for e in result.evals] == evaluated_at and result.evals == expected.evals
+
+
+def test_a_log_file_of_another_run_is_moved_aside_and_a_resumed_run_keeps_its_own(tmp_path):
+    import warnings
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 1, "run": "another"}\n')
+    with pytest.warns(
+        UserWarning, match=r"log.jsonl' held 1 lines that are not this run's .* moved them to .*log.jsonl.1'"
+    ):
+        train(tmp_path / "b", max_steps=5, log_file=log)
+    assert (tmp_path / "log.jsonl.1").read_text() == '{"step": 1, "run": "another"}\n'
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the run's own log is continued, not moved aside
+        _, resumed = train(tmp_path / "b", epochs=2, log_file=log)
+    assert [json.loads(line) for line in log.read_text().splitlines()] == resumed.history
+    with pytest.warns(UserWarning, match=r"moved them to .*log.jsonl.2'"):  # a fresh run never overwrites it
+        _, fresh = train(epochs=1, log_file=log)
+    assert [json.loads(line) for line in log.read_text().splitlines()] == fresh.history
+    assert [json.loads(line) for line in (tmp_path / "log.jsonl.2").read_text().splitlines()] == resumed.history
+
+
+def test_a_half_launched_job_says_what_is_missing(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError) as caught:
+        ct.run(ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12)
+    assert str(caught.value) == (
+        "rendezvous: WORLD_SIZE=2 is set but RANK is not: launch with torchrun, or set RANK, LOCAL_RANK, "
+        "MASTER_ADDR, MASTER_PORT (or unset WORLD_SIZE to run a single process)"
+    )
+
+
+def test_an_unwritable_log_file_is_a_clear_error_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    state = run_script.state()
+    with pytest.raises(PermissionError, match=r"run: log_file '.*file/log.jsonl' is not writable \(.*\); choose a"):
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, log_file=blocker / "log.jsonl")
+    assert state.step == 0

@@ -147,9 +147,12 @@ class _Distributed(TrainStep):
         if world == 1:  # what does not apply is a no-op
             launched = int(os.environ.get("WORLD_SIZE", "1"))
             if launched > 1 and not dist.is_initialized():
+                launcher = "RANK is not: launch with torchrun, or set RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and"
+                if "RANK" in os.environ:
+                    launcher = "no process group is initialised:"
                 raise RuntimeError(
-                    f"{self!r}: WORLD_SIZE={launched} but no process group is initialised; call "
-                    "ct.rendezvous() first (ct.run does it for you)"
+                    f"{self!r}: WORLD_SIZE={launched} is set but {launcher} call ct.rendezvous() first (ct.run "
+                    "does it for you)"
                 )
             return self._inner().prepare(state, batch, ctx)
         # the global unit count, so that every rank normalises by the same total; DDP averages

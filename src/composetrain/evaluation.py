@@ -61,21 +61,22 @@ def evaluator(
         was_training = model.training
         model.eval()
         sums: dict[str, torch.Tensor] = {}
-        count = 0
+        count, failure = 0, None
         try:
-            for batch in loader:
-                batch = to_device(batch, proc.device)
-                metrics = eval_step(model, batch)
-                if not isinstance(metrics, Mapping):
-                    raise TypeError(f"{who}: eval_step must return a mapping of names to scalars, got {show(metrics)}")
+            for i, batch in enumerate(loader):
+                metrics = _checked(eval_step(model, to_device(batch, proc.device)), sums, i, proc.device, who)
                 n = leading_size(batch) or 1
                 for k, v in metrics.items():
-                    value = torch.as_tensor(v, dtype=torch.float64, device=proc.device).reshape(()) * n
-                    sums[k] = sums[k] + value if k in sums else value
+                    sums[k] = sums[k] + v * n if k in sums else v * n
                 count += n
+            if count == 0:
+                raise ValueError(f"{who}: eval_data gave rank {proc.rank} no batch; give every process some eval data")
+        except Exception as e:  # agreed below first: the other ranks must not wait for this one forever
+            failure = e
         finally:
             model.train(was_training)
         names = sorted(sums)
+        _agree(proc, names, failure, who)
         totals = torch.stack(
             [*(sums[k] for k in names), torch.tensor(float(count), dtype=torch.float64, device=proc.device)]
         )
@@ -85,3 +86,52 @@ def evaluator(
         return {k: v / values[-1] for k, v in zip(names, values[:-1], strict=True)}
 
     return evaluate
+
+
+def _checked(
+    metrics: Any, seen: Mapping[str, Any], index: int, device: torch.device, who: str
+) -> dict[str, torch.Tensor]:
+    """One batch's metrics as float64 scalars, with the names of the batches before it (a metric
+    missing from some batches has no exact mean over the eval data)."""
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"{who}: eval_step must return a mapping of names to scalars, got {show(metrics)}")
+    if index > 0 and metrics.keys() != seen.keys():
+        extra, missing = sorted(metrics.keys() - seen.keys()), sorted(seen.keys() - metrics.keys())
+        name, where, where_not = (extra[0], index + 1, 1) if extra else (missing[0], 1, index + 1)
+        raise ValueError(
+            f"{who}: eval_step returned metric {name!r} for batch {where} but not for batch {where_not} (metrics "
+            f"{sorted(metrics)} against {sorted(seen)}); return the same metric names for every batch"
+        )
+    values = {}
+    for k, v in metrics.items():
+        try:
+            value = torch.as_tensor(v, dtype=torch.float64, device=device)
+        except (TypeError, ValueError, RuntimeError):
+            value = None
+        if value is None or value.numel() != 1:
+            got = f"shape {tuple(value.shape)}" if value is not None else show(v)
+            raise ValueError(
+                f"{who}: eval_step's metric {k!r} must be a scalar (the batch mean), got {got} for batch "
+                f"{index + 1}; reduce it, e.g. (pred == y).double().mean()"
+            )
+        values[k] = value.reshape(())
+    return values
+
+
+def _agree(proc: Process, names: list[str], failure: Exception | None, who: str) -> None:
+    """Raise on every rank together, or on none: an evaluation that failed on some rank, or metric
+    names that differ between ranks (their sums could not be added up name by name)."""
+    everyone = proc.differing((names, None if failure is None else f"{type(failure).__name__}: {failure}"))
+    if failure is not None:
+        raise failure  # this rank's own error, as it was
+    if everyone is None:
+        return
+    failed = [(rank, problem) for rank, (_, problem) in enumerate(everyone) if problem is not None]
+    if failed:
+        rank, problem = failed[0]
+        raise RuntimeError(f"{who}: evaluation failed on rank {rank}: {problem}")
+    listing = "; ".join(f"rank {rank}: {theirs}" for rank, (theirs, _) in enumerate(everyone))
+    raise ValueError(
+        f"{who}: eval_step returned different metric names on different ranks ({listing}); return the same "
+        "names on every rank"
+    )

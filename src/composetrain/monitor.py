@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,8 @@ from composetrain.rendezvous import Process
 from composetrain.state import TrainState
 
 __all__ = ["Meter", "MetricsLog", "progress_bar"]
+
+WHO = "run"  # the name in messages: these serve ct.run
 
 
 class Meter:
@@ -52,8 +57,9 @@ class Meter:
         return False
 
     def read(self, epoch: int, lr: float) -> dict[str, Any]:
+        """The record of the updates since the last log point, on every rank (a collective when several)."""
         device = self.outputs[-1].loss.device
-        names = sorted(self.outputs[0].metrics)
+        names = self._agreed_names()
         rows = [
             torch.stack([o.loss.float().to(device), *(o.metrics[k].float().to(device) for k in names)])
             for o in self.outputs
@@ -76,6 +82,35 @@ class Meter:
         }
         self.outputs, self.window_start, self.window_wait = [], time.perf_counter(), 0.0
         return record
+
+    def _agreed_names(self) -> list[str]:
+        """The metric names of the window, the same for every update and on every rank, or the same error
+        on every rank: their values are averaged name by name, in one all-reduce of one tensor."""
+        names = sorted(self.outputs[0].metrics)
+        problem = None
+        for i, o in enumerate(self.outputs):
+            if sorted(o.metrics) != names:
+                extra, missing = sorted(o.metrics.keys() - set(names)), sorted(set(names) - o.metrics.keys())
+                name, where, where_not = (extra[0], i + 1, 1) if extra else (missing[0], 1, i + 1)
+                problem = (
+                    f"{WHO}: the step returned metric {name!r} for update {where} since the last log point but not "
+                    f"for update {where_not} (metrics {sorted(o.metrics)} against {names}); return the same "
+                    "metric names from every update"
+                )
+                break
+        everyone = self.proc.differing((names, problem))
+        if problem is not None:
+            raise ValueError(problem)
+        if everyone is None:
+            return names
+        for rank, (_, theirs) in enumerate(everyone):
+            if theirs is not None:
+                raise ValueError(f"{theirs} (on rank {rank})")
+        listing = "; ".join(f"rank {rank}: {theirs}" for rank, (theirs, _) in enumerate(everyone))
+        raise ValueError(
+            f"{WHO}: the step returned different metric names on different ranks ({listing}); return the same "
+            "names on every rank"
+        )
 
     def window_on_cpu(self) -> list[StepOutput]:
         """The outputs not yet logged, for a checkpoint (on the CPU, so any device can resume)."""
@@ -106,13 +141,48 @@ class Meter:
 
 
 class MetricsLog:
-    """The JSON-lines file of records, written by rank 0. Started from the history a run resumes
-    with, so that a crash between a log point and the next checkpoint leaves no duplicate lines."""
+    """The JSON-lines file of records, written by rank 0.
 
-    def __init__(self, path: Path | None, proc: Process, history: list[dict[str, Any]]) -> None:
+    A resumed run rewrites it from the history it resumes with, so that a crash between a log point
+    and the next checkpoint leaves no duplicate lines. A file that is not this run's (a fresh start
+    finds it non-empty; a resumed run finds it not beginning with its history) is never overwritten:
+    it is moved aside to ``name.1`` (or the first free ``name.N``) with a warning.
+    """
+
+    def __init__(self, path: Path | None, proc: Process) -> None:
+        """Check, on every rank together, that rank 0 can write ``path`` (before anything is resumed)."""
         self.path = path if proc.is_main else None
+        problem = None
         if self.path is not None:
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in history))
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a"):  # appends nothing: creates it if missing, truncates nothing
+                    pass
+            except OSError as e:
+                problem = e.strerror or str(e)
+        everyone = proc.differing(problem)
+        problem = problem or (everyone[0] if everyone else None)
+        if problem is not None:
+            raise PermissionError(
+                f"{WHO}: log_file {str(path)!r} is not writable ({problem}); choose a file you can write to"
+            )
+
+    def start(self, history: list[dict[str, Any]], resumed: bool) -> None:
+        """Begin with ``history``: the records of the run resumed (none on a fresh start)."""
+        if self.path is None:
+            return
+        lines = "".join(json.dumps(r) + "\n" for r in history)
+        found = self.path.read_text(errors="replace") if self.path.exists() else ""
+        if found and not (resumed and found.startswith(lines)):
+            names = (self.path.with_name(f"{self.path.name}.{n}") for n in itertools.count(1))
+            aside = next(p for p in names if not p.exists())
+            os.replace(self.path, aside)
+            warnings.warn(
+                f"{WHO}: log_file {str(self.path)!r} held {len(found.splitlines())} lines that are not this run's "
+                f"(another run's, or one that started afresh); moved them to {str(aside)!r}",
+                stacklevel=3,
+            )
+        self.path.write_text(lines)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.path is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import importlib
 import os
 from collections.abc import Mapping
@@ -192,6 +193,27 @@ class Process:
         dist.all_reduce(value, op=dist.ReduceOp.MIN)
         return int(value.item())
 
+    def differing(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` (by rank) when they differ, else None; on every rank.
+
+        One tiny all-reduce compares digests of ``repr(value)``; the values themselves are
+        gathered only when they differ. Checks that can fail on one rank go through it, so that
+        every rank raises the same error together instead of one raising while the others wait
+        in a collective. ``value`` must pickle and have a deterministic repr.
+        """
+        if self.world_size == 1 or not dist.is_initialized():
+            return None
+        digest = int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "big")
+        device = self.device if self.backend == "nccl" else torch.device("cpu")
+        bounds = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)  # the largest digest and minus the smallest
+        largest, minus_smallest = bounds.tolist()
+        if largest == -minus_smallest:
+            return None
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -239,6 +261,8 @@ def rendezvous(
     if dist.is_initialized() and cluster.source == "single":  # a group set up by hand: adopt it
         local = torch.cuda.current_device() if torch.cuda.is_available() else 0
         cluster = Cluster(dist.get_rank(), dist.get_world_size(), local, "", 0, "existing")
+    if cluster.source == "single" and not dist.is_initialized():
+        _check_not_half_launched(env if env is not None else os.environ)
     device = _device(cluster)
     if dist.is_initialized():  # someone else set the group up: use it, and leave it to them
         if dist.get_world_size() != cluster.world_size or dist.get_rank() != cluster.rank:
@@ -283,6 +307,17 @@ def rendezvous(
             f"is running{hint}, that MASTER_ADDR/MASTER_PORT reach it, and that every process got the same values"
         ) from e
     return Process(cluster, device, backend, owns_group=True)
+
+
+def _check_not_half_launched(env: Mapping[str, str]) -> None:
+    """A WORLD_SIZE above 1 without RANK (nor SLURM's variables) is a launch that went half-way: running
+    alone would train one replica of a job that expects several, so say what is missing instead."""
+    world = env.get("WORLD_SIZE")
+    if world is not None and _int(world, "WORLD_SIZE") > 1:
+        raise ValueError(
+            f"rendezvous: WORLD_SIZE={world} is set but RANK is not: launch with torchrun, or set RANK, "
+            "LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or unset WORLD_SIZE to run a single process)"
+        )
 
 
 def _device(cluster: Cluster) -> torch.device:

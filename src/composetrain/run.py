@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from composetrain._util import show
+from composetrain._run_checks import check_arguments, loader_options
 from composetrain.checkpoint import Checkpoints, capture_rng, restore_rng
 from composetrain.core import StepOutput, TrainStep
 from composetrain.data import epoch_batches, local_world_size, make_loader
@@ -75,8 +75,8 @@ def run(
     epochs: int | None = None,
     max_steps: int | None = None,
     batch_size: int | None = None,
-    shuffle: bool = True,
-    drop_last: bool = False,
+    shuffle: bool | None = None,
+    drop_last: bool | None = None,
     num_workers: int | str = "auto",
     collate_fn: Callable[[list[Any]], Any] | None = None,
     eval_step: EvalStep | None = None,
@@ -106,9 +106,12 @@ def run(
         data: a Dataset (``ct.run`` builds the loader) or a DataLoader (used as given).
         epochs: passes over the data (default 1, or as many as ``max_steps`` needs).
         max_steps: stop after this many optimizer updates in total.
-        batch_size: samples per update per process (required for a Dataset).
-        shuffle: reshuffle every epoch (``DistributedSampler.set_epoch``).
-        drop_last: drop each epoch's last, smaller batch.
+        batch_size: samples per update per process (required for a Dataset; a DataLoader batches
+            by its own, and a differing batch_size is refused).
+        shuffle: reshuffle every epoch (``DistributedSampler.set_epoch``); default True. A DataLoader's
+            own sampler decides: a shuffle that contradicts it is refused.
+        drop_last: drop each epoch's last, smaller batch; default False (a DataLoader's own, which a
+            differing drop_last is refused against).
         num_workers: loader workers, or "auto" (this process's share of the cores, less one).
         collate_fn: the loader's collate function.
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
@@ -117,17 +120,23 @@ def run(
         eval_every: evaluate every this many updates (default: at each epoch's end).
         log_every: read metrics from the device every this many updates (no host
             sync on the others).
-        log_file: JSON-lines metrics file (default ``checkpoint_dir/metrics.jsonl``).
+        log_file: JSON-lines metrics file (default ``checkpoint_dir/metrics.jsonl``). A resumed run
+            rewrites it from the checkpoint's history; a file that is not this run's is moved aside
+            to ``name.1`` (or the next free ``name.N``), never overwritten.
         progress: show a progress bar on rank 0.
         checkpoint_dir: save and resume here; None disables checkpoints.
         checkpoint_every: also save every this many updates (always at each epoch's
-            end, at the end, and on SIGTERM/SIGUSR1).
+            end, at the end, and on SIGTERM/SIGUSR1); needs checkpoint_dir. A save comes before
+            the evaluation due at the same update, and a run resumed there evaluates first.
         keep_checkpoints: how many of the newest checkpoints to keep.
-        seed: seeds the data order, the workers and (on a fresh start) Python, NumPy and
+        seed: a non-negative int below 2**32; seeds the data order, the workers and (on a fresh start) Python, NumPy and
             torch generators, with each rank's own stream.
         requeue: on SIGUSR1 (SLURM's pre-emption warning) under SLURM, requeue the job after
             saving; SIGTERM (``scancel``) saves and stops without requeueing.
         timeout: seconds to wait for the other processes (rendezvous and collectives).
+
+    A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
+    last, shorter record.
 
     Returns:
         The RunResult.
@@ -140,7 +149,12 @@ def run(
     """
     who = "run"
     step_fn = lift(train_step, who, "train_step")
-    _check_arguments(epochs, max_steps, log_every, checkpoint_every, keep_checkpoints, eval_every, state, who)
+    check_arguments(
+        state, who, epochs=epochs, max_steps=max_steps, log_every=log_every, checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints, eval_every=eval_every, seed=seed, shuffle=shuffle, drop_last=drop_last,
+        progress=progress, requeue=requeue, timeout=timeout, checkpoint_dir=checkpoint_dir, eval_step=eval_step,
+    )  # fmt: skip
+    batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
     with rendezvous(timeout=timeout) as proc:
         if proc.world_size > 1 and "distributed" not in step_fn.roles:
             raise ValueError(
@@ -155,8 +169,8 @@ def run(
             world_size=proc.world_size, local_world_size=local_world_size(), seed=seed, who=who,
         )  # fmt: skip
         evaluate = evaluator(
-            eval_step, eval_data, batch_size=batch_size, collate_fn=collate_fn, num_workers=loader.num_workers,
-            proc=proc, who=who,
+            eval_step, eval_data, batch_size=batch_size or loader.batch_size, collate_fn=collate_fn,
+            num_workers=loader.num_workers, proc=proc, who=who,
         )  # fmt: skip
         # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
         per_epoch = proc.fewest(len(loader))
@@ -173,9 +187,11 @@ def run(
         checkpoints = None
         if checkpoint_dir is not None:
             checkpoints = Checkpoints(checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who)
-        at = _resume(checkpoints, state, settings, proc, seed, who)
         log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
-        log = MetricsLog(log_path, proc, at.history)
+        log = MetricsLog(log_path, proc)  # checked writable before anything is resumed
+        at = _resume(checkpoints, state, settings, proc, seed, who)
+        resumed = at.epoch > 0 or at.position > 0  # a checkpoint is never saved before the first update
+        log.start(at.history, resumed)
         meter = Meter(proc, state, at.window)
         bar = progress_bar(progress and proc.is_main, max_steps or (epochs or 1) * per_epoch, state.step)
         stop = StopSignal(proc)  # restored in the finally below, whatever happens
@@ -190,12 +206,26 @@ def run(
             local = {"window": meter.window_on_cpu(), "epoch_rng": at.epoch_rng}
             return checkpoints.save(state.step, {"state": state.state_dict(), "settings": settings, **loop}, local)
 
+        def log_now() -> None:
+            record = meter.read(at.epoch, state.optimizer.param_groups[0]["lr"])
+            at.history.append(record)
+            log.write(record)
+            bar.update(state.step - bar.n)
+            bar.set_postfix(loss=f"{record['loss']:.4g}", ups=f"{record['updates_per_s']:.1f}")
+
+        def evaluate_now() -> None:
+            if evaluate is not None:
+                at.evals.append({"step": state.step, "epoch": at.epoch, **evaluate(state.model)})
+
         saved_at: Path | None = None
         try:
+            if resumed and _evaluation_missed(at, state.step, eval_every):
+                evaluate_now()  # saved before its evaluation, which failed or was cut short
             while (total_epochs is None or at.epoch < total_epochs) and not stop.agreed and not reached_max():
                 if at.position == 0:
                     at.epoch_rng = capture_rng() if sampler is None else None  # to replay a given loader's shuffle
                 batches = epoch_batches(loader, sampler, at.epoch, at.position, at.epoch_rng, proc.device)
+                evaluate_at_end = False
                 for at.position, batch, waited in batches:
                     if at.position > per_epoch:  # ranks' loaders may differ in length: all stop at the fewest
                         break
@@ -205,26 +235,27 @@ def run(
                     eval_due = meter.due("eval", eval_every)
                     save_due = meter.due("save", checkpoint_every)
                     if log_due or at.position == per_epoch:
-                        record = meter.read(at.epoch, state.optimizer.param_groups[0]["lr"])
-                        at.history.append(record)
-                        log.write(record)
-                        bar.update(state.step - bar.n)
-                        bar.set_postfix(loss=f"{record['loss']:.4g}", ups=f"{record['updates_per_s']:.1f}")
-                    if evaluate is not None and eval_due:
-                        at.evals.append({"step": state.step, "epoch": at.epoch, **evaluate(state.model)})
+                        log_now()
                     stopping = stop.check()  # agreed by all ranks: they stop after the same update
                     mid_epoch = at.position < per_epoch  # the epoch's end saves anyway, below
+                    # save, then evaluate: an evaluation that fails must not cost the checkpoint
                     if checkpoints is not None and mid_epoch and (stopping or reached_max() or save_due):
                         saved_at = save()
+                    if eval_due and not stopping:  # a stopping run leaves it to the resumed one
+                        evaluate_at_end = not mid_epoch
+                        if mid_epoch:
+                            evaluate_now()
                     if stopping or reached_max():
                         break
                 if at.position < per_epoch:  # stopped inside the epoch
                     break
                 at.epoch, at.position = at.epoch + 1, 0  # the epoch ran to its end
-                if evaluate is not None and not eval_every and not stop.agreed:
-                    at.evals.append({"step": state.step, "epoch": at.epoch, **evaluate(state.model)})
                 if checkpoints is not None:
                     saved_at = save()
+                if (evaluate_at_end or not eval_every) and not stop.agreed:
+                    evaluate_now()
+            if meter.outputs:  # stopped inside a logging window (max_steps, a signal): log what it holds
+                log_now()
         finally:
             if proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
                 state.release_runtime()
@@ -276,32 +307,14 @@ def _resume(
     )
 
 
-def _check_arguments(
-    epochs: Any,
-    max_steps: Any,
-    log_every: Any,
-    checkpoint_every: Any,
-    keep_checkpoints: Any,
-    eval_every: Any,
-    state: Any,
-    who: str,
-) -> None:
-    if not isinstance(state, TrainState):
-        raise TypeError(
-            f"{who}: state must be a ct.TrainState, got {show(state)}; build ct.TrainState(model, optimizer)"
-        )
-    for name, value, optional in (
-        ("epochs", epochs, True),
-        ("max_steps", max_steps, True),
-        ("log_every", log_every, False),
-        ("checkpoint_every", checkpoint_every, True),
-        ("keep_checkpoints", keep_checkpoints, False),
-        ("eval_every", eval_every, True),
-    ):
-        if value is None and optional:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{who}: {name} must be a positive int{' or None' if optional else ''}, got {show(value)}")
+def _evaluation_missed(at: _Progress, step: int, eval_every: int | None) -> bool:
+    """Whether a run resumes where an evaluation was due but is not recorded: checkpoints are saved
+    before the evaluation of the same update, so one that failed or was interrupted is run again."""
+    if at.evals and at.evals[-1]["step"] == step:
+        return False
+    if eval_every:
+        return step > 0 and step % eval_every == 0
+    return at.position == 0 and at.epoch > 0  # at an epoch's end
 
 
 def _seed_everything(seed: int) -> None:

@@ -1,0 +1,95 @@
+"""ct.run's argument checks (internal): every option validated before anything starts, and none
+silently ignored."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+from composetrain._util import show
+from composetrain.state import TrainState
+
+__all__ = ["check_arguments", "loader_options"]
+
+
+def check_arguments(state: Any, who: str, **options: Any) -> None:
+    """Refuse, naming the argument and the fix, any of ``ct.run``'s options that is malformed or would be
+    ignored (checkpoint_every without checkpoint_dir, eval_every without eval_step)."""
+    if not isinstance(state, TrainState):
+        raise TypeError(
+            f"{who}: state must be a ct.TrainState, got {show(state)}; build ct.TrainState(model, optimizer)"
+        )
+    for name in ("epochs", "max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every"):
+        value, optional = options[name], name not in ("log_every", "keep_checkpoints")
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{who}: {name} must be a positive int{' or None' if optional else ''}, got {show(value)}; "
+                f"e.g. {name}=10"
+            )
+    seed = options["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"{who}: seed must be an int in [0, 2**32), got {show(seed)}; e.g. seed=0")
+    for name in ("shuffle", "drop_last", "progress", "requeue"):
+        value, optional = options[name], name in ("shuffle", "drop_last")
+        if not isinstance(value, bool) and not (value is None and optional):
+            raise TypeError(
+                f"{who}: {name} must be True or False{' (or None: the default)' if optional else ''}, got "
+                f"{show(value)}; e.g. {name}=True"
+            )
+    if options["checkpoint_every"] is not None and options["checkpoint_dir"] is None:
+        raise ValueError(
+            f"{who}: checkpoint_every={options['checkpoint_every']} but no checkpoint_dir to save in; give "
+            "checkpoint_dir, or leave checkpoint_every out"
+        )
+    if options["eval_every"] is not None and options["eval_step"] is None:
+        raise ValueError(
+            f"{who}: eval_every={options['eval_every']} but no eval_step to evaluate with; give eval_step and "
+            "eval_data, or leave eval_every out"
+        )
+    timeout = options["timeout"]
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+        raise ValueError(
+            f"{who}: timeout must be a positive, finite number of seconds, got {show(timeout)}; e.g. timeout=300"
+        )
+
+
+def loader_options(
+    data: Any, batch_size: int | None, shuffle: bool | None, drop_last: bool | None, who: str
+) -> tuple[int | None, bool, bool]:
+    """batch_size, shuffle and drop_last with their defaults; for a DataLoader given as is (its own
+    batching and sampler decide), any of them that says otherwise is refused rather than ignored."""
+    if not isinstance(data, DataLoader):
+        return batch_size, True if shuffle is None else shuffle, bool(drop_last)
+    fix = "leave it out (the DataLoader is used as given), or pass the Dataset and let ct.run build the loader"
+    if batch_size is not None and batch_size != data.batch_size:
+        by = data.batch_size if data.batch_size is not None else f"its {type(data.batch_sampler).__name__}"
+        raise ValueError(f"{who}: batch_size={batch_size} but the DataLoader given batches by {by}; {fix}")
+    if drop_last is not None and drop_last != data.drop_last:
+        raise ValueError(f"{who}: drop_last={drop_last} but the DataLoader given has drop_last={data.drop_last}; {fix}")
+    own = _shuffles(data.sampler)
+    if shuffle is not None and own is None:
+        raise ValueError(
+            f"{who}: shuffle={shuffle} but the DataLoader given orders its data by its own "
+            f"{type(data.sampler).__name__}, which ct.run cannot change; {fix}"
+        )
+    if shuffle is not None and shuffle != own:
+        raise ValueError(
+            f"{who}: shuffle={shuffle} but the DataLoader given has a {type(data.sampler).__name__} "
+            f"({'shuffled' if own else 'in order'}); {fix}"
+        )
+    return batch_size, True if shuffle is None else shuffle, False if drop_last is None else drop_last
+
+
+def _shuffles(sampler: Any) -> bool | None:
+    """Whether a sampler reshuffles its data (None: a sampler of unknown kind)."""
+    if isinstance(sampler, RandomSampler):
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    return None
