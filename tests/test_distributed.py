@@ -144,7 +144,7 @@ def test_a_launched_job_without_a_process_group_is_a_clear_error(monkeypatch):
 def test_options_are_checked_and_shown():
     with pytest.raises(TypeError, match=r"distributed: find_unused_parameters must be True or False, got 1 \(int\)"):
         ct.distributed(find_unused_parameters=1)
-    with pytest.raises(ValueError, match=r"distributed: bucket_cap_mb must be a positive number, got 0"):
+    with pytest.raises(ValueError, match=r"distributed: bucket_cap_mb must be a positive, finite number, got 0"):
         ct.distributed(bucket_cap_mb=0)
     with pytest.raises(TypeError, match="comm_hook must be a DDP communication hook"):
         ct.distributed(comm_hook="fp16")
