@@ -87,7 +87,8 @@ def test_a_hyperparameter_missing_after_loading_is_refused_and_the_optimizer_res
 
 def test_optimizers_that_need_a_closure_are_refused_when_the_state_is_built():
     model = mlp()
-    with pytest.raises(TypeError, match=r"TrainState: optimizer LBFGS needs a closure in step\(\).*e.g. torch.optim"):
+    pattern = r"TrainState: optimizer LBFGS's step\(\) needs \['closure'\] \(a closure .*e.g. torch.optim"
+    with pytest.raises(TypeError, match=pattern):
         ct.TrainState(model, torch.optim.LBFGS(model.parameters()))
 
 
@@ -186,7 +187,7 @@ def test_transform_state_of_the_wrong_kind_leaves_nothing_half_loaded():
     refused(target, {**saved, "transforms": {3: {}}}, TypeError, r"'transforms'\] must map transform names \(str\)")
 
 
-@pytest.mark.parametrize("failing", ["optimizer", "model"])
+@pytest.mark.parametrize("failing", ["optimizer", "scheduler", "model"])
 def test_a_write_that_fails_midway_is_undone(monkeypatch, failing):
     """Checks cannot foresee everything (a custom load_state_dict): what was written is restored."""
     saved = copy.deepcopy(trained("adamw", updates=3).state_dict())
@@ -198,7 +199,11 @@ def test_a_write_that_fails_midway_is_undone(monkeypatch, failing):
 
     def write_then_fail(*args, **kwargs):
         real(*args, **kwargs)
-        raise RuntimeError("injected failure after writing")
+        if not calls:  # once: undoing may reload through the same method
+            calls.append(1)
+            raise RuntimeError("injected failure after writing")
+
+    calls = []
 
     monkeypatch.setattr(part, "load_state_dict", write_then_fail)
     before = snapshot(target)
@@ -234,3 +239,25 @@ def test_state_dict_round_trips_through_weights_only_loading(optimizer):
         )
     assert_states_equal(b, a)
     assert a.state_dict()["transforms"] == b.state_dict()["transforms"]
+
+
+def test_an_undo_that_fails_too_says_so_and_the_other_parts_are_still_restored(monkeypatch):
+    saved = copy.deepcopy(trained("sgd", updates=3).state_dict())
+    target = trained("sgd", seed=1)
+    real = target.scheduler.load_state_dict
+
+    def write_then_fail(*args, **kwargs):  # fails every time, undoing included
+        real(*args, **kwargs)
+        raise RuntimeError("injected failure after writing")
+
+    monkeypatch.setattr(target.scheduler, "load_state_dict", write_then_fail)
+    before = copy.deepcopy({"model": target.model.state_dict(), "optimizer": target.optimizer.state_dict()})
+    pattern = r"loading failed \(RuntimeError\('injected .*undoing it failed too .*partly loaded: rebuild it"
+    with pytest.raises(RuntimeError, match=pattern):
+        target.load_state_dict(saved)
+    for key, value in before["model"].items():
+        assert torch.equal(target.model.state_dict()[key], value), key
+    now = target.optimizer.state_dict()
+    assert now["param_groups"] == before["optimizer"]["param_groups"]
+    for index, entries in before["optimizer"]["state"].items():
+        assert all(torch.equal(now["state"][index][k], v) for k, v in entries.items())

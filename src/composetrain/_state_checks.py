@@ -67,15 +67,15 @@ def _from_torch(obj: object) -> bool:
     return type(obj).__module__.startswith("torch.optim")
 
 
-def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step()`` cannot be called without arguments (LBFGS needs a closure)."""
+def needs_closure(optimizer: torch.optim.Optimizer) -> list[str]:
+    """The arguments ``optimizer.step()`` cannot do without (LBFGS's closure); empty for most optimizers."""
     try:  # the class's step: a scheduler wraps the instance's, and the wrapper's signature keeps ``self``
         signature = inspect.signature(type(optimizer).step)
     except (TypeError, ValueError):  # a builtin without a signature: assume step() works
-        return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return []
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     after_self = list(signature.parameters.values())[1:]
-    return any(p.default is p.empty and p.kind in positional for p in after_self)
+    return [p.name for p in after_self if p.default is p.empty and p.kind not in variadic]
 
 
 def check_model_state(model: nn.Module, saved: Any, who: str) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from composetrain._rollback import keep_model, keep_optimizer, keep_through_state_dict, undo_all
 from composetrain._state_checks import (
     check_loaded_groups,
     check_model_state,
@@ -75,11 +75,12 @@ class TrainState:
                 f"TrainState: optimizer must be a torch.optim.Optimizer, got {show(optimizer)}; "
                 "build one over the model, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
             )
-        if needs_closure(optimizer):
+        needed = needs_closure(optimizer)
+        if needed:
             raise TypeError(
-                f"TrainState: optimizer {type(optimizer).__name__} needs a closure in step() (it re-evaluates the "
-                "loss within one update), which a TrainStep's single forward and backward cannot give; use an "
-                "optimizer whose step() takes no argument, e.g. torch.optim.AdamW(model.parameters())"
+                f"TrainState: optimizer {type(optimizer).__name__}'s step() needs {needed} (a closure re-evaluating "
+                "the loss within one update), which a TrainStep's single forward and backward cannot give; use an "
+                "optimizer whose step() needs no argument, e.g. torch.optim.AdamW(model.parameters())"
             )
         own = {id(p) for p in model.parameters()}
         held = [p for group in optimizer.param_groups for p in group["params"]]
@@ -193,22 +194,21 @@ class TrainState:
         undo: list[Callable[[], None]] = []  # restores what each write changed, should a later one fail
         try:
             # the model last: it is the one write that cannot be undone without a copy
-            undo.append(_keep_optimizer(self.optimizer))
+            undo.append(keep_optimizer(self.optimizer))
             self.optimizer.load_state_dict(state_dict["optimizer"])
             check_loaded_groups(self.optimizer, before, who)
             if self.scheduler is not None:
-                undo.append(_keep_through_state_dict(self.scheduler))
+                undo.append(keep_through_state_dict(self.scheduler))
                 self.scheduler.load_state_dict(state_dict["scheduler"])
             undo.append(self._keep_transforms())
             # transform state is exactly the checkpoint's: live objects are reloaded, the rest is
             # applied when its transform first runs, and state the checkpoint lacks starts afresh
             self._transforms = {k: _restore(v, transforms[k]) for k, v in self._transforms.items() if k in transforms}
             self._pending = {k: v for k, v in transforms.items() if k not in self._transforms}
-            undo.append(_keep_model(self.model))
+            undo.append(keep_model(self.model))
             self.model.load_state_dict(state_dict["model"])
-        except BaseException:
-            for restore in reversed(undo):
-                restore()
+        except BaseException as error:
+            undo_all(undo, error, who)
             raise
         self.step = step
 
@@ -239,7 +239,7 @@ class TrainState:
 
     def _keep_transforms(self) -> Callable[[], None]:
         live, pending = dict(self._transforms), dict(self._pending)
-        undos = [_keep_through_state_dict(v) for v in live.values() if hasattr(v, "load_state_dict")]
+        undos = [keep_through_state_dict(v) for v in live.values() if hasattr(v, "load_state_dict")]
 
         def restore() -> None:
             for undo in undos:
@@ -261,39 +261,3 @@ def _restore(value: Any, saved: Any) -> Any:
         value.load_state_dict(saved)
         return value
     return saved
-
-
-def _keep_optimizer(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
-    """Undo for ``Optimizer.load_state_dict``, which replaces ``state`` and ``param_groups`` (never mutates them)."""
-    state, groups = optimizer.state, optimizer.param_groups
-
-    def restore() -> None:
-        optimizer.state, optimizer.param_groups = state, groups
-
-    return restore
-
-
-def _keep_through_state_dict(obj: Any) -> Callable[[], None]:
-    """Undo for a scheduler's or a transform object's ``load_state_dict``: reload a copy of its state."""
-    saved = copy.deepcopy(obj.state_dict())
-    return lambda: obj.load_state_dict(saved)
-
-
-def _keep_model(model: nn.Module) -> Callable[[], None]:
-    """Undo for ``nn.Module.load_state_dict``, which copies into the live tensors entry by entry.
-
-    The one copy of the model a load makes; written back directly, not through the
-    loading code that failed.
-    """
-    saved = {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in model.state_dict().items()}
-
-    def restore() -> None:
-        live = model.state_dict()
-        with torch.no_grad():
-            for key, value in saved.items():
-                if isinstance(value, torch.Tensor):
-                    live[key].copy_(value)
-                else:  # a module's extra state, under "<module>._extra_state"
-                    model.get_submodule(key.rpartition(".")[0]).set_extra_state(value)
-
-    return restore
