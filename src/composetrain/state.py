@@ -8,6 +8,16 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from composetrain._rollback import keep_model, keep_optimizer, keep_through_state_dict, undo_all
+from composetrain._state_checks import (
+    check_loaded_groups,
+    check_model_state,
+    check_optimizer_state,
+    check_scheduler_state,
+    hyperparameters,
+    needs_closure,
+    qualified,
+)
 from composetrain._util import show
 
 __all__ = ["RuntimeState", "TrainState"]
@@ -65,6 +75,13 @@ class TrainState:
                 f"TrainState: optimizer must be a torch.optim.Optimizer, got {show(optimizer)}; "
                 "build one over the model, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
             )
+        needed = needs_closure(optimizer)
+        if needed:
+            raise TypeError(
+                f"TrainState: optimizer {type(optimizer).__name__}'s step() needs {needed} (a closure re-evaluating "
+                "the loss within one update), which a TrainStep's single forward and backward cannot give; use an "
+                "optimizer whose step() needs no argument, e.g. torch.optim.AdamW(model.parameters())"
+            )
         own = {id(p) for p in model.parameters()}
         held = [p for group in optimizer.param_groups for p in group["params"]]
         if held and not any(id(p) in own for p in held):
@@ -92,9 +109,10 @@ class TrainState:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.step = 0
-        # trainable parameters no optimizer holds: their gradients are cleared too (found once, not per update)
+        # parameters the optimizer does not hold: their gradients are cleared too. Found once, not per update,
+        # and frozen ones included: a parameter unfrozen later would otherwise keep a growing .grad
         held_ids = {id(p) for p in held}
-        self._unheld = [p for p in model.parameters() if p.requires_grad and id(p) not in held_ids]
+        self._unheld = [p for p in model.parameters() if id(p) not in held_ids]
         self._transforms: dict[str, Any] = {}  # state owned by transforms (loss scale, ...), by key
         self._pending: dict[str, Any] = {}  # loaded from a checkpoint, not yet claimed by its transform
 
@@ -138,7 +156,7 @@ class TrainState:
                 value.release()
 
     def zero_grad(self) -> None:
-        """Set every gradient of the optimizer, and of the model's other trainable parameters, to None."""
+        """Set every gradient of the optimizer, and of the model's other parameters, to None."""
         self.optimizer.zero_grad(set_to_none=True)
         for p in self._unheld:
             p.grad = None
@@ -148,13 +166,17 @@ class TrainState:
 
         Like ``nn.Module.state_dict``, tensors are references to the live ones:
         save or deep-copy the result before training on. Global random number
-        generators are not included (``ct.run`` checkpoints those).
+        generators are not included (``ct.run`` checkpoints those). It holds tensors and
+        plain values only (classes as strings), so ``torch.load(..., weights_only=True)``
+        reads it back.
         """
         saved = {k: v.state_dict() if hasattr(v, "state_dict") else v for k, v in self._transforms.items()}
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_class": qualified(self.optimizer),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "scheduler_class": None if self.scheduler is None else qualified(self.scheduler),
             "step": self.step,
             "transforms": {**self._pending, **saved},
         }
@@ -162,39 +184,69 @@ class TrainState:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore what ``state_dict()`` returned; continuing then is bit-identical.
 
-        Everything is checked before anything is written: a checkpoint of another
-        model, optimizer or scheduler raises and leaves this state untouched.
+        All or nothing: a checkpoint of another model, optimizer (class, parameter
+        groups, hyperparameters, state shapes) or scheduler raises before anything is
+        written, and should a write still fail, what was written is restored.
         """
         who = "TrainState.load_state_dict"
+        step, transforms = self._check(state_dict, who)
+        before = [hyperparameters(g) for g in self.optimizer.param_groups]
+        undo: list[Callable[[], None]] = []  # restores what each write changed, should a later one fail
+        try:
+            # the model last: it is the one write that cannot be undone without a copy
+            undo.append(keep_optimizer(self.optimizer))
+            self.optimizer.load_state_dict(state_dict["optimizer"])
+            check_loaded_groups(self.optimizer, before, who)
+            if self.scheduler is not None:
+                undo.append(keep_through_state_dict(self.scheduler))
+                self.scheduler.load_state_dict(state_dict["scheduler"])
+            undo.append(self._keep_transforms())
+            # transform state is exactly the checkpoint's: live objects are reloaded, the rest is
+            # applied when its transform first runs, and state the checkpoint lacks starts afresh
+            self._transforms = {k: _restore(v, transforms[k]) for k, v in self._transforms.items() if k in transforms}
+            self._pending = {k: v for k, v in transforms.items() if k not in self._transforms}
+            undo.append(keep_model(self.model))
+            self.model.load_state_dict(state_dict["model"])
+        except BaseException as error:
+            undo_all(undo, error, who)
+            raise
+        self.step = step
+
+    def _check(self, state_dict: Any, who: str) -> tuple[int, Mapping[str, Any]]:
+        """Everything that can be checked before writing; returns the step and the transform state."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"{who}: state_dict must be a mapping from TrainState.state_dict(), got {show(state_dict)}")
         missing = {"model", "optimizer", "scheduler", "step", "transforms"} - set(state_dict)
         if missing:
             raise ValueError(f"{who}: state_dict lacks {sorted(missing)}; pass what TrainState.state_dict() returned")
-        _check_model_state(self.model, state_dict["model"], who)
-        _check_optimizer_state(self.optimizer, state_dict["optimizer"], who)
-        has_sched, saved_sched = self.scheduler is not None, state_dict["scheduler"] is not None
-        if has_sched != saved_sched:
-            raise ValueError(
-                f"{who}: the checkpoint {'has' if saved_sched else 'has no'} scheduler state but this "
-                f"TrainState {'has' if has_sched else 'has no'} scheduler; build the state the way it was saved"
-            )
+        classes = {k: state_dict.get(k) for k in ("optimizer_class", "scheduler_class")}  # older checkpoints lack them
+        for key, value in classes.items():
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{who}: state_dict[{key!r}] must be a class name (str), got {show(value)}")
+        check_model_state(self.model, state_dict["model"], who)
+        check_scheduler_state(self.scheduler, state_dict["scheduler"], classes["scheduler_class"], who)
+        check_optimizer_state(self.optimizer, self.model, state_dict["optimizer"], classes["optimizer_class"], who)
         step = state_dict["step"]
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"{who}: step must be a non-negative int, got {step!r}")
         transforms = state_dict["transforms"]
-        if not isinstance(transforms, Mapping):
-            raise TypeError(f"{who}: state_dict['transforms'] must be a mapping, got {show(transforms)}")
+        if not isinstance(transforms, Mapping) or not all(isinstance(k, str) for k in transforms):
+            raise TypeError(
+                f"{who}: state_dict['transforms'] must map transform names (str) to their state, got "
+                f"{show(transforms)}; pass what TrainState.state_dict() returned"
+            )
+        return step, transforms
 
-        self.model.load_state_dict(state_dict["model"])
-        self.optimizer.load_state_dict(state_dict["optimizer"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state_dict["scheduler"])
-        self.step = step
-        # transform state is exactly the checkpoint's: live objects are reloaded, the rest is
-        # applied when its transform first runs, and state the checkpoint lacks starts afresh
-        self._transforms = {k: _restore(v, transforms[k]) for k, v in self._transforms.items() if k in transforms}
-        self._pending = {k: v for k, v in transforms.items() if k not in self._transforms}
+    def _keep_transforms(self) -> Callable[[], None]:
+        live, pending = dict(self._transforms), dict(self._pending)
+        undos = [keep_through_state_dict(v) for v in live.values() if hasattr(v, "load_state_dict")]
+
+        def restore() -> None:
+            for undo in undos:
+                undo()
+            self._transforms, self._pending = live, pending
+
+        return restore
 
     def __repr__(self) -> str:
         sched = type(self.scheduler).__name__ if self.scheduler is not None else None
@@ -209,34 +261,3 @@ def _restore(value: Any, saved: Any) -> Any:
         value.load_state_dict(saved)
         return value
     return saved
-
-
-def _check_model_state(model: nn.Module, saved: Any, who: str) -> None:
-    if not isinstance(saved, Mapping):
-        raise TypeError(f"{who}: state_dict['model'] must be a mapping, got {show(saved)}")
-    own = model.state_dict()
-    missing = sorted(own.keys() - saved.keys())
-    unexpected = sorted(saved.keys() - own.keys())
-    reshaped = [
-        f"{k}: {tuple(saved[k].shape)} vs {tuple(v.shape)}"
-        for k, v in own.items()
-        if k in saved and isinstance(saved[k], torch.Tensor) and saved[k].shape != v.shape
-    ]
-    if missing or unexpected or reshaped:
-        raise ValueError(
-            f"{who}: the checkpoint's model does not match this model (missing keys {missing[:5]}, "
-            f"unexpected keys {unexpected[:5]}, shape mismatches {reshaped[:5]}); "
-            "load a checkpoint saved from the same architecture"
-        )
-
-
-def _check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any, who: str) -> None:
-    if not isinstance(saved, Mapping) or "param_groups" not in saved or "state" not in saved:
-        raise TypeError(f"{who}: state_dict['optimizer'] must come from Optimizer.state_dict(), got {show(saved)}")
-    own = [len(g["params"]) for g in optimizer.param_groups]
-    theirs = [len(g["params"]) for g in saved["param_groups"]]
-    if own != theirs:
-        raise ValueError(
-            f"{who}: the checkpoint's optimizer has parameter groups of sizes {theirs}, this one {own}; "
-            "load a checkpoint saved with the same optimizer over the same parameters"
-        )

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
+from composetrain._state_checks import check_schedule_left
 from composetrain._util import name, show
 from composetrain.core import Context, Hook, Metric, Pass, TrainStep, Update
 from composetrain.state import TrainState
@@ -43,6 +44,10 @@ class _Lifted(TrainStep):
         super().__init__(None)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        # refused before the forward: scheduler.step() itself would raise after optimizer.step(), and
+        # an outer transform's update (the loss scale's) would already have run
+        if state.scheduler is not None:
+            check_schedule_left(state.scheduler, state.step, self)
         return ctx
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
