@@ -90,6 +90,8 @@ def _refuse_chunk_scalars(outputs: list[Any], who: str) -> None:
     """A 0-dim output (a model's own mean loss) is one value per chunk; how they combine (a mean
     over samples, over tokens, a sum) only the model knows, so one that differs, or carries
     gradients, is refused rather than silently taken from the first chunk (pitfall 24)."""
+    if len(outputs) == 1:  # a batch too small to split: its one value is the whole batch's
+        return
     columns = zip(*(leaves(out) for out in outputs), strict=True)
     for i, column in enumerate(columns):
         first = column[0]
