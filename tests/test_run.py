@@ -516,6 +516,36 @@ def test_two_ranks_in_the_pool(pool):
         pool.run("run_cases", "not_distributed")
 
 
+def test_two_ranks_log_the_mean_over_the_global_batch_like_one_process(pool):
+    """Every logged loss and metric is the mean over all ranks' samples of the window's updates,
+    recomputed here in one process from the parameters and micro-batches each rank trained on
+    (to float32 rounding: the log reads the values as float32)."""
+    import torch.nn.functional as F
+
+    a, b = pool.run("run_cases", "logged_means")
+    model = a["model"]
+    per_update = []
+    for u in range(len(a["seen"]) // 2):  # accumulate(2): two forwards per update on each rank
+        calls = [a["seen"][2 * u], a["seen"][2 * u + 1], b["seen"][2 * u], b["seen"][2 * u + 1]]
+        params = calls[0][0]
+        assert all(torch.equal(p, q) for ps, _ in calls for p, q in zip(ps, params, strict=True))
+        x = torch.cat([batch[0] for _, batch in calls])
+        y = torch.cat([batch[1] for _, batch in calls])
+        assert len(y) == 24  # the global batch: 12 samples on each rank
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(torch.nn.utils.parameters_to_vector(params), model.parameters())
+            logits = model(x)
+        per_update.append((F.cross_entropy(logits, y).item(), (logits.argmax(-1) == y).double().mean().item()))
+    assert len(per_update) == 8 == a["history"][-1]["step"]
+    start = 0
+    for record in a["history"]:
+        window = per_update[start : record["step"]]
+        start = record["step"]
+        assert record["loss"] == pytest.approx(sum(w[0] for w in window) / len(window), rel=1e-6), record
+        assert record["acc"] == pytest.approx(sum(w[1] for w in window) / len(window), rel=1e-6), record
+    assert untimed(a["history"]) == untimed(b["history"])
+
+
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update(pool):
     a, b = pool.run("run_cases", "signal_one_rank")
     assert a == b and a["preempted"] and a["steps"] == 6 and a["saved"] == "step-000000006"
