@@ -113,3 +113,10 @@ def unwritable(rank, world):
     except PermissionError as e:
         return str(e)
     return "no error"
+
+
+def hang(rank, world):
+    """A rank stuck for good (in a collective, say)."""
+    import time
+
+    time.sleep(600)
