@@ -473,9 +473,10 @@ def test_a_launched_job_is_killed_with_everything_it_started(tmp_path, ending):
     pids = tmp_path / "pids"
     job = Job([sys.executable, "-c", SLEEPER, str(pids)])
     if ending == "timeout":
-        wait_for(pids.exists)
-        with pytest.raises(pytest.fail.Exception, match=r"still running after 0.5s, killed"):
-            finish(job, timeout=0.5)
+        with job:
+            wait_for(pids.exists)
+            with pytest.raises(pytest.fail.Exception, match=r"still running after 0.5s, killed"):
+                job.finish(timeout=0.5)
     else:
         with pytest.raises(TimeoutError), job:
             wait_for(pids.exists)
@@ -491,13 +492,14 @@ def test_a_launched_job_is_killed_with_everything_it_started(tmp_path, ending):
 def test_waiting_for_several_jobs_kills_them_all_as_soon_as_one_fails(tmp_path):
     """As a rank that crashes leaves the others waiting in the rendezvous: no waiting for the timeout."""
     pids = tmp_path / "pids"
-    waiting = Job([sys.executable, "-c", SLEEPER, str(pids)])
-    wait_for(pids.exists)
-    failing = Job([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
-    start = time.monotonic()
-    with pytest.raises(pytest.fail.Exception, match=r"a process failed, the others were killed(.|\n)*exit 3:\nboom"):
-        wait_all([waiting, failing], timeout=120)
-    assert time.monotonic() - start < 60
+    with Job([sys.executable, "-c", SLEEPER, str(pids)]) as waiting:
+        wait_for(pids.exists)
+        failing = Job([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+        start = time.monotonic()
+        expected = r"a process failed, the others were killed(?s:.)*exit 3:\nboom"
+        with pytest.raises(pytest.fail.Exception, match=expected):
+            wait_all([waiting, failing], timeout=120)
+        assert time.monotonic() - start < 60
     for pid in (int(p) for p in pids.read_text().split()):
         with contextlib.suppress(TimeoutError):
             wait_for(lambda pid=pid: not alive(pid), timeout=5)
