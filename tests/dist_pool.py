@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import random
 import socket
 import traceback
@@ -71,7 +72,12 @@ class Pool:
     def run(self, module: str, function: str, *args: Any, timeout: float = 120) -> list[Any]:
         for q in self.jobs:
             q.put((module, function, args))
-        replies = [self.results.get(timeout=timeout) for _ in range(self.world)]  # every rank's, errors too
+        try:
+            replies = [self.results.get(timeout=timeout) for _ in range(self.world)]  # every rank's, errors too
+        except queue.Empty:  # a rank hangs (in a collective, most likely): the pool is of no more use
+            self.kill()
+            who = f"{module}.{function}"
+            raise TimeoutError(f"{who}: some rank did not reply within {timeout}s; the pool was killed") from None
         errors = [f"rank {rank} failed:\n{payload}" for rank, status, payload in sorted(replies) if status == "error"]
         if errors:
             raise RuntimeError("\n".join(errors))
@@ -83,5 +89,11 @@ class Pool:
             q.put(None)
         for p in self.procs:
             p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+        self.kill()  # those still running, and whatever any rank started
+
+    def kill(self) -> None:
+        from launching import kill_tree  # not at the top: the ranks import this module too
+
+        for p in self.procs:
+            kill_tree(p.pid, reaped=p.exitcode is not None)
+            p.join()

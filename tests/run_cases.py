@@ -37,6 +37,27 @@ def two_ranks(rank, world):
     }
 
 
+def logged_means(rank, world):
+    """ct.run's history on every rank, with what each forward saw: the parameters and its micro-batch
+    (a model without dropout, so that one process can recompute every loss from them)."""
+    from torch import nn
+
+    seen = []
+
+    def spy(model, batch):
+        seen.append(([p.detach().clone() for p in model.parameters()], batch))
+        return run_script.step(model, batch)
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2)).double()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    result = ct.run(
+        ct.distributed(ct.accumulate(2)(spy)), state, run_script.dataset(), batch_size=12, epochs=2, num_workers=0,
+        progress=False, log_every=3, seed=5,
+    )  # fmt: skip
+    return {"history": result.history, "seen": seen, "model": model}
+
+
 def not_distributed(rank, world):
     ct.run(run_script.step, run_script.state(), run_script.dataset(), batch_size=12, num_workers=0, progress=False)
 
@@ -134,3 +155,10 @@ def train_names_differ(rank, world):
 
 def stop_inside_a_window(rank, world):
     return _run_two(run_script.step, max_steps=3, log_every=50).history
+
+
+def hang(rank, world):
+    """A rank stuck for good (in a collective, say)."""
+    import time
+
+    time.sleep(600)

@@ -1,10 +1,10 @@
 """The README's main job must keep working: it really trains."""
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import launching
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_digits(*args: str) -> str:
     pytest.importorskip("sklearn")
     command = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "6", *args]
-    return subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout
+    return launching.run(command, timeout=300)
 
 
 def test_digits_example_trains_to_high_accuracy():
@@ -28,10 +28,10 @@ def test_digits_example_trains_to_high_accuracy():
 def test_the_run_example_trains_evaluates_and_resumes(tmp_path):
     pytest.importorskip("sklearn")
     command = [sys.executable, str(ROOT / "examples" / "run_digits.py"), "--checkpoint-dir", str(tmp_path)]
-    first = subprocess.run([*command, "--epochs", "3"], capture_output=True, text=True, check=True, timeout=300)
-    assert first.stdout.count("test acc") == 3
-    again = subprocess.run([*command, "--epochs", "6"], capture_output=True, text=True, check=True, timeout=300)
-    accuracies = [float(a) for a in re.findall(r"test acc (\d\.\d+)", again.stdout)]
+    first = launching.run([*command, "--epochs", "3"], timeout=300)
+    assert first.count("test acc") == 3
+    again = launching.run([*command, "--epochs", "6"], timeout=300)
+    accuracies = [float(a) for a in re.findall(r"test acc (\d\.\d+)", again)]
     assert len(accuracies) == 6 and accuracies[-1] > 0.85  # the first three came from the checkpoint
     assert (tmp_path / "metrics.jsonl").exists()
 

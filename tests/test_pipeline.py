@@ -1,5 +1,7 @@
 """pipeline_split: placement, validation, pipelined micro-batches, compositions."""
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import composetrain as ct
+from composetrain.batching import map_tensors
 from composetrain.placement import check_placement
 
 
@@ -80,6 +83,49 @@ def test_inputs_hop_between_stages_through_hooks():
     state = make_state(model=model)
     ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}, chunks=3)(classify)(state, make_batch(9))
     assert seen == [torch.device("cpu")] * 3  # three micro-batches through the decoder
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_the_batch_goes_to_the_last_stage_and_each_stage_gets_its_inputs_on_its_device(monkeypatch, chunks):
+    """'cpu:0' and 'cpu:1' are two labels of this machine's one CPU: distinct devices to the placement.
+    A spy on the pipeline's moves gives every tensor it moves a fresh identity, tagged with the
+    device it was sent to; the step and each stage then show where their inputs were sent."""
+    pipeline = importlib.import_module("composetrain.pipeline")
+    first, last = torch.device("cpu:0"), torch.device("cpu:1")
+    sent_to, kept = {}, []  # id(tensor) -> device; kept alive so that no id is reused
+
+    def tagging_to_device(tree, device, real=pipeline.to_device):
+        def tag(t):
+            t = t.clone()  # differentiable: gradients flow back as before
+            sent_to[id(t)], _ = device, kept.append(t)
+            return t
+
+        return map_tensors(real(tree, device), tag)
+
+    monkeypatch.setattr(pipeline, "to_device", tagging_to_device)
+    model = model_of("encoder-decoder", 0)
+    arrived = {"encoder": [], "decoder": []}
+    for name in arrived:  # the stage's own forward runs after every hook: it sees what finally arrives
+        stage = getattr(model, name)
+
+        def forward(x, name=name, inner=stage.forward):
+            arrived[name].append(sent_to.get(id(x)))
+            return inner(x)
+
+        stage.forward = forward
+    step_got = []
+
+    def step(model, batch):
+        step_got.append([sent_to.get(id(t)) for t in batch])
+        return classify(model, batch)
+
+    state = make_state(model=model)
+    train = ct.pipeline_split({"encoder": "cpu:0", "decoder": "cpu:1"}, chunks=chunks)(step)
+    for i in range(2):
+        train(state, make_batch(9, seed=i))
+    assert step_got == [[last, last]] * 2  # inputs and targets: the targets meet the outputs there
+    assert arrived == {"encoder": [first] * 2 * chunks, "decoder": [last] * 2 * chunks}
+    assert state.step == 2
 
 
 @pytest.mark.parametrize(

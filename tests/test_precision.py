@@ -306,6 +306,51 @@ def test_fp16_unscales_once_per_update_with_a_constant_scale(n, outside):
     assert scales == [2.0**16] * n + [2.0**15] * n  # constant within each update, backed off between
 
 
+def textbook_accumulation(state, scaler, batch):
+    """The PyTorch AMP recipe for accumulate(2): scale and backward per micro-batch, unscale_ once
+    after the last, step, update. Returns the unscaled gradients the optimizer stepped with."""
+    for half in (slice(0, 6), slice(6, 12)):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss, _ = classify(state.model, tuple(t[half] for t in batch))
+        scaler.scale(loss / 2).backward()
+    scaler.unscale_(state.optimizer)
+    grads = [p.grad.clone() for p in state.model.parameters()]
+    scaler.step(state.optimizer)
+    scaler.update()
+    state.optimizer.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("outside", [True, False])
+def test_fp16_unscales_after_the_last_micro_batch_like_the_textbook_loop(outside):
+    """Update 1 sets the scaler up; from update 2 on, GradScaler's own checks no longer object to
+    an unscale_ before the last backward: only the gradients and parameters show it."""
+    if outside:
+        train = ct.mixed_precision(dtype="fp16")(ct.accumulate(2)(classify))
+    else:
+        train = ct.accumulate(2)(ct.mixed_precision(dtype="fp16")(classify))
+    ours, theirs = state32(4, scheduler=False), state32(4, scheduler=False)
+    stepped = []
+    original = ours.optimizer.step
+
+    def step_spy(*args, **kwargs):
+        stepped.append([p.grad.clone() for p in ours.model.parameters()])
+        return original(*args, **kwargs)
+
+    ours.optimizer.step = step_spy
+    scaler = torch.amp.GradScaler("cpu")
+    for i in range(3):
+        batch = batch32(12, seed=i)
+        out = train(ours, batch)
+        expected = textbook_accumulation(theirs, scaler, batch)
+        assert out.skipped is False and scale_of(ours) == scaler.get_scale()
+        for name, g, e in zip(("w1", "b1", "w2", "b2"), stepped[-1], expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m, n=name, i=i: f"update {i}, {n}: {m}")
+        for p, q in zip(ours.model.parameters(), theirs.model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=0, atol=0, msg=lambda m, i=i: f"update {i}: {m}")
+    assert len(stepped) == ours.step == 3
+
+
 def test_a_fixed_loss_scale_stays_fixed_through_overflows():
     state = state32()
     train = ct.mixed_precision(dtype="fp16", loss_scale=1024.0)(poisoned({1}))
@@ -340,6 +385,30 @@ def test_the_skip_streak_survives_a_resume():
     resumed.load_state_dict(copy.deepcopy(state.state_dict()))
     with pytest.raises(FloatingPointError, match="3 updates in a row"):
         train(resumed, batch32())
+
+
+def round_trip(state):
+    """A fresh TrainState resumed from ``state``'s checkpoint."""
+    resumed = state32(9)
+    resumed.load_state_dict(copy.deepcopy(state.state_dict()))
+    return resumed
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_the_skip_streak_resets_after_every_clean_update(dtype):
+    """Overflows on alternate updates are never two in a row: max_consecutive_skips=2 must never
+    fire, and each clean update ends the streak, also in the checkpoint a resume starts from."""
+    train = ct.mixed_precision(dtype=dtype, max_consecutive_skips=2)(poisoned({0, 2, 4, 6, 8}))
+    state = state32()
+    for i in range(10):
+        out = train(state, batch32(seed=i))
+        assert out.skipped is (i % 2 == 0)
+        streak = state.state_dict()["transforms"]["mixed_precision"]["consecutive_skips"]
+        assert streak == (1 if out.skipped else 0), f"update {i}"
+        if i % 4 == 1:  # every other clean update, go on from its checkpoint in a fresh state
+            state = round_trip(state)
+            assert state.state_dict()["transforms"]["mixed_precision"]["consecutive_skips"] == 0
+    assert state.step == 5
 
 
 def test_a_transform_that_never_marks_the_last_backward_is_caught():

@@ -1,9 +1,6 @@
 """rendezvous: launcher environments, SLURM host lists, and real launches (torchrun, srun-like)."""
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +12,7 @@ from dist_pool import free_port
 from hypothesis import given
 from hypothesis import strategies as st
 from launch_train import CASE
+from launching import Job, wait_all
 
 import composetrain as ct
 
@@ -189,30 +187,6 @@ def assert_trained_like_one_process(out: Path, world: int, source: str):
         torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3)  # bf16 inside: micro-batch boundaries differ
 
 
-def start(command, env):
-    """A process in a session of its own, so that it and everything it started can be killed at once."""
-    return subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-
-
-def wait_all(procs, timeout=240):
-    """Waits for every process; on a timeout kills them all and fails with what each printed."""
-    deadline = time.monotonic() + timeout
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=max(1, deadline - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(q.pid, signal.SIGKILL)
-            printed = outputs + [q.communicate()[0] for q in procs[len(outputs) :]]
-            pytest.fail(f"still running after {timeout}s; each printed:\n" + "\n-----\n".join(printed))
-    for p, text in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, text[-3000:]
-
-
 def test_two_torchrun_nodes_on_localhost_form_one_group_and_train_like_one_process(tmp_path):
     port = free_port()
     # the rendezvous store lives here, not in one of the agents: otherwise the agent hosting it may
@@ -223,8 +197,7 @@ def test_two_torchrun_nodes_on_localhost_form_one_group_and_train_like_one_proce
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ct-test",
         "--rdzv-conf=is_host=0", "--local-addr=127.0.0.1", LAUNCH, str(tmp_path),
     ]  # fmt: skip
-    procs = [start(command, clean_env()) for _ in range(2)]
-    wait_all(procs)
+    wait_all([Job(command, clean_env()) for _ in range(2)], timeout=240)
     del store  # alive until both agents are done
     assert_trained_like_one_process(tmp_path, 2, "torchrun")
 
@@ -244,6 +217,6 @@ def test_srun_style_environment_without_torchrun_trains_like_one_process(tmp_pat
             SLURM_JOB_ID=str(job_id if job_id is not None else 1),
             **extra,
         )
-        procs.append(start([sys.executable, LAUNCH, str(tmp_path)], env))
-    wait_all(procs)
+        procs.append(Job([sys.executable, LAUNCH, str(tmp_path)], env))
+    wait_all(procs, timeout=240)
     assert_trained_like_one_process(tmp_path, 2, "slurm")

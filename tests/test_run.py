@@ -1,9 +1,9 @@
 """ct.run: epochs and steps, shuffles, logging without host syncs, exact resume, pre-emption, bad input."""
 
+import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +15,7 @@ from dist_pool import Pool, free_port
 from helpers import assert_states_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from launching import Job, alive, wait_all
 from torch.utils.data import Dataset, TensorDataset
 
 import composetrain as ct
@@ -358,14 +359,15 @@ def test_the_metrics_file_after_a_crash_holds_each_record_once(tmp_path):
 
 # -- processes killed and signalled ------------------------------------------------------------------
 def launch(*args, env=None):
+    """run_script.py with ``args``; use it in a ``with`` block (killed with all it started on the way out)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    command = [sys.executable, SCRIPT, *args]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return Job([sys.executable, SCRIPT, *args], env)
 
 
-def finish(proc, timeout=180):
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out
+def finish(job, timeout=180):
+    """Its exit code and output; killed with all it started, and the test failed, past ``timeout``."""
+    with job:
+        return job.finish(timeout)
 
 
 def wait_for(condition, timeout=60):
@@ -402,10 +404,10 @@ def job_args(tmp_path, *extra):
 def test_sigkill_during_training_resumes_from_the_last_checkpoint_bit_identically(tmp_path):
     straight = straight_run(tmp_path)
     job = job_args(tmp_path, "--checkpoint-every", "3")
-    proc = launch(*job, "--step-delay", "0.05")
-    wait_for(lambda: len(list((tmp_path / "job").glob("step-*"))) >= 2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with launch(*job, "--step-delay", "0.05") as proc:
+        wait_for(lambda: len(list((tmp_path / "job").glob("step-*"))) >= 2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     code, out = finish(launch(*job))
     assert code == 0, out
     assert_same_training(final(tmp_path / "job.pt"), straight)
@@ -414,10 +416,11 @@ def test_sigkill_during_training_resumes_from_the_last_checkpoint_bit_identicall
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_valid(tmp_path):
     straight = straight_run(tmp_path)
     job = job_args(tmp_path, "--checkpoint-every", "3")
-    proc = launch(*job, "--slow-save", "3")  # hangs inside the second save, after its first file
-    wait_for(lambda: list((tmp_path / "job").glob(".step-*.tmp")) and len(list((tmp_path / "job").glob("step-*"))) == 1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with launch(*job, "--slow-save", "3") as proc:  # hangs inside the second save, after its first file
+        job_dir = tmp_path / "job"
+        wait_for(lambda: list(job_dir.glob(".step-*.tmp")) and len(list(job_dir.glob("step-*"))) == 1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     code, out = finish(launch(*job))
     assert code == 0, out
     assert not list((tmp_path / "job").glob(".step-*.tmp"))
@@ -433,10 +436,10 @@ def logged(path):
 def test_sigterm_saves_and_exits_cleanly_and_a_rerun_continues(tmp_path, sig):
     straight = straight_run(tmp_path)
     job = job_args(tmp_path)
-    proc = launch(*job, "--step-delay", "0.05")
-    wait_for(lambda: logged(tmp_path / "job" / "metrics.jsonl"))  # training began: the handlers are in place
-    proc.send_signal(sig)
-    code, out = finish(proc)
+    with launch(*job, "--step-delay", "0.05") as proc:
+        wait_for(lambda: logged(tmp_path / "job" / "metrics.jsonl"))  # training began: the handlers are in place
+        proc.send_signal(sig)
+        code, out = finish(proc)
     assert code == 0 and "PREEMPTED" in out, out
     stopped = final(tmp_path / "job.pt")
     assert 0 < stopped["steps"] < 24
@@ -452,12 +455,72 @@ def test_preemption_under_slurm_requeues_the_job(tmp_path):
     (fake / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "requeued"}\n')
     (fake / "scontrol").chmod(0o755)
     job = job_args(tmp_path, "--step-delay", "0.05")
-    proc = launch(*job, env={"PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"})
-    wait_for(lambda: logged(tmp_path / "job" / "metrics.jsonl"))  # training began: the handlers are in place
-    proc.send_signal(signal.SIGUSR1)
-    code, out = finish(proc)
+    with launch(*job, env={"PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}) as proc:
+        wait_for(lambda: logged(tmp_path / "job" / "metrics.jsonl"))  # training began: the handlers are in place
+        proc.send_signal(signal.SIGUSR1)
+        code, out = finish(proc)
     assert code == 0, out
     assert (tmp_path / "requeued").read_text().strip() == "requeue 4242"
+
+
+SLEEPER = """
+import os, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {worker.pid}")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ending", ["timeout", "error"])
+def test_a_launched_job_is_killed_with_everything_it_started(tmp_path, ending):
+    """A job that sleeps, with a worker in a session of its own (as torchrun starts its workers):
+    a timeout, or an error in the test while it runs, leaves neither of them running."""
+    pids = tmp_path / "pids"
+    job = Job([sys.executable, "-c", SLEEPER, str(pids)])
+    if ending == "timeout":
+        with job:
+            wait_for(pids.exists)
+            with pytest.raises(pytest.fail.Exception, match=r"still running after 0.5s, killed"):
+                job.finish(timeout=0.5)
+    else:
+        with pytest.raises(TimeoutError), job:
+            wait_for(pids.exists)
+            wait_for(lambda: False, timeout=0.5)  # the test gives up while the job still runs
+    parent, worker = (int(p) for p in pids.read_text().split())
+    assert job.returncode == -signal.SIGKILL
+    for pid, who in ((parent, "the job"), (worker, "its worker")):
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda pid=pid: not alive(pid), timeout=5)  # SIGKILL is delivered asynchronously
+        assert not alive(pid), f"{who} (pid {pid}) is still running"  # killed: gone, or a zombie
+
+
+def test_waiting_for_several_jobs_kills_them_all_as_soon_as_one_fails(tmp_path):
+    """As a rank that crashes leaves the others waiting in the rendezvous: no waiting for the timeout."""
+    pids = tmp_path / "pids"
+    with Job([sys.executable, "-c", SLEEPER, str(pids)]) as waiting:
+        wait_for(pids.exists)
+        failing = Job([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+        start = time.monotonic()
+        expected = r"a process failed, the others were killed(?s:.)*exit 3:\nboom"
+        with pytest.raises(pytest.fail.Exception, match=expected):
+            wait_all([waiting, failing], timeout=120)
+        assert time.monotonic() - start < 60
+    for pid in (int(p) for p in pids.read_text().split()):
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda pid=pid: not alive(pid), timeout=5)
+        assert not alive(pid), f"pid {pid} is still running"
+
+
+def test_a_pool_whose_rank_hangs_is_killed_on_timeout():
+    hung = Pool(1)
+    try:
+        with pytest.raises(TimeoutError, match=r"run_cases.hang: some rank did not reply within 1s"):
+            hung.run("run_cases", "hang", timeout=1)
+        assert not any(alive(p.pid) for p in hung.procs)
+    finally:
+        hung.close()
 
 
 # -- bad input -------------------------------------------------------------------------------------
@@ -524,6 +587,36 @@ def test_two_ranks_in_the_pool(pool):
         pool.run("run_cases", "not_distributed")
 
 
+def test_two_ranks_log_the_mean_over_the_global_batch_like_one_process(pool):
+    """Every logged loss and metric is the mean over all ranks' samples of the window's updates,
+    recomputed here in one process from the parameters and micro-batches each rank trained on
+    (to float32 rounding: the log reads the values as float32)."""
+    import torch.nn.functional as F
+
+    a, b = pool.run("run_cases", "logged_means")
+    model = a["model"]
+    per_update = []
+    for u in range(len(a["seen"]) // 2):  # accumulate(2): two forwards per update on each rank
+        calls = [a["seen"][2 * u], a["seen"][2 * u + 1], b["seen"][2 * u], b["seen"][2 * u + 1]]
+        params = calls[0][0]
+        assert all(torch.equal(p, q) for ps, _ in calls for p, q in zip(ps, params, strict=True))
+        x = torch.cat([batch[0] for _, batch in calls])
+        y = torch.cat([batch[1] for _, batch in calls])
+        assert len(y) == 24  # the global batch: 12 samples on each rank
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(torch.nn.utils.parameters_to_vector(params), model.parameters())
+            logits = model(x)
+        per_update.append((F.cross_entropy(logits, y).item(), (logits.argmax(-1) == y).double().mean().item()))
+    assert len(per_update) == 8 == a["history"][-1]["step"]
+    start = 0
+    for record in a["history"]:
+        window = per_update[start : record["step"]]
+        start = record["step"]
+        assert record["loss"] == pytest.approx(sum(w[0] for w in window) / len(window), rel=1e-6), record
+        assert record["acc"] == pytest.approx(sum(w[1] for w in window) / len(window), rel=1e-6), record
+    assert untimed(a["history"]) == untimed(b["history"])
+
+
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update(pool):
     a, b = pool.run("run_cases", "signal_one_rank")
     assert a == b and a["preempted"] and a["steps"] == 6 and a["saved"] == "step-000000006"
@@ -544,10 +637,8 @@ def test_two_ranks_under_torchrun_resume_bit_identically(tmp_path):
         command = [
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}", SCRIPT, *args,
         ]  # fmt: skip
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        code, out = finish(Job(command, {**os.environ, "OMP_NUM_THREADS": "1"}), timeout=300)
+        assert code == 0, out[-6000:]
 
     torchrun("--dir", str(tmp_path / "a"), "--out", str(tmp_path / "a.pt"), "--epochs", "2")
     torchrun("--dir", str(tmp_path / "b"), "--out", str(tmp_path / "b.pt"), "--max-steps", "3")

@@ -1,0 +1,155 @@
+"""Processes the tests start, never left behind.
+
+A Job runs in a session of its own and writes to files (no pipe that fills up and blocks it). On a
+timeout, a failure, or leaving its ``with`` block, it is killed with everything it started: its
+session, and every descendant, also those in sessions of their own (torchrun starts each worker with
+``start_new_session=True``, so killing torchrun's session alone would leave the workers running).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["Job", "alive", "kill_tree", "wait_all"]
+
+
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, session id, state) of every process, read from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # the command name, in parentheses, may hold spaces: split after its last ')'
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                table[int(entry)] = (int(fields[1]), int(fields[3]), fields[0])
+    return table
+
+
+def _family(roots: set[int], sessions: set[int], table: dict[int, tuple[int, int, str]]) -> set[int]:
+    """``roots``, the members of ``sessions`` (orphans included), and all their descendants."""
+    found = {p for p in roots if p in table}
+    found |= {p for p, (_, session, _) in table.items() if session in sessions}
+    while True:
+        children = {p for p, (parent, _, _) in table.items() if parent in found} - found
+        if not children:
+            break
+        found |= children
+    ours = {os.getpid(), os.getppid()}  # never this test process or what started it
+    return {p for p in found - ours if table[p][2] not in "ZX"}  # zombies are dead already
+
+
+def kill_tree(pid: int, *, reaped: bool = False) -> None:
+    """SIGKILL ``pid`` and its whole family. Each member is stopped first, until no new one appears,
+    so that none can start another process between the look and the kill. Once ``pid`` is
+    ``reaped`` it may name another process: only its session's members are then looked for (the
+    kernel reuses no pid while a session still bears it)."""
+    if not Path("/proc/self/stat").exists():  # no /proc: the process group is the best we know
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        return
+    stopped: set[int] = set()
+    root = set() if reaped else {pid}
+    while True:
+        new = _family(root | stopped, {pid} | stopped, _processes()) - stopped
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+        stopped |= new
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not a zombie) process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in "ZX"
+
+
+class Job(subprocess.Popen):
+    """``command`` in a session of its own, stdout and stderr to files. ``with Job(...) as job:``
+    kills whatever is left of it on the way out, however the block ends."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        self.out_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by __exit__
+        self.err_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by __exit__
+        super().__init__(
+            command, env=env, stdout=self.out_file, stderr=self.err_file, text=True, start_new_session=True
+        )
+
+    def stdout_text(self) -> str:
+        self.out_file.seek(0)
+        return self.out_file.read()
+
+    def output(self) -> str:
+        """What it printed: its stdout, then its stderr."""
+        self.err_file.seek(0)
+        return self.stdout_text() + self.err_file.read()
+
+    def kill_all(self) -> None:
+        """Kill it and everything it started; reap it."""
+        kill_tree(self.pid, reaped=self.poll() is not None)
+        self.wait()
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        """Its exit code and output once it ends; past ``timeout`` seconds (or on any error while
+        waiting), it is killed with all it started and the test fails with what it printed."""
+        try:
+            self.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            pytest.fail(f"{self.args!r} still running after {timeout}s, killed; it printed:\n{self.output()[-4000:]}")
+        finally:
+            self.kill_all()  # also what it left running after it ended (its session's orphans)
+        return self.returncode, self.output()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill_all()
+        self.out_file.close()
+        self.err_file.close()
+
+
+def run(command: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
+    """Runs ``command`` to its end and returns its stdout; fails the test, killing it and all it
+    started, if it runs past ``timeout`` seconds or exits with an error."""
+    with Job(command, env) as job:
+        code, out = job.finish(timeout)
+        if code != 0:
+            pytest.fail(f"{command!r} exited with {code}; it printed:\n{out[-4000:]}")
+        return job.stdout_text()
+
+
+def wait_all(jobs: list[Job], timeout: float) -> None:
+    """Waits until every job has succeeded. As soon as one fails, or when ``timeout`` seconds have
+    passed, kills them all (the others would wait for it in a rendezvous) and fails the test with
+    what each printed."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            codes = [j.poll() for j in jobs]  # every one polled, each time
+            failed = any(c not in (None, 0) for c in codes)
+            timed_out = None in codes and time.monotonic() > deadline
+            if None not in codes or failed or timed_out:
+                break
+            time.sleep(0.1)
+    finally:
+        for j in jobs:
+            j.kill_all()
+    if failed or timed_out:
+        printed = "\n-----\n".join(f"exit {j.returncode}:\n{j.output()[-3000:]}" for j in jobs)
+        why = "a process failed, the others were killed" if failed else f"still running after {timeout}s, killed"
+        pytest.fail(f"{why}; each printed:\n{printed}")
