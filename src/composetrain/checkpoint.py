@@ -11,6 +11,7 @@ the previous checkpoint as the latest valid one.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 import warnings
@@ -22,16 +23,32 @@ import torch.distributed as dist
 
 __all__ = ["Checkpoints", "capture_rng", "restore_rng"]
 
-FORMAT = 1
+FORMAT = 2  # 2: tensors and plain types only, loaded with weights_only=True
+
+# What ct.run writes, and so what a loadable checkpoint holds: anything else is corrupt.
+SHARED = {"format": int, "world_size": int, "state": dict, "settings": dict, "epoch": int, "position": int,
+          "history": list, "evals": list}  # fmt: skip
+LOCAL = {"rng": dict, "window": list, "order": (dict, type(None)), "generators": list}
+# what decides a given DataLoader's order for an epoch (data.epoch_order)
+ORDER = {"rng": dict, "generators": list, "sampler_seed": (int, type(None))}
 
 
 def capture_rng() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and CUDA generator states of this process."""
-    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """Python, NumPy, torch CPU and CUDA generator states of this process, as tensors and plain
+    types (a checkpoint loads with ``weights_only=True``: nothing in it can run code)."""
+    version, words, gauss = random.getstate()
+    states: dict[str, Any] = {
+        "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+        "torch": torch.get_rng_state(),
+    }
     try:
         import numpy as np
 
-        states["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        states["numpy"] = {
+            "kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached),
+        }  # fmt: skip
     except ImportError:  # NumPy is optional
         pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -40,14 +57,68 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
+    """Set this process's generators to what ``capture_rng`` returned (checked by ``rng_problem``)."""
+    random.setstate(_python_state(states["python"]))
     torch.set_rng_state(states["torch"])
     if "numpy" in states:
         import numpy as np
 
-        np.random.set_state(states["numpy"])
+        np.random.set_state(_numpy_state(states["numpy"]))
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _python_state(saved: dict[str, Any]) -> tuple[Any, ...]:
+    return saved["version"], tuple(saved["words"].tolist()), saved["gauss"]
+
+
+def _numpy_state(saved: dict[str, Any]) -> tuple[Any, ...]:
+    import numpy as np
+
+    keys = saved["keys"].numpy()
+    if keys.min(initial=0) < 0 or keys.max(initial=0) >= 2**32:
+        raise ValueError("NumPy generator keys out of range")
+    return saved["kind"], keys.astype(np.uint32), saved["pos"], saved["has_gauss"], saved["cached_gaussian"]
+
+
+def rng_problem(states: Any) -> str | None:
+    """What is wrong with saved generator states, or None: each is set on a fresh generator, so
+    that a bad one is found before anything of this process changes."""
+    try:
+        if not isinstance(states, dict) or not {"python", "torch"} <= states.keys():
+            raise ValueError(f"expected a dict with 'python' and 'torch', got {type(states).__name__}")
+        random.Random().setstate(_python_state(states["python"]))
+        torch.Generator().set_state(states["torch"])
+        if "numpy" in states:
+            import numpy as np
+
+            np.random.RandomState().set_state(_numpy_state(states["numpy"]))
+        cuda = states.get("cuda", [])
+        if not isinstance(cuda, list) or not all(_is_byte_state(s) for s in cuda):
+            raise ValueError("CUDA states must be a list of uint8 tensors")
+        if cuda and torch.cuda.is_available() and len(cuda) > torch.cuda.device_count():
+            raise ValueError(f"states of {len(cuda)} CUDA devices, this process sees {torch.cuda.device_count()}")
+    except ImportError:
+        return "it holds NumPy generator state and NumPy is not installed"
+    except Exception as e:  # whatever a malformed state raises: it is the checkpoint's fault
+        return f"bad random state ({type(e).__name__}: {e})"
+    return None
+
+
+def generators_problem(states: Any) -> str | None:
+    """What is wrong with saved ``torch.Generator`` states (a list of them), or None."""
+    if not isinstance(states, list) or not all(_is_byte_state(s) for s in states):
+        return "generator states must be a list of uint8 tensors"
+    try:
+        for s in states:
+            torch.Generator().set_state(s)
+    except RuntimeError as e:
+        return f"bad generator state ({e})"
+    return None
+
+
+def _is_byte_state(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -151,16 +222,15 @@ class Checkpoints:
     def latest(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
         """The newest checkpoint that every rank can load: (path, payload, this rank's part).
 
-        Every rank reads it (the folder must be shared by the nodes). One that does not
-        load is skipped with a warning and moved aside (``corrupt-step-...``), so that
-        it never shadows the good ones again.
+        Every rank reads it (the folder must be shared by the nodes). Files are loaded with
+        ``weights_only=True`` and checked against what ``ct.run`` writes (random states are
+        tried on fresh generators), so that resuming never runs code and never fails half-way.
+        One that does not pass is skipped with a warning and moved aside (``corrupt-step-...``),
+        so that it never shadows the good ones again.
         """
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
-            payload: Any
-            payload, problem = _load(path / "state.pt")
-            if payload is not None and payload.get("format") != FORMAT:
-                payload, problem = None, f"format {payload.get('format')!r}, expected {FORMAT}"
+            payload, problem = _load(path / "state.pt", SHARED, _shared_problem)
             local = None
             if self._all(payload is not None):
                 assert payload is not None
@@ -170,21 +240,91 @@ class Checkpoints:
                         f"run has {self.world_size}; resume with the same number of processes (the data order "
                         "and random states are per rank)"
                     )
-                local, problem = _load(path / f"rank-{self.rank}.pt")
+                local, problem = _load(path / f"rank-{self.rank}.pt", LOCAL, _local_problem)
             if self._all(local is not None):
                 assert payload is not None and local is not None
                 return path, payload, local
             if self.rank == 0:
+                aside = _free(self.dir, f"corrupt-{name}")
                 warnings.warn(
-                    f"{self.who}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}", stacklevel=2
+                    f"{self.who}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}; "
+                    f"moved to {aside.name}",
+                    stacklevel=2,
                 )
-                os.replace(path, self.dir / f"corrupt-{name}")
+                os.replace(path, aside)
             self._barrier()
         return None
 
 
-def _load(path: Path) -> tuple[Any, Any]:
+def _free(directory: Path, name: str) -> Path:
+    """``directory/name``, or ``name-2``, ``name-3``...: the first that does not exist (a step can
+    be corrupted again after a rerun saved it anew)."""
+    candidate, n = directory / name, 1
+    while candidate.exists():
+        n += 1
+        candidate = directory / f"{name}-{n}"
+    return candidate
+
+
+def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
+    """The dict in ``path`` if it loads without running code and has the ``schema``; else why not."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False), None
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
+        detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), str(e).splitlines()[0])
+        return None, f"it holds objects other than tensors and plain types, so it was not loaded ({detail})"
     except Exception as e:
-        return None, f"{type(e).__name__}: {e}"
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    problem = _shape_problem(value, schema) or deep(value)
+    return (None, problem) if problem else (value, None)
+
+
+def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
+    if not isinstance(value, dict):
+        return f"it holds a {type(value).__name__}, not a dict of {sorted(schema)}"
+    missing = sorted(schema.keys() - value.keys())
+    if missing:
+        return f"it lacks {missing}"
+    for key, kind in schema.items():
+        if not isinstance(value[key], kind) or (kind is int and isinstance(value[key], bool)):
+            return f"its {key!r} is a {type(value[key]).__name__}"
+    return None
+
+
+def _shared_problem(payload: dict[str, Any]) -> str | None:
+    if payload["format"] != FORMAT:
+        return f"format {payload['format']!r}, expected {FORMAT}"
+    if payload["world_size"] < 1 or payload["epoch"] < 0 or payload["position"] < 0:
+        return f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']}"
+    state = payload["state"]
+    missing = sorted({"model", "optimizer", "scheduler", "step", "transforms"} - state.keys())
+    if missing:
+        return f"its TrainState lacks {missing}"
+    if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
+        return "its history and evals must be lists of dicts"
+    return None
+
+
+def _local_problem(local: dict[str, Any]) -> str | None:
+    order = local["order"]
+    if order is not None and _shape_problem(order, ORDER):
+        return f"its data order state: {_shape_problem(order, ORDER)}"
+    return (
+        rng_problem(local["rng"])
+        or generators_problem(local["generators"])
+        or (order and (rng_problem(order["rng"]) or generators_problem(order["generators"])))
+        or next(filter(None, map(_window_problem, local["window"])), None)
+    )
+
+
+def _window_problem(entry: Any) -> str | None:
+    """What is wrong with one saved step output (``Meter.window_on_cpu``), or None."""
+    if (
+        isinstance(entry, dict)
+        and isinstance(entry.get("loss"), torch.Tensor)
+        and isinstance(entry.get("metrics"), dict)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in entry["metrics"].items())
+        and isinstance(entry.get("skipped"), bool)
+    ):
+        return None
+    return "its unlogged step outputs must be dicts of loss, metrics and skipped"
