@@ -5,14 +5,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 import run_script
 import torch
 from dist_pool import Pool, free_port
 from helpers import assert_states_equal
+from hypothesis import given
 from torch.utils.data import Dataset, TensorDataset
 
 import composetrain as ct
@@ -604,3 +607,31 @@ def test_a_given_loader_with_its_own_generator_resumes_exactly(tmp_path):
 
     assert_resumes_exactly(tmp_path, make_loader, stop=7)
     assert_resumes_exactly(tmp_path / "at-an-epoch-end", make_loader, stop=5, epochs=3)
+
+
+@given(
+    n=st.integers(3, 10),
+    batch_size=st.integers(1, 4),
+    shuffle=st.booleans(),
+    generator=st.sampled_from([None, "loader", "sampler"]),
+    data=st.data(),
+)
+def test_any_given_loader_resumes_with_every_sample_once_per_epoch(n, batch_size, shuffle, generator, data):
+    """Shuffled or not, drawing from the global RNG, the loader's generator or the sampler's own,
+    stopped after any update: the rerun trains each sample once per epoch, as the straight run did."""
+    from torch.utils.data import DataLoader, RandomSampler
+
+    def make_loader():
+        dataset, g = indexed(n), torch.Generator().manual_seed(3)
+        if generator == "sampler" and shuffle:
+            return DataLoader(dataset, batch_size=batch_size, sampler=RandomSampler(dataset, generator=g))
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=g if generator else None)
+
+    stop = data.draw(st.integers(1, 2 * -(-n // batch_size) - 1), label="stop")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny steps: threads only add overhead on a busy machine
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            assert_resumes_exactly(Path(tmp), make_loader, stop=stop)
+    finally:
+        torch.set_num_threads(threads)
