@@ -131,3 +131,13 @@ def test_with_every_checkpoint_corrupt_the_run_starts_afresh(tmp_path):
 def test_rng_problem_names_what_is_wrong(states):
     assert checkpoint.rng_problem(states) is not None
     assert checkpoint.rng_problem(capture_rng()) is None
+
+
+def test_a_checkpoint_of_another_format_is_refused_and_kept(tmp_path):
+    """Format 1 pickled NumPy arrays and step outputs: it is sound, but this version will not unpickle it."""
+    train(tmp_path, epochs=1)
+    rewrite("state.pt", lambda saved: {**saved, "format": 1})(tmp_path / "step-000000008")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match=r"run: checkpoint .*step-000000008 is in format 1, this composetrain reads"):
+        train(tmp_path, epochs=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

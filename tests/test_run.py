@@ -635,3 +635,19 @@ def test_any_given_loader_resumes_with_every_sample_once_per_epoch(n, batch_size
             assert_resumes_exactly(Path(tmp), make_loader, stop=stop)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_given_loader_with_a_distributed_sampler_resumes_exactly(tmp_path):
+    """Its order is decided by its seed and the epoch ct.run sets: both restored for the epoch resumed,
+    so that a sampler rebuilt with another seed still finishes the epoch it joins with each sample once."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def loader_with(seed):
+        dataset = indexed()
+        return DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=seed))
+
+    assert_resumes_exactly(tmp_path, lambda: loader_with(7), stop=7)
+    seen = []
+    run_given(tmp_path / "c", lambda: loader_with(7), seen, max_steps=7)
+    run_given(tmp_path / "c", lambda: loader_with(8), seen, epochs=2)
+    assert sorted(seen[20:]) == list(range(20))

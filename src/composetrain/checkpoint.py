@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import shutil
 import warnings
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from composetrain.rng import capture_rng, generators_problem, restore_rng, rng_problem
 
 __all__ = ["Checkpoints", "capture_rng", "restore_rng"]
 
@@ -31,94 +32,6 @@ SHARED = {"format": int, "world_size": int, "state": dict, "settings": dict, "ep
 LOCAL = {"rng": dict, "window": list, "order": (dict, type(None)), "generators": list}
 # what decides a given DataLoader's order for an epoch (data.epoch_order)
 ORDER = {"rng": dict, "generators": list, "sampler_seed": (int, type(None))}
-
-
-def capture_rng() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and CUDA generator states of this process, as tensors and plain
-    types (a checkpoint loads with ``weights_only=True``: nothing in it can run code)."""
-    version, words, gauss = random.getstate()
-    states: dict[str, Any] = {
-        "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
-        "torch": torch.get_rng_state(),
-    }
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-        states["numpy"] = {
-            "kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached),
-        }  # fmt: skip
-    except ImportError:  # NumPy is optional
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def restore_rng(states: dict[str, Any]) -> None:
-    """Set this process's generators to what ``capture_rng`` returned (checked by ``rng_problem``)."""
-    random.setstate(_python_state(states["python"]))
-    torch.set_rng_state(states["torch"])
-    if "numpy" in states:
-        import numpy as np
-
-        np.random.set_state(_numpy_state(states["numpy"]))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def _python_state(saved: dict[str, Any]) -> tuple[Any, ...]:
-    return saved["version"], tuple(saved["words"].tolist()), saved["gauss"]
-
-
-def _numpy_state(saved: dict[str, Any]) -> tuple[Any, ...]:
-    import numpy as np
-
-    keys = saved["keys"].numpy()
-    if keys.min(initial=0) < 0 or keys.max(initial=0) >= 2**32:
-        raise ValueError("NumPy generator keys out of range")
-    return saved["kind"], keys.astype(np.uint32), saved["pos"], saved["has_gauss"], saved["cached_gaussian"]
-
-
-def rng_problem(states: Any) -> str | None:
-    """What is wrong with saved generator states, or None: each is set on a fresh generator, so
-    that a bad one is found before anything of this process changes."""
-    try:
-        if not isinstance(states, dict) or not {"python", "torch"} <= states.keys():
-            raise ValueError(f"expected a dict with 'python' and 'torch', got {type(states).__name__}")
-        random.Random().setstate(_python_state(states["python"]))
-        torch.Generator().set_state(states["torch"])
-        if "numpy" in states:
-            import numpy as np
-
-            np.random.RandomState().set_state(_numpy_state(states["numpy"]))
-        cuda = states.get("cuda", [])
-        if not isinstance(cuda, list) or not all(_is_byte_state(s) for s in cuda):
-            raise ValueError("CUDA states must be a list of uint8 tensors")
-        if cuda and torch.cuda.is_available() and len(cuda) > torch.cuda.device_count():
-            raise ValueError(f"states of {len(cuda)} CUDA devices, this process sees {torch.cuda.device_count()}")
-    except ImportError:
-        return "it holds NumPy generator state and NumPy is not installed"
-    except Exception as e:  # whatever a malformed state raises: it is the checkpoint's fault
-        return f"bad random state ({type(e).__name__}: {e})"
-    return None
-
-
-def generators_problem(states: Any) -> str | None:
-    """What is wrong with saved ``torch.Generator`` states (a list of them), or None."""
-    if not isinstance(states, list) or not all(_is_byte_state(s) for s in states):
-        return "generator states must be a list of uint8 tensors"
-    try:
-        for s in states:
-            torch.Generator().set_state(s)
-    except RuntimeError as e:
-        return f"bad generator state ({e})"
-    return None
-
-
-def _is_byte_state(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -219,6 +132,21 @@ class Checkpoints:
     def _steps(self) -> list[Path]:
         return sorted((p for p in self.dir.glob("step-*") if p.is_dir()), reverse=True)
 
+    def _check_fits(self, path: Path, payload: dict[str, Any]) -> None:
+        """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
+        if payload["format"] != FORMAT:
+            raise ValueError(
+                f"{self.who}: checkpoint {path} is in format {payload['format']}, this composetrain reads format "
+                f"{FORMAT} (tensors and plain types only, loaded with weights_only=True); finish that run with the "
+                "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
+            )
+        if payload["world_size"] != self.world_size:
+            raise ValueError(
+                f"{self.who}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
+                f"run has {self.world_size}; resume with the same number of processes (the data order "
+                "and random states are per rank)"
+            )
+
     def latest(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
         """The newest checkpoint that every rank can load: (path, payload, this rank's part).
 
@@ -234,12 +162,7 @@ class Checkpoints:
             local = None
             if self._all(payload is not None):
                 assert payload is not None
-                if payload["world_size"] != self.world_size:  # read from the same file on every rank
-                    raise ValueError(
-                        f"{self.who}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
-                        f"run has {self.world_size}; resume with the same number of processes (the data order "
-                        "and random states are per rank)"
-                    )
+                self._check_fits(path, payload)  # the same file on every rank: all raise alike
                 local, problem = _load(path / f"rank-{self.rank}.pt", LOCAL, _local_problem)
             if self._all(local is not None):
                 assert payload is not None and local is not None
@@ -292,8 +215,6 @@ def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
 
 
 def _shared_problem(payload: dict[str, Any]) -> str | None:
-    if payload["format"] != FORMAT:
-        return f"format {payload['format']!r}, expected {FORMAT}"
     if payload["world_size"] < 1 or payload["epoch"] < 0 or payload["position"] < 0:
         return f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']}"
     state = payload["state"]

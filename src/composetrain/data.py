@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from composetrain._util import show
 from composetrain.batching import map_tensors
-from composetrain.checkpoint import capture_rng, restore_rng
+from composetrain.rng import capture_rng, restore_rng
 
 __all__ = [
     "auto_workers", "epoch_batches", "epoch_order", "generator_states", "local_world_size", "make_loader",

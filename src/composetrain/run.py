@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from composetrain._util import show
-from composetrain.checkpoint import Checkpoints, restore_rng
+from composetrain.checkpoint import Checkpoints
 from composetrain.core import StepOutput, TrainStep
 from composetrain.data import (
     epoch_batches,
@@ -32,6 +32,7 @@ from composetrain.monitor import Meter, MetricsLog, progress_bar
 from composetrain.preemption import StopSignal
 from composetrain.preemption import requeue as requeue_job
 from composetrain.rendezvous import Process, rendezvous
+from composetrain.rng import restore_rng
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep
 from composetrain.steps import train_step as lift
