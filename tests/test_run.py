@@ -594,8 +594,7 @@ def test_a_given_loader_with_persistent_workers_resumes_exactly(tmp_path):
     def make_loader():
         return DataLoader(indexed(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
 
-    with pytest.warns(UserWarning, match=r"persistent_workers=True: its order continues exactly, but random draws"):
-        assert_resumes_exactly(tmp_path, make_loader, stop=7)
+    assert_resumes_exactly(tmp_path, make_loader, stop=7)
 
 
 def test_a_given_loader_with_its_own_generator_resumes_exactly(tmp_path):
@@ -651,3 +650,31 @@ def test_a_given_loader_with_a_distributed_sampler_resumes_exactly(tmp_path):
     run_given(tmp_path / "c", lambda: loader_with(7), seen, max_steps=7)
     run_given(tmp_path / "c", lambda: loader_with(8), seen, epochs=2)
     assert sorted(seen[20:]) == list(range(20))
+
+
+@pytest.mark.parametrize(
+    ("second", "pattern"),
+    [
+        ("no generator", r"continues a DataLoader that drew from 1 generator\(s\) of its own, and this one has 0"),
+        ("the dataset", r"stopped inside an epoch of a DataLoader given as is, and this run got a Dataset"),
+    ],
+)
+def test_a_given_loader_whose_order_cannot_continue_is_refused_before_anything_changes(tmp_path, second, pattern):
+    from torch.utils.data import DataLoader
+
+    def make_loader():
+        return DataLoader(indexed(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+    run_given(tmp_path, make_loader, [], max_steps=7)
+    other = {
+        "no generator": lambda: DataLoader(indexed(), batch_size=4, shuffle=True),
+        "the dataset": lambda: indexed(),
+    }[second]
+    state = run_script.state()
+    before = [p.clone() for p in state.model.parameters()]
+    with pytest.raises(ValueError, match=r"run: checkpoint .*step-000000007 " + pattern):
+        ct.run(
+            lambda m, b: run_script.step(m, b[:2]), state, other(), batch_size=4, checkpoint_dir=tmp_path,
+            progress=False, seed=5, epochs=2, num_workers=0,
+        )  # fmt: skip
+    assert state.step == 0 and all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))

@@ -7,7 +7,6 @@ import os
 import random
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sized
 from pathlib import Path
 from typing import Any
@@ -298,13 +297,6 @@ def _resume(
     restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
     if given is not None:
         set_generator_states(given, local["generators"])
-        if given.persistent_workers and given.num_workers > 0:  # their random state lives in their processes
-            warnings.warn(
-                f"{who}: resuming a DataLoader with persistent_workers=True: its order continues exactly, but "
-                "random draws inside its workers (augmentations in the dataset) start from new seeds; give "
-                "it persistent_workers=False to resume those bit for bit too",
-                stacklevel=3,
-            )
     loop = (saved["epoch"], saved["position"], saved["history"], saved["evals"])
     return _Progress(*loop, local["window"], local["order"])
 
