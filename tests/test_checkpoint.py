@@ -73,10 +73,11 @@ def rewrite(name, change):
         lambda saved: [saved],
         lambda saved: {k: v for k, v in saved.items() if k != "epoch"},
         lambda saved: {**saved, "position": "3"},
+        lambda saved: {**saved, "position": 8},  # of 8 updates per epoch: the epoch's end saves position 0
         lambda saved: {**saved, "history": "junk"},
         lambda saved: {**saved, "state": {k: v for k, v in saved["state"].items() if k != "optimizer"}},
     ],
-    ids=["format-only", "a-list", "no-epoch", "str-position", "str-history", "no-optimizer"],
+    ids=["format-only", "a-list", "no-epoch", "str-position", "past-the-end", "str-history", "no-optimizer"],
 )
 def test_a_shared_state_of_the_wrong_shape_is_set_aside(tmp_path, change):
     resumed_after(tmp_path, rewrite("state.pt", change))

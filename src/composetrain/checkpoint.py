@@ -215,8 +215,12 @@ def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
 
 
 def _shared_problem(payload: dict[str, Any]) -> str | None:
-    if payload["world_size"] < 1 or payload["epoch"] < 0 or payload["position"] < 0:
-        return f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']}"
+    per_epoch = payload["settings"].get("updates_per_epoch")
+    if payload["world_size"] < 1 or payload["epoch"] < 0 or not 0 <= payload["position"] < (per_epoch or 1):
+        return (
+            f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']} "
+            f"of {per_epoch} updates per epoch"
+        )
     state = payload["state"]
     missing = sorted({"model", "optimizer", "scheduler", "step", "transforms"} - state.keys())
     if missing:
