@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+import run_script
 import torch
 from helpers import assert_states_equal
 from test_run import train
@@ -142,3 +143,19 @@ def test_a_checkpoint_of_another_format_is_refused_and_kept(tmp_path):
     with pytest.raises(ValueError, match=r"run: checkpoint .*step-000000008 is in format 1, this composetrain reads"):
         train(tmp_path, epochs=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_state_that_would_not_load_is_refused_at_save_and_nothing_is_written(tmp_path):
+    """A NumPy float (a float subclass) in transform state would be saved, then refused by the
+    weights_only load on resume: every checkpoint the run wrote would be set aside."""
+    import composetrain as ct
+
+    state = run_script.state()
+    state.transform_state("custom", lambda: {"rate": np.float64(0.5)})
+    expected = r"run: cannot checkpoint step 8: state.pt\['state'\]\['transforms'\]\['custom'\]\['rate'\] is np"
+    with pytest.raises(TypeError, match=expected):
+        ct.run(
+            run_script.step, state, run_script.dataset(), batch_size=12, checkpoint_dir=tmp_path, progress=False,
+            num_workers=0,
+        )  # fmt: skip
+    assert not list(tmp_path.glob("*step-*"))

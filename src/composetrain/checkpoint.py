@@ -14,12 +14,14 @@ import os
 import pickle
 import shutil
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from composetrain._util import show
 from composetrain.rng import capture_rng, generators_problem, restore_rng, rng_problem
 
 __all__ = ["Checkpoints", "capture_rng", "restore_rng"]
@@ -105,13 +107,21 @@ class Checkpoints:
     def save(self, step: int, payload: dict[str, Any], local: dict[str, Any]) -> Path:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
         ``step``, atomically; then drop all but the ``keep`` newest older ones."""
+        local = {**local, "rng": capture_rng()}
+        problem = _unplain(local, f"rank-{self.rank}.pt") or (_unplain(payload, "state.pt") if self.rank == 0 else None)
+        if not self._all(problem is None):  # before anything is written, on every rank alike
+            raise TypeError(
+                f"{self.who}: cannot checkpoint step {step}: {problem or 'another rank holds what it cannot save'}; "
+                "a checkpoint holds tensors and plain types only (dict, list, tuple, str, int, float, bool, None), "
+                "which load without running code: convert that value in its state_dict()"
+            )
         final = self.dir / f"step-{step:09d}"
         tmp = self.dir / f".step-{step:09d}.tmp"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
         self._barrier()
-        _write({**local, "rng": capture_rng()}, tmp / f"rank-{self.rank}.pt")
+        _write(local, tmp / f"rank-{self.rank}.pt")
         if self.rank == 0:
             _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
         self._barrier()
@@ -177,6 +187,25 @@ class Checkpoints:
                 os.replace(path, aside)
             self._barrier()
         return None
+
+
+_PLAIN = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _unplain(value: Any, where: str) -> str | None:
+    """Where in ``value`` something sits that ``torch.load(weights_only=True)`` would refuse, or None.
+    Exact types: a NumPy float is a float subclass, and a named tuple a tuple one, yet neither loads."""
+    if isinstance(value, torch.Tensor) or type(value) in _PLAIN:
+        return None
+    if type(value) in (dict, OrderedDict):
+        for k, v in value.items():
+            problem = _unplain(k, f"a key of {where}") or _unplain(v, f"{where}[{k!r}]")
+            if problem:
+                return problem
+        return None
+    if type(value) in (list, tuple, set):
+        return next(filter(None, (_unplain(v, f"{where}[{i}]") for i, v in enumerate(value))), None)
+    return f"{where} is {show(value)}"
 
 
 def _free(directory: Path, name: str) -> Path:
