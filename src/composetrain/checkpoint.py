@@ -5,7 +5,8 @@ A checkpoint is a folder ``step-000001234/`` holding ``state.pt`` (written by ra
 random number generators and its own loop state, such as metrics not yet logged).
 It is written under a hidden temporary name in the same folder, every file
 fsynced, then renamed into place and the folder fsynced: a crash mid-save leaves
-the previous checkpoint as the latest valid one.
+the previous checkpoint as the latest valid one. Files hold tensors and plain types
+only and load with ``weights_only=True``: resuming never runs code from the folder.
 """
 
 from __future__ import annotations
