@@ -5,16 +5,17 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 import run_script
 import torch
 from dist_pool import Pool, free_port
 from helpers import assert_states_equal
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from launching import Job, alive, wait_all
 from torch.utils.data import Dataset, TensorDataset
 
@@ -918,3 +919,128 @@ def test_an_unwritable_log_file_is_a_clear_error_before_training(tmp_path):
     with pytest.raises(PermissionError, match=r"run: log_file '.*file/log.jsonl' is not writable \(.*\); choose a"):
         ct.run(run_script.step, state, run_script.dataset(), batch_size=12, log_file=blocker / "log.jsonl")
     assert state.step == 0
+
+
+# -- resuming a DataLoader given as is -----------------------------------------------------------------
+def indexed(n=20):
+    """Samples that carry their index, so that a run's spy can tell which were trained on."""
+    x, y = run_script.dataset(n).tensors
+    return TensorDataset(x, y, torch.arange(n))
+
+
+def run_given(path, make_loader, seen, **options):
+    def spy(model, batch):
+        x, y, i = batch
+        seen.extend(i.tolist())
+        return run_script.step(model, (x, y))
+
+    state = run_script.state()
+    ct.run(spy, state, make_loader(), checkpoint_dir=path, progress=False, seed=5, log_every=3, **options)
+    return state
+
+
+def assert_resumes_exactly(tmp_path, make_loader, stop, epochs=2):
+    """Stopped after ``stop`` updates and rerun to ``epochs``: every sample once per epoch, in the
+    uninterrupted run's order, and the same parameters bit for bit (dropout draws from the restored RNG)."""
+    straight_seen, seen = [], []
+    straight = run_given(tmp_path / "a", make_loader, straight_seen, epochs=epochs)
+    run_given(tmp_path / "b", make_loader, seen, max_steps=stop)
+    resumed = run_given(tmp_path / "b", make_loader, seen, epochs=epochs)
+    n = len(make_loader().dataset)
+    assert [sorted(seen[e * n : (e + 1) * n]) for e in range(epochs)] == [list(range(n))] * epochs
+    assert seen == straight_seen
+    assert_states_equal(resumed, straight)
+
+
+def test_a_given_loader_with_persistent_workers_resumes_exactly(tmp_path):
+    """Its first iterator draws the workers' seed before the order, later epochs only the order:
+    stopped at update 7 of 2 epochs of 5, 7 of the 20 samples used to be trained twice and 7 never."""
+    from torch.utils.data import DataLoader
+
+    def make_loader():
+        return DataLoader(indexed(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+
+    assert_resumes_exactly(tmp_path, make_loader, stop=7)
+
+
+def test_a_given_loader_with_its_own_generator_resumes_exactly(tmp_path):
+    """The loader's generator decides its shuffle; it used to restart from its seed on resume."""
+    from torch.utils.data import DataLoader
+
+    def make_loader():
+        return DataLoader(indexed(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+    assert_resumes_exactly(tmp_path, make_loader, stop=7)
+    assert_resumes_exactly(tmp_path / "at-an-epoch-end", make_loader, stop=5, epochs=3)
+
+
+@given(
+    n=st.integers(3, 10),
+    batch_size=st.integers(1, 4),
+    shuffle=st.booleans(),
+    generator=st.sampled_from([None, "loader", "sampler"]),
+    data=st.data(),
+)
+def test_any_given_loader_resumes_with_every_sample_once_per_epoch(n, batch_size, shuffle, generator, data):
+    """Shuffled or not, drawing from the global RNG, the loader's generator or the sampler's own,
+    stopped after any update: the rerun trains each sample once per epoch, as the straight run did."""
+    from torch.utils.data import DataLoader, RandomSampler
+
+    def make_loader():
+        dataset, g = indexed(n), torch.Generator().manual_seed(3)
+        if generator == "sampler" and shuffle:
+            return DataLoader(dataset, batch_size=batch_size, sampler=RandomSampler(dataset, generator=g))
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=g if generator else None)
+
+    stop = data.draw(st.integers(1, 2 * -(-n // batch_size) - 1), label="stop")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny steps: threads only add overhead on a busy machine
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            assert_resumes_exactly(Path(tmp), make_loader, stop=stop)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_given_loader_with_a_distributed_sampler_resumes_exactly(tmp_path):
+    """Its order is decided by its seed and the epoch ct.run sets: both restored for the epoch resumed,
+    so that a sampler rebuilt with another seed still finishes the epoch it joins with each sample once."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def loader_with(seed):
+        dataset = indexed()
+        return DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=seed))
+
+    assert_resumes_exactly(tmp_path, lambda: loader_with(7), stop=7)
+    seen = []
+    run_given(tmp_path / "c", lambda: loader_with(7), seen, max_steps=7)
+    run_given(tmp_path / "c", lambda: loader_with(8), seen, epochs=2)
+    assert sorted(seen[20:]) == list(range(20))
+
+
+@pytest.mark.parametrize(
+    ("second", "pattern"),
+    [
+        ("no generator", r"continues a DataLoader that drew from 1 generator\(s\) of its own, and this one has 0"),
+        ("the dataset", r"stopped inside an epoch of a DataLoader given as is, and this run got a Dataset"),
+    ],
+)
+def test_a_given_loader_whose_order_cannot_continue_is_refused_before_anything_changes(tmp_path, second, pattern):
+    from torch.utils.data import DataLoader
+
+    def make_loader():
+        return DataLoader(indexed(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+    run_given(tmp_path, make_loader, [], max_steps=7)
+    other = {
+        "no generator": lambda: DataLoader(indexed(), batch_size=4, shuffle=True),
+        "the dataset": lambda: indexed(),
+    }[second]
+    state = run_script.state()
+    before = [p.clone() for p in state.model.parameters()]
+    with pytest.raises(ValueError, match=r"run: checkpoint .*step-000000007 " + pattern):
+        ct.run(
+            lambda m, b: run_script.step(m, b[:2]), state, other(), batch_size=4, checkpoint_dir=tmp_path,
+            progress=False, seed=5, epochs=2, num_workers=0,
+        )  # fmt: skip
+    assert state.step == 0 and all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))

@@ -30,10 +30,10 @@ class Meter:
     ranks at them; the time spent waiting for data against the time in the step; the cadence of
     logging, evaluating and saving in optimizer updates."""
 
-    def __init__(self, proc: Process, state: TrainState, window: list[StepOutput]) -> None:
+    def __init__(self, proc: Process, state: TrainState, window: list[dict[str, Any]]) -> None:
         self.proc, self.state = proc, state
-        # the outputs since the last log point; checkpoints carry them, so history resumes exactly
-        self.outputs: list[StepOutput] = window
+        # the outputs since the last log point; checkpoints carry them (window_on_cpu), so history resumes exactly
+        self.outputs: list[StepOutput] = [StepOutput(o["loss"], o["metrics"], o["skipped"]) for o in window]
         self.waited = self.computed = 0.0  # this call of ct.run
         self.window_start = time.perf_counter()
         self.window_wait = 0.0
@@ -112,10 +112,12 @@ class Meter:
             "names on every rank"
         )
 
-    def window_on_cpu(self) -> list[StepOutput]:
-        """The outputs not yet logged, for a checkpoint (on the CPU, so any device can resume)."""
+    def window_on_cpu(self) -> list[dict[str, Any]]:
+        """The outputs not yet logged, for a checkpoint: on the CPU (any device can resume) and as
+        plain dicts of tensors (a checkpoint holds nothing that loading would have to run)."""
         return [
-            StepOutput(o.loss.cpu(), {k: v.cpu() for k, v in o.metrics.items()}, bool(o.skipped)) for o in self.outputs
+            {"loss": o.loss.cpu(), "metrics": {k: v.cpu() for k, v in o.metrics.items()}, "skipped": bool(o.skipped)}
+            for o in self.outputs
         ]
 
     @property

@@ -12,16 +12,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from composetrain._run_checks import check_arguments, loader_options
-from composetrain.checkpoint import Checkpoints, capture_rng, restore_rng
+from composetrain.checkpoint import Checkpoints
 from composetrain.core import StepOutput, TrainStep
-from composetrain.data import epoch_batches, local_world_size, make_loader
+from composetrain.data import (
+    epoch_batches,
+    epoch_order,
+    generator_states,
+    local_world_size,
+    make_loader,
+    order_problem,
+    set_generator_states,
+)
 from composetrain.evaluation import EvalStep, evaluator
 from composetrain.monitor import Meter, MetricsLog, progress_bar
 from composetrain.preemption import StopSignal
 from composetrain.preemption import requeue as requeue_job
 from composetrain.rendezvous import Process, rendezvous
+from composetrain.rng import restore_rng
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep
 from composetrain.steps import _lift as lift
@@ -63,8 +73,8 @@ class _Progress:
     position: int = 0  # batches of this epoch done
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    window: list[StepOutput] = dataclasses.field(default_factory=list)  # outputs not yet logged (per rank)
-    epoch_rng: dict[str, Any] | None = None  # the random state this epoch began with (per rank)
+    window: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # outputs not yet logged (per rank)
+    order: dict[str, Any] | None = None  # what a given loader drew this epoch's order from (per rank)
 
 
 def run(
@@ -189,7 +199,7 @@ def run(
             checkpoints = Checkpoints(checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who)
         log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
         log = MetricsLog(log_path, proc)  # checked writable before anything is resumed
-        at = _resume(checkpoints, state, settings, proc, seed, who)
+        at = _resume(checkpoints, state, settings, loader if sampler is None else None, proc, seed, who)
         resumed = at.epoch > 0 or at.position > 0  # a checkpoint is never saved before the first update
         log.start(at.history, resumed)
         meter = Meter(proc, state, at.window)
@@ -203,7 +213,11 @@ def run(
         def save() -> Path:
             assert checkpoints is not None
             loop = {"epoch": at.epoch, "position": at.position, "history": at.history, "evals": at.evals}
-            local = {"window": meter.window_on_cpu(), "epoch_rng": at.epoch_rng}
+            local = {
+                "window": meter.window_on_cpu(),
+                "order": at.order if at.position else None,  # replays the epoch's start on resume
+                "generators": generator_states(loader) if sampler is None else [],  # the next epoch draws from them
+            }
             return checkpoints.save(state.step, {"state": state.state_dict(), "settings": settings, **loop}, local)
 
         def log_now() -> None:
@@ -223,8 +237,8 @@ def run(
                 evaluate_now()  # saved before its evaluation, which failed or was cut short
             while (total_epochs is None or at.epoch < total_epochs) and not stop.agreed and not reached_max():
                 if at.position == 0:
-                    at.epoch_rng = capture_rng() if sampler is None else None  # to replay a given loader's shuffle
-                batches = epoch_batches(loader, sampler, at.epoch, at.position, at.epoch_rng, proc.device)
+                    at.order = epoch_order(loader, sampler)  # to replay a given loader's shuffle on resume
+                batches = epoch_batches(loader, sampler, at.epoch, at.position, at.order, proc.device, per_epoch)
                 evaluate_at_end = False
                 for at.position, batch, waited in batches:
                     if at.position > per_epoch:  # ranks' loaders may differ in length: all stop at the fewest
@@ -278,10 +292,17 @@ def _timed(step_fn: TrainStep, state: TrainState, batch: Any) -> tuple[StepOutpu
 
 
 def _resume(
-    checkpoints: Checkpoints | None, state: TrainState, settings: dict[str, Any], proc: Process, seed: int, who: str
+    checkpoints: Checkpoints | None,
+    state: TrainState,
+    settings: dict[str, Any],
+    given: DataLoader[Any] | None,
+    proc: Process,
+    seed: int,
+    who: str,
 ) -> _Progress:
-    """The latest valid checkpoint restored into ``state``, or a fresh start with each rank's own
-    random stream; a checkpoint made with other data settings is refused before anything changes."""
+    """The latest valid checkpoint restored into ``state`` and the ``given`` DataLoader's generators, or a
+    fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``; one
+    of other data settings, order or model is refused before anything changes."""
     latest = checkpoints.latest() if checkpoints is not None else None
     if latest is None:
         _seed_everything(seed * 1000003 + proc.rank)
@@ -294,6 +315,9 @@ def _resume(
             f"{who}: checkpoint {path} continues a run with other data settings ({listing}); resume with the "
             "same settings, or point checkpoint_dir elsewhere to start afresh"
         )
+    problem = order_problem(given, saved["position"], local["order"], local["generators"])
+    if problem:
+        raise ValueError(f"{who}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
     try:
         state.load_state_dict(saved["state"])
     except (ValueError, TypeError) as e:
@@ -301,10 +325,11 @@ def _resume(
             f"{who}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
             "to start afresh"
         ) from e
-    restore_rng(local["rng"])
-    return _Progress(
-        saved["epoch"], saved["position"], saved["history"], saved["evals"], local["window"], local["epoch_rng"]
-    )
+    restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
+    if given is not None:
+        set_generator_states(given, local["generators"])
+    loop = (saved["epoch"], saved["position"], saved["history"], saved["evals"])
+    return _Progress(*loop, local["window"], local["order"])
 
 
 def _evaluation_missed(at: _Progress, step: int, eval_every: int | None) -> bool:
