@@ -1,4 +1,5 @@
-"""Checkpoints: loading never runs code, random states round-trip as plain data, anything off is set aside."""
+"""Checkpoints: loading never runs code, random states round-trip as plain data, anything off is set aside
+(the save protocol is tested in test_checkpoint.py)."""
 
 import pathlib
 import random
