@@ -744,8 +744,8 @@ def test_training_metric_names_that_change_between_updates_are_a_clear_error():
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"seed": "abc"}, ValueError, "run: seed must be an int in [0, 2**32), got 'abc' (str); e.g. seed=0"),
-        ({"seed": 2.5}, ValueError, "run: seed must be an int in [0, 2**32), got 2.5 (float); e.g. seed=0"),
+        ({"seed": "abc"}, TypeError, "run: seed must be an int in [0, 2**32), got 'abc' (str); e.g. seed=0"),
+        ({"seed": 2.5}, TypeError, "run: seed must be an int in [0, 2**32), got 2.5 (float); e.g. seed=0"),
         ({"seed": -1}, ValueError, "run: seed must be an int in [0, 2**32), got -1 (int); e.g. seed=0"),
         ({"seed": 2**64}, ValueError, f"run: seed must be an int in [0, 2**32), got {2**64} (int); e.g. seed=0"),
         (
@@ -1044,3 +1044,51 @@ def test_a_given_loader_whose_order_cannot_continue_is_refused_before_anything_c
             progress=False, seed=5, epochs=2, num_workers=0,
         )  # fmt: skip
     assert state.step == 0 and all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))
+
+
+# -- evaluations in the metrics file, TensorBoard ---------------------------------------------------
+def read_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_evaluations_are_logged_and_a_resumed_run_writes_the_same_file(tmp_path):
+    from run_cases import evaluate
+
+    options = {"epochs": 3, "eval_step": evaluate, "eval_data": run_script.dataset(30), "eval_every": 5}
+    _, straight = train(tmp_path / "a", **options)
+    train(tmp_path / "b", max_steps=11, **options)  # stopped inside the second epoch
+    train(tmp_path / "b", **options)
+    a, b = read_lines(tmp_path / "a" / "metrics.jsonl"), read_lines(tmp_path / "b" / "metrics.jsonl")
+    kinds = [(r["step"], "eval" in r) for r in a]
+    assert kinds == [(r["step"], "eval" in r) for r in b]
+    evals = [r for r in a if "eval" in r]
+    assert [e["step"] for e in evals] == [e["step"] for e in straight.evals] == [5, 10, 15, 20]
+    assert [e["eval"] for e in evals] == [
+        {k: v for k, v in e.items() if k not in ("step", "epoch")} for e in straight.evals
+    ]
+    assert [e["eval"] for e in evals] == [e["eval"] for e in b if "eval" in e]
+    assert [r["loss"] for r in a if "loss" in r] == [r["loss"] for r in b if "loss" in r]
+
+
+def test_tensorboard_gets_training_and_evaluation_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    from run_cases import evaluate
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    options = {"epochs": 2, "eval_step": evaluate, "eval_data": run_script.dataset(30), "tensorboard": True}
+    _, result = train(tmp_path, **options)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"train/loss", "train/acc", "train/lr", "eval/acc"} <= set(tags)
+    assert [e.step for e in events.Scalars("train/loss")] == [r["step"] for r in result.history]
+    assert [e.value for e in events.Scalars("eval/acc")] == pytest.approx([e["acc"] for e in result.evals])
+
+
+def test_tensorboard_needs_somewhere_to_write():
+    state = run_script.state()
+    with pytest.raises(ValueError, match=r"tensorboard=True writes beside the metrics file, but there is none"):
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, tensorboard=True, progress=False)
+    with pytest.raises(TypeError, match=r"tensorboard must be True, False or a folder, got 1 \(int\)"):
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, tensorboard=1, progress=False)
+    assert state.step == 0

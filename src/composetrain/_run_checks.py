@@ -25,14 +25,16 @@ def check_arguments(state: Any, who: str, **options: Any) -> None:
         value, optional = options[name], name not in ("log_every", "keep_checkpoints")
         if value is None and optional:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # the one rule: kind, then range
+            error = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
+            raise error(
                 f"{who}: {name} must be a positive int{' or None' if optional else ''}, got {show(value)}; "
                 f"e.g. {name}=10"
             )
     seed = options["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise ValueError(f"{who}: seed must be an int in [0, 2**32), got {show(seed)}; e.g. seed=0")
+        error = ValueError if isinstance(seed, int) and not isinstance(seed, bool) else TypeError
+        raise error(f"{who}: seed must be an int in [0, 2**32), got {show(seed)}; e.g. seed=0")
     for name in ("shuffle", "drop_last", "progress", "requeue"):
         value, optional = options[name], name in ("shuffle", "drop_last")
         if not isinstance(value, bool) and not (value is None and optional):

@@ -143,17 +143,22 @@ class Meter:
 
 
 class MetricsLog:
-    """The JSON-lines file of records, written by rank 0.
+    """The JSON-lines file of records, and optionally TensorBoard event files, written by rank 0.
 
-    A resumed run rewrites it from the history it resumes with, so that a crash between a log point
-    and the next checkpoint leaves no duplicate lines. A file that is not this run's (a fresh start
-    finds it non-empty; a resumed run finds it not beginning with its history) is never overwritten:
-    it is moved aside to ``name.1`` (or the first free ``name.N``) with a warning.
+    Training records are written at each log point, evaluation records as
+    ``{"step", "epoch", "eval": {name: value}}`` when they are made. A resumed run rewrites the file
+    from the history and evaluations it resumes with, so that a crash between a log point and the
+    next checkpoint leaves no duplicate lines; TensorBoard is told to purge what it holds from the
+    resumed step on. A file that is not this run's (a fresh start finds it non-empty; a resumed run
+    finds its training records not beginning with its history) is never overwritten: it is moved
+    aside to ``name.1`` (or the first free ``name.N``) with a warning.
     """
 
-    def __init__(self, path: Path | None, proc: Process) -> None:
+    def __init__(self, path: Path | None, proc: Process, tensorboard: Path | None = None) -> None:
         """Check, on every rank together, that rank 0 can write ``path`` (before anything is resumed)."""
         self.path = path if proc.is_main else None
+        self.tensorboard = tensorboard if proc.is_main else None
+        self.board: Any = None
         problem = None
         if self.path is not None:
             try:
@@ -169,13 +174,17 @@ class MetricsLog:
                 f"{WHO}: log_file {str(path)!r} is not writable ({problem}); choose a file you can write to"
             )
 
-    def start(self, history: list[dict[str, Any]], resumed: bool) -> None:
-        """Begin with ``history``: the records of the run resumed (none on a fresh start)."""
+    def start(self, history: list[dict[str, Any]], evals: list[dict[str, Any]], resumed: bool, step: int) -> None:
+        """Begin with ``history`` and ``evals``: the records of the run resumed at ``step`` (none on a fresh start)."""
+        if self.tensorboard is not None:
+            from torch.utils.tensorboard import SummaryWriter  # checked importable by ct.run
+
+            self.board = SummaryWriter(str(self.tensorboard), purge_step=step if resumed else None)
         if self.path is None:
             return
-        lines = "".join(json.dumps(r) + "\n" for r in history)
+        train = [json.dumps(r) for r in history]
         found = self.path.read_text(errors="replace") if self.path.exists() else ""
-        if found and not (resumed and found.startswith(lines)):
+        if found and not (resumed and [s for s in found.splitlines() if '"eval": {' not in s][: len(train)] == train):
             names = (self.path.with_name(f"{self.path.name}.{n}") for n in itertools.count(1))
             aside = next(p for p in names if not p.exists())
             os.replace(self.path, aside)
@@ -184,12 +193,42 @@ class MetricsLog:
                 f"(another run's, or one that started afresh); moved them to {str(aside)!r}",
                 stacklevel=3,
             )
-        self.path.write_text(lines)
+        # training records before the evaluation of the same update, as the loop writes them
+        rows = [(r["step"], 0, line) for r, line in zip(history, train, strict=True)]
+        rows += [(e["step"], 1, json.dumps(_eval_record(e))) for e in evals]
+        self.path.write_text("".join(line + "\n" for _, _, line in sorted(rows, key=lambda row: row[:2])))
 
     def write(self, record: dict[str, Any]) -> None:
+        """One training record (a log point)."""
+        self._append(record)
+        if self.board is not None:
+            for key, value in record.items():
+                if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                    self.board.add_scalar(f"train/{key}", value, record["step"])
+            self.board.flush()
+
+    def write_eval(self, entry: dict[str, Any]) -> None:
+        """One evaluation, as ``ct.run`` keeps it: ``{"step", "epoch", name: value, ...}``."""
+        record = _eval_record(entry)
+        self._append(record)
+        if self.board is not None:
+            for key, value in record["eval"].items():
+                self.board.add_scalar(f"eval/{key}", value, record["step"])
+            self.board.flush()
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+
+    def _append(self, record: dict[str, Any]) -> None:
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+def _eval_record(entry: dict[str, Any]) -> dict[str, Any]:
+    metrics = {k: v for k, v in entry.items() if k not in ("step", "epoch")}
+    return {"step": entry["step"], "epoch": entry["epoch"], "eval": metrics}
 
 
 class _NoBar:

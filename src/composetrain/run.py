@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from composetrain._run_checks import check_arguments, loader_options
+from composetrain._util import show
 from composetrain.checkpoint import Checkpoints
 from composetrain.core import StepOutput, TrainStep
 from composetrain.data import (
@@ -101,6 +102,7 @@ def run(
     seed: int = 0,
     requeue: bool = True,
     timeout: float = 300.0,
+    tensorboard: bool | str | os.PathLike[str] = False,
 ) -> RunResult:
     """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
 
@@ -144,6 +146,8 @@ def run(
         requeue: on SIGUSR1 (SLURM's pre-emption warning) under SLURM, requeue the job after
             saving; SIGTERM (``scancel``) saves and stops without requeueing.
         timeout: seconds to wait for the other processes (rendezvous and collectives).
+        tensorboard: also write TensorBoard event files (``pip install tensorboard``): True puts
+            them in ``tensorboard/`` beside the metrics file, or give a folder.
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record.
@@ -198,10 +202,11 @@ def run(
         if checkpoint_dir is not None:
             checkpoints = Checkpoints(checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who)
         log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
-        log = MetricsLog(log_path, proc)  # checked writable before anything is resumed
+        board = _tensorboard_dir(tensorboard, log_path, who)
+        log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
         at = _resume(checkpoints, state, settings, loader if sampler is None else None, proc, seed, who)
         resumed = at.epoch > 0 or at.position > 0  # a checkpoint is never saved before the first update
-        log.start(at.history, resumed)
+        log.start(at.history, at.evals, resumed, state.step)
         meter = Meter(proc, state, at.window)
         bar = progress_bar(progress and proc.is_main, max_steps or (epochs or 1) * per_epoch, state.step)
         stop = StopSignal(proc)  # restored in the finally below, whatever happens
@@ -230,6 +235,7 @@ def run(
         def evaluate_now() -> None:
             if evaluate is not None:
                 at.evals.append({"step": state.step, "epoch": at.epoch, **evaluate(state.model)})
+                log.write_eval(at.evals[-1])
 
         saved_at: Path | None = None
         try:
@@ -275,6 +281,7 @@ def run(
                 state.release_runtime()
             stop.restore()
             bar.close()
+            log.close()
         requeue_job(requeue, stop, proc, who)
         result = RunResult(
             history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=stop.agreed,
@@ -283,6 +290,29 @@ def run(
         if proc.is_main and progress:
             print(f"{who}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
+
+
+def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path | None:
+    """Where TensorBoard's event files go, checked before anything runs (None: no TensorBoard)."""
+    if tensorboard is False:
+        return None
+    if not isinstance(tensorboard, (bool, str, os.PathLike)):
+        raise TypeError(f"{who}: tensorboard must be True, False or a folder, got {show(tensorboard)}")
+    if tensorboard is True and log_path is None:
+        raise ValueError(
+            f"{who}: tensorboard=True writes beside the metrics file, but there is none: give checkpoint_dir "
+            "or log_file, or a folder: tensorboard='runs/tb'"
+        )
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"{who}: tensorboard={tensorboard!r} needs the tensorboard package: pip install tensorboard"
+        ) from e
+    if isinstance(tensorboard, bool):
+        assert log_path is not None  # for the type checker: refused above
+        return log_path.parent / "tensorboard"
+    return Path(tensorboard)
 
 
 def _timed(step_fn: TrainStep, state: TrainState, batch: Any) -> tuple[StepOutput, float]:
