@@ -78,8 +78,20 @@ def rewrite(name, change):
         lambda saved: {**saved, "position": 8},  # of 8 updates per epoch: the epoch's end saves position 0
         lambda saved: {**saved, "history": "junk"},
         lambda saved: {**saved, "state": {k: v for k, v in saved["state"].items() if k != "optimizer"}},
+        lambda saved: {**saved, "state": {**saved["state"], "step": 2.5}},
+        lambda saved: {**saved, "state": {**saved["state"], "step": 100}},  # not the step of its folder
     ],
-    ids=["format-only", "a-list", "no-epoch", "str-position", "past-the-end", "str-history", "no-optimizer"],
+    ids=[
+        "format-only",
+        "a-list",
+        "no-epoch",
+        "str-position",
+        "past-the-end",
+        "str-history",
+        "no-optimizer",
+        "float-step",
+        "other-step",
+    ],
 )
 def test_a_shared_state_of_the_wrong_shape_is_set_aside(tmp_path, change):
     resumed_after(tmp_path, rewrite("state.pt", change))

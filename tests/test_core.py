@@ -648,3 +648,10 @@ def test_compositions_equal_the_plain_step_with_frozen_parameters_modes_and_own_
         assert_states_close(a, b)
         for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
             assert pa.grad is None and pb.grad is None, name
+
+
+def test_compose_refuses_a_plain_step_given_as_a_transform():
+    with pytest.raises(
+        TypeError, match=r"compose: argument 1 must be a transform such as ct.accumulate\(4\), got <fun"
+    ):
+        ct.compose(ct.accumulate(2), classify)

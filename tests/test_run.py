@@ -1092,3 +1092,72 @@ def test_tensorboard_needs_somewhere_to_write():
     with pytest.raises(TypeError, match=r"tensorboard must be True, False or a folder, got 1 \(int\)"):
         ct.run(run_script.step, state, run_script.dataset(), batch_size=12, tensorboard=1, progress=False)
     assert state.step == 0
+
+
+# -- found by an adversarial review ------------------------------------------------------------------
+def test_evaluation_restores_each_submodules_own_mode():
+    """A frozen BatchNorm stays in eval mode after ct.run's evaluation, not only the model's flag."""
+    from run_cases import evaluate
+
+    seen = []
+
+    def step(model, batch):
+        seen.append(tuple(m.training for m in model.modules()))
+        return run_script.step(model, batch)
+
+    state = run_script.state()
+    state.model.train()
+    frozen = next(state.model.modules())  # make one submodule's mode differ from the model's
+    children = list(state.model.children())
+    children[0].eval()
+    expected = tuple(m.training for m in state.model.modules())
+    ct.run(step, state, run_script.dataset(), batch_size=12, epochs=2, eval_step=evaluate,
+           eval_data=run_script.dataset(30), num_workers=0, progress=False)  # fmt: skip
+    assert frozen.training and set(seen) == {expected}  # the same modes before and after each evaluation
+
+
+@pytest.mark.parametrize("name", ["loss", "step", "lr", "data_wait"])
+def test_a_metric_named_like_a_record_field_is_refused(name):
+    def step(model, batch):
+        loss, metrics = run_script.step(model, batch)
+        return loss, {**metrics, name: 1.0}
+
+    with pytest.raises(ValueError, match=rf"the step returns metrics \['{name}'\], names that ct.run's log records"):
+        ct.run(step, run_script.state(), run_script.dataset(), batch_size=12, num_workers=0, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "pattern"),
+    [
+        ({"eval_step": 5, "eval_data": None}, TypeError, r"run: eval_step must be a function, got 5 \(int\)"),
+        ({"collate_fn": 5}, TypeError, r"run: collate_fn must be a function, got 5 \(int\)"),
+        ({"num_workers": "many"}, TypeError, r"run: num_workers must be 'auto' or a non-negative int, got 'many'"),
+        (
+            {"data": "tuple"},
+            TypeError,
+            r"run: data must be a Dataset or DataLoader, got \(tensor.*TensorDataset\(x, y\)",
+        ),
+        ({"data": "dict"}, TypeError, r"run: data must be a Dataset or DataLoader, got \{'x'"),
+        ({"data": "loader", "collate_fn": list}, ValueError, r"run: collate_fn is given but so is a DataLoader"),
+    ],
+)
+def test_data_and_functions_of_the_wrong_kind_are_refused_before_training(options, error, pattern):
+    x, y = run_script.dataset().tensors
+    data = {"tuple": (x, y), "dict": {"x": x, "y": y}, "loader": torch.utils.data.DataLoader(run_script.dataset(), 12)}
+    options = {"data": run_script.dataset(), "batch_size": 12, "progress": False, **options}
+    options["data"] = (
+        data.get(options["data"], options["data"]) if isinstance(options["data"], str) else options["data"]
+    )
+    if options["data"] is data["loader"]:
+        del options["batch_size"]
+    state = run_script.state()
+    with pytest.raises(error, match=pattern):
+        ct.run(run_script.step, state, **options)
+    assert state.step == 0
+
+
+def test_a_numpy_integer_seed_is_an_int_seed():
+    np = pytest.importorskip("numpy")
+    a, _ = train(max_steps=3, seed=np.int64(5))
+    b, _ = train(max_steps=3, seed=5)
+    assert_states_equal(a, b)

@@ -141,7 +141,7 @@ class Checkpoints:
         return final
 
     def _steps(self) -> list[Path]:
-        return sorted((p for p in self.dir.glob("step-*") if p.is_dir()), reverse=True)
+        return sorted((p for p in self.dir.glob("step-*") if p.is_dir() and p.name[5:].isdigit()), reverse=True)
 
     def _check_fits(self, path: Path, payload: dict[str, Any]) -> None:
         """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
@@ -169,7 +169,8 @@ class Checkpoints:
         """
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
-            payload, problem = _load(path / "state.pt", SHARED, _shared_problem)
+            step = int(name.rpartition("-")[2])  # step-000001234, as save() names it
+            payload, problem = _load(path / "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
             local = None
             if self._all(payload is not None):
                 assert payload is not None
@@ -244,7 +245,7 @@ def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
     return None
 
 
-def _shared_problem(payload: dict[str, Any]) -> str | None:
+def _shared_problem(payload: dict[str, Any], step: int) -> str | None:
     per_epoch = payload["settings"].get("updates_per_epoch")
     if payload["world_size"] < 1 or payload["epoch"] < 0 or not 0 <= payload["position"] < (per_epoch or 1):
         return (
@@ -255,6 +256,8 @@ def _shared_problem(payload: dict[str, Any]) -> str | None:
     missing = sorted({"model", "optimizer", "scheduler", "step", "transforms"} - state.keys())
     if missing:
         return f"its TrainState lacks {missing}"
+    if type(state["step"]) is not int or state["step"] != step:
+        return f"its TrainState's step {state['step']!r} is not the step of its folder ({step})"
     if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
         return "its history and evals must be lists of dicts"
     return None

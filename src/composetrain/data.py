@@ -127,7 +127,8 @@ def make_loader(
         )
     workers = auto_workers(local_world_size) if num_workers == "auto" else num_workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"{who}: num_workers must be 'auto' or a non-negative int, got {show(num_workers)}")
+        error = ValueError if isinstance(workers, int) and not isinstance(workers, bool) else TypeError
+        raise error(f"{who}: num_workers must be 'auto' or a non-negative int, got {show(num_workers)}")
     sampler = ResumableSampler(
         DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
     )

@@ -23,6 +23,8 @@ from composetrain.state import TrainState
 __all__ = ["Meter", "MetricsLog", "progress_bar"]
 
 WHO = "run"  # the name in messages: these serve ct.run
+# what a log record holds besides the step's metrics: a metric of the same name would overwrite it
+RECORD_FIELDS = frozenset({"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait"})
 
 
 class Meter:
@@ -41,6 +43,12 @@ class Meter:
         self.start = state.step  # a resumed run keeps its cadence: multiples of the totals
 
     def add(self, out: StepOutput, waited: float, computed: float) -> None:
+        if not self.outputs and out.metrics.keys() & RECORD_FIELDS:  # once per window: a few keys
+            clash = sorted(out.metrics.keys() & RECORD_FIELDS)
+            raise ValueError(
+                f"{WHO}: the step returns metrics {clash}, names that ct.run's log records use for their own "
+                f"fields {sorted(RECORD_FIELDS)}; rename them in the step (e.g. 'train_loss')"
+            )
         self.outputs.append(out)
         self.waited += waited
         self.computed += computed

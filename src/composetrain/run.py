@@ -167,7 +167,9 @@ def run(
         state, who, epochs=epochs, max_steps=max_steps, log_every=log_every, checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints, eval_every=eval_every, seed=seed, shuffle=shuffle, drop_last=drop_last,
         progress=progress, requeue=requeue, timeout=timeout, checkpoint_dir=checkpoint_dir, eval_step=eval_step,
+        data=data, collate_fn=collate_fn,
     )  # fmt: skip
+    seed = int(seed)  # a NumPy integer too: the checkpoint keeps plain types
     batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
     with rendezvous(timeout=timeout) as proc:
         if proc.world_size > 1 and "distributed" not in step_fn.roles:
