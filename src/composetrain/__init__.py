@@ -6,6 +6,7 @@
 """
 
 from composetrain.accumulate import accumulate
+from composetrain.activation_checkpointing import checkpoint_activations
 from composetrain.batching import leading_size, samples, split_batch
 from composetrain.clip import clip_grad_norm
 from composetrain.core import Context, Pass, StepOutput, TrainStep, Update
@@ -33,6 +34,7 @@ __all__ = [
     "Transform",
     "Update",
     "accumulate",
+    "checkpoint_activations",
     "clip_grad_norm",
     "compose",
     "data_parallel",
