@@ -584,6 +584,7 @@ def test_two_ranks_in_the_pool(pool):
     assert a["epoch_firsts"][0] != a["epoch_firsts"][1] != a["epoch_firsts"][2]  # reshuffled every epoch
     assert a["evals"] == b["evals"] and a["evals"][-1]["acc"] == pytest.approx(a["single_process_eval"], abs=1e-12)
     assert untimed(a["history"]) == untimed(b["history"])
+    assert {r["global_batch"] for r in a["history"]} == {24}  # 12 per rank: the input of ct.scaled_lr
     with pytest.raises(RuntimeError, match=r"does not synchronise them; wrap it: ct.distributed"):
         pool.run("run_cases", "not_distributed")
 

@@ -229,6 +229,8 @@ def run(
 
         def log_now() -> None:
             record = meter.read(at.epoch, state.optimizer.param_groups[0]["lr"])
+            # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
+            record["global_batch"] = None if loader.batch_size is None else loader.batch_size * proc.world_size
             at.history.append(record)
             log.write(record)
             bar.update(state.step - bar.n)
