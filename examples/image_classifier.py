@@ -91,15 +91,9 @@ def evaluate(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict
     return {"acc": (model(x).argmax(-1) == y).float().mean()}
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over ``warmup`` updates, then a cosine decay to zero at ``total``."""
-
-    def factor(update: int) -> float:
-        if update < warmup:
-            return (update + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (update - warmup) / max(1, total - warmup))))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+def cosine(total: int):
+    """A cosine decay to zero over ``total`` updates, as a LambdaLR multiplier."""
+    return lambda update: 0.5 * (1 + math.cos(math.pi * min(1.0, update / max(1, total))))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -122,11 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     train, test = digits()
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = resnet(args.width)
-    # the linear scaling rule: the learning rate grows with the global batch (0.05 per 64 samples)
-    lr = 0.05 * args.batch_size / 64
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    # the linear scaling rule: the learning rate grows with the global batch (0.05 tuned at 64 samples),
+    # with a warmup over the first tenth of training, then a cosine decay
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=ct.scaled_lr(0.05, batch=args.batch_size, base_batch=64), momentum=0.9, weight_decay=5e-4
+    )
     updates = args.epochs * math.ceil(len(train) / args.batch_size)
-    state = ct.TrainState(model, optimizer, warmup_cosine(optimizer, warmup=updates // 10, total=updates))
+    schedule = ct.warmup(updates // 10, then=cosine(updates - updates // 10))
+    state = ct.TrainState(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule))
 
     # the recipe: DDP across processes (a no-op alone), 16-bit autocast, micro-batches
     train_step = ct.distributed(ct.mixed_precision(dtype=args.precision)(ct.accumulate(args.accumulate)(step)))

@@ -6,7 +6,8 @@ windows of varying length (a quarter to all of the context), padded to the conte
 length; padded positions carry the label -100 and count for nothing. The loss is the
 mean over real tokens, so micro-batches are weighted by their real tokens,
 ``accumulate(n, weight=real_tokens)``: the update is exactly the one of the whole batch
-(PITFALLS 1), however the padding falls. Attention heads are split with einops.
+(PITFALLS 1), however the padding falls. Attention heads are split with einops; each block's
+activations are recomputed in backward (``checkpoint_activations``) instead of kept.
 
     python examples/language_model.py                          # alone
     torchrun --nproc-per-node=2 examples/language_model.py     # two processes, DDP
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         ct.distributed,
         ct.clip_grad_norm(1.0),
         ct.mixed_precision(dtype=args.precision),
+        ct.checkpoint_activations(Block),  # recompute each block's activations in backward: less memory
         ct.accumulate(args.accumulate, weight=real_tokens),
     )(step)
     result = ct.run(
