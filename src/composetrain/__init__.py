@@ -16,6 +16,7 @@ from composetrain.pipeline import pipeline_split
 from composetrain.precision import mixed_precision
 from composetrain.rendezvous import Cluster, Process, detect, rendezvous
 from composetrain.run import RunResult, run
+from composetrain.sharded import apply_sharding, sharded
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, compose, train_step
 
@@ -33,6 +34,7 @@ __all__ = [
     "Transform",
     "Update",
     "accumulate",
+    "apply_sharding",
     "clip_grad_norm",
     "compose",
     "data_parallel",
@@ -45,6 +47,7 @@ __all__ = [
     "rendezvous",
     "run",
     "samples",
+    "sharded",
     "split_batch",
     "train_step",
 ]

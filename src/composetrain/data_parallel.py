@@ -73,6 +73,8 @@ class _DataParallel(TrainStep):
             "distributed": "DDP reduces the gradients of one module, not of thread replicas; run one process "
             "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node",
             "pipeline_split": "a model split across devices cannot also be replicated on each of them",
+            "sharded": "FSDP shards one module across processes, not thread replicas; run one process per device "
+            "(torchrun --nproc-per-node=<devices>) with ct.sharded alone",
         }
     )
 
