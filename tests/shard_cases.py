@@ -221,3 +221,27 @@ def refusals(rank: int, world: int) -> dict[str, str]:
     uneven = dist_cases.shard(dist_cases.global_batch("classify", [4, 5], 0, torch.float64), [4, 5], rank)
     found["unequal"] = outcome(lambda: ct.sharded(ct.accumulate(2)(dist_cases.classify))(state, uneven))
     return found
+
+
+def reduce_scatters(rank: int, world: int, n: int, every: bool) -> list[int]:
+    """FSDP2's gradient reduce-scatters per update, counted at torch.distributed's entry point."""
+    calls: list[int] = []
+    original = dist.reduce_scatter_single
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    state = make_state("classify", 0, torch.float64)
+    step = ct.sharded(ct.accumulate(n)(dist_cases.classify), sync_every_micro_batch=every)
+    dist.reduce_scatter_single = counting
+    try:
+        per_update = []
+        for i in range(2):
+            before = len(calls)
+            batch = dist_cases.global_batch("classify", [8] * world, i, torch.float64)
+            step(state, dist_cases.shard(batch, [8] * world, rank))
+            per_update.append(len(calls) - before)
+    finally:
+        dist.reduce_scatter_single = original
+    return per_update

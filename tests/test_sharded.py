@@ -92,7 +92,8 @@ def test_bf16_in_either_order_agrees_and_tracks_one_process(pool):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_a_gradient_not_finite_on_one_rank_only_skips_the_update_on_every_rank(pool, dtype):
-    """Each rank sees its own shard of the gradients: the skip decision is agreed across ranks."""
+    """Each rank sees its own shard of the gradients: the skip decision must be the same on every rank
+    (DTensor's unscale_ reduces GradScaler's found_inf flag over the mesh; this guards that it still does)."""
     assert (
         pool.run("shard_cases", "found_inf_on_one_rank", dtype) == [{"skipped": True, "unchanged": True, "step": 1}] * 2
     )
@@ -174,3 +175,12 @@ def test_world_size_one_is_the_plain_step_bit_for_bit():
         ct.sharded(ct.accumulate(2)(classify))(a, make_batch(8, seed=i))
         ct.accumulate(2)(classify)(b, make_batch(8, seed=i))
     assert_states_equal(a, b)
+
+
+def test_gradients_are_reduced_once_per_update_unless_asked_every_micro_batch(pool):
+    """One reduce-scatter per unit for each backward that syncs; the others keep unsharded gradients."""
+    units = 3  # blocks.0, blocks.1 and the root (inp, head)
+    assert pool.run("shard_cases", "reduce_scatters", 1, False) == [[units, units]] * 2
+    for n in (2, 4):
+        assert pool.run("shard_cases", "reduce_scatters", n, False) == [[units, units]] * 2, n
+        assert pool.run("shard_cases", "reduce_scatters", n, True) == [[n * units, n * units]] * 2, n

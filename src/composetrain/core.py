@@ -32,9 +32,6 @@ whichever order the transforms were nested in:
   transforms in between still run (and report their metrics).
 - ``notes``: what a transform decided in ``prepare`` for its own later phases of
   this update, under its ``role`` (the context ``prepare`` returns reaches them all).
-- ``sharded_over``: the process group the gradients are sharded over (``sharded``),
-  else None: each rank then holds only its shard, so a decision drawn from the
-  gradients (are they finite?) must be combined across that group.
 
 The loss has exactly one owner of its normalisation: the innermost pass scales
 its mean loss by ``piece_weight / total_weight`` before ``backward``, so the
@@ -105,7 +102,6 @@ class Context(NamedTuple):
         around_pass: hooks entered around each forward and backward.
         skip_update: the update phase must leave parameters, optimizer and scheduler alone.
         notes: per-update decisions of transforms, by role, made in ``prepare``.
-        sharded_over: the process group the gradients are sharded over, or None.
     """
 
     model: nn.Module
@@ -118,7 +114,6 @@ class Context(NamedTuple):
     around_pass: tuple[Hook, ...] = ()
     skip_update: bool = False
     notes: Mapping[str, Any] = MappingProxyType({})
-    sharded_over: Any = None
 
 
 class Pass(NamedTuple):

@@ -182,7 +182,7 @@ class _MixedPrecision(TrainStep):
                 "last_backward=True to its final backward"
             )
         scaler = scaling.scaler
-        found_inf = scaling.found_inf(state.optimizer, ctx.sharded_over)  # the one host sync, as in GradScaler.step
+        found_inf = scaling.found_inf(state.optimizer)  # the one host sync, as in GradScaler.step
         try:
             applied = self._inner().update(state, ctx._replace(skip_update=ctx.skip_update or bool(found_inf)))
         finally:

@@ -72,12 +72,10 @@ class LossScaling:
                 stacklevel=2,
             )
 
-    def found_inf(self, optimizer: torch.optim.Optimizer, group: Any = None) -> bool | None:
+    def found_inf(self, optimizer: torch.optim.Optimizer) -> bool | None:
         """Whether the unscaled gradients hold an inf or NaN; None if no parameter had a gradient.
 
-        One host sync, whatever the number of devices. With gradients sharded over ``group``
-        (``Context.sharded_over``) every rank sees only its shard: the flags are added up
-        over the group, so that all ranks skip together. GradScaler has no public way
+        One host sync, whatever the number of devices. GradScaler has no public way
         to say whether its step() skipped (pytorch issue 55585), so this reads the
         checks unscale_ recorded.
         """
@@ -87,9 +85,6 @@ class LossScaling:
         flags = list(per_device.values())
         first = flags[0]
         total = first if len(flags) == 1 else torch.stack([f.to(first.device, non_blocking=True) for f in flags]).sum()
-        if group is not None:
-            total = total.clone()
-            torch.distributed.all_reduce(total, group=group)
         return bool(total.item())
 
     def state_dict(self) -> dict[str, Any] | None:

@@ -141,8 +141,7 @@ class _Sharded(TrainStep):
         def sync_unless_more_follow(c: Context) -> contextlib.AbstractContextManager[Any]:
             return _gradient_sync(model, every or c.last_backward)
 
-        group = self.group if self.group is not None else dist.group.WORLD
-        return ctx._replace(around_pass=(*ctx.around_pass, sync_unless_more_follow), sharded_over=group)
+        return ctx._replace(around_pass=(*ctx.around_pass, sync_unless_more_follow))
 
     def _config(self) -> tuple[Any, ...]:
         return (self.units, self.reshard_after_forward, self.sync_every, self.group)
