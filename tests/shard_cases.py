@@ -245,3 +245,19 @@ def reduce_scatters(rank: int, world: int, n: int, every: bool) -> list[int]:
     finally:
         dist.reduce_scatter_single = original
     return per_update
+
+
+def load_on_ranks(rank: int, world: int, checkpoint: str) -> dict[str, Any]:
+    """A checkpoint of another number of ranks, loaded into a state sharded over these: whole tensors."""
+    import shard_run_script
+
+    state = shard_run_script.state()
+    ct.apply_sharding(ct.sharded(shard_run_script.step), state)
+    ct.load_checkpoint(state, checkpoint)
+    return {
+        "params": {n: full(p) for n, p in state.model.named_parameters()},
+        "optimizer": optimizer_state(state),
+        "step": state.step,
+        "kinds": sorted({type(p).__name__ for p in state.model.parameters()}),
+        "consolidated": ct.full_state_dict(state.model),
+    }

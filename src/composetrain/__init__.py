@@ -5,6 +5,7 @@
 >>> out = train(ct.TrainState(model, optimizer), batch)
 """
 
+from composetrain._sharded_checkpoint import full_state_dict, load_checkpoint
 from composetrain.accumulate import accumulate
 from composetrain.batching import leading_size, samples, split_batch
 from composetrain.clip import clip_grad_norm
@@ -40,7 +41,9 @@ __all__ = [
     "data_parallel",
     "detect",
     "distributed",
+    "full_state_dict",
     "leading_size",
+    "load_checkpoint",
     "mixed_precision",
     "parse_nodelist",
     "pipeline_split",
