@@ -8,7 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dist_pool import Pool
-from helpers import assert_states_close, assert_states_equal, assert_untouched, make_batch, make_state, snapshot
+from helpers import (
+    assert_states_close,
+    assert_states_equal,
+    assert_untouched,
+    classify,
+    make_batch,
+    make_state,
+    snapshot,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
@@ -314,3 +322,11 @@ def test_a_real_cuda_oom_under_a_memory_cap_is_retried():
     assert float(out.metrics["micro_batch"]) < 8192 and state.step == 1
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_and_sharded_are_refused_together_in_either_order():
+    """An out-of-memory retry under FSDP2 would need an agreement sharded does not arrange yet."""
+    with pytest.raises(ValueError, match=r"cannot wrap a step that applies accumulate_auto: an out-of-memory retry"):
+        ct.sharded(ct.accumulate("auto")(classify))
+    with pytest.raises(ValueError, match=r"cannot wrap a step that applies sharded: an out-of-memory retry"):
+        ct.accumulate("auto")(ct.sharded(classify))

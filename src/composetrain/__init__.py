@@ -5,6 +5,7 @@
 >>> out = train(ct.TrainState(model, optimizer), batch)
 """
 
+from composetrain._sharded_checkpoint import full_state_dict, load_checkpoint
 from composetrain.accumulate import accumulate
 from composetrain.activation_checkpointing import checkpoint_activations
 from composetrain.batching import leading_size, samples, split_batch
@@ -18,6 +19,7 @@ from composetrain.pipeline import pipeline_split
 from composetrain.precision import mixed_precision
 from composetrain.rendezvous import Cluster, Process, detect, rendezvous
 from composetrain.run import RunResult, run
+from composetrain.sharded import apply_sharding, sharded
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, compose, train_step
 
@@ -35,13 +37,16 @@ __all__ = [
     "Transform",
     "Update",
     "accumulate",
+    "apply_sharding",
     "checkpoint_activations",
     "clip_grad_norm",
     "compose",
     "data_parallel",
     "detect",
     "distributed",
+    "full_state_dict",
     "leading_size",
+    "load_checkpoint",
     "mixed_precision",
     "parse_nodelist",
     "pipeline_split",
@@ -49,6 +54,7 @@ __all__ = [
     "run",
     "samples",
     "scaled_lr",
+    "sharded",
     "split_batch",
     "train_step",
     "warmup",

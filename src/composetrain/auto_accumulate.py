@@ -54,6 +54,9 @@ class _AutoAccumulate(TrainStep):
     reports = frozenset({"micro_batch"})
     refuses_inside = MappingProxyType(
         {
+            "sharded": "an out-of-memory retry must be agreed by every rank before FSDP2's collectives, which "
+            "sharded does not arrange yet: use a fixed accumulate(n) inside sharded, or "
+            "distributed(accumulate('auto')(step))",
             "mixed_precision": "mixed_precision unscales the gradients after the last pass, and which pass is "
             "last is known only once every pass fitted; use mixed_precision(accumulate('auto')(step))",
             "data_parallel": "a retry must start again from the whole batch, not from one replica's shard; run one "

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from composetrain._sharded_checkpoint import SUBDIR, ShardFiles, split
 from composetrain._util import show
 from composetrain.rng import capture_rng, generators_problem, restore_rng, rng_problem
 
@@ -63,9 +64,20 @@ class Checkpoints:
         rank, world_size: this process in the job.
         keep: how many of the newest checkpoints to keep.
         who: the name in messages.
+        shards: where a sharded TrainState's tensors go (``ct.sharded``): each rank writes its own
+            through torch.distributed.checkpoint, into ``shards/``.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], rank: int, world_size: int, keep: int, who: str) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        rank: int,
+        world_size: int,
+        keep: int,
+        who: str,
+        shards: ShardFiles | None = None,
+    ) -> None:
+        self.shards = shards
         self.dir = Path(directory)
         self.rank, self.world_size, self.keep, self.who = rank, world_size, keep, who
         problem = None
@@ -109,6 +121,7 @@ class Checkpoints:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
         ``step``, atomically; then drop all but the ``keep`` newest older ones."""
         local = {**local, "rng": capture_rng()}
+        payload, tensors = split(payload) if self.shards is not None else (payload, {})  # sharded: placeholders
         problem = _unplain(local, f"rank-{self.rank}.pt") or (_unplain(payload, "state.pt") if self.rank == 0 else None)
         if not self._all(problem is None):  # before anything is written, on every rank alike
             raise TypeError(
@@ -125,8 +138,12 @@ class Checkpoints:
         _write(local, tmp / f"rank-{self.rank}.pt")
         if self.rank == 0:
             _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
+        if tensors and self.shards is not None:  # every rank alike: the same state is sharded everywhere
+            self.shards.save(tensors, tmp)
         self._barrier()
         if self.rank == 0:
+            if tensors:
+                _fsync_dir(tmp / SUBDIR)
             _fsync_dir(tmp)
             old = self.dir / f".step-{step:09d}.old"
             if final.exists():  # saved at this step before (a skipped update): keep it until replaced
@@ -176,6 +193,10 @@ class Checkpoints:
                 assert payload is not None
                 self._check_fits(path, payload)  # the same file on every rank: all raise alike
                 local, problem = _load(path / f"rank-{self.rank}.pt", LOCAL, _local_problem)
+            if self._all(local is not None) and self.shards is not None:
+                assert payload is not None
+                payload, problem = self._with_shards(path, payload)
+                local = local if payload is not None else None
             if self._all(local is not None):
                 assert payload is not None and local is not None
                 return path, payload, local
@@ -189,6 +210,14 @@ class Checkpoints:
                 os.replace(path, aside)
             self._barrier()
         return None
+
+    def _with_shards(self, path: Path, payload: dict[str, Any]) -> tuple[Any, str | None]:
+        """The payload with its sharded tensors read (DCP: a collective whose errors reach every rank)."""
+        assert self.shards is not None
+        try:
+            return self.shards.load(path, payload), None
+        except Exception as e:
+            return None, f"its shards: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 _PLAIN = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)

@@ -56,6 +56,8 @@ class _ClipGradNorm(TrainStep):
     def update(self, state: TrainState, ctx: Context) -> Update:
         params = [p for group in state.optimizer.param_groups for p in group["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm, norm_type=self.norm_type)
+        if hasattr(norm, "full_tensor"):  # a DTensor (gradients sharded by ct.sharded): already the global norm
+            norm = norm.full_tensor()
         applied = self._inner().update(state, ctx)
         return Update(applied.skipped, {**applied.metrics, "grad_norm": norm})
 

@@ -77,6 +77,8 @@ class _DataParallel(TrainStep):
             "one process per device with distributed(accumulate('auto')(step))",
             "checkpoint_activations": "data_parallel's replicas are copies of the model that the chosen submodules "
             "are not part of; run one process per device with distributed instead",
+            "sharded": "FSDP shards one module across processes, not thread replicas; run one process per device "
+            "(torchrun --nproc-per-node=<devices>) with ct.sharded alone",
         }
     )
 

@@ -123,7 +123,8 @@ class _Distributed(TrainStep):
     refuses_inside = MappingProxyType(
         {
             "data_parallel": "DDP reduces the gradients of one module, not of thread replicas; run one process "
-            "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node"
+            "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node",
+            "sharded": "a model is either replicated (DDP) or sharded (FSDP), not both; use ct.sharded alone",
         }
     )
 

@@ -131,7 +131,11 @@ class _Placed(RuntimeState):
 class _Pipeline(TrainStep):
     role = "pipeline_split"
     refuses_inside = MappingProxyType(
-        {"data_parallel": "a model split across devices cannot also be replicated on each of them"}
+        {
+            "data_parallel": "a model split across devices cannot also be replicated on each of them",
+            "sharded": "FSDP2 here shards a model on one device per process; split the model with sharded's "
+            "modules= (its units are gathered one at a time) instead of pipeline_split",
+        }
     )
 
     def __init__(self, inner: TrainStep, label: str, placement: dict[str, torch.device], chunks: int) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from composetrain._run_checks import check_arguments, loader_options
+from composetrain._sharded_checkpoint import ShardFiles
 from composetrain._util import show
 from composetrain.checkpoint import Checkpoints
 from composetrain.core import StepOutput, TrainStep
@@ -33,6 +34,7 @@ from composetrain.preemption import StopSignal
 from composetrain.preemption import requeue as requeue_job
 from composetrain.rendezvous import Process, rendezvous
 from composetrain.rng import restore_rng
+from composetrain.sharded import apply_sharding
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep
 from composetrain.steps import _lift as lift
@@ -172,13 +174,20 @@ def run(
     seed = int(seed)  # a NumPy integer too: the checkpoint keeps plain types
     batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
     with rendezvous(timeout=timeout) as proc:
-        if proc.world_size > 1 and "distributed" not in step_fn.roles:
+        if proc.world_size > 1 and not step_fn.roles & {"distributed", "sharded"}:
             raise ValueError(
                 f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
                 "wrap it: ct.distributed(...)"
             )
+        if proc.world_size > 1 and "sharded" in step_fn.roles and eval_step is not None:
+            raise ValueError(
+                f"{who}: eval_step with ct.sharded on {proc.world_size} processes is not supported yet: each "
+                "sharded forward gathers from every rank, and the ranks' shares of eval_data may hold different "
+                "numbers of batches; evaluate after the run, or with ct.distributed"
+            )
         if not step_fn.roles & {"data_parallel", "pipeline_split"}:  # those place the model themselves
             state.model.to(proc.device)
+        apply_sharding(step_fn, state)  # before resuming: a checkpoint's shards load straight into the shards
         loader, sampler = make_loader(
             data, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
             pin_memory=proc.device.type == "cuda", collate_fn=collate_fn, rank=proc.rank,
@@ -202,7 +211,9 @@ def run(
         }
         checkpoints = None
         if checkpoint_dir is not None:
-            checkpoints = Checkpoints(checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who)
+            checkpoints = Checkpoints(
+                checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who, shards=ShardFiles(state)
+            )
         log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
         board = _tensorboard_dir(tensorboard, log_path, who)
         log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed

@@ -1,0 +1,112 @@
+"""Which submodules become FSDP2 sharding units, checked before anything is sharded (internal)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
+
+from torch import nn
+
+from composetrain._util import show
+
+__all__ = ["Units", "check_units_argument", "describe_units", "select_units"]
+
+Units: TypeAlias = "str | Sequence[str] | type | tuple[type, ...] | Callable[[str, nn.Module], bool] | None"
+
+
+def check_units_argument(modules: Any) -> Any:
+    """``modules`` normalised (names to a tuple), or a TypeError naming what arrived."""
+    if modules is None or (callable(modules) and not isinstance(modules, type)):
+        return modules
+    if isinstance(modules, type) or (
+        isinstance(modules, tuple) and modules and all(isinstance(m, type) for m in modules)
+    ):
+        classes = modules if isinstance(modules, tuple) else (modules,)
+        if not all(issubclass(c, nn.Module) for c in classes):
+            raise TypeError(f"sharded: modules classes must be nn.Module subclasses, got {show(modules)}")
+        return classes
+    names = (modules,) if isinstance(modules, str) else modules
+    if isinstance(names, Sequence) and names and all(isinstance(n, str) for n in names):
+        if "" in names:
+            raise ValueError(
+                "sharded: modules names submodules; the root is always a unit of its own: drop '' from modules"
+            )
+        return tuple(names)
+    raise TypeError(
+        f"sharded: modules must be submodule names, nn.Module classes or a predicate (name, module) -> bool, "
+        f"got {show(modules)}; e.g. modules=['layers.0', 'layers.1'], modules=TransformerBlock, or leave it out "
+        "for the blocks of every nn.ModuleList"
+    )
+
+
+def describe_units(modules: Any) -> str:
+    if modules is None:
+        return ""
+    if isinstance(modules, tuple) and all(isinstance(m, type) for m in modules):
+        return ", ".join(m.__name__ for m in modules)
+    if isinstance(modules, tuple):
+        return repr(list(modules))
+    return getattr(modules, "__name__", repr(modules))
+
+
+def select_units(model: nn.Module, modules: Any, who: str) -> list[tuple[str, nn.Module]]:
+    """The sharding units below the root, innermost first (FSDP2 shards children before parents).
+
+    ``None`` takes the blocks of every ``nn.ModuleList`` (a transformer's layers); names must
+    exist; classes and predicates must match at least one submodule. Parameters shared by two
+    units (tied weights across units) are refused: each unit gathers and frees its own.
+    """
+    named = dict(model.named_modules())
+    if modules is None:
+        chosen = {
+            f"{n}.{c}" if n else c
+            for n, m in named.items()
+            if isinstance(m, nn.ModuleList)
+            for c, _ in m.named_children()
+        }
+    elif isinstance(modules, tuple) and all(isinstance(m, str) for m in modules):
+        unknown = [n for n in modules if n not in named]
+        if unknown:
+            known = [n for n in named if n][:12]
+            raise ValueError(
+                f"{who}: modules names {unknown}, which the model does not have; its submodules include {known}"
+                f"{' ...' if len(named) > 13 else ''}; name submodules as model.named_modules() does"
+            )
+        chosen = set(modules)
+    elif isinstance(modules, tuple):
+        chosen = {n for n, m in named.items() if n and isinstance(m, modules)}
+        if not chosen:
+            raise ValueError(f"{who}: modules={describe_units(modules)} matches no submodule of the model")
+    else:
+        chosen = {n for n, m in named.items() if n and modules(n, m)}
+        if not chosen:
+            raise ValueError(f"{who}: modules={describe_units(modules)} selects no submodule of the model")
+    units = [(n, named[n]) for n in reversed(list(named)) if n in chosen]  # post-order: children first
+    containers = [n for n, m in units if type(m).forward is nn.Module.forward]
+    if containers:
+        raise ValueError(
+            f"{who}: modules selects {containers}, which have no forward of their own (an nn.ModuleList or "
+            "ModuleDict): FSDP2 gathers a unit's parameters around its forward; name the blocks inside instead "
+            f"(e.g. '{containers[0]}.0')"
+        )
+    _refuse_tied_across(model, [n for n, _ in units], who)
+    return units
+
+
+def _refuse_tied_across(model: nn.Module, units: list[str], who: str) -> None:
+    """Each parameter must be used inside one unit only (the root counts as the unit of the rest)."""
+    owners: dict[int, set[str]] = {}
+    names: dict[int, list[str]] = {}
+    ordered = sorted(units, key=lambda n: -n.count("."))
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owner = next((u for u in ordered if name.startswith(u + ".")), "")  # the innermost unit holding it
+        owners.setdefault(id(p), set()).add(owner or "<root>")
+        names.setdefault(id(p), []).append(name)
+    for key, where in owners.items():
+        if len(where) > 1:
+            raise ValueError(
+                f"{who}: parameters {names[key]} are one tensor (tied weights) used in units {sorted(where)}; "
+                "each unit gathers and frees its own parameters, so a tied weight must sit in one unit: choose "
+                "modules so that both uses fall in the same unit (e.g. leave the embedding and the output head "
+                "to the root)"
+            )

@@ -1,0 +1,265 @@
+"""Sharded tensors in ct.run's checkpoints, through torch.distributed.checkpoint (internal).
+
+A TrainState sharded by ``ct.sharded`` holds DTensors: each rank has its own shard. On save,
+every DTensor in the payload is replaced by a placeholder (plain types) and written by DCP
+under ``shards/`` of the checkpoint folder, each rank its own shards; ``state.pt`` keeps the
+rest. On load, the placeholders are filled by DCP into tensors laid out as the live state's
+(its shards, or whole tensors where the state is not sharded), so a checkpoint of W ranks
+loads on any number of them (DCP reshards), and nothing in the live state changes until
+``TrainState.load_state_dict`` takes it all at once.
+
+Loading runs no code: DCP reads ``.metadata`` with ``pickle.load`` and non-tensor entries
+with ``torch.load(weights_only=False)``. Here the metadata goes through an unpickler that
+knows only DCP's metadata classes, every entry asked for must be a tensor (never bytes),
+and tensors themselves are read by DCP with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint import save as dcp_save
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from composetrain.state import TrainState
+
+__all__ = ["MARK", "SUBDIR", "ShardFiles", "full_state_dict", "load_checkpoint", "split"]
+
+MARK = "__dcp_shard__"
+SUBDIR = "shards"
+Path_ = tuple[Any, ...]
+
+
+def split(payload: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """``payload`` with every DTensor replaced by a placeholder, and those DTensors by key."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(value: Any, path: Path_) -> Any:
+        if isinstance(value, DTensor):
+            key = "/".join(map(str, path))
+            found[key] = value
+            return {MARK: key, "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        if isinstance(value, dict):
+            return type(value)((k, walk(v, (*path, k))) for k, v in value.items())
+        if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+            return type(value)(walk(v, (*path, i)) for i, v in enumerate(value))
+        return value
+
+    return walk(payload, ()), found
+
+
+def _placeholders(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, dict[str, Any]]]:
+    if isinstance(value, dict) and MARK in value:
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _placeholders(v, (*path, k))
+    elif type(value) in (list, tuple):
+        for i, v in enumerate(value):
+            yield from _placeholders(v, (*path, i))
+
+
+def _replace(value: Any, path: Path_, new: Any) -> Any:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return type(value)((k, _replace(v, rest, new) if k == head else v) for k, v in value.items())
+    return type(value)(_replace(v, rest, new) if i == head else v for i, v in enumerate(value))
+
+
+class ShardFiles:
+    """What ``Checkpoints`` calls for a payload that holds sharded tensors, given the live state."""
+
+    def __init__(self, state: TrainState) -> None:
+        self.state = state
+
+    def save(self, tensors: dict[str, torch.Tensor], folder: Path) -> None:
+        """Every rank writes its own shards (a collective); files are fsynced."""
+        dcp_save(tensors, storage_writer=FileSystemWriter(folder / SUBDIR, sync_files=True))
+
+    def load(self, folder: Path, payload: dict[str, Any], at: Path_ = ("state",)) -> dict[str, Any]:
+        """``payload`` with its placeholders filled from ``folder``'s shards, and its whole tensors
+        sharded where the live state is (a collective when there are placeholders)."""
+        live = self.state.state_dict()
+        params = [p for g in self.state.optimizer.param_groups for p in g["params"]]
+        targets: dict[str, torch.Tensor] = {}
+        where: dict[str, Path_] = {}
+        for path, mark in _placeholders(payload):
+            key = mark[MARK]
+            dtype = getattr(torch, str(mark.get("dtype")), None)
+            if not isinstance(key, str) or not isinstance(dtype, torch.dtype) or key in targets:
+                raise ValueError(f"its shard placeholder at {'/'.join(map(str, path))} is malformed")
+            targets[key] = self._target(path[len(at) :], live, params, torch.Size(mark["shape"]), dtype)
+            where[key] = path
+        if targets:
+            reader = SafeReader(folder / SUBDIR)
+            try:
+                dcp_load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=False))
+            except CheckpointException as e:  # a BaseException: made an ordinary error, with its first cause
+                rank, cause = next(iter(sorted(e.failures.items(), key=lambda kv: kv[0])))
+                detail = str(getattr(cause, "exc", cause)).strip().splitlines()
+                raise ValueError(
+                    f"DCP could not read the shards (rank {rank}: {detail[-1] if detail else cause})"
+                ) from None
+            for key, path in where.items():
+                payload = _replace(payload, path, targets[key])
+        return self._shard_whole(payload, at, live, params)
+
+    def _target(
+        self, path: Path_, live: Any, params: list[torch.Tensor], shape: torch.Size, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """An empty tensor laid out as the live state's at ``path``: its shard, or the whole tensor."""
+        like = _live_like(path, live, params)
+        if isinstance(like, DTensor) and like.shape == shape:
+            return torch.empty_like(like, dtype=dtype)
+        device = like.device if isinstance(like, torch.Tensor) else torch.device("cpu")
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def _shard_whole(self, payload: Any, at: Path_, live: Any, params: list[torch.Tensor]) -> Any:
+        """Whole tensors where the live state holds shards (a checkpoint of fewer ranks, or unsharded)."""
+        state = payload
+        for k in at:
+            state = state[k]
+
+        def walk(value: Any, path: Path_) -> Any:
+            if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+                like = _live_like(path, live, params)
+                if isinstance(like, DTensor) and like.shape == value.shape:
+                    return distribute_tensor(
+                        value.to(like.device), like.device_mesh, like.placements, src_data_rank=None
+                    )
+                return value
+            if isinstance(value, dict):
+                return type(value)((k, walk(v, (*path, k))) for k, v in value.items())
+            return value
+
+        return _replace(payload, at, walk(state, ()))
+
+
+def _live_like(path: Path_, live: Any, params: list[torch.Tensor]) -> Any:
+    """The live state's value at ``path`` (of ``TrainState.state_dict()``); for optimizer state that
+    does not exist yet, the parameter it belongs to."""
+    value = live
+    for k in path:
+        if isinstance(value, dict) and k in value:
+            value = value[k]
+        else:
+            value = None
+            break
+    if value is None and len(path) >= 3 and path[:2] == ("optimizer", "state") and isinstance(path[2], int):
+        value = params[path[2]] if 0 <= path[2] < len(params) else None
+    return value
+
+
+# DCP's metadata classes, and what they are built from: nothing else unpickles
+_ALLOWED = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "BytesStorageMetadata",
+    )
+} | {
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("torch.distributed.checkpoint._extension", "StreamTransformExtension"),
+    ("torch", "Size"),
+    ("torch", "float64"),
+    ("torch", "float32"),
+    ("torch", "float16"),
+    ("torch", "bfloat16"),
+    ("torch", "int64"),
+    ("torch", "int32"),
+    ("torch", "int8"),
+    ("torch", "uint8"),
+    ("torch", "bool"),
+    ("torch", "strided"),
+    ("torch", "contiguous_format"),
+    ("torch", "preserve_format"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("torch.serialization", "_get_layout"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the shard metadata names {module}.{name}, which is not DCP metadata")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's FileSystemReader, but its metadata is unpickled from an allow-list and must list tensors only."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        data = Path(self.path, ".metadata").read_bytes()
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError(f"the shard metadata holds a {type(metadata).__name__}, not DCP Metadata")
+        entries = metadata.state_dict_metadata
+        if not all(isinstance(v, TensorStorageMetadata) for v in entries.values()):
+            raise ValueError("the shard metadata lists entries that are not tensors; ct.run writes tensors only")
+        storage = metadata.storage_meta if metadata.storage_meta is not None else StorageMeta()
+        storage.load_id = self.load_id  # what FileSystemReader.read_metadata adds after unpickling
+        metadata.storage_meta = storage
+        return metadata
+
+
+def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
+    """Load the TrainState saved in a ``ct.run`` checkpoint folder into ``state``, on any number of ranks.
+
+    Model, optimizer, scheduler, step and transform state; not the loop's position or random
+    states, which are per rank (``ct.run`` itself resumes those, with the same number of
+    processes). Sharded tensors are read by DCP into the state's own layout: a checkpoint of
+    W ranks loads into a plain state in one process (whole tensors), or into a state sharded
+    over another number of ranks (shard it first: ``ct.apply_sharding(train_step, state)``);
+    under a process group, every rank calls it. Files load without running code.
+
+    Example:
+        >>> state = ct.TrainState(model, optimizer)          # one process, for inference or export
+        >>> ct.load_checkpoint(state, "runs/a/step-000000800")
+        >>> torch.save(state.model.state_dict(), "model.pt")
+    """
+    from composetrain.checkpoint import SHARED, _load, _shared_problem
+
+    folder = Path(checkpoint)
+    payload, problem = _load(folder / "state.pt", SHARED, _shared_problem)
+    if payload is None:
+        raise ValueError(f"load_checkpoint: {folder} is not a readable ct.run checkpoint: {problem}")
+    state.load_state_dict(ShardFiles(state).load(folder, payload)["state"])
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole, unsharded state dict on CPU, for inference or export (a collective: call it
+    on every rank; rank 0 gets the tensors, the others an empty dict).
+
+    Example:
+        >>> weights = ct.full_state_dict(state.model)        # inside the job, every rank
+        >>> if proc.is_main:
+        ...     torch.save(weights, "model.pt")              # loads into the plain model
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v for k, v in whole.items() if isinstance(v, torch.Tensor)}

@@ -1,0 +1,232 @@
+"""sharded: fully sharded data parallel on torch's FSDP2 (``torch.distributed.fsdp.fully_shard``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from types import MappingProxyType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from composetrain._shard_units import Units, check_units_argument, describe_units, select_units
+from composetrain._util import show
+from composetrain.batching import samples
+from composetrain.core import Context, TrainStep
+from composetrain.state import RuntimeState, TrainState
+from composetrain.steps import PlainStep, Transform, transform_factory
+
+__all__ = ["apply_sharding", "sharded"]
+
+_WHY = "a model is either replicated (DDP) or sharded (FSDP), not both; use ct.sharded alone"
+
+
+@transform_factory
+def sharded(
+    step: PlainStep | TrainStep | None = None,
+    *,
+    modules: Units = None,
+    reshard_after_forward: bool = True,
+    sync_every_micro_batch: bool = False,
+    process_group: Any = None,
+) -> Any:
+    """Fully sharded data parallel over ``torch.distributed`` processes, on FSDP2.
+
+    Parameters, gradients and optimizer state are split across the ranks (each holds
+    about 1/W of them); each sharding unit gathers its parameters for its forward and
+    backward and frees them after, and gradients are reduce-scattered. At the first
+    update, ``fully_shard`` is applied to each unit chosen by ``modules``, then to the
+    root; the optimizer the TrainState was built with is re-pointed at the sharded
+    parameters by name. As with ``distributed``, the loss is normalised over the units
+    of the global batch (one small all-reduce per update), so W ranks with batches B/W
+    make exactly the update of one process on B, and with one process (or no process
+    group) it is the plain step.
+
+    Under ``accumulate``, gradients are reduced once per update by default: earlier
+    micro-batches keep the unsharded gradients on every rank (full-gradient memory)
+    and the last backward reduce-scatters their sum. ``sync_every_micro_batch=True``
+    reduce-scatters after every micro-batch instead: less memory, n times the
+    communication.
+
+    Args:
+        step: the step to wrap; omit it to get a transform.
+        modules: the sharding units besides the root: submodule names, nn.Module classes,
+            or a predicate ``(name, module) -> bool``; default: the blocks of every
+            ``nn.ModuleList`` (a transformer's layers). Fewer units gather more at once.
+        reshard_after_forward: free gathered parameters after each unit's forward (and
+            gather them again in backward): less memory, more communication.
+        sync_every_micro_batch: reduce-scatter after every backward, not only the last.
+        process_group: the group to shard over (default: the whole job).
+
+    Returns:
+        The wrapped TrainStep, or a transform when ``step`` is omitted.
+
+    Example:
+        >>> train = ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(4)(step)), modules=Block)
+        >>> ct.run(train, ct.TrainState(model, optimizer), dataset, batch_size=8)   # under torchrun
+    """
+    units = check_units_argument(modules)
+    for arg, value in (
+        ("reshard_after_forward", reshard_after_forward),
+        ("sync_every_micro_batch", sync_every_micro_batch),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"sharded: {arg} must be True or False, got {show(value)}")
+    shown = [f"modules={describe_units(units)}"] if units is not None else []
+    shown += ["reshard_after_forward=False"] if not reshard_after_forward else []
+    shown += ["sync_every_micro_batch=True"] if sync_every_micro_batch else []
+    label = f"sharded({', '.join(shown)})" if shown else "sharded"
+    options = (units, reshard_after_forward, sync_every_micro_batch)
+    transform = Transform(label, lambda inner: _Sharded(inner, label, options, process_group))
+    return transform if step is None else transform(step)
+
+
+class _Sharding(RuntimeState):
+    """Which process group the state's model is sharded over (the sharded model itself is the state's)."""
+
+    def __init__(self) -> None:
+        self.group: Any = None
+
+
+class _Sharded(TrainStep):
+    role = "sharded"
+    refuses_inside = MappingProxyType(
+        {
+            "distributed": _WHY,
+            "data_parallel": "FSDP shards one module across processes, not thread replicas; run one process per "
+            "device (torchrun --nproc-per-node=<devices>) with ct.sharded alone",
+            "pipeline_split": "FSDP2 here shards a model on one device per process; split the model with modules= "
+            "(its units are gathered one at a time) instead of pipeline_split",
+            "accumulate_auto": "an out-of-memory retry must be agreed by every rank before FSDP2's collectives, "
+            "which sharded does not arrange yet: use a fixed accumulate(n) inside sharded, or "
+            "distributed(accumulate('auto')(step))",
+        }
+    )
+
+    def __init__(self, inner: TrainStep, label: str, options: tuple[Any, ...], group: Any) -> None:
+        self.label = label
+        self.units, self.reshard_after_forward, self.sync_every = options
+        self.group = group
+        super().__init__(inner)
+
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+        if world == 1:  # what does not apply is a no-op
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+                raise RuntimeError(
+                    f"{self!r}: WORLD_SIZE={os.environ['WORLD_SIZE']} is set but no process group is initialised: "
+                    "call ct.rendezvous() first (ct.run does it for you)"
+                )
+            return self._inner().prepare(state, batch, ctx)
+        # the global unit count, so that every rank normalises by the same total (FSDP2 averages the
+        # gradients over ranks, hence the total per rank), and every rank's sample count, in one collective
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else None
+        mine = torch.tensor([float(ctx.total_weight), float(samples(batch, self))], dtype=torch.float64, device=device)
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine, group=self.group)
+        counts = torch.stack(every).cpu()
+        sizes = [int(c) for c in counts[:, 1].tolist()]
+        if len(set(sizes)) > 1:  # raised on every rank alike, before any collective of the passes
+            raise ValueError(
+                f"{self!r}: the ranks' batches hold {sizes} samples; under sharded every rank must run the same "
+                "forward and backward passes (each gathers the parameters from all ranks), so give every rank "
+                "as many samples (ct.run's DistributedSampler does; with a DataLoader of your own, drop_last=True); "
+                "token counts may differ: they are normalised globally"
+            )
+        per_rank = float(counts[:, 0].sum()) / world
+        shard(self, state)  # before the passes: the inner steps see the sharded model
+        ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
+        model, every = state.model, self.sync_every
+
+        def sync_unless_more_follow(c: Context) -> contextlib.AbstractContextManager[Any]:
+            return _gradient_sync(model, every or c.last_backward)
+
+        return ctx._replace(around_pass=(*ctx.around_pass, sync_unless_more_follow))
+
+    def _config(self) -> tuple[Any, ...]:
+        return (self.units, self.reshard_after_forward, self.sync_every, self.group)
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: nn.Module, on: bool) -> Iterator[None]:
+    # FSDP2's no_sync: set for the pass's forward and backward; back on afterwards, also on an error
+    model.set_requires_gradient_sync(on)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        if not on:
+            model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:
+    """Shard ``state``'s model now, as the first update of ``train_step`` would; False if it has no
+    ``ct.sharded`` or only one process runs. ``ct.run`` calls it before resuming a checkpoint, whose
+    sharded tensors then load straight into the shards."""
+    step: TrainStep | None = train_step
+    while step is not None and not isinstance(step, _Sharded):
+        step = step.inner
+    if step is None:
+        return False
+    world = dist.get_world_size(step.group) if dist.is_available() and dist.is_initialized() else 1
+    if world == 1:
+        return False
+    shard(step, state)
+    return True
+
+
+def shard(step: _Sharded, state: TrainState) -> None:
+    """Apply ``fully_shard`` to the state's model (units, then root) once; re-point the optimizer."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    group: Any = step.group if step.group is not None else dist.group.WORLD
+    sharding = state.transform_state(step.role, _Sharding)
+    model = state.model
+    if isinstance(model, FSDPModule):
+        if sharding.group is not group:
+            raise RuntimeError(
+                f"{step!r}: the TrainState's model was sharded over a process group that is gone (or another one); "
+                "a sharded model cannot move to a new group: build a fresh TrainState and load a checkpoint into it"
+            )
+        return
+    if state.optimizer.state:
+        raise ValueError(
+            f"{step!r}: the optimizer already holds state (momentum, moments) for {len(state.optimizer.state)} "
+            "unsharded parameter(s); sharding replaces the parameters, so that state would be lost: build the "
+            "TrainState on a fresh optimizer, and resume through ct.run (or ct.apply_sharding, then "
+            "TrainState.load_state_dict), which shards before loading"
+        )
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    held = [p for g in state.optimizer.param_groups for p in g["params"]]
+    foreign = [i for i, p in enumerate(held) if id(p) not in names]
+    if foreign:
+        raise ValueError(
+            f"{step!r}: the optimizer holds {len(foreign)} parameter(s) that are not the model's (positions "
+            f"{foreign[:8]}); sharding re-points the optimizer at the sharded parameters by name: build it over "
+            "model.parameters()"
+        )
+    devices = sorted({p.device.type for p in model.parameters()} or {"cpu"})
+    if len(devices) != 1:
+        raise RuntimeError(f"{step!r}: the model has parameters on {devices}; move it to one device first")
+    if dist.get_backend(step.group) == "nccl" and devices[0] != "cuda":
+        raise RuntimeError(
+            f"{step!r}: the process group uses nccl but the model is on {devices[0]}; move it to the process's "
+            "GPU (proc.device) first"
+        )
+    units = select_units(model, step.units, repr(step))  # every check done: now change things
+    with torch.no_grad():  # replicas start identical, rank 0's, as under DDP (pitfall 14)
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t, src=dist.get_global_rank(group, 0), group=step.group)
+    mesh = DeviceMesh.from_group(group, devices[0])
+    for _, unit in units:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=step.reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=step.reshard_after_forward)
+    now = dict(model.named_parameters(remove_duplicate=False))
+    new = {id(p): now[n] for p in held for n in [names[id(p)]]}
+    for g in state.optimizer.param_groups:
+        g["params"] = [new[id(p)] for p in g["params"]]
+    state._unheld = [now[names[id(p)]] for p in state._unheld]
+    sharding.group = group

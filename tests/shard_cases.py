@@ -1,0 +1,265 @@
+"""Cases for ct.sharded run on every rank of a dist_pool.Pool, and their single-process references.
+
+A case names a composition as letters, outermost first: ``s`` sharded, ``S`` sharded with
+sync_every_micro_batch, ``a`` accumulate(n), ``c`` clip_grad_norm, ``m`` mixed_precision (bf16),
+``k`` checkpoint_activations of every block.
+The global batch of each update is the ranks' shards concatenated in rank order; the reference
+is the composition without ``s`` on it, in one process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dist_cases
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import composetrain as ct
+
+
+class Net(nn.Module):
+    """An input layer, a ModuleList of blocks (sharded's default units) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(dist_cases.IN, 8)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2))
+        self.head = nn.Linear(8, dist_cases.CLASSES)
+
+    def forward(self, x):
+        x = self.inp(x).tanh()
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class TokenNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(dist_cases.VOCAB, 6)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(6, 6), nn.Tanh())])
+        self.head = nn.Linear(6, dist_cases.VOCAB)
+
+    def forward(self, x):
+        x = self.emb(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def make_state(kind: str, seed: int, dtype: torch.dtype, optimizer: str = "sgd") -> ct.TrainState:
+    torch.manual_seed(seed)
+    model = (TokenNet() if kind == "tokens" else Net()).to(dtype)
+    if optimizer == "adamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+
+
+def build(letters: str, n: int, kind: str) -> ct.TrainStep:
+    step = dist_cases.token_step if kind == "tokens" else dist_cases.classify
+    weight = dist_cases.real_tokens if kind == "tokens" else None
+    parts = {
+        "s": ct.sharded,
+        "S": ct.sharded(sync_every_micro_batch=True),
+        "a": ct.accumulate(n, weight=weight),
+        "c": ct.clip_grad_norm(0.5),
+        "m": ct.mixed_precision(dtype="bf16"),
+        "k": ct.checkpoint_activations(nn.Sequential),  # every block recomputed in backward
+    }
+    return ct.compose(*(parts[k] for k in letters))(step)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, gathered from the ranks' shards (a collective) or as it is."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
+def optimizer_state(state: ct.TrainState) -> dict[int, dict[str, torch.Tensor]]:
+    return {
+        k: {name: full(v) for name, v in entries.items()}
+        for k, entries in state.optimizer.state_dict()["state"].items()
+    }
+
+
+def train(case: dict[str, Any], rank: int | None) -> dict[str, Any]:
+    """The case's updates; rank None is the single-process reference on the global batches."""
+    dtype = torch.float32 if "m" in case["letters"] else torch.float64
+    letters = case["letters"] if rank is not None else case["letters"].replace("s", "").replace("S", "")
+    # ranks start from different weights: sharded must broadcast rank 0's, the reference's
+    state = make_state(case["kind"], case["seed"] + (rank or 0), dtype, case.get("optimizer", "sgd"))
+    step = build(letters, case["n"], case["kind"])
+    losses, metrics = [], []
+    for i, sizes in enumerate(case["sizes"]):
+        batch = dist_cases.global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
+        out = step(state, batch if rank is None else dist_cases.shard(batch, sizes, rank))
+        losses.append(out.loss)
+        metrics.append({k: v.detach().clone() for k, v in out.metrics.items()})
+    return {
+        "params": {n: full(p) for n, p in state.model.named_parameters()},
+        "optimizer": optimizer_state(state),
+        "losses": losses,
+        "metrics": metrics,
+        "step": state.step,
+        "lr": state.scheduler.get_last_lr(),
+        "kinds": sorted({type(p).__name__ for p in state.model.parameters()}),
+    }
+
+
+def run_case(rank: int, world: int, case: dict[str, Any]) -> dict[str, Any]:
+    return train(case, rank)
+
+
+def dtypes_under_bf16(rank: int, world: int) -> dict[str, Any]:
+    """What sharded(mixed_precision(bf16)) computes in: the forward's output, parameters, gradients."""
+    seen: dict[str, Any] = {}
+
+    def step(model, batch):
+        x, y = batch
+        logits = model(x)
+        seen["output"] = logits.dtype
+        return torch.nn.functional.cross_entropy(logits.float(), y)
+
+    class Spy(ct.TrainStep):
+        def update(self, state, ctx):
+            seen["grads"] = sorted({str(p.grad.dtype) for p in state.model.parameters()})
+            seen["grad_kinds"] = sorted({type(p.grad).__name__ for p in state.model.parameters()})
+            return self._inner().update(state, ctx)
+
+    state = make_state("classify", 0, torch.float32)
+    ct.sharded(ct.mixed_precision(dtype="bf16")(Spy(ct.train_step(step))))(
+        state, dist_cases.shard(dist_cases.global_batch("classify", [4] * world, 0, torch.float32), [4] * world, rank)
+    )
+    seen["params"] = sorted({str(p.dtype) for p in state.model.parameters()})
+    seen["output"] = str(seen["output"])
+    return seen
+
+
+def local_bytes(rank: int, world: int, sharded: bool) -> dict[str, int]:
+    """This rank's bytes of parameters, gradients (at the update) and optimizer state, AdamW."""
+    counted: dict[str, int] = {}
+
+    def size(t: torch.Tensor) -> int:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return local.numel() * local.element_size()
+
+    class Count(ct.TrainStep):
+        def update(self, state, ctx):
+            counted["grads"] = sum(size(p.grad) for p in state.model.parameters() if p.grad is not None)
+            return self._inner().update(state, ctx)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(64, 64) for _ in range(4))).double()
+    state = ct.TrainState(model, torch.optim.AdamW(model.parameters()))
+    step = Count(ct.train_step(lambda m, b: m(b).pow(2).mean()))
+    (ct.sharded(step, modules=nn.Linear) if sharded else step)(state, torch.randn(8, 64, dtype=torch.float64))
+    counted["params"] = sum(size(p) for p in state.model.parameters())
+    counted["optimizer"] = sum(
+        size(v) for entries in state.optimizer.state.values() for v in entries.values() if v.dim() > 0
+    )
+    return counted
+
+
+def found_inf_on_one_rank(rank: int, world: int, dtype: str) -> dict[str, Any]:
+    """A gradient that is not finite in the last rank's shard only: every rank must skip the update."""
+
+    class Poison(ct.TrainStep):  # after the last backward, gradients are sharded: poison one local entry
+        def grads(self, state, batch, ctx):
+            done = self._inner().grads(state, batch, ctx)
+            if ctx.last_backward and rank == world - 1 and state.step == 1:
+                state.model[1].weight.grad.to_local()[-1, 0] = float("nan")
+            return done
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    train = ct.sharded(ct.mixed_precision(dtype=dtype)(Poison(ct.train_step(lambda m, b: m(b).float().pow(2).mean()))))
+    train(state, torch.ones(2, 4))  # shards the model, one clean update
+    before = {n: full(p) for n, p in state.model.named_parameters()}
+    momentum = optimizer_state(state)
+    out = train(state, torch.ones(2, 4))
+    after = {n: full(p) for n, p in state.model.named_parameters()}
+    later = optimizer_state(state)
+    return {
+        "skipped": bool(out.skipped),
+        "unchanged": all(torch.equal(before[n], after[n]) for n in before)
+        and all(torch.equal(momentum[k][s], later[k][s]) for k in momentum for s in momentum[k]),
+        "step": state.step,
+    }
+
+
+def barrier(rank: int, world: int) -> None:
+    dist.barrier()
+
+
+def refusals(rank: int, world: int) -> dict[str, str]:
+    """The errors bad inputs give at the first update (each state is left as it was)."""
+
+    def outcome(call: Any) -> str:
+        try:
+            call()
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
+    batch = dist_cases.shard(dist_cases.global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank)
+    found = {}
+    state = make_state("classify", 0, torch.float64)
+    found["unknown"] = outcome(lambda: ct.sharded(modules=["blocks.0", "block.7"])(dist_cases.classify)(state, batch))
+    found["unknown_untouched"] = str(type(state.model).__name__ == "Net" and not state.optimizer.state)
+    found["class"] = outcome(lambda: ct.sharded(modules=nn.Conv2d)(dist_cases.classify)(state, batch))
+    trained = make_state("classify", 0, torch.float64)
+    ct.train_step(dist_cases.classify)(trained, batch)  # momentum exists for the unsharded parameters
+    found["optimizer"] = outcome(lambda: ct.sharded(dist_cases.classify)(trained, batch))
+    model = make_state("classify", 0, torch.float64).model
+    model.blocks[1][0].weight = model.blocks[0][0].weight  # one tensor in two units
+    tied = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    found["tied"] = outcome(lambda: ct.sharded(dist_cases.classify)(tied, batch))
+    found["tied_in_one_unit"] = outcome(lambda: ct.sharded(modules=["inp"])(dist_cases.classify)(tied, batch))
+    found["container"] = outcome(lambda: ct.sharded(modules=["blocks"])(dist_cases.classify)(state, batch))
+    uneven = dist_cases.shard(dist_cases.global_batch("classify", [4, 5], 0, torch.float64), [4, 5], rank)
+    found["unequal"] = outcome(lambda: ct.sharded(ct.accumulate(2)(dist_cases.classify))(state, uneven))
+    return found
+
+
+def reduce_scatters(rank: int, world: int, n: int, every: bool) -> list[int]:
+    """FSDP2's gradient reduce-scatters per update, counted at torch.distributed's entry point."""
+    calls: list[int] = []
+    original = dist.reduce_scatter_single
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    state = make_state("classify", 0, torch.float64)
+    step = ct.sharded(ct.accumulate(n)(dist_cases.classify), sync_every_micro_batch=every)
+    dist.reduce_scatter_single = counting
+    try:
+        per_update = []
+        for i in range(2):
+            before = len(calls)
+            batch = dist_cases.global_batch("classify", [8] * world, i, torch.float64)
+            step(state, dist_cases.shard(batch, [8] * world, rank))
+            per_update.append(len(calls) - before)
+    finally:
+        dist.reduce_scatter_single = original
+    return per_update
+
+
+def load_on_ranks(rank: int, world: int, checkpoint: str) -> dict[str, Any]:
+    """A checkpoint of another number of ranks, loaded into a state sharded over these: whole tensors."""
+    import shard_run_script
+
+    state = shard_run_script.state()
+    ct.apply_sharding(ct.sharded(shard_run_script.step), state)
+    ct.load_checkpoint(state, checkpoint)
+    return {
+        "params": {n: full(p) for n, p in state.model.named_parameters()},
+        "optimizer": optimizer_state(state),
+        "step": state.step,
+        "kinds": sorted({type(p).__name__ for p in state.model.parameters()}),
+        "consolidated": ct.full_state_dict(state.model),
+    }

@@ -1,0 +1,193 @@
+"""sharded() (FSDP2) across real gloo processes, against one process on the global batch."""
+
+import pytest
+import shard_cases
+import torch
+from dist_pool import Pool
+from helpers import assert_states_equal, classify, make_batch, make_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import composetrain as ct
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = Pool(2)
+    yield p
+    p.close()
+
+
+def run(pool, **case):
+    case.setdefault("seed", 0)
+    return pool.run("shard_cases", "run_case", case), shard_cases.train(case, rank=None)
+
+
+def assert_matches_reference(results, reference, rtol=1e-10, atol=1e-12):
+    for r in results:  # every rank holds the same full parameters: rank 0's initial ones, trained alike
+        assert r["kinds"] == ["DTensor"], "the model was not sharded"
+        for name, p in r["params"].items():
+            assert torch.equal(p, results[0]["params"][name])
+        assert r["step"] == reference["step"] and r["lr"] == reference["lr"]
+    for name, p in reference["params"].items():
+        torch.testing.assert_close(results[0]["params"][name], p, rtol=rtol, atol=atol, msg=name)
+    for key, entries in reference["optimizer"].items():
+        for name, v in entries.items():
+            torch.testing.assert_close(results[0]["optimizer"][key][name], v, rtol=rtol, atol=atol)
+    for i, ref_loss in enumerate(reference["losses"]):  # out.loss averaged over ranks is the global mean
+        torch.testing.assert_close(
+            torch.stack([r["losses"][i] for r in results]).mean(), ref_loss, rtol=rtol, atol=atol
+        )
+    if "grad_norm" in reference["metrics"][0]:
+        for r in results:
+            for mine, ref in zip(r["metrics"], reference["metrics"], strict=True):
+                torch.testing.assert_close(mine["grad_norm"], ref["grad_norm"], rtol=rtol, atol=atol)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    data=st.data(),
+    letters=st.sampled_from(["sa", "as", "Sa", "aS", "sca", "acs", "csa", "s"]),
+    n=st.integers(1, 4),
+    optimizer=st.sampled_from(["sgd", "adamw"]),
+    seed=st.integers(0, 999),
+)
+def test_sharded_is_one_process_on_the_global_batch(pool, data, letters, n, optimizer, seed):
+    """float64, a scheduler, 3 updates, batches of any size (also fewer samples than n); accumulate in
+    both orders, gradients reduced once per update or every micro-batch, clipping."""
+    sizes = [[size, size] for size in data.draw(st.lists(st.integers(1, 9), min_size=3, max_size=3))]
+    case = {"letters": letters, "n": n, "kind": "classify", "sizes": sizes, "seed": seed, "optimizer": optimizer}
+    assert_matches_reference(*run(pool, **case))
+
+
+@pytest.mark.parametrize("letters", ["sa", "as", "Sa"])
+def test_token_weights_are_normalised_over_every_rank(pool, letters):
+    """Odd ranks hold sequences up to 9 tokens long, even ranks up to 3: the loss is the mean over
+    every real token of the global batch, not a mean of per-rank means."""
+    assert_matches_reference(*run(pool, letters=letters, n=2, kind="tokens", sizes=[[4, 4]] * 3, seed=7))
+
+
+def test_bf16_runs_the_forward_in_bf16_and_keeps_sharded_fp32_weights_and_gradients(pool):
+    for seen in pool.run("shard_cases", "dtypes_under_bf16"):
+        assert seen == {
+            "output": "torch.bfloat16",
+            "params": ["torch.float32"],
+            "grads": ["torch.float32"],
+            "grad_kinds": ["DTensor"],
+        }
+
+
+def test_bf16_in_either_order_agrees_and_tracks_one_process(pool):
+    runs = {
+        letters: run(pool, letters=letters, n=2, kind="classify", sizes=[[6, 6]] * 3)
+        for letters in ("sma", "msa", "asm")
+    }
+    first = runs["sma"][0][0]["params"]
+    for results, _ in runs.values():
+        for r in results:
+            assert all(torch.equal(r["params"][k], first[k]) for k in first)
+    for k, p in runs["sma"][1]["params"].items():
+        torch.testing.assert_close(first[k], p, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_gradient_not_finite_on_one_rank_only_skips_the_update_on_every_rank(pool, dtype):
+    """Each rank sees its own shard of the gradients: the skip decision must be the same on every rank
+    (DTensor's unscale_ reduces GradScaler's found_inf flag over the mesh; this guards that it still does)."""
+    assert (
+        pool.run("shard_cases", "found_inf_on_one_rank", dtype) == [{"skipped": True, "unchanged": True, "step": 1}] * 2
+    )
+
+
+def test_each_rank_holds_half_the_parameters_gradients_and_optimizer_state(pool):
+    whole = shard_cases.local_bytes(0, 1, sharded=False)
+    for mine in pool.run("shard_cases", "local_bytes", True):
+        for what in ("params", "grads", "optimizer"):
+            assert mine[what] == whole[what] / 2, what  # 64 rows per layer split evenly over 2 ranks
+
+
+def test_bad_inputs_are_clear_errors_that_change_nothing(pool):
+    found = pool.run("shard_cases", "refusals")
+    assert found[0] == found[1]
+    found = found[0]
+    assert found["unknown"].startswith(
+        "ValueError: sharded(modules=['blocks.0', 'block.7'])(classify): modules names ['block.7'], which the model "
+        "does not have; its submodules include ['inp', 'blocks', 'blocks.0', "
+    )
+    assert found["unknown_untouched"] == "True"
+    assert (
+        found["class"]
+        == "ValueError: sharded(modules=Conv2d)(classify): modules=Conv2d matches no submodule of the model"
+    )
+    assert found["optimizer"].startswith(
+        "ValueError: sharded(classify): the optimizer already holds state (momentum, moments) for 8 unsharded "
+        "parameter(s); sharding replaces the parameters"
+    )
+    assert found["tied"].startswith(
+        "ValueError: sharded(classify): parameters ['blocks.0.0.weight', 'blocks.1.0.weight'] are one tensor (tied "
+        "weights) used in units ['blocks.0', 'blocks.1']"
+    )
+    assert found["tied_in_one_unit"] == "no error"
+    assert found["container"].startswith(
+        "ValueError: sharded(modules=['blocks'])(classify): modules selects ['blocks'], which have no forward of "
+        "their own (an nn.ModuleList or ModuleDict)"
+    )
+    assert found["unequal"].startswith(
+        "ValueError: sharded(accumulate(2)(classify)): the ranks' batches hold [4, 5] samples; under sharded every "
+        "rank must run the same forward and backward passes"
+    )
+
+
+def test_compositions_with_replicas_are_refused_when_built():
+    with pytest.raises(ValueError, match=r"sharded: cannot wrap a step that applies distributed: a model is either"):
+        ct.sharded(ct.distributed(classify))
+    with pytest.raises(ValueError, match=r"distributed: cannot wrap a step that applies sharded: a model is either"):
+        ct.distributed(ct.accumulate(2)(ct.sharded(classify)))
+    with pytest.raises(ValueError, match=r"data_parallel\(\['cpu', 'cpu'\]\): cannot wrap a step that applies sharded"):
+        ct.data_parallel(["cpu", "cpu"])(ct.sharded(classify))
+    with pytest.raises(ValueError, match=r"sharded: cannot wrap a step that applies data_parallel"):
+        ct.sharded(ct.data_parallel(["cpu", "cpu"])(classify))
+    with pytest.raises(ValueError, match=r"sharded: cannot wrap a step that applies pipeline_split"):
+        ct.sharded(ct.pipeline_split({"0": "cpu", "2": "cpu"})(classify))
+    with pytest.raises(ValueError, match=r"pipeline_split.*: cannot wrap a step that applies sharded"):
+        ct.pipeline_split({"0": "cpu", "2": "cpu"})(ct.sharded(classify))
+    with pytest.raises(ValueError, match="already applies sharded; use sharded once"):
+        ct.sharded(ct.sharded(classify))
+
+
+def test_options_are_checked_and_shown():
+    with pytest.raises(TypeError, match=r"sharded: sync_every_micro_batch must be True or False, got 1 \(int\)"):
+        ct.sharded(sync_every_micro_batch=1)
+    with pytest.raises(TypeError, match=r"sharded: modules must be submodule names, nn.Module classes or a predicate"):
+        ct.sharded(modules=3)
+    with pytest.raises(ValueError, match="the root is always a unit of its own"):
+        ct.sharded(modules=["", "blocks.0"])
+    assert repr(ct.sharded(classify)) == "sharded(classify)"
+    assert repr(ct.sharded(modules=torch.nn.Linear, sync_every_micro_batch=True)(classify)) == (
+        "sharded(modules=Linear, sync_every_micro_batch=True)(classify)"
+    )
+    assert ct.sharded(modules="blocks.0")(classify) == ct.sharded(modules=["blocks.0"])(classify)
+
+
+def test_world_size_one_is_the_plain_step_bit_for_bit():
+    a, b = make_state(0), make_state(0)
+    for i in range(3):
+        ct.sharded(ct.accumulate(2)(classify))(a, make_batch(8, seed=i))
+        ct.accumulate(2)(classify)(b, make_batch(8, seed=i))
+    assert_states_equal(a, b)
+
+
+def test_gradients_are_reduced_once_per_update_unless_asked_every_micro_batch(pool):
+    """One reduce-scatter per unit for each backward that syncs; the others keep unsharded gradients."""
+    units = 3  # blocks.0, blocks.1 and the root (inp, head)
+    assert pool.run("shard_cases", "reduce_scatters", 1, False) == [[units, units]] * 2
+    for n in (2, 4):
+        assert pool.run("shard_cases", "reduce_scatters", n, False) == [[units, units]] * 2, n
+        assert pool.run("shard_cases", "reduce_scatters", n, True) == [[n * units, n * units]] * 2, n
+
+
+@pytest.mark.parametrize("letters", ["sk", "ks", "ska", "ask"])
+def test_checkpoint_activations_composes(pool, letters):
+    """Blocks recomputed in backward under FSDP2, in either order and with accumulate: one process's update."""
+    sizes = [[5, 5], [3, 3], [4, 4]]
+    assert_matches_reference(*run(pool, letters=letters, n=2, kind="classify", sizes=sizes, optimizer="sgd"))
