@@ -242,7 +242,9 @@ def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
     from composetrain.checkpoint import SHARED, _load, _shared_problem
 
     folder = Path(checkpoint)
-    payload, problem = _load(folder / "state.pt", SHARED, _shared_problem)
+    number = folder.name.removeprefix("step-")
+    step = int(number) if number.isdigit() else None  # a folder renamed by hand: its name says nothing
+    payload, problem = _load(folder / "state.pt", SHARED, lambda v: _shared_problem(v, step))
     if payload is None:
         raise ValueError(f"load_checkpoint: {folder} is not a readable ct.run checkpoint: {problem}")
     state.load_state_dict(ShardFiles(state).load(folder, payload)["state"])

@@ -274,7 +274,8 @@ def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
     return None
 
 
-def _shared_problem(payload: dict[str, Any], step: int) -> str | None:
+def _shared_problem(payload: dict[str, Any], step: int | None = None) -> str | None:
+    """What is wrong with a ``state.pt`` payload, or None; ``step``: its folder's, when known."""
     per_epoch = payload["settings"].get("updates_per_epoch")
     if payload["world_size"] < 1 or payload["epoch"] < 0 or not 0 <= payload["position"] < (per_epoch or 1):
         return (
@@ -285,7 +286,7 @@ def _shared_problem(payload: dict[str, Any], step: int) -> str | None:
     missing = sorted({"model", "optimizer", "scheduler", "step", "transforms"} - state.keys())
     if missing:
         return f"its TrainState lacks {missing}"
-    if type(state["step"]) is not int or state["step"] != step:
+    if type(state["step"]) is not int or (step is not None and state["step"] != step):
         return f"its TrainState's step {state['step']!r} is not the step of its folder ({step})"
     if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
         return "its history and evals must be lists of dicts"
