@@ -4,8 +4,9 @@
         [--wait-for-signal] [--timeout S]
 
 WHERE is ``rendezvous`` (after claiming its place, before the others joined), ``update:K`` (inside
-the K-th update's forward), ``save:K`` (inside the K-th save, after its first file), ``eval:K``
-(inside the K-th evaluation batch), or ``stop:K`` (SIGSTOP at the K-th update: the rank hangs). The
+the K-th micro-batch's forward), ``save:K`` (inside the K-th save, after its first file), ``eval:K``
+(inside the K-th evaluation batch) or ``agree:K`` (before the K-th agreement on stopping). With a
+``hang-`` prefix (``hang-update:K``) the rank stops itself (SIGSTOP) instead: it hangs. The
 kill happens once per job: a marker file next to CKPT says it happened, so the restarted attempt
 runs through. Each rank writes OUT-rank<r>.pt at the end: its state, history, evals and attempt.
 """
@@ -62,19 +63,21 @@ def main():
     torch.set_num_threads(1)
     rank = rank_of_this_process()
     marker = Path(f"{args.dir}.killed")
-    kill_rank, where, at = None, None, 0
+    kill_rank, where, at, hang = None, None, 0, False
     if args.kill:
         kill_rank, _, rest = args.kill.partition(":")
         where, _, count = rest.partition(":")
         kill_rank, at = int(kill_rank), int(count or 0)
+        hang = where.startswith("hang-")
+        where = where.removeprefix("hang-")
     armed = rank == kill_rank and not marker.exists()
-    calls = {"update": 0, "save": 0, "eval": 0}
+    calls = {"update": 0, "save": 0, "eval": 0, "agree": 0}
 
     def die(what, count=0):
         if armed and where == what and count == at:
             marker.write_text(f"rank {rank} at {args.kill}\n")
             print(f"KILLING rank {rank} at {args.kill}", flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP if what == "stop" else signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGSTOP if hang else signal.SIGKILL)
 
     if armed and where == "rendezvous":
         import composetrain._attempts as attempts
@@ -97,10 +100,21 @@ def main():
 
         checkpoint._write = dying_write
 
+    if armed and where == "agree":
+        import composetrain.preemption as preemption
+
+        original_check = preemption.StopSignal.check
+
+        def dying_check(self):
+            calls["agree"] += 1
+            die("agree", calls["agree"])
+            return original_check(self)
+
+        preemption.StopSignal.check = dying_check
+
     def train(model, batch):
         calls["update"] += 1  # micro-batches: accumulate(2) calls this twice per update
         die("update", calls["update"])
-        die("stop", calls["update"])
         time.sleep(args.step_delay)
         return step(model, batch)
 

@@ -169,6 +169,7 @@ class Process:
     backend: str | None
     owns_group: bool
     attempt: int = 0  # under torchrun: which start of the job this is, agreed by every rank
+    timeout: float = 300.0  # seconds the collectives wait for the other ranks
 
     @property
     def rank(self) -> int:
@@ -273,7 +274,7 @@ def rendezvous(
                 f"{dist.get_world_size()}, but the {cluster.source} values say rank {cluster.rank} of "
                 f"{cluster.world_size}"
             )
-        return Process(cluster, device, dist.get_backend(), owns_group=False)
+        return Process(cluster, device, dist.get_backend(), owns_group=False, timeout=timeout)
     if cluster.world_size == 1:
         return Process(cluster, device, None, owns_group=False)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
@@ -315,7 +316,7 @@ def rendezvous(
             f"within {timeout:g}s ({type(e).__name__}: {str(e).splitlines()[0][:200]}); check that rank 0 "
             f"is running{hint}, that MASTER_ADDR/MASTER_PORT reach it, and that every process got the same values"
         ) from e
-    return Process(cluster, device, backend, owns_group=True, attempt=attempt)
+    return Process(cluster, device, backend, owns_group=True, attempt=attempt, timeout=timeout)
 
 
 def _torchrun_store(cluster: Cluster, env: Mapping[str, str], timeout: float) -> tuple[Any, int]:
