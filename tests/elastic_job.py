@@ -50,6 +50,13 @@ def rank_of_this_process():
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
 
 
+def restart_count():
+    """torchrun's count of restarts, or SLURM's of requeues (unset before the first), or None."""
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        return os.environ["TORCHELASTIC_RESTART_COUNT"]
+    return os.environ.get("SLURM_RESTART_COUNT", "0") if "SLURM_JOB_ID" in os.environ else None
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
@@ -140,7 +147,8 @@ def main():
             "evals": result.evals,
             "steps": result.steps,
             "preempted": result.preempted,
-            "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("SLURM_RESTART_COUNT")),
+            "restart": restart_count(),
+            "source": ct.detect().source,  # what ct.rendezvous read: torchrun's variables or SLURM's
         },
         out.with_name(f"{out.stem}-rank{rank}{out.suffix}"),
     )

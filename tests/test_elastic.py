@@ -10,72 +10,11 @@ import random
 import re
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import torch
 from dist_pool import free_port
-from launching import Job, wait_all
-
-HERE = Path(__file__).resolve().parent
-JOB = str(HERE / "elastic_job.py")
-
-
-def environment():
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC_"))
-    }
-    return {**env, "OMP_NUM_THREADS": "1"}
-
-
-def torchrun(tmp_path, name, *, nodes=1, backend="static", kill=None, timeout=240):
-    """Runs elastic_job.py under torchrun with --max-restarts=1: 2 processes on one node, or 2 "nodes" of one
-    process each on localhost. Returns each rank's result and whether the kill happened."""
-    out = tmp_path / name
-    job = [JOB, "--dir", str(out), "--out", f"{out}.pt", *(["--kill", kill] if kill else [])]
-    port = free_port()
-    common = [sys.executable, "-m", "torch.distributed.run", "--max-restarts=1", "--monitor-interval=0.5"]
-    store = None
-    if nodes == 1:
-        where = f"--rdzv-endpoint=127.0.0.1:{port}" if backend == "c10d" else f"--master-port={port}"
-        rdzv = [f"--rdzv-backend={backend}", where]
-        commands = [[*common, "--nproc-per-node=2", *rdzv, *job]]
-    elif backend == "static":
-        commands = [
-            [*common, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=static", f"--node-rank={n}",
-             "--master-addr=127.0.0.1", f"--master-port={port}", *job]
-            for n in range(2)
-        ]  # fmt: skip
-    else:
-        # the rendezvous store lives here, not in one of the agents: the agent hosting it may exit first
-        # and the other's last look at the store would fail (a torchrun teardown race)
-        store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-        rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={name}"]
-        rdzv += ["--rdzv-conf=is_host=0", "--local-addr=127.0.0.1"]
-        commands = [[*common, "--nnodes=2", "--nproc-per-node=1", *rdzv, *job]] * 2
-    wait_all([Job(c, environment()) for c in commands], timeout=timeout)
-    del store  # alive until every agent is done
-    results = [torch.load(tmp_path / f"{name}-rank{r}.pt", weights_only=False) for r in range(2)]
-    return results, Path(f"{out}.killed").exists()
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    results, _ = torchrun(tmp_path_factory.mktemp("reference"), "reference")
-    return results
-
-
-def assert_bit_identical(results, reference):
-    for got, want in zip(results, reference, strict=True):
-        for k, v in want["state"]["model"].items():
-            assert torch.equal(v, got["state"]["model"][k]), k
-        assert got["state"]["optimizer"]["state"].keys() == want["state"]["optimizer"]["state"].keys()
-        for i, s in want["state"]["optimizer"]["state"].items():
-            assert torch.equal(s["momentum_buffer"], got["state"]["optimizer"]["state"][i]["momentum_buffer"])
-        assert (got["steps"], got["history"], got["evals"]) == (want["steps"], want["history"], want["evals"])
-    assert reference[0]["steps"] == 12 and len(reference[0]["evals"]) == 4
+from elastic_runs import JOB, assert_bit_identical, environment, torchrun
+from launching import Job
 
 
 @pytest.mark.parametrize(
@@ -88,12 +27,12 @@ def assert_bit_identical(results, reference):
     ],
 )
 def test_a_rank_killed_anywhere_is_restarted_and_the_job_ends_bit_identical(
-    tmp_path, uninterrupted, nodes, backend, kill
+    tmp_path, uninterrupted_elastic_job, nodes, backend, kill
 ):
     results, killed = torchrun(tmp_path, "job", nodes=nodes, backend=backend, kill=kill)
     assert killed, "the rank was never killed: the test tested nothing"
     assert max(int(r["restart"]) for r in results) == 1  # torchrun restarted the group once
-    assert_bit_identical(results, uninterrupted)
+    assert_bit_identical(results, uninterrupted_elastic_job)
 
 
 SWEEP = int(os.environ.get("CT_ELASTIC_SWEEP", "0"))
@@ -101,7 +40,7 @@ SWEEP = int(os.environ.get("CT_ELASTIC_SWEEP", "0"))
 
 @pytest.mark.skipif(not SWEEP, reason="a long sweep: set CT_ELASTIC_SWEEP=N to run N kills at random moments")
 @pytest.mark.parametrize("trial", range(max(SWEEP, 1)))
-def test_sweep_kills_at_random_moments(tmp_path, uninterrupted, trial):
+def test_sweep_kills_at_random_moments(tmp_path, uninterrupted_elastic_job, trial):
     rng = random.Random(trial)
     nodes, backend = rng.choice([1, 2]), rng.choice(["static", "c10d"])
     where = rng.choice(["rendezvous", f"update:{rng.randint(1, 24)}", f"save:{rng.randint(1, 6)}",
@@ -111,7 +50,7 @@ def test_sweep_kills_at_random_moments(tmp_path, uninterrupted, trial):
     results, killed = torchrun(tmp_path, "job", nodes=nodes, backend=backend, kill=kill)
     print(f"trial {trial}: {nodes} node(s), {backend}, kill {kill}: {time.monotonic() - start:.1f}s")
     assert killed
-    assert_bit_identical(results, uninterrupted)
+    assert_bit_identical(results, uninterrupted_elastic_job)
 
 
 # -- a rank that stops answering ---------------------------------------------------------------------
