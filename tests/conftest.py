@@ -17,5 +17,5 @@ def uninterrupted_elastic_job(tmp_path_factory):
     pre-empted and requeued, or srun-launched job must end bit-identical to (test_elastic, test_slurm)."""
     from elastic_runs import torchrun
 
-    results, _ = torchrun(tmp_path_factory.mktemp("reference"), "reference")
+    results, _, _ = torchrun(tmp_path_factory.mktemp("reference"), "reference")
     return results

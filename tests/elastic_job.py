@@ -5,13 +5,15 @@
 
 WHERE is ``rendezvous`` (after claiming its place, before the others joined), ``update:K`` (inside
 the K-th micro-batch's forward), ``save:K`` (inside the K-th save, after its first file), ``eval:K``
-(inside the K-th evaluation batch) or ``agree:K`` (before the K-th agreement on stopping). With a
+(inside the K-th evaluation batch), ``agree:K`` (before the K-th agreement on stopping) or ``full:K``
+(the K-th save finds the disk full: its first file raises ENOSPC, and the rank fails). With a
 ``hang-`` prefix (``hang-update:K``) the rank stops itself (SIGSTOP) instead: it hangs. The
 kill happens once per job: a marker file next to CKPT says it happened, so the restarted attempt
 runs through. Each rank writes OUT-rank<r>.pt at the end: its state, history, evals and attempt.
 """
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -96,6 +98,17 @@ def main():
             return original_wait(*a, **k)
 
         attempts._wait = dying_wait
+    if armed and where == "full":
+        original_write = checkpoint._write
+
+        def full_write(obj, path):
+            calls["save"] += 1
+            if calls["save"] == at:
+                marker.write_text(f"rank {rank} at {args.kill}\n")
+                raise OSError(errno.ENOSPC, "No space left on device (injected)", str(path))
+            original_write(obj, path)
+
+        checkpoint._write = full_write
     if armed and where == "save":
         original_write = checkpoint._write
 

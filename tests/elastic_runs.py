@@ -23,7 +23,7 @@ def environment():
 
 def torchrun(tmp_path, name, *, nodes=1, backend="static", kill=None, timeout=240):
     """Runs elastic_job.py under torchrun with --max-restarts=1: 2 processes on one node, or 2 "nodes" of one
-    process each on localhost. Returns each rank's result and whether the kill happened."""
+    process each on localhost. Returns each rank's result, whether the kill happened, and what torchrun printed."""
     out = tmp_path / name
     job = [JOB, "--dir", str(out), "--out", f"{out}.pt", *(["--kill", kill] if kill else [])]
     port = free_port()
@@ -46,10 +46,11 @@ def torchrun(tmp_path, name, *, nodes=1, backend="static", kill=None, timeout=24
         rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={name}"]
         rdzv += ["--rdzv-conf=is_host=0", "--local-addr=127.0.0.1"]
         commands = [[*common, "--nnodes=2", "--nproc-per-node=1", *rdzv, *job]] * 2
-    wait_all([Job(c, environment()) for c in commands], timeout=timeout)
+    jobs = [Job(c, environment()) for c in commands]
+    wait_all(jobs, timeout=timeout)
     del store  # alive until every agent is done
     results = [torch.load(tmp_path / f"{name}-rank{r}.pt", weights_only=False) for r in range(2)]
-    return results, Path(f"{out}.killed").exists()
+    return results, Path(f"{out}.killed").exists(), "\n".join(j.output() for j in jobs)
 
 
 def assert_bit_identical(results, reference):

@@ -24,15 +24,19 @@ from launching import Job
         (1, "c10d", "0:rendezvous"),  # its place claimed, the others not yet there
         (2, "static", "1:save:3"),  # inside the 3rd save, after its first file
         (2, "c10d", "0:eval:2"),  # inside the 2nd evaluation
+        (1, "static", "0:full:3"),  # the disk is full at the 3rd save: rank 0 fails, rank 1 is named the save
     ],
 )
 def test_a_rank_killed_anywhere_is_restarted_and_the_job_ends_bit_identical(
     tmp_path, uninterrupted_elastic_job, nodes, backend, kill
 ):
-    results, killed = torchrun(tmp_path, "job", nodes=nodes, backend=backend, kill=kill)
+    results, killed, printed = torchrun(tmp_path, "job", nodes=nodes, backend=backend, kill=kill)
     assert killed, "the rank was never killed: the test tested nothing"
     assert max(int(r["restart"]) for r in results) == 1  # torchrun restarted the group once
     assert_bit_identical(results, uninterrupted_elastic_job)
+    if "full" in kill:  # the full disk is named, and the other rank says what it lost its peer in
+        assert "No space left on device (injected)" in printed
+        assert re.search(r"run: rank 1 of 2 lost another rank during the save of checkpoint step \d+", printed)
 
 
 SWEEP = int(os.environ.get("CT_ELASTIC_SWEEP", "0"))
@@ -47,7 +51,7 @@ def test_sweep_kills_at_random_moments(tmp_path, uninterrupted_elastic_job, tria
                         f"eval:{rng.randint(1, 4)}", f"agree:{rng.randint(1, 12)}"])  # fmt: skip
     kill = f"{rng.randint(0, 1)}:{where}"
     start = time.monotonic()
-    results, killed = torchrun(tmp_path, "job", nodes=nodes, backend=backend, kill=kill)
+    results, killed, _ = torchrun(tmp_path, "job", nodes=nodes, backend=backend, kill=kill)
     print(f"trial {trial}: {nodes} node(s), {backend}, kill {kill}: {time.monotonic() - start:.1f}s")
     assert killed
     assert_bit_identical(results, uninterrupted_elastic_job)
