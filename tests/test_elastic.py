@@ -88,3 +88,28 @@ def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout(tmp_pat
     assert waited < timeout + 20, f"rank 0 failed {waited:.1f}s after rank 1 stopped, timeout {timeout}s"
     pattern = rf"run: rank 0 of 2 waited more than 5s for the other ranks during {phase}: a rank stopped answering"
     assert re.search(pattern, out), out[-3000:]
+
+
+def test_only_errors_that_say_a_rank_was_lost_are_reworded():
+    import torch
+
+    from composetrain._waiting import Waiting
+    from composetrain.rendezvous import Cluster, Process
+
+    def waiting(world):
+        proc = Process(Cluster(1, world, 1, "127.0.0.1", 1, "explicit"), torch.device("cpu"), "gloo", False)
+        w = Waiting(proc, 7, "run")
+        w.now("the save of checkpoint step 4")
+        return w
+
+    timed_out = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 7000ms for recv operation")
+    lost = waiting(2).lost(timed_out)
+    assert str(lost).startswith(
+        "run: rank 1 of 2 waited more than 7s for the other ranks during the save of checkpoint step 4: a rank "
+        "stopped answering"
+    )
+    assert "Timed out waiting 7000ms" in str(lost)
+    peer = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+    assert "lost another rank during the save of checkpoint step 4" in str(waiting(2).lost(peer))
+    assert waiting(2).lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    assert waiting(1).lost(timed_out) is None  # alone, nobody to wait for

@@ -330,6 +330,7 @@ def _torchrun_store(cluster: Cluster, env: Mapping[str, str], timeout: float) ->
         is_master=not agent and cluster.rank == 0,
         timeout=datetime.timedelta(seconds=timeout),
         wait_for_workers=False,
+        multi_tenant=True,  # as env:// does: a later rendezvous in this process may host it again
     )
     return join_attempt(store, cluster.rank, cluster.world_size, env.get("TORCHELASTIC_RUN_ID", "none"), timeout)
 
