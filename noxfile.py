@@ -33,3 +33,18 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "-m", "torch.distributed.run", "--nproc-per-node=2", "bench_distributed.py")
     session.run("python", "bench_run.py")
     session.run("python", "bench_parallel.py")
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """On a machine with CUDA, in an environment that already has `.[test]` installed (a device
+    machine may reach no package index): the GPU tests, then the GPU benchmarks. Under 8 minutes
+    on one H200."""
+    session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'nox -s gpu needs CUDA'")
+    session.run("python", "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *session.posargs)
+    session.chdir("benchmarks")
+    for model in ("resnet50", "transformer"):
+        session.run(
+            "python", "bench_precision.py", "--device", "cuda", "--model", model, "--dtypes", "fp32", "bf16", "fp16"
+        )
+    session.run("python", "bench_memory.py", "--device", "cuda")

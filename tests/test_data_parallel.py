@@ -70,7 +70,7 @@ def test_orders_that_cannot_be_correct_are_refused_when_built():
     ("devices", "error", "pattern"),
     [
         ("cpu", TypeError, r"data_parallel: devices must be a non-empty list of devices, .*got 'cpu' \(str\)"),
-        ([], TypeError, r"non-empty list"),
+        ([], ValueError, r"non-empty list"),
         (["cpu", "gpu0"], ValueError, r"devices\[1\] = 'gpu0' is not a device; use 'cpu', 'cuda:0'"),
         (["cpu", 3], TypeError, r"devices\[1\] must be a device such as 'cpu' or 'cuda:0', got 3 \(int\)"),
         (["cuda:7"], ValueError, r"devices\[0\] = 'cuda:7' does not exist here: this machine has \d+ CUDA device"),

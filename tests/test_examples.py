@@ -40,3 +40,40 @@ def test_digits_example_trains_in_bf16_with_clipping():
     out = run_digits("--precision", "bf16", "--clip", "1.0")
     assert out.startswith("clip_grad_norm(1.0)(mixed_precision(dtype='bf16')(accumulate(4)(step)))")
     assert float(re.search(r"test accuracy (\d\.\d+)", out).group(1)) > 0.9
+
+
+def run_example(name: str, *args: str, torchrun: bool = False, timeout: float = 600) -> str:
+    for module in ("sklearn", "torchvision", "einops"):
+        pytest.importorskip(module)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"] if torchrun else [sys.executable]
+    return launching.run([*launcher, str(ROOT / "examples" / name), *args], timeout=timeout)
+
+
+def test_the_image_classifier_trains_evaluates_resumes_and_draws_its_curves(tmp_path):
+    short = ["--run-dir", str(tmp_path), "--width", "8", "--batch-size", "32"]
+    first = run_example("image_classifier.py", *short, "--epochs", "2")
+    assert len(re.findall(r"test acc \d", first)) == 2
+    again = run_example("image_classifier.py", *short, "--epochs", "4")  # resumes after epoch 2
+    accuracies = [float(a) for a in re.findall(r"test acc (\d\.\d+)", again)]
+    assert len(accuracies) == 4 and accuracies[-1] > 0.3  # 10 classes: well above chance after 4 short epochs
+    assert again.splitlines()[-2].startswith("distributed(mixed_precision(accumulate(2)(step)))")
+    png = tmp_path / "curves.png"
+    assert f"curves: {png}" in again and png.read_bytes()[:4] == b"\x89PNG"
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert sum('"eval": {' in line for line in lines) == 4
+
+
+def test_the_image_classifier_runs_unchanged_under_torchrun(tmp_path):
+    out = run_example("image_classifier.py", "--run-dir", str(tmp_path), "--width", "8", "--epochs", "1",
+                      "--batch-size", "32", torchrun=True)  # fmt: skip
+    assert len(re.findall(r"test acc \d", out)) == 1  # printed once, by rank 0
+
+
+def test_the_language_model_trains_on_real_tokens_and_samples_text():
+    out = run_example("language_model.py", "--epochs", "1", "--samples", "256", "--batch-size", "32",
+                      "--context", "32", "--width", "32", "--sample-length", "40")  # fmt: skip
+    assert "accumulate(4, weight=real_tokens)" in out
+    loss = float(re.search(r"held-out loss (\d+\.\d+)", out).group(1))
+    assert loss < 4.5  # below the uniform guess over the ~90 characters (ln 90 = 4.5)
+    sample = out.split("sample:\n", 1)[1]
+    assert sample.startswith("The data") and len(sample) >= 40

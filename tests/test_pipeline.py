@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dist_pool import Pool
-from helpers import assert_states_close, assert_untouched, classify, make_batch, make_state, snapshot
+from helpers import assert_states_close, assert_untouched, classify, get_xy, make_batch, make_state, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
@@ -176,7 +176,7 @@ def test_tied_weights_across_devices_are_refused_and_on_one_device_are_fine():
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "pattern"),
     [
-        (({},), {}, TypeError, r"pipeline_split: placement must map submodule names to devices"),
+        (({},), {}, ValueError, r"pipeline_split: placement must name at least one submodule"),
         (({"encoder": "tpu:9"},), {}, ValueError, r"placement\['encoder'\] = 'tpu:9' is not a device"),
         (({"encoder": "cuda:5"},), {}, ValueError, r"placement\['encoder'\] = 'cuda:5' does not exist here"),
         (({"encoder": "cpu"},), {"chunks": 0}, ValueError, r"chunks must be a positive int, got 0"),
@@ -286,3 +286,32 @@ def test_a_models_own_loss_trains_exactly_with_one_chunk_and_constant_scalars_pa
     ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}, chunks=3)(logits_loss)(c, batch)
     ct.train_step(logits_loss)(d, batch)
     assert_states_close(c, d)
+
+
+class ReducesOverTheBatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(5, 8), nn.Tanh())
+        self.decoder = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.encoder(x)
+        return self.decoder(h), h.mean(0)  # the second is one vector for the whole batch, not per sample
+
+
+def test_outputs_that_are_not_per_sample_are_refused_with_chunks():
+    def step(model, batch):
+        x, y = get_xy(batch)
+        logits, centre = model(x)
+        return F.cross_entropy(logits, y) + centre.pow(2).sum()
+
+    state = sgd_state(ReducesOverTheBatch)
+    before = snapshot(state)
+    with pytest.raises(ValueError, match=r"output leaf 1 of the model has first sizes \[8, 8, 8\] for chunks of "
+                       r"\[3, 3, 3\] samples; .*not reduced over the batch"):  # fmt: skip
+        ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}, chunks=3)(step)(state, make_batch(9))
+    assert_untouched(state, before)
+    a, b = sgd_state(ReducesOverTheBatch), sgd_state(ReducesOverTheBatch)  # without chunks it is exact
+    ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"})(step)(a, make_batch(9))
+    ct.train_step(step)(b, make_batch(9))
+    assert_states_close(a, b)

@@ -14,7 +14,7 @@ def readme_commands():
 
 def test_readme_opens_with_exactly_two_commands():
     main_job, tests = readme_commands()
-    assert "examples/train_digits.py" in main_job
+    assert "examples/image_classifier.py" in main_job
     assert "pytest" in tests
 
 

@@ -5,16 +5,17 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 import run_script
 import torch
 from dist_pool import Pool, free_port
 from helpers import assert_states_equal
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from launching import Job, alive, wait_all
 from torch.utils.data import Dataset, TensorDataset
 
@@ -583,6 +584,7 @@ def test_two_ranks_in_the_pool(pool):
     assert a["epoch_firsts"][0] != a["epoch_firsts"][1] != a["epoch_firsts"][2]  # reshuffled every epoch
     assert a["evals"] == b["evals"] and a["evals"][-1]["acc"] == pytest.approx(a["single_process_eval"], abs=1e-12)
     assert untimed(a["history"]) == untimed(b["history"])
+    assert {r["global_batch"] for r in a["history"]} == {24}  # 12 per rank: the input of ct.scaled_lr
     with pytest.raises(RuntimeError, match=r"does not synchronise them; wrap it: ct.distributed"):
         pool.run("run_cases", "not_distributed")
 
@@ -743,8 +745,8 @@ def test_training_metric_names_that_change_between_updates_are_a_clear_error():
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"seed": "abc"}, ValueError, "run: seed must be an int in [0, 2**32), got 'abc' (str); e.g. seed=0"),
-        ({"seed": 2.5}, ValueError, "run: seed must be an int in [0, 2**32), got 2.5 (float); e.g. seed=0"),
+        ({"seed": "abc"}, TypeError, "run: seed must be an int in [0, 2**32), got 'abc' (str); e.g. seed=0"),
+        ({"seed": 2.5}, TypeError, "run: seed must be an int in [0, 2**32), got 2.5 (float); e.g. seed=0"),
         ({"seed": -1}, ValueError, "run: seed must be an int in [0, 2**32), got -1 (int); e.g. seed=0"),
         ({"seed": 2**64}, ValueError, f"run: seed must be an int in [0, 2**32), got {2**64} (int); e.g. seed=0"),
         (
@@ -918,3 +920,245 @@ def test_an_unwritable_log_file_is_a_clear_error_before_training(tmp_path):
     with pytest.raises(PermissionError, match=r"run: log_file '.*file/log.jsonl' is not writable \(.*\); choose a"):
         ct.run(run_script.step, state, run_script.dataset(), batch_size=12, log_file=blocker / "log.jsonl")
     assert state.step == 0
+
+
+# -- resuming a DataLoader given as is -----------------------------------------------------------------
+def indexed(n=20):
+    """Samples that carry their index, so that a run's spy can tell which were trained on."""
+    x, y = run_script.dataset(n).tensors
+    return TensorDataset(x, y, torch.arange(n))
+
+
+def run_given(path, make_loader, seen, **options):
+    def spy(model, batch):
+        x, y, i = batch
+        seen.extend(i.tolist())
+        return run_script.step(model, (x, y))
+
+    state = run_script.state()
+    ct.run(spy, state, make_loader(), checkpoint_dir=path, progress=False, seed=5, log_every=3, **options)
+    return state
+
+
+def assert_resumes_exactly(tmp_path, make_loader, stop, epochs=2):
+    """Stopped after ``stop`` updates and rerun to ``epochs``: every sample once per epoch, in the
+    uninterrupted run's order, and the same parameters bit for bit (dropout draws from the restored RNG)."""
+    straight_seen, seen = [], []
+    straight = run_given(tmp_path / "a", make_loader, straight_seen, epochs=epochs)
+    run_given(tmp_path / "b", make_loader, seen, max_steps=stop)
+    resumed = run_given(tmp_path / "b", make_loader, seen, epochs=epochs)
+    n = len(make_loader().dataset)
+    assert [sorted(seen[e * n : (e + 1) * n]) for e in range(epochs)] == [list(range(n))] * epochs
+    assert seen == straight_seen
+    assert_states_equal(resumed, straight)
+
+
+def test_a_given_loader_with_persistent_workers_resumes_exactly(tmp_path):
+    """Its first iterator draws the workers' seed before the order, later epochs only the order:
+    stopped at update 7 of 2 epochs of 5, 7 of the 20 samples used to be trained twice and 7 never."""
+    from torch.utils.data import DataLoader
+
+    def make_loader():
+        return DataLoader(indexed(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+
+    assert_resumes_exactly(tmp_path, make_loader, stop=7)
+
+
+def test_a_given_loader_with_its_own_generator_resumes_exactly(tmp_path):
+    """The loader's generator decides its shuffle; it used to restart from its seed on resume."""
+    from torch.utils.data import DataLoader
+
+    def make_loader():
+        return DataLoader(indexed(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+    assert_resumes_exactly(tmp_path, make_loader, stop=7)
+    assert_resumes_exactly(tmp_path / "at-an-epoch-end", make_loader, stop=5, epochs=3)
+
+
+@given(
+    n=st.integers(3, 10),
+    batch_size=st.integers(1, 4),
+    shuffle=st.booleans(),
+    generator=st.sampled_from([None, "loader", "sampler"]),
+    data=st.data(),
+)
+def test_any_given_loader_resumes_with_every_sample_once_per_epoch(n, batch_size, shuffle, generator, data):
+    """Shuffled or not, drawing from the global RNG, the loader's generator or the sampler's own,
+    stopped after any update: the rerun trains each sample once per epoch, as the straight run did."""
+    from torch.utils.data import DataLoader, RandomSampler
+
+    def make_loader():
+        dataset, g = indexed(n), torch.Generator().manual_seed(3)
+        if generator == "sampler" and shuffle:
+            return DataLoader(dataset, batch_size=batch_size, sampler=RandomSampler(dataset, generator=g))
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=g if generator else None)
+
+    stop = data.draw(st.integers(1, 2 * -(-n // batch_size) - 1), label="stop")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny steps: threads only add overhead on a busy machine
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            assert_resumes_exactly(Path(tmp), make_loader, stop=stop)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_given_loader_with_a_distributed_sampler_resumes_exactly(tmp_path):
+    """Its order is decided by its seed and the epoch ct.run sets: both restored for the epoch resumed,
+    so that a sampler rebuilt with another seed still finishes the epoch it joins with each sample once."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def loader_with(seed):
+        dataset = indexed()
+        return DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=seed))
+
+    assert_resumes_exactly(tmp_path, lambda: loader_with(7), stop=7)
+    seen = []
+    run_given(tmp_path / "c", lambda: loader_with(7), seen, max_steps=7)
+    run_given(tmp_path / "c", lambda: loader_with(8), seen, epochs=2)
+    assert sorted(seen[20:]) == list(range(20))
+
+
+@pytest.mark.parametrize(
+    ("second", "pattern"),
+    [
+        ("no generator", r"continues a DataLoader that drew from 1 generator\(s\) of its own, and this one has 0"),
+        ("the dataset", r"stopped inside an epoch of a DataLoader given as is, and this run got a Dataset"),
+    ],
+)
+def test_a_given_loader_whose_order_cannot_continue_is_refused_before_anything_changes(tmp_path, second, pattern):
+    from torch.utils.data import DataLoader
+
+    def make_loader():
+        return DataLoader(indexed(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+    run_given(tmp_path, make_loader, [], max_steps=7)
+    other = {
+        "no generator": lambda: DataLoader(indexed(), batch_size=4, shuffle=True),
+        "the dataset": lambda: indexed(),
+    }[second]
+    state = run_script.state()
+    before = [p.clone() for p in state.model.parameters()]
+    with pytest.raises(ValueError, match=r"run: checkpoint .*step-000000007 " + pattern):
+        ct.run(
+            lambda m, b: run_script.step(m, b[:2]), state, other(), batch_size=4, checkpoint_dir=tmp_path,
+            progress=False, seed=5, epochs=2, num_workers=0,
+        )  # fmt: skip
+    assert state.step == 0 and all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))
+
+
+# -- evaluations in the metrics file, TensorBoard ---------------------------------------------------
+def read_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_evaluations_are_logged_and_a_resumed_run_writes_the_same_file(tmp_path):
+    from run_cases import evaluate
+
+    options = {"epochs": 3, "eval_step": evaluate, "eval_data": run_script.dataset(30), "eval_every": 5}
+    _, straight = train(tmp_path / "a", **options)
+    train(tmp_path / "b", max_steps=11, **options)  # stopped inside the second epoch
+    train(tmp_path / "b", **options)
+    a, b = read_lines(tmp_path / "a" / "metrics.jsonl"), read_lines(tmp_path / "b" / "metrics.jsonl")
+    kinds = [(r["step"], "eval" in r) for r in a]
+    assert kinds == [(r["step"], "eval" in r) for r in b]
+    evals = [r for r in a if "eval" in r]
+    assert [e["step"] for e in evals] == [e["step"] for e in straight.evals] == [5, 10, 15, 20]
+    assert [e["eval"] for e in evals] == [
+        {k: v for k, v in e.items() if k not in ("step", "epoch")} for e in straight.evals
+    ]
+    assert [e["eval"] for e in evals] == [e["eval"] for e in b if "eval" in e]
+    assert [r["loss"] for r in a if "loss" in r] == [r["loss"] for r in b if "loss" in r]
+
+
+def test_tensorboard_gets_training_and_evaluation_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    from run_cases import evaluate
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    options = {"epochs": 2, "eval_step": evaluate, "eval_data": run_script.dataset(30), "tensorboard": True}
+    _, result = train(tmp_path, **options)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"train/loss", "train/acc", "train/lr", "eval/acc"} <= set(tags)
+    assert [e.step for e in events.Scalars("train/loss")] == [r["step"] for r in result.history]
+    assert [e.value for e in events.Scalars("eval/acc")] == pytest.approx([e["acc"] for e in result.evals])
+
+
+def test_tensorboard_needs_somewhere_to_write():
+    state = run_script.state()
+    with pytest.raises(ValueError, match=r"tensorboard=True writes beside the metrics file, but there is none"):
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, tensorboard=True, progress=False)
+    with pytest.raises(TypeError, match=r"tensorboard must be True, False or a folder, got 1 \(int\)"):
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, tensorboard=1, progress=False)
+    assert state.step == 0
+
+
+# -- found by an adversarial review ------------------------------------------------------------------
+def test_evaluation_restores_each_submodules_own_mode():
+    """A frozen BatchNorm stays in eval mode after ct.run's evaluation, not only the model's flag."""
+    from run_cases import evaluate
+
+    seen = []
+
+    def step(model, batch):
+        seen.append(tuple(m.training for m in model.modules()))
+        return run_script.step(model, batch)
+
+    state = run_script.state()
+    state.model.train()
+    frozen = next(state.model.modules())  # make one submodule's mode differ from the model's
+    children = list(state.model.children())
+    children[0].eval()
+    expected = tuple(m.training for m in state.model.modules())
+    ct.run(step, state, run_script.dataset(), batch_size=12, epochs=2, eval_step=evaluate,
+           eval_data=run_script.dataset(30), num_workers=0, progress=False)  # fmt: skip
+    assert frozen.training and set(seen) == {expected}  # the same modes before and after each evaluation
+
+
+@pytest.mark.parametrize("name", ["loss", "step", "lr", "data_wait"])
+def test_a_metric_named_like_a_record_field_is_refused(name):
+    def step(model, batch):
+        loss, metrics = run_script.step(model, batch)
+        return loss, {**metrics, name: 1.0}
+
+    with pytest.raises(ValueError, match=rf"the step returns metrics \['{name}'\], names that ct.run's log records"):
+        ct.run(step, run_script.state(), run_script.dataset(), batch_size=12, num_workers=0, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "pattern"),
+    [
+        ({"eval_step": 5, "eval_data": None}, TypeError, r"run: eval_step must be a function, got 5 \(int\)"),
+        ({"collate_fn": 5}, TypeError, r"run: collate_fn must be a function, got 5 \(int\)"),
+        ({"num_workers": "many"}, TypeError, r"run: num_workers must be 'auto' or a non-negative int, got 'many'"),
+        (
+            {"data": "tuple"},
+            TypeError,
+            r"run: data must be a Dataset or DataLoader, got \(tensor.*TensorDataset\(x, y\)",
+        ),
+        ({"data": "dict"}, TypeError, r"run: data must be a Dataset or DataLoader, got \{'x'"),
+        ({"data": "loader", "collate_fn": list}, ValueError, r"run: collate_fn is given but so is a DataLoader"),
+    ],
+)
+def test_data_and_functions_of_the_wrong_kind_are_refused_before_training(options, error, pattern):
+    x, y = run_script.dataset().tensors
+    data = {"tuple": (x, y), "dict": {"x": x, "y": y}, "loader": torch.utils.data.DataLoader(run_script.dataset(), 12)}
+    options = {"data": run_script.dataset(), "batch_size": 12, "progress": False, **options}
+    options["data"] = (
+        data.get(options["data"], options["data"]) if isinstance(options["data"], str) else options["data"]
+    )
+    if options["data"] is data["loader"]:
+        del options["batch_size"]
+    state = run_script.state()
+    with pytest.raises(error, match=pattern):
+        ct.run(run_script.step, state, **options)
+    assert state.step == 0
+
+
+def test_a_numpy_integer_seed_is_an_int_seed():
+    np = pytest.importorskip("numpy")
+    a, _ = train(max_steps=3, seed=np.int64(5))
+    b, _ = train(max_steps=3, seed=5)
+    assert_states_equal(a, b)

@@ -6,12 +6,14 @@
 """
 
 from composetrain.accumulate import accumulate
+from composetrain.activation_checkpointing import checkpoint_activations
 from composetrain.batching import leading_size, samples, split_batch
 from composetrain.clip import clip_grad_norm
 from composetrain.core import Context, Pass, StepOutput, TrainStep, Update
 from composetrain.data_parallel import data_parallel
 from composetrain.distributed import distributed
 from composetrain.hostlist import parse_nodelist
+from composetrain.lr_rules import scaled_lr, warmup
 from composetrain.pipeline import pipeline_split
 from composetrain.precision import mixed_precision
 from composetrain.rendezvous import Cluster, Process, detect, rendezvous
@@ -33,6 +35,7 @@ __all__ = [
     "Transform",
     "Update",
     "accumulate",
+    "checkpoint_activations",
     "clip_grad_norm",
     "compose",
     "data_parallel",
@@ -45,8 +48,10 @@ __all__ = [
     "rendezvous",
     "run",
     "samples",
+    "scaled_lr",
     "split_batch",
     "train_step",
+    "warmup",
 ]
 
 __version__ = "0.1.0"

@@ -51,10 +51,14 @@ def keep_through_state_dict(obj: Any) -> Callable[[], None]:
 def keep_model(model: nn.Module) -> Callable[[], None]:
     """Undo for ``nn.Module.load_state_dict``, which copies into the live tensors entry by entry.
 
-    The one copy of the model a load makes; written back directly, not through the
-    loading code that failed.
+    The one copy of the model a load makes, kept in host memory (a model that fills its
+    accelerator has no room for a second copy there); written back directly, not through
+    the loading code that failed.
     """
-    saved = {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in model.state_dict().items()}
+    saved = {
+        k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+        for k, v in model.state_dict().items()
+    }
 
     def restore() -> None:
         live = model.state_dict()

@@ -4,8 +4,11 @@ silently ignored."""
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
+from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from composetrain._util import show
@@ -25,14 +28,33 @@ def check_arguments(state: Any, who: str, **options: Any) -> None:
         value, optional = options[name], name not in ("log_every", "keep_checkpoints")
         if value is None and optional:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # the one rule: kind, then range
+            error = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
+            raise error(
                 f"{who}: {name} must be a positive int{' or None' if optional else ''}, got {show(value)}; "
                 f"e.g. {name}=10"
             )
     seed = options["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise ValueError(f"{who}: seed must be an int in [0, 2**32), got {show(seed)}; e.g. seed=0")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**32:
+        error = ValueError if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) else TypeError
+        raise error(f"{who}: seed must be an int in [0, 2**32), got {show(seed)}; e.g. seed=0")
+    for name in ("eval_step", "collate_fn"):
+        if options[name] is not None and not callable(options[name]):
+            raise TypeError(
+                f"{who}: {name} must be a function, got {show(options[name])}; "
+                + ("e.g. eval_step=lambda model, batch: {'acc': ...}" if name == "eval_step" else "or leave it out")
+            )
+    if options["collate_fn"] is not None and isinstance(options["data"], DataLoader):
+        raise ValueError(
+            f"{who}: collate_fn is given but so is a DataLoader, which collates with its own; give the DataLoader "
+            "collate_fn=, or pass the Dataset"
+        )
+    data = options["data"]
+    if isinstance(data, Mapping) or (isinstance(data, tuple) and data and all(isinstance(t, Tensor) for t in data)):
+        raise TypeError(
+            f"{who}: data must be a Dataset or DataLoader, got {show(data)}; wrap tensors as "
+            "torch.utils.data.TensorDataset(x, y)"
+        )
     for name in ("shuffle", "drop_last", "progress", "requeue"):
         value, optional = options[name], name in ("shuffle", "drop_last")
         if not isinstance(value, bool) and not (value is None and optional):

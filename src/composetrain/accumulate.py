@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Literal
 
 from composetrain._util import check_int, name, show
+from composetrain.auto_accumulate import auto_transform
 from composetrain.batching import split_weighted, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.state import TrainState
@@ -14,7 +16,7 @@ __all__ = ["accumulate"]
 
 
 @transform_factory
-def accumulate(n: int, *, weight: WeightFn | None = None) -> Transform:
+def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> Transform:
     """Split each batch into ``n`` micro-batches; forward+backward each; update once.
 
     Activation memory falls about ``n``-fold, and the update, loss and metrics are
@@ -23,8 +25,20 @@ def accumulate(n: int, *, weight: WeightFn | None = None) -> Transform:
     10 in 4 gives 3, 3, 2, 2) and token-level losses are exact. A batch smaller
     than ``n`` gives fewer micro-batches, never an empty one.
 
+    With ``n="auto"`` the batch is the optimisation batch and the micro-batch adapts to
+    memory: an out-of-memory error (``torch.OutOfMemoryError``, on any device) retries
+    the update with twice as many micro-batches, leaving nothing of the failed attempt
+    (gradients, random numbers drawn, running statistics; the CUDA cache is emptied).
+    The micro-batch size that fits is kept in the TrainState (checkpointed), so later
+    updates never retry a size that failed; ``out.metrics["micro_batch"]`` shows the
+    size in use. Under ``distributed`` every process adopts the same size in one small
+    all-reduce per attempt, and no pass runs inside a gradient synchronisation (see
+    ``composetrain.deferred_sync``), so an out-of-memory error on one process neither
+    hangs nor desynchronises the others. When a single sample does not fit, it raises
+    ``torch.OutOfMemoryError`` with the state untouched.
+
     Args:
-        n: the number of micro-batches, a positive int.
+        n: the number of micro-batches, a positive int, or ``"auto"``.
         weight: ``weight(micro_batch) -> number``: how many units the step's mean
             loss averages over (default: the leading size, i.e. samples). For a
             token-level loss with padding, count the real tokens, e.g.
@@ -53,12 +67,14 @@ def accumulate(n: int, *, weight: WeightFn | None = None) -> Transform:
             f"accumulate: n must be a positive int, got {show(n)} (did you mean accumulate(n)(step)?); "
             "e.g. accumulate(4)"
         )
-    n = check_int(n, "accumulate", "n", example="accumulate(4), or accumulate(1) for no split")
     if weight is not None and not callable(weight):
         raise TypeError(
             f"accumulate: weight must be a function micro_batch -> number of units, got {show(weight)}; "
             "e.g. weight=lambda b: (b['labels'] != -100).sum()"
         )
+    if isinstance(n, str) and n == "auto":
+        return auto_transform(weight)
+    n = check_int(n, "accumulate", "n", example="accumulate(4), accumulate(1) for no split, or accumulate('auto')")
     return Transform(_label(n, weight), lambda step: _Accumulate(step, n, weight))
 
 
@@ -67,6 +83,14 @@ def _label(n: int, weight: WeightFn | None) -> str:
 
 
 class _Accumulate(TrainStep):
+    refuses_inside = MappingProxyType(
+        {
+            "accumulate_auto": "a retry after an out-of-memory error starts again from the whole batch of the "
+            "update, not from one micro-batch of it; put accumulate('auto') outside: "
+            "accumulate('auto')(accumulate(n)(step))"
+        }
+    )
+
     def __init__(self, inner: TrainStep, n: int, weight: WeightFn | None) -> None:
         self.n = n
         self.own_weight = weight

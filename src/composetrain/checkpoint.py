@@ -5,49 +5,36 @@ A checkpoint is a folder ``step-000001234/`` holding ``state.pt`` (written by ra
 random number generators and its own loop state, such as metrics not yet logged).
 It is written under a hidden temporary name in the same folder, every file
 fsynced, then renamed into place and the folder fsynced: a crash mid-save leaves
-the previous checkpoint as the latest valid one.
+the previous checkpoint as the latest valid one. Files hold tensors and plain types
+only and load with ``weights_only=True``: resuming never runs code from the folder.
 """
 
 from __future__ import annotations
 
 import os
-import random
+import pickle
 import shutil
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from composetrain._util import show
+from composetrain.rng import capture_rng, generators_problem, restore_rng, rng_problem
+
 __all__ = ["Checkpoints", "capture_rng", "restore_rng"]
 
-FORMAT = 1
+FORMAT = 2  # 2: tensors and plain types only, loaded with weights_only=True
 
-
-def capture_rng() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and CUDA generator states of this process."""
-    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        states["numpy"] = np.random.get_state()
-    except ImportError:  # NumPy is optional
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def restore_rng(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    torch.set_rng_state(states["torch"])
-    if "numpy" in states:
-        import numpy as np
-
-        np.random.set_state(states["numpy"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+# What ct.run writes, and so what a loadable checkpoint holds: anything else is corrupt.
+SHARED = {"format": int, "world_size": int, "state": dict, "settings": dict, "epoch": int, "position": int,
+          "history": list, "evals": list}  # fmt: skip
+LOCAL = {"rng": dict, "window": list, "order": (dict, type(None)), "generators": list}
+# what decides a given DataLoader's order for an epoch (data.epoch_order)
+ORDER = {"rng": dict, "generators": list, "sampler_seed": (int, type(None))}
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -121,13 +108,21 @@ class Checkpoints:
     def save(self, step: int, payload: dict[str, Any], local: dict[str, Any]) -> Path:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
         ``step``, atomically; then drop all but the ``keep`` newest older ones."""
+        local = {**local, "rng": capture_rng()}
+        problem = _unplain(local, f"rank-{self.rank}.pt") or (_unplain(payload, "state.pt") if self.rank == 0 else None)
+        if not self._all(problem is None):  # before anything is written, on every rank alike
+            raise TypeError(
+                f"{self.who}: cannot checkpoint step {step}: {problem or 'another rank holds what it cannot save'}; "
+                "a checkpoint holds tensors and plain types only (dict, list, tuple, str, int, float, bool, None), "
+                "which load without running code: convert that value in its state_dict()"
+            )
         final = self.dir / f"step-{step:09d}"
         tmp = self.dir / f".step-{step:09d}.tmp"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
         self._barrier()
-        _write({**local, "rng": capture_rng()}, tmp / f"rank-{self.rank}.pt")
+        _write(local, tmp / f"rank-{self.rank}.pt")
         if self.rank == 0:
             _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
         self._barrier()
@@ -146,45 +141,148 @@ class Checkpoints:
         return final
 
     def _steps(self) -> list[Path]:
-        return sorted((p for p in self.dir.glob("step-*") if p.is_dir()), reverse=True)
+        return sorted((p for p in self.dir.glob("step-*") if p.is_dir() and p.name[5:].isdigit()), reverse=True)
+
+    def _check_fits(self, path: Path, payload: dict[str, Any]) -> None:
+        """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
+        if payload["format"] != FORMAT:
+            raise ValueError(
+                f"{self.who}: checkpoint {path} is in format {payload['format']}, this composetrain reads format "
+                f"{FORMAT} (tensors and plain types only, loaded with weights_only=True); finish that run with the "
+                "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
+            )
+        if payload["world_size"] != self.world_size:
+            raise ValueError(
+                f"{self.who}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
+                f"run has {self.world_size}; resume with the same number of processes (the data order "
+                "and random states are per rank)"
+            )
 
     def latest(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
         """The newest checkpoint that every rank can load: (path, payload, this rank's part).
 
-        Every rank reads it (the folder must be shared by the nodes). One that does not
-        load is skipped with a warning and moved aside (``corrupt-step-...``), so that
-        it never shadows the good ones again.
+        Every rank reads it (the folder must be shared by the nodes). Files are loaded with
+        ``weights_only=True`` and checked against what ``ct.run`` writes (random states are
+        tried on fresh generators), so that resuming never runs code and never fails half-way.
+        One that does not pass is skipped with a warning and moved aside (``corrupt-step-...``),
+        so that it never shadows the good ones again.
         """
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
-            payload: Any
-            payload, problem = _load(path / "state.pt")
-            if payload is not None and payload.get("format") != FORMAT:
-                payload, problem = None, f"format {payload.get('format')!r}, expected {FORMAT}"
+            step = int(name.rpartition("-")[2])  # step-000001234, as save() names it
+            payload, problem = _load(path / "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
             local = None
             if self._all(payload is not None):
                 assert payload is not None
-                if payload["world_size"] != self.world_size:  # read from the same file on every rank
-                    raise ValueError(
-                        f"{self.who}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
-                        f"run has {self.world_size}; resume with the same number of processes (the data order "
-                        "and random states are per rank)"
-                    )
-                local, problem = _load(path / f"rank-{self.rank}.pt")
+                self._check_fits(path, payload)  # the same file on every rank: all raise alike
+                local, problem = _load(path / f"rank-{self.rank}.pt", LOCAL, _local_problem)
             if self._all(local is not None):
                 assert payload is not None and local is not None
                 return path, payload, local
             if self.rank == 0:
+                aside = _free(self.dir, f"corrupt-{name}")
                 warnings.warn(
-                    f"{self.who}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}", stacklevel=2
+                    f"{self.who}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}; "
+                    f"moved to {aside.name}",
+                    stacklevel=2,
                 )
-                os.replace(path, self.dir / f"corrupt-{name}")
+                os.replace(path, aside)
             self._barrier()
         return None
 
 
-def _load(path: Path) -> tuple[Any, Any]:
+_PLAIN = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _unplain(value: Any, where: str) -> str | None:
+    """Where in ``value`` something sits that ``torch.load(weights_only=True)`` would refuse, or None.
+    Exact types: a NumPy float is a float subclass, and a named tuple a tuple one, yet neither loads."""
+    if isinstance(value, torch.Tensor) or type(value) in _PLAIN:
+        return None
+    if type(value) in (dict, OrderedDict):
+        for k, v in value.items():
+            problem = _unplain(k, f"a key of {where}") or _unplain(v, f"{where}[{k!r}]")
+            if problem:
+                return problem
+        return None
+    if type(value) in (list, tuple, set):
+        return next(filter(None, (_unplain(v, f"{where}[{i}]") for i, v in enumerate(value))), None)
+    return f"{where} is {show(value)}"
+
+
+def _free(directory: Path, name: str) -> Path:
+    """``directory/name``, or ``name-2``, ``name-3``...: the first that does not exist (a step can
+    be corrupted again after a rerun saved it anew)."""
+    candidate, n = directory / name, 1
+    while candidate.exists():
+        n += 1
+        candidate = directory / f"{name}-{n}"
+    return candidate
+
+
+def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
+    """The dict in ``path`` if it loads without running code and has the ``schema``; else why not."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False), None
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
+        detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), str(e).splitlines()[0])
+        return None, f"it holds objects other than tensors and plain types, so it was not loaded ({detail})"
     except Exception as e:
-        return None, f"{type(e).__name__}: {e}"
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    problem = _shape_problem(value, schema) or deep(value)
+    return (None, problem) if problem else (value, None)
+
+
+def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
+    if not isinstance(value, dict):
+        return f"it holds a {type(value).__name__}, not a dict of {sorted(schema)}"
+    missing = sorted(schema.keys() - value.keys())
+    if missing:
+        return f"it lacks {missing}"
+    for key, kind in schema.items():
+        if not isinstance(value[key], kind) or (kind is int and isinstance(value[key], bool)):
+            return f"its {key!r} is a {type(value[key]).__name__}"
+    return None
+
+
+def _shared_problem(payload: dict[str, Any], step: int) -> str | None:
+    per_epoch = payload["settings"].get("updates_per_epoch")
+    if payload["world_size"] < 1 or payload["epoch"] < 0 or not 0 <= payload["position"] < (per_epoch or 1):
+        return (
+            f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']} "
+            f"of {per_epoch} updates per epoch"
+        )
+    state = payload["state"]
+    missing = sorted({"model", "optimizer", "scheduler", "step", "transforms"} - state.keys())
+    if missing:
+        return f"its TrainState lacks {missing}"
+    if type(state["step"]) is not int or state["step"] != step:
+        return f"its TrainState's step {state['step']!r} is not the step of its folder ({step})"
+    if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
+        return "its history and evals must be lists of dicts"
+    return None
+
+
+def _local_problem(local: dict[str, Any]) -> str | None:
+    order = local["order"]
+    if order is not None and _shape_problem(order, ORDER):
+        return f"its data order state: {_shape_problem(order, ORDER)}"
+    return (
+        rng_problem(local["rng"])
+        or generators_problem(local["generators"])
+        or (order and (rng_problem(order["rng"]) or generators_problem(order["generators"])))
+        or next(filter(None, map(_window_problem, local["window"])), None)
+    )
+
+
+def _window_problem(entry: Any) -> str | None:
+    """What is wrong with one saved step output (``Meter.window_on_cpu``), or None."""
+    if (
+        isinstance(entry, dict)
+        and isinstance(entry.get("loss"), torch.Tensor)
+        and isinstance(entry.get("metrics"), dict)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in entry["metrics"].items())
+        and isinstance(entry.get("skipped"), bool)
+    ):
+        return None
+    return "its unlogged step outputs must be dicts of loss, metrics and skipped"

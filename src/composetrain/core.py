@@ -32,6 +32,8 @@ whichever order the transforms were nested in:
   transforms in between still run (and report their metrics).
 - ``notes``: what a transform decided in ``prepare`` for its own later phases of
   this update, under its ``role`` (the context ``prepare`` returns reaches them all).
+- ``deferred_sync``: how to synchronise gradients later, for passes that must run
+  without any collective among them (``composetrain.deferred_sync``).
 
 The loss has exactly one owner of its normalisation: the innermost pass scales
 its mean loss by ``piece_weight / total_weight`` before ``backward``, so the
@@ -102,6 +104,10 @@ class Context(NamedTuple):
         around_pass: hooks entered around each forward and backward.
         skip_update: the update phase must leave parameters, optimizer and scheduler alone.
         notes: per-update decisions of transforms, by role, made in ``prepare``.
+        deferred_sync: set by a transform that synchronises gradients across processes
+            (``distributed``), for a transform that must run its passes without any
+            collective in between (``accumulate("auto")``): its ``begin()``, ``agree(values)``
+            and ``finish()`` are documented in ``composetrain.deferred_sync``. None alone.
     """
 
     model: nn.Module
@@ -114,6 +120,7 @@ class Context(NamedTuple):
     around_pass: tuple[Hook, ...] = ()
     skip_update: bool = False
     notes: Mapping[str, Any] = MappingProxyType({})
+    deferred_sync: Any = None
 
 
 class Pass(NamedTuple):

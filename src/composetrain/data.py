@@ -13,8 +13,12 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from composetrain._util import show
 from composetrain.batching import map_tensors
+from composetrain.rng import capture_rng, restore_rng
 
-__all__ = ["auto_workers", "epoch_batches", "local_world_size", "make_loader", "to_device"]
+__all__ = [
+    "auto_workers", "epoch_batches", "epoch_order", "generator_states", "local_world_size", "make_loader",
+    "order_problem", "set_generator_states", "to_device",
+]  # fmt: skip
 
 
 def local_world_size() -> int:
@@ -123,7 +127,8 @@ def make_loader(
         )
     workers = auto_workers(local_world_size) if num_workers == "auto" else num_workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"{who}: num_workers must be 'auto' or a non-negative int, got {show(num_workers)}")
+        error = ValueError if isinstance(workers, int) and not isinstance(workers, bool) else TypeError
+        raise error(f"{who}: num_workers must be 'auto' or a non-negative int, got {show(num_workers)}")
     sampler = ResumableSampler(
         DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
     )
@@ -153,37 +158,116 @@ def _check_not_empty(dataset: Any, who: str) -> int:
     return size
 
 
+def epoch_order(loader: DataLoader[Any], sampler: ResumableSampler | None) -> dict[str, Any] | None:
+    """What a given DataLoader draws this epoch's order from, taken at the epoch's start: the
+    random states (global, and the loader's and sampler's own generators) and a
+    ``DistributedSampler``'s seed. None for ct.run's own sampler, which starts part-way by itself."""
+    if sampler is not None:
+        return None
+    _start_workers(loader)
+    seed = getattr(loader.sampler, "seed", None)
+    return {"rng": capture_rng(), "generators": generator_states(loader), "sampler_seed": seed}
+
+
+def generator_states(loader: DataLoader[Any]) -> list[torch.Tensor]:
+    return [g.get_state() for g in _generators(loader)]
+
+
+def set_generator_states(loader: DataLoader[Any], states: list[torch.Tensor]) -> None:
+    for g, state in zip(_generators(loader), states, strict=True):
+        g.set_state(state)
+
+
+def _generators(loader: DataLoader[Any]) -> list[torch.Generator]:
+    """The generators a given DataLoader draws from (workers' base seed, shuffle), each once."""
+    found: list[torch.Generator] = []
+    batch_sampler = loader.batch_sampler
+    for owner in (loader, loader.sampler, batch_sampler, getattr(batch_sampler, "sampler", None)):
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator) and g.device.type == "cpu" and all(g is not h for h in found):
+            found.append(g)
+    return found
+
+
+def order_problem(
+    given: DataLoader[Any] | None, position: int, order: dict[str, Any] | None, generators: list[torch.Tensor]
+) -> str | None:
+    """Why a checkpoint's data order cannot continue on this loader (``given``: a DataLoader given
+    as is; None: ct.run's own), or None. ``order`` and ``generators`` are what the checkpoint saved."""
+    if given is None:
+        if position and order is not None:
+            return "stopped inside an epoch of a DataLoader given as is, and this run got a Dataset; pass it again"
+        return None
+    if position and order is None:
+        return "stopped inside an epoch of a loader ct.run built, and this run got a DataLoader; pass the Dataset"
+    now = len(_generators(given))
+    saved = [len(generators)] + ([len(order["generators"])] if order else [])
+    if any(n != now for n in saved):
+        return (
+            f"continues a DataLoader that drew from {saved[0]} generator(s) of its own, and this one has {now}; "
+            "give it the same generator= and sampler"
+        )
+    return None
+
+
+def _start_workers(loader: DataLoader[Any]) -> None:
+    """Start a given loader's persistent workers, once, leaving every random state as it was.
+
+    The first iterator of such a loader draws its workers' base seed and then the order; later
+    epochs reuse the workers and draw only the order. Started ahead of the first epoch, every
+    epoch draws alike, so an epoch resumed in a fresh process draws its order as it first did.
+    """
+    if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is None:
+        rng, generators = capture_rng(), generator_states(loader)
+        iter(loader)  # the prefetched batches are dropped when the first epoch resets it
+        restore_rng(rng)
+        set_generator_states(loader, generators)
+
+
 def epoch_batches(
     loader: DataLoader[Any],
     sampler: ResumableSampler | None,
     epoch: int,
     start: int,
-    epoch_rng: dict[str, Any] | None,
+    order: dict[str, Any] | None,
     device: torch.device,
+    end: int,
 ) -> Iterator[tuple[int, Any, float]]:
-    """This epoch's batches from batch ``start`` on: (batches done after this one, batch, seconds waited).
+    """This epoch's batches from batch ``start`` to ``end``: (batches done after this one, batch, seconds waited).
 
-    Our own sampler starts part-way by itself. A DataLoader given as is gets replayed:
-    its shuffle is drawn again from the random state the epoch began with
-    (``epoch_rng``), then the batches already seen are read and dropped.
+    Nothing is read past ``end``, not even the read that would find the loader exhausted: a
+    sampler may draw more when asked past its last index (``RandomSampler`` does), and a run
+    stopped after an epoch's last batch must leave its generators as the run that went on did.
+
+    Our own sampler starts part-way by itself. A DataLoader given as is gets replayed: its
+    order is drawn again from the states the epoch began with (``order``, from
+    ``epoch_order``), then the batches already trained on are read and dropped. Reading them
+    (rather than only drawing their indices) also replays the random draws of the dataset
+    and of non-persistent workers, which reading alone reproduces; the process's own random
+    state is then put back as it was.
     """
-    from composetrain.checkpoint import capture_rng, restore_rng
-
     if sampler is not None:
         sampler.set_epoch(epoch, start=start * (loader.batch_size or 1))
         batches = iter(loader)
+    elif start and order is not None:
+        _start_workers(loader)
+        now = capture_rng()
+        restore_rng(order["rng"])
+        set_generator_states(loader, order["generators"])
+        if order["sampler_seed"] is not None:
+            loader.sampler.seed = order["sampler_seed"]  # type: ignore[attr-defined]
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        batches = iter(loader)
+        for _ in range(start):
+            next(batches)
+        restore_rng(now)
     else:
         if hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
-        now = capture_rng()
-        if start and epoch_rng is not None:
-            restore_rng(epoch_rng)
         batches = iter(loader)
-        for _ in range(start):  # the first read draws the shuffle, under the epoch's random state
-            next(batches)
-            restore_rng(now)
     position = start
-    while True:
+    while position < end:
         tick = time.perf_counter()
         try:
             batch = next(batches)

@@ -73,6 +73,10 @@ class _DataParallel(TrainStep):
             "distributed": "DDP reduces the gradients of one module, not of thread replicas; run one process "
             "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node",
             "pipeline_split": "a model split across devices cannot also be replicated on each of them",
+            "accumulate_auto": "a retry must start again from the whole batch, not from one replica's shard; run "
+            "one process per device with distributed(accumulate('auto')(step))",
+            "checkpoint_activations": "data_parallel's replicas are copies of the model that the chosen submodules "
+            "are not part of; run one process per device with distributed instead",
         }
     )
 

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from composetrain._util import check_real, name, show
 from composetrain.core import Context, TrainStep
+from composetrain.deferred_sync import DDPDeferredSync
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, transform_factory
 
@@ -169,7 +170,9 @@ class _Distributed(TrainStep):
         def no_sync_unless_last(c: Context) -> contextlib.AbstractContextManager[Any]:
             return contextlib.nullcontext() if c.last_backward else ddp.no_sync()
 
-        return ctx._replace(model=ddp, around_pass=(*ctx.around_pass, no_sync_unless_last))
+        # for accumulate("auto"): synchronise after passes that may run out of memory, never inside them
+        deferred = DDPDeferredSync(ddp, self.group, device, self)
+        return ctx._replace(model=ddp, around_pass=(*ctx.around_pass, no_sync_unless_last), deferred_sync=deferred)
 
     def _ddp(self, state: TrainState, module: nn.Module) -> DistributedDataParallel:
         replica = state.transform_state(self.role, _Replica)

@@ -58,7 +58,7 @@ def evaluator(
 
     @torch.no_grad()
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
-        was_training = model.training
+        modes = [(m, m.training) for m in model.modules()]  # each submodule's own: a frozen BatchNorm stays so
         model.eval()
         sums: dict[str, torch.Tensor] = {}
         count, failure = 0, None
@@ -74,7 +74,8 @@ def evaluator(
         except Exception as e:  # agreed below first: the other ranks must not wait for this one forever
             failure = e
         finally:
-            model.train(was_training)
+            for module, training in modes:
+                module.training = training
         names = sorted(sums)
         _agree(proc, names, failure, who)
         totals = torch.stack(

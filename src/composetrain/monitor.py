@@ -23,6 +23,8 @@ from composetrain.state import TrainState
 __all__ = ["Meter", "MetricsLog", "progress_bar"]
 
 WHO = "run"  # the name in messages: these serve ct.run
+# what a log record holds besides the step's metrics: a metric of the same name would overwrite it
+RECORD_FIELDS = frozenset({"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait"})
 
 
 class Meter:
@@ -30,10 +32,10 @@ class Meter:
     ranks at them; the time spent waiting for data against the time in the step; the cadence of
     logging, evaluating and saving in optimizer updates."""
 
-    def __init__(self, proc: Process, state: TrainState, window: list[StepOutput]) -> None:
+    def __init__(self, proc: Process, state: TrainState, window: list[dict[str, Any]]) -> None:
         self.proc, self.state = proc, state
-        # the outputs since the last log point; checkpoints carry them, so history resumes exactly
-        self.outputs: list[StepOutput] = window
+        # the outputs since the last log point; checkpoints carry them (window_on_cpu), so history resumes exactly
+        self.outputs: list[StepOutput] = [StepOutput(o["loss"], o["metrics"], o["skipped"]) for o in window]
         self.waited = self.computed = 0.0  # this call of ct.run
         self.window_start = time.perf_counter()
         self.window_wait = 0.0
@@ -41,6 +43,12 @@ class Meter:
         self.start = state.step  # a resumed run keeps its cadence: multiples of the totals
 
     def add(self, out: StepOutput, waited: float, computed: float) -> None:
+        if not self.outputs and out.metrics.keys() & RECORD_FIELDS:  # once per window: a few keys
+            clash = sorted(out.metrics.keys() & RECORD_FIELDS)
+            raise ValueError(
+                f"{WHO}: the step returns metrics {clash}, names that ct.run's log records use for their own "
+                f"fields {sorted(RECORD_FIELDS)}; rename them in the step (e.g. 'train_loss')"
+            )
         self.outputs.append(out)
         self.waited += waited
         self.computed += computed
@@ -112,10 +120,12 @@ class Meter:
             "names on every rank"
         )
 
-    def window_on_cpu(self) -> list[StepOutput]:
-        """The outputs not yet logged, for a checkpoint (on the CPU, so any device can resume)."""
+    def window_on_cpu(self) -> list[dict[str, Any]]:
+        """The outputs not yet logged, for a checkpoint: on the CPU (any device can resume) and as
+        plain dicts of tensors (a checkpoint holds nothing that loading would have to run)."""
         return [
-            StepOutput(o.loss.cpu(), {k: v.cpu() for k, v in o.metrics.items()}, bool(o.skipped)) for o in self.outputs
+            {"loss": o.loss.cpu(), "metrics": {k: v.cpu() for k, v in o.metrics.items()}, "skipped": bool(o.skipped)}
+            for o in self.outputs
         ]
 
     @property
@@ -141,17 +151,22 @@ class Meter:
 
 
 class MetricsLog:
-    """The JSON-lines file of records, written by rank 0.
+    """The JSON-lines file of records, and optionally TensorBoard event files, written by rank 0.
 
-    A resumed run rewrites it from the history it resumes with, so that a crash between a log point
-    and the next checkpoint leaves no duplicate lines. A file that is not this run's (a fresh start
-    finds it non-empty; a resumed run finds it not beginning with its history) is never overwritten:
-    it is moved aside to ``name.1`` (or the first free ``name.N``) with a warning.
+    Training records are written at each log point, evaluation records as
+    ``{"step", "epoch", "eval": {name: value}}`` when they are made. A resumed run rewrites the file
+    from the history and evaluations it resumes with, so that a crash between a log point and the
+    next checkpoint leaves no duplicate lines; TensorBoard is told to purge what it holds from the
+    resumed step on. A file that is not this run's (a fresh start finds it non-empty; a resumed run
+    finds its training records not beginning with its history) is never overwritten: it is moved
+    aside to ``name.1`` (or the first free ``name.N``) with a warning.
     """
 
-    def __init__(self, path: Path | None, proc: Process) -> None:
+    def __init__(self, path: Path | None, proc: Process, tensorboard: Path | None = None) -> None:
         """Check, on every rank together, that rank 0 can write ``path`` (before anything is resumed)."""
         self.path = path if proc.is_main else None
+        self.tensorboard = tensorboard if proc.is_main else None
+        self.board: Any = None
         problem = None
         if self.path is not None:
             try:
@@ -167,13 +182,17 @@ class MetricsLog:
                 f"{WHO}: log_file {str(path)!r} is not writable ({problem}); choose a file you can write to"
             )
 
-    def start(self, history: list[dict[str, Any]], resumed: bool) -> None:
-        """Begin with ``history``: the records of the run resumed (none on a fresh start)."""
+    def start(self, history: list[dict[str, Any]], evals: list[dict[str, Any]], resumed: bool, step: int) -> None:
+        """Begin with ``history`` and ``evals``: the records of the run resumed at ``step`` (none on a fresh start)."""
+        if self.tensorboard is not None:
+            from torch.utils.tensorboard import SummaryWriter  # checked importable by ct.run
+
+            self.board = SummaryWriter(str(self.tensorboard), purge_step=step if resumed else None)
         if self.path is None:
             return
-        lines = "".join(json.dumps(r) + "\n" for r in history)
+        train = [json.dumps(r) for r in history]
         found = self.path.read_text(errors="replace") if self.path.exists() else ""
-        if found and not (resumed and found.startswith(lines)):
+        if found and not (resumed and [s for s in found.splitlines() if '"eval": {' not in s][: len(train)] == train):
             names = (self.path.with_name(f"{self.path.name}.{n}") for n in itertools.count(1))
             aside = next(p for p in names if not p.exists())
             os.replace(self.path, aside)
@@ -182,12 +201,42 @@ class MetricsLog:
                 f"(another run's, or one that started afresh); moved them to {str(aside)!r}",
                 stacklevel=3,
             )
-        self.path.write_text(lines)
+        # training records before the evaluation of the same update, as the loop writes them
+        rows = [(r["step"], 0, line) for r, line in zip(history, train, strict=True)]
+        rows += [(e["step"], 1, json.dumps(_eval_record(e))) for e in evals]
+        self.path.write_text("".join(line + "\n" for _, _, line in sorted(rows, key=lambda row: row[:2])))
 
     def write(self, record: dict[str, Any]) -> None:
+        """One training record (a log point)."""
+        self._append(record)
+        if self.board is not None:
+            for key, value in record.items():
+                if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                    self.board.add_scalar(f"train/{key}", value, record["step"])
+            self.board.flush()
+
+    def write_eval(self, entry: dict[str, Any]) -> None:
+        """One evaluation, as ``ct.run`` keeps it: ``{"step", "epoch", name: value, ...}``."""
+        record = _eval_record(entry)
+        self._append(record)
+        if self.board is not None:
+            for key, value in record["eval"].items():
+                self.board.add_scalar(f"eval/{key}", value, record["step"])
+            self.board.flush()
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+
+    def _append(self, record: dict[str, Any]) -> None:
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+def _eval_record(entry: dict[str, Any]) -> dict[str, Any]:
+    metrics = {k: v for k, v in entry.items() if k not in ("step", "epoch")}
+    return {"step": entry["step"], "epoch": entry["epoch"], "eval": metrics}
 
 
 class _NoBar:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from composetrain._util import check_int, show
-from composetrain.batching import concat_batches, leaves, split_batch, warn_if_batchnorm
+from composetrain.batching import concat_batches, leading_size, leaves, split_batch, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep
 from composetrain.data import to_device
 from composetrain.placement import check_placement, parse_device
@@ -54,7 +54,11 @@ def pipeline_split(placement: Mapping[str, str | torch.device], *, chunks: int =
         as ``model.module`` (as under DDP). A tensor shared by stages on different
         devices (tied weights) is refused: place those modules together.
     """
-    if not isinstance(placement, Mapping) or not placement:
+    if isinstance(placement, Mapping) and not placement:
+        raise ValueError(
+            "pipeline_split: placement must name at least one submodule, e.g. {'encoder': 'cuda:0'}, got {}"
+        )
+    if not isinstance(placement, Mapping):
         raise TypeError(
             f"pipeline_split: placement must map submodule names to devices, e.g. "
             f"{{'encoder': 'cuda:0', 'decoder': 'cuda:1'}}, got {show(placement)}"
@@ -82,27 +86,35 @@ class _Chunked(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         pieces = split_batch((args, kwargs), self.chunks, self.who)
         outputs = [self.module(*a, **k) for a, k in pieces]
-        _refuse_chunk_scalars(outputs, self.who)
+        _check_chunk_outputs(outputs, [leading_size(piece) for piece in pieces], self.who)
         return concat_batches(outputs)
 
 
-def _refuse_chunk_scalars(outputs: list[Any], who: str) -> None:
-    """A 0-dim output (a model's own mean loss) is one value per chunk; how they combine (a mean
-    over samples, over tokens, a sum) only the model knows, so one that differs, or carries
-    gradients, is refused rather than silently taken from the first chunk (pitfall 24)."""
-    if len(outputs) == 1:  # a batch too small to split: its one value is the whole batch's
+def _check_chunk_outputs(outputs: list[Any], sizes: list[int | None], who: str) -> None:
+    """Outputs are concatenated along their first dimension, which is right only for per-sample
+    outputs. A 0-dim output (a model's own mean loss) is one value per chunk, and how those combine
+    (a mean over samples, over tokens, a sum) only the model knows; an output whose first size is
+    not its chunk's batch size (a mean over the batch, a transposed one) would be stacked, not
+    joined. Either is refused rather than silently taken from the first chunk (pitfall 24)."""
+    if len(outputs) == 1:  # a batch too small to split: its outputs are the whole batch's
         return
     columns = zip(*(leaves(out) for out in outputs), strict=True)
     for i, column in enumerate(columns):
         first = column[0]
-        if first.dim() != 0:
-            continue
-        if any(t.requires_grad for t in column) or not all(torch.equal(first, t) for t in column[1:]):
+        if first.dim() == 0:
+            if any(t.requires_grad for t in column) or not all(torch.equal(first, t) for t in column[1:]):
+                raise ValueError(
+                    f"{who}: the model returns a 0-dim tensor (output leaf {i}, such as its own mean loss) "
+                    f"that differs between the {len(outputs)} chunks; each chunk computes its own, and whether "
+                    "they combine as a mean over samples, over tokens or as a sum only the model knows: return "
+                    "per-sample outputs (logits) and compute the loss in the step, or use chunks=1"
+                )
+        elif [t.shape[0] for t in column] != sizes:
             raise ValueError(
-                f"{who}: the model returns a 0-dim tensor (output leaf {i}, such as its own mean loss) "
-                f"that differs between the {len(outputs)} chunks; each chunk computes its own, and whether "
-                "they combine as a mean over samples, over tokens or as a sum only the model knows: return "
-                "per-sample outputs (logits) and compute the loss in the step, or use chunks=1"
+                f"{who}: output leaf {i} of the model has first sizes {[t.shape[0] for t in column]} for chunks "
+                f"of {sizes} samples; chunks are joined along the batch dimension, so every output must be per "
+                "sample with the batch first (not reduced over the batch, not transposed): reduce in the step, "
+                "or use chunks=1"
             )
 
 

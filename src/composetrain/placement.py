@@ -56,7 +56,9 @@ def _device_count(backend: Any) -> int:
 
 
 def parse_devices(devices: Any, who: str, what: str) -> list[torch.device]:
-    if isinstance(devices, (str, torch.device)) or not isinstance(devices, (list, tuple)) or not devices:
+    if isinstance(devices, (list, tuple)) and not devices:
+        raise ValueError(f"{who}: {what} must be a non-empty list of devices, e.g. ['cuda:0', 'cuda:1'], got []")
+    if isinstance(devices, (str, torch.device)) or not isinstance(devices, (list, tuple)):
         raise TypeError(
             f"{who}: {what} must be a non-empty list of devices, e.g. ['cuda:0', 'cuda:1'], got {show(devices)}"
         )

@@ -19,7 +19,7 @@ __all__ = ["COLORS", "curves", "plot_run", "read_log"]
 
 COLORS = {"train": "#1f77b4", "eval": "#ff7f0e"}  # matplotlib's tab:blue and tab:orange
 
-_LOOP_KEYS = {"step", "epoch", "skipped", "lr", "updates_per_s", "data_wait", "loss"}
+_LOOP_KEYS = {"step", "epoch", "skipped", "lr", "updates_per_s", "data_wait", "loss", "global_batch"}
 
 
 def read_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

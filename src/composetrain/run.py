@@ -12,17 +12,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from composetrain._run_checks import check_arguments, loader_options
+from composetrain._util import show
 from composetrain._waiting import Waiting
-from composetrain.checkpoint import Checkpoints, capture_rng, restore_rng
+from composetrain.checkpoint import Checkpoints
 from composetrain.core import StepOutput, TrainStep
-from composetrain.data import epoch_batches, local_world_size, make_loader
+from composetrain.data import (
+    epoch_batches,
+    epoch_order,
+    generator_states,
+    local_world_size,
+    make_loader,
+    order_problem,
+    set_generator_states,
+)
 from composetrain.evaluation import EvalStep, evaluator
 from composetrain.monitor import Meter, MetricsLog, progress_bar
 from composetrain.preemption import StopSignal
 from composetrain.preemption import requeue as requeue_job
 from composetrain.rendezvous import Process, rendezvous
+from composetrain.rng import restore_rng
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep
 from composetrain.steps import _lift as lift
@@ -64,8 +75,8 @@ class _Progress:
     position: int = 0  # batches of this epoch done
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    window: list[StepOutput] = dataclasses.field(default_factory=list)  # outputs not yet logged (per rank)
-    epoch_rng: dict[str, Any] | None = None  # the random state this epoch began with (per rank)
+    window: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # outputs not yet logged (per rank)
+    order: dict[str, Any] | None = None  # what a given loader drew this epoch's order from (per rank)
 
 
 def run(
@@ -92,6 +103,7 @@ def run(
     seed: int = 0,
     requeue: bool = True,
     timeout: float = 300.0,
+    tensorboard: bool | str | os.PathLike[str] = False,
 ) -> RunResult:
     """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
 
@@ -135,6 +147,8 @@ def run(
         requeue: on SIGUSR1 (SLURM's pre-emption warning) under SLURM, requeue the job after
             saving; SIGTERM (``scancel``) saves and stops without requeueing.
         timeout: seconds to wait for the other processes (rendezvous and collectives).
+        tensorboard: also write TensorBoard event files (``pip install tensorboard``): True puts
+            them in ``tensorboard/`` beside the metrics file, or give a folder.
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record.
@@ -154,7 +168,9 @@ def run(
         state, who, epochs=epochs, max_steps=max_steps, log_every=log_every, checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints, eval_every=eval_every, seed=seed, shuffle=shuffle, drop_last=drop_last,
         progress=progress, requeue=requeue, timeout=timeout, checkpoint_dir=checkpoint_dir, eval_step=eval_step,
+        data=data, collate_fn=collate_fn,
     )  # fmt: skip
+    seed = int(seed)  # a NumPy integer too: the checkpoint keeps plain types
     batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
     with rendezvous(timeout=timeout) as proc:
         if proc.world_size > 1 and "distributed" not in step_fn.roles:
@@ -189,10 +205,11 @@ def run(
         if checkpoint_dir is not None:
             checkpoints = Checkpoints(checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who)
         log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
-        log = MetricsLog(log_path, proc)  # checked writable before anything is resumed
-        at = _resume(checkpoints, state, settings, proc, seed, who)
+        board = _tensorboard_dir(tensorboard, log_path, who)
+        log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
+        at = _resume(checkpoints, state, settings, loader if sampler is None else None, proc, seed, who)
         resumed = at.epoch > 0 or at.position > 0  # a checkpoint is never saved before the first update
-        log.start(at.history, resumed)
+        log.start(at.history, at.evals, resumed, state.step)
         meter = Meter(proc, state, at.window)
         bar = progress_bar(progress and proc.is_main, max_steps or (epochs or 1) * per_epoch, state.step)
         stop = StopSignal(proc)  # restored in the finally below, whatever happens
@@ -206,12 +223,18 @@ def run(
             assert checkpoints is not None
             waiting.now(f"the save of checkpoint step {state.step}")
             loop = {"epoch": at.epoch, "position": at.position, "history": at.history, "evals": at.evals}
-            local = {"window": meter.window_on_cpu(), "epoch_rng": at.epoch_rng}
+            local = {
+                "window": meter.window_on_cpu(),
+                "order": at.order if at.position else None,  # replays the epoch's start on resume
+                "generators": generator_states(loader) if sampler is None else [],  # the next epoch draws from them
+            }
             return checkpoints.save(state.step, {"state": state.state_dict(), "settings": settings, **loop}, local)
 
         def log_now() -> None:
             waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
             record = meter.read(at.epoch, state.optimizer.param_groups[0]["lr"])
+            # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
+            record["global_batch"] = None if loader.batch_size is None else loader.batch_size * proc.world_size
             at.history.append(record)
             log.write(record)
             bar.update(state.step - bar.n)
@@ -221,6 +244,7 @@ def run(
             if evaluate is not None:
                 waiting.now(f"the evaluation after update {state.step}")
                 at.evals.append({"step": state.step, "epoch": at.epoch, **evaluate(state.model)})
+                log.write_eval(at.evals[-1])
 
         saved_at: Path | None = None
         try:
@@ -228,8 +252,8 @@ def run(
                 evaluate_now()  # saved before its evaluation, which failed or was cut short
             while (total_epochs is None or at.epoch < total_epochs) and not stop.agreed and not reached_max():
                 if at.position == 0:
-                    at.epoch_rng = capture_rng() if sampler is None else None  # to replay a given loader's shuffle
-                batches = epoch_batches(loader, sampler, at.epoch, at.position, at.epoch_rng, proc.device)
+                    at.order = epoch_order(loader, sampler)  # to replay a given loader's shuffle on resume
+                batches = epoch_batches(loader, sampler, at.epoch, at.position, at.order, proc.device, per_epoch)
                 evaluate_at_end = False
                 for at.position, batch, waited in batches:
                     if at.position > per_epoch:  # ranks' loaders may differ in length: all stop at the fewest
@@ -273,6 +297,7 @@ def run(
                 state.release_runtime()
             stop.restore()
             bar.close()
+            log.close()
         requeue_job(requeue, stop, proc, who)
         result = RunResult(
             history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=stop.agreed,
@@ -283,6 +308,29 @@ def run(
         return result
 
 
+def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path | None:
+    """Where TensorBoard's event files go, checked before anything runs (None: no TensorBoard)."""
+    if tensorboard is False:
+        return None
+    if not isinstance(tensorboard, (bool, str, os.PathLike)):
+        raise TypeError(f"{who}: tensorboard must be True, False or a folder, got {show(tensorboard)}")
+    if tensorboard is True and log_path is None:
+        raise ValueError(
+            f"{who}: tensorboard=True writes beside the metrics file, but there is none: give checkpoint_dir "
+            "or log_file, or a folder: tensorboard='runs/tb'"
+        )
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"{who}: tensorboard={tensorboard!r} needs the tensorboard package: pip install tensorboard"
+        ) from e
+    if isinstance(tensorboard, bool):
+        assert log_path is not None  # for the type checker: refused above
+        return log_path.parent / "tensorboard"
+    return Path(tensorboard)
+
+
 def _timed(step_fn: TrainStep, state: TrainState, batch: Any) -> tuple[StepOutput, float]:
     start = time.perf_counter()
     out = step_fn(state, batch)
@@ -290,10 +338,17 @@ def _timed(step_fn: TrainStep, state: TrainState, batch: Any) -> tuple[StepOutpu
 
 
 def _resume(
-    checkpoints: Checkpoints | None, state: TrainState, settings: dict[str, Any], proc: Process, seed: int, who: str
+    checkpoints: Checkpoints | None,
+    state: TrainState,
+    settings: dict[str, Any],
+    given: DataLoader[Any] | None,
+    proc: Process,
+    seed: int,
+    who: str,
 ) -> _Progress:
-    """The latest valid checkpoint restored into ``state``, or a fresh start with each rank's own
-    random stream; a checkpoint made with other data settings is refused before anything changes."""
+    """The latest valid checkpoint restored into ``state`` and the ``given`` DataLoader's generators, or a
+    fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``; one
+    of other data settings, order or model is refused before anything changes."""
     latest = checkpoints.latest() if checkpoints is not None else None
     if latest is None:
         _seed_everything(seed * 1000003 + proc.rank)
@@ -306,6 +361,9 @@ def _resume(
             f"{who}: checkpoint {path} continues a run with other data settings ({listing}); resume with the "
             "same settings, or point checkpoint_dir elsewhere to start afresh"
         )
+    problem = order_problem(given, saved["position"], local["order"], local["generators"])
+    if problem:
+        raise ValueError(f"{who}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
     try:
         state.load_state_dict(saved["state"])
     except (ValueError, TypeError) as e:
@@ -313,10 +371,11 @@ def _resume(
             f"{who}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
             "to start afresh"
         ) from e
-    restore_rng(local["rng"])
-    return _Progress(
-        saved["epoch"], saved["position"], saved["history"], saved["evals"], local["window"], local["epoch_rng"]
-    )
+    restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
+    if given is not None:
+        set_generator_states(given, local["generators"])
+    loop = (saved["epoch"], saved["position"], saved["history"], saved["evals"])
+    return _Progress(*loop, local["window"], local["order"])
 
 
 def _evaluation_missed(at: _Progress, step: int, eval_every: int | None) -> bool:

@@ -8,6 +8,7 @@ textbook update, forward, backward, ``optimizer.step()``, ``scheduler.step()``,
 from __future__ import annotations
 
 import contextlib
+import inspect
 import numbers
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -227,7 +228,7 @@ def compose(*transforms: Callable[[TrainStep], TrainStep]) -> Transform:
         accumulate(2)(accumulate(3)(step))
     """
     for i, t in enumerate(transforms):
-        if isinstance(t, TrainStep) or not callable(t):
+        if isinstance(t, TrainStep) or not callable(t) or _required_positionals(t) > 1:
             raise TypeError(
                 f"compose: argument {i} must be a transform such as ct.accumulate(4), got {show(t)}; "
                 "pass transforms, then call the result on the step: compose(f, g)(step)"
@@ -239,3 +240,13 @@ def compose(*transforms: Callable[[TrainStep], TrainStep]) -> Transform:
         return step
 
     return Transform(f"compose({', '.join(map(repr, transforms))})", build)
+
+
+def _required_positionals(fn: Callable[..., Any]) -> int:
+    """How many positional arguments ``fn`` requires: a transform takes one (the step), a plain step two."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): give it the benefit of the doubt
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in parameters)

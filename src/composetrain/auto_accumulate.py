@@ -1,0 +1,176 @@
+"""accumulate("auto"): the batch is the optimisation batch; the micro-batch adapts to memory."""
+
+from __future__ import annotations
+
+import gc
+import math
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from composetrain._util import name, show
+from composetrain.activation_checkpointing import _running_stats
+from composetrain.batching import leading_size, split_weighted, warn_if_batchnorm
+from composetrain.core import Context, Pass, TrainStep, Update, WeightFn, combine
+from composetrain.state import TrainState
+from composetrain.steps import Transform
+
+__all__ = ["auto_transform"]
+
+
+def auto_transform(weight: WeightFn | None) -> Transform:
+    """``accumulate("auto", weight=...)``; documented there."""
+    label = "accumulate('auto')" if weight is None else f"accumulate('auto', weight={name(weight)})"
+    return Transform(label, lambda step: _AutoAccumulate(step, label, weight))
+
+
+class MicroBatchMemory:
+    """The micro-batch size that fits, kept in the TrainState (and so in checkpoints).
+
+    ``micro_batch`` is None until some update ran out of memory: whole batches fit so
+    far. It only ever shrinks: a size that failed is never tried again.
+    """
+
+    def __init__(self) -> None:
+        self.micro_batch: int | None = None
+        self.used = 0  # the largest micro-batch of the last update, for out.metrics (not checkpointed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"micro_batch": self.micro_batch}
+
+    def load_state_dict(self, saved: Any) -> None:
+        size = saved.get("micro_batch", "missing") if isinstance(saved, dict) else "missing"
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(
+                f"accumulate('auto'): the checkpoint's micro-batch size must be a positive int or None, got "
+                f"{show(saved)}; load a checkpoint that TrainState.state_dict() wrote"
+            )
+        self.micro_batch = size
+
+
+class _AutoAccumulate(TrainStep):
+    role = "accumulate_auto"
+    reports = frozenset({"micro_batch"})
+    refuses_inside = MappingProxyType(
+        {
+            "mixed_precision": "mixed_precision unscales the gradients after the last pass, and which pass is "
+            "last is known only once every pass fitted; use mixed_precision(accumulate('auto')(step))",
+            "data_parallel": "a retry must start again from the whole batch, not from one replica's shard; run one "
+            "process per device with distributed(accumulate('auto')(step))",
+        }
+    )
+
+    def __init__(self, inner: TrainStep, label: str, weight: WeightFn | None) -> None:
+        self.label = label
+        self.own_weight = weight
+        super().__init__(inner, weight=weight)
+
+    def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
+        memory = state.transform_state(self.role, MicroBatchMemory)
+        size = leading_size(batch, self) or 1
+        sync = ctx.deferred_sync if ctx.last_backward else None
+        before = memory.micro_batch
+        undo = _Undo(state)  # what a failed attempt must not leave behind
+        try:
+            if sync is not None:
+                sync.begin()
+            while True:
+                n = 1 if memory.micro_batch is None else math.ceil(size / memory.micro_batch)
+                largest = math.ceil(size / n)  # tensor_split's first piece
+                done, oom, error = None, "", None
+                try:
+                    done = self._passes(state, batch, ctx, n, deferred=sync is not None)
+                except Exception as raised:
+                    if _is_oom(raised):
+                        oom = f"{type(raised).__name__}: {str(raised).splitlines()[0] if str(raised) else ''}"
+                    else:
+                        error = raised  # the attempt's tensors go with the exception, once handled
+                # one agreement per attempt: ran out of memory, no smaller size left, the size to try, other error
+                wanted = math.ceil(largest / 2) if oom else math.inf
+                flags = [float(bool(oom)), float(bool(oom) and largest == 1), -wanted, float(error is not None)]
+                agreed = sync.agree(flags) if sync is not None else flags
+                if error is not None:
+                    raise error
+                if agreed[3]:
+                    raise RuntimeError(f"{self!r}: another process failed in this update (see its error)")
+                if not agreed[0]:
+                    if sync is not None:
+                        sync.finish()
+                    memory.used = largest
+                    assert done is not None  # for the type checker: no error, no OOM
+                    return done
+                done = None
+                undo.retry()
+                if agreed[1]:
+                    where = f"here ({oom})" if oom else "on another process"
+                    raise torch.OutOfMemoryError(
+                        f"{self!r}: one sample per micro-batch does not fit in memory {where}; nothing was applied. "
+                        "Make the model's activations smaller (checkpoint_activations, mixed_precision), shorten "
+                        "the samples, or train on a device with more memory"
+                    )
+                memory.micro_batch = int(-agreed[2])
+        except BaseException:
+            memory.micro_batch = before
+            raise
+
+    def _passes(self, state: TrainState, batch: Any, ctx: Context, n: int, deferred: bool) -> Pass:
+        inner = self._inner()
+        who = self  # formatted only if an error needs it
+        micros, weights = split_weighted(batch, n, ctx, who, "micro-batch")
+        last_backward = ctx.last_backward and not deferred  # deferred: the sync comes after every pass fitted
+        if len(micros) == 1:
+            return inner.grads(state, batch, ctx._replace(last_backward=last_backward))
+        warn_if_batchnorm(state.model, who)
+        last = len(micros) - 1
+        passes = [
+            inner.grads(state, micro, ctx._replace(piece_weight=w, last_backward=last_backward and i == last))
+            for i, (micro, w) in enumerate(zip(micros, weights, strict=True))
+        ]
+        return combine(passes, who)
+
+    def update(self, state: TrainState, ctx: Context) -> Update:
+        applied = self._inner().update(state, ctx)
+        used = state.transform_state(self.role, MicroBatchMemory).used
+        return Update(applied.skipped, {**applied.metrics, "micro_batch": float(used)})
+
+    def _config(self) -> tuple[Any, ...]:
+        return ("auto", self.own_weight)
+
+
+class _Undo:
+    """What an attempt that ran out of memory must not leave: its gradients (those from before the call
+    are put back), the random numbers it drew and the running statistics it updated; and its memory."""
+
+    def __init__(self, state: TrainState) -> None:
+        self.state = state
+        params = list(state.model.parameters())
+        # gradients from before the call: a copy, since backward adds into them in place
+        self.grads = [(p, p.grad.clone()) for p in params if p.grad is not None]
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.stats = _running_stats(state.model)
+        with torch.no_grad():
+            self.saved_stats = [b.clone() for b in self.stats]
+
+    def retry(self) -> None:
+        self.state.zero_grad()
+        for p, grad in self.grads:
+            p.grad = grad.clone()
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        if self.stats:
+            with torch.no_grad():
+                torch._foreach_copy_(self.stats, self.saved_stats)
+        gc.collect()  # the failed attempt's activations, held in reference cycles of its frames
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+
+def _is_oom(error: BaseException) -> bool:
+    """torch's out-of-memory error on any device, or an allocator's (MPS, CPU) RuntimeError saying so."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)

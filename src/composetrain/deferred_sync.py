@@ -1,0 +1,87 @@
+"""Synchronising DDP's gradients after the passes, not during the last one (``Context.deferred_sync``).
+
+``accumulate("auto")`` retries an update when a process runs out of memory. Were
+that to happen in a backward that DDP synchronises, the other processes would wait
+in its all-reduce for ever. So, under it, every pass runs without synchronisation
+(``no_sync``), and DDP's collectives happen only at three points every process
+reaches, out of memory or not:
+
+- ``begin()``: DDP's per-update collectives (broadcasting buffers, rebuilding
+  buckets once), run by a forward that computes nothing, so that none happens
+  inside the passes that follow;
+- ``agree(values)``: the elementwise maximum of a few numbers over the processes
+  (whether any ran out of memory; the micro-batch size all adopt);
+- ``finish()``: DDP's own gradient reduction (its buckets, its communication hook,
+  averaging) of what the passes accumulated in ``.grad``, triggered by a forward and
+  backward of a zero loss that keeps no activations and adds exactly zero.
+
+One synchronisation per update still: the reduction is not overlapped with the last
+backward, which is the price of never leaving a process inside a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = ["DDPDeferredSync"]
+
+
+class DDPDeferredSync:
+    """``Context.deferred_sync`` for a DDP-wrapped model (see the module documentation)."""
+
+    def __init__(self, ddp: DistributedDataParallel, group: Any, device: torch.device | None, who: object) -> None:
+        self.ddp = ddp
+        self.group = group
+        self.device = device
+        self.who = who
+
+    def begin(self) -> None:
+        """DDP's per-update collectives, now: none then happens inside the passes."""
+        if self.ddp.static_graph:
+            raise ValueError(
+                f"{self.who!r}: DDP's static_graph=True expects every iteration to be the same graph, but "
+                "accumulate('auto') synchronises gradients in a pass of its own; drop static_graph"
+            )
+        with self.ddp.no_sync(), _forward_returning(self.ddp.module, lambda: torch.zeros(())):
+            self.ddp()
+
+    def agree(self, values: list[float]) -> list[float]:
+        """The elementwise maximum of ``values`` over the processes: one small all-reduce."""
+        reduced = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=self.group)
+        return [float(v) for v in reduced.tolist()]
+
+    def finish(self) -> None:
+        """All-reduce the gradients accumulated under ``no_sync``, through DDP."""
+        params = [p for p in self.ddp.module.parameters() if p.requires_grad and p.grad is not None]
+        if not params:
+            raise RuntimeError(f"{self.who!r}: no parameter received a gradient in this update; nothing to synchronise")
+        first = params[0].device
+
+        def zero() -> torch.Tensor:
+            # d(sum(p) * 0)/dp is an expanded zero: nothing is allocated, and grad + 0 == grad
+            return torch.stack([p.sum().to(first, torch.float64) for p in params]).sum() * 0.0
+
+        with _forward_returning(self.ddp.module, zero):
+            loss = self.ddp()
+        loss.backward()
+
+
+@contextlib.contextmanager
+def _forward_returning(module: nn.Module, fn: Callable[[], torch.Tensor]) -> Iterator[None]:
+    own = module.__dict__.get("forward")
+    module.forward = lambda *args, **kwargs: fn()
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own

@@ -1,0 +1,87 @@
+"""The learning-rate rule for large batches: scale with the batch, and warm up."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from composetrain._util import check_int, check_real, show
+
+__all__ = ["scaled_lr", "warmup"]
+
+
+def scaled_lr(base_lr: float, batch: int, base_batch: int, *, rule: str = "linear") -> float:
+    """The learning rate for a global batch of ``batch`` samples, from one tuned at ``base_batch``.
+
+    ``"linear"`` multiplies by ``batch / base_batch`` (Goyal et al. 2017, "Accurate, Large
+    Minibatch SGD": SGD up to batches of about 8k on ImageNet, with warmup); ``"sqrt"``
+    by its square root (Krizhevsky 2014; the rule that keeps the noise of Adam-type
+    updates constant, Malladi et al. 2022). Either holds up to a critical batch size
+    that depends on the task, beyond which larger batches stop paying; combine it with
+    ``warmup``. The batch is the *global* one, per-process batch times processes,
+    which ``ct.run`` logs as ``global_batch``.
+
+    Args:
+        base_lr: the learning rate tuned at ``base_batch``, a positive number.
+        batch: the global batch now (samples per optimizer update, all processes together).
+        base_batch: the global batch ``base_lr`` was tuned at.
+        rule: ``"linear"`` (SGD) or ``"sqrt"`` (Adam, AdamW, LAMB).
+
+    Returns:
+        The scaled learning rate.
+
+    Example:
+        >>> lr = ct.scaled_lr(0.1, batch=256 * world_size, base_batch=256)       # 0.8 on 8 processes
+        >>> opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        >>> sched = torch.optim.lr_scheduler.LambdaLR(opt, ct.warmup(500))    # 500 updates of warmup
+        >>> train = ct.distributed(ct.accumulate("auto")(step))
+    """
+    base_lr = check_real(base_lr, "scaled_lr", "base_lr", example="scaled_lr(0.1, batch=1024, base_batch=256)")
+    batch = check_int(batch, "scaled_lr", "batch", example="batch=per_process_batch * world_size")
+    base_batch = check_int(base_batch, "scaled_lr", "base_batch", example="base_batch=256")
+    ratio = batch / base_batch
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    raise ValueError(f"scaled_lr: rule must be 'linear' or 'sqrt', got {show(rule)}; 'linear' for SGD, 'sqrt' for Adam")
+
+
+def warmup(steps: int, *, start: float = 0.0, then: Callable[[int], float] | None = None) -> Callable[[int], float]:
+    """A learning-rate multiplier for ``torch.optim.lr_scheduler.LambdaLR``: warm up linearly, then ``then``.
+
+    Over the first ``steps`` updates the multiplier rises linearly from ``start`` to 1
+    (update ``i`` gets ``start + (1 - start) * (i + 1) / steps``, so the first update
+    already moves), then it is ``then(i - steps)`` (1 if not given): e.g. a cosine
+    decay. Large scaled learning rates need it (Goyal et al. 2017 used 5 epochs). It is a
+    plain function, so any torch scheduler takes it through ``LambdaLR``, and
+    ``SequentialLR``/``ChainedScheduler`` combine it with others; ``TrainState``
+    checkpoints the scheduler's position.
+
+    Args:
+        steps: warmup length in optimizer updates (0: no warmup).
+        start: the multiplier before the first update, in [0, 1).
+        then: the multiplier after warmup, as a function of the updates since it ended.
+
+    Returns:
+        ``multiplier(update) -> float``.
+
+    Example:
+        >>> cosine = lambda i: 0.5 * (1 + math.cos(math.pi * min(i, 9000) / 9000))
+        >>> sched = torch.optim.lr_scheduler.LambdaLR(opt, ct.warmup(1000, then=cosine))
+        >>> state = ct.TrainState(model, opt, sched)        # steps once per update
+    """
+    steps = check_int(steps, "warmup", "steps", minimum=0, example="warmup(500)")
+    start = check_real(start, "warmup", "start", positive=False, example="start=0.0")
+    if not 0 <= start < 1:
+        raise ValueError(f"warmup: start must be in [0, 1), got {show(start)}; e.g. start=0.0")
+    if then is not None and not callable(then):
+        raise TypeError(f"warmup: then must be a function updates_after_warmup -> multiplier, got {show(then)}")
+
+    def multiplier(update: int) -> float:
+        if update < steps:
+            return start + (1.0 - start) * (update + 1) / steps
+        return 1.0 if then is None else float(then(update - steps))
+
+    multiplier.__qualname__ = multiplier.__name__ = f"warmup({steps})"
+    return multiplier

@@ -1,0 +1,101 @@
+"""Random states of a process as tensors and plain types, for checkpoints that load with
+``weights_only=True`` (nothing in them can run code); checked on fresh generators before use."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+__all__ = ["capture_rng", "generators_problem", "restore_rng", "rng_problem"]
+
+
+def capture_rng() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and CUDA generator states of this process, as tensors and plain
+    types (a checkpoint loads with ``weights_only=True``: nothing in it can run code)."""
+    version, words, gauss = random.getstate()
+    states: dict[str, Any] = {
+        "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+        "torch": torch.get_rng_state(),
+    }
+    np = _numpy()
+    if np is not None:
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        states["numpy"] = {
+            "kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached),
+        }  # fmt: skip
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    """Set this process's generators to what ``capture_rng`` returned (checked by ``rng_problem``)."""
+    random.setstate(_python_state(states["python"]))
+    torch.set_rng_state(states["torch"])
+    np = _numpy()
+    if "numpy" in states and np is not None:  # without NumPy nothing can draw from its generator
+        np.random.set_state(_numpy_state(states["numpy"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _python_state(saved: dict[str, Any]) -> tuple[Any, ...]:
+    return saved["version"], tuple(saved["words"].tolist()), saved["gauss"]
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+
+        return numpy
+    except ImportError:  # NumPy is optional
+        return None
+
+
+def _numpy_state(saved: dict[str, Any]) -> tuple[Any, ...]:
+    import numpy as np
+
+    keys = saved["keys"].numpy()
+    if keys.min(initial=0) < 0 or keys.max(initial=0) >= 2**32:
+        raise ValueError("NumPy generator keys out of range")
+    return saved["kind"], keys.astype(np.uint32), saved["pos"], saved["has_gauss"], saved["cached_gaussian"]
+
+
+def rng_problem(states: Any) -> str | None:
+    """What is wrong with saved generator states, or None: each is set on a fresh generator, so
+    that a bad one is found before anything of this process changes."""
+    try:
+        if not isinstance(states, dict) or not {"python", "torch"} <= states.keys():
+            raise ValueError(f"expected a dict with 'python' and 'torch', got {type(states).__name__}")
+        random.Random().setstate(_python_state(states["python"]))
+        torch.Generator().set_state(states["torch"])
+        np = _numpy()
+        if "numpy" in states and np is not None:
+            np.random.RandomState().set_state(_numpy_state(states["numpy"]))
+        cuda = states.get("cuda", [])
+        if not isinstance(cuda, list) or not all(_is_byte_state(s) for s in cuda):
+            raise ValueError("CUDA states must be a list of uint8 tensors")
+        if cuda and torch.cuda.is_available() and len(cuda) > torch.cuda.device_count():
+            raise ValueError(f"states of {len(cuda)} CUDA devices, this process sees {torch.cuda.device_count()}")
+    except Exception as e:  # whatever a malformed state raises: it is the checkpoint's fault
+        return f"bad random state ({type(e).__name__}: {e})"
+    return None
+
+
+def generators_problem(states: Any) -> str | None:
+    """What is wrong with saved ``torch.Generator`` states (a list of them), or None."""
+    if not isinstance(states, list) or not all(_is_byte_state(s) for s in states):
+        return "generator states must be a list of uint8 tensors"
+    try:
+        for s in states:
+            torch.Generator().set_state(s)
+    except RuntimeError as e:
+        return f"bad generator state ({e})"
+    return None
+
+
+def _is_byte_state(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
