@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # "dev" explores more; "ci" (the default) keeps the suite well inside CI's budget on two cores.
@@ -8,3 +9,13 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=300, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_elastic_job(tmp_path_factory):
+    """tests/elastic_job.py straight through under torchrun (2 processes): what a killed and restarted,
+    pre-empted and requeued, or srun-launched job must end bit-identical to (test_elastic, test_slurm)."""
+    from elastic_runs import torchrun
+
+    results, _, _ = torchrun(tmp_path_factory.mktemp("reference"), "reference")
+    return results

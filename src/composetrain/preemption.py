@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -27,7 +28,9 @@ class StopSignal:
         self.received: set[str] = set()
         self.agreed = False
         self.previous: dict[int, Any] = {}
-        self.group: Any = dist.new_group(backend="gloo") if proc.world_size > 1 else None
+        # under the job's timeout: a new group's default is 30 minutes, a hang when a rank stops answering
+        timeout = datetime.timedelta(seconds=proc.timeout)
+        self.group: Any = dist.new_group(backend="gloo", timeout=timeout) if proc.world_size > 1 else None
         if threading.current_thread() is threading.main_thread():
             for name in ("SIGTERM", "SIGUSR1"):
                 sig = getattr(signal, name, None)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from composetrain._attempts import AttemptTimeout, join_attempt
 from composetrain._util import show
 from composetrain.hostlist import parse_nodelist
 
@@ -167,6 +168,8 @@ class Process:
     device: torch.device
     backend: str | None
     owns_group: bool
+    attempt: int = 0  # under torchrun: which start of the job this is, agreed by every rank
+    timeout: float = 300.0  # seconds the collectives wait for the other ranks
 
     @property
     def rank(self) -> int:
@@ -271,7 +274,7 @@ def rendezvous(
                 f"{dist.get_world_size()}, but the {cluster.source} values say rank {cluster.rank} of "
                 f"{cluster.world_size}"
             )
-        return Process(cluster, device, dist.get_backend(), owns_group=False)
+        return Process(cluster, device, dist.get_backend(), owns_group=False, timeout=timeout)
     if cluster.world_size == 1:
         return Process(cluster, device, None, owns_group=False)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
@@ -282,10 +285,12 @@ def rendezvous(
     importlib.import_module("torch.distributed.nn")
     wait = datetime.timedelta(seconds=timeout)
     where = f"{cluster.master_addr}:{cluster.master_port}"
+    attempt = 0
     try:
-        if cluster.source == "torchrun":  # torchrun's agent hosts the store already: join it
+        if cluster.source == "torchrun":  # each attempt of an elastic job meets apart from the killed ones'
+            store, attempt = _torchrun_store(cluster, env if env is not None else os.environ, timeout)
             dist.init_process_group(
-                backend, init_method="env://", rank=cluster.rank, world_size=cluster.world_size, timeout=wait
+                backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=wait
             )
         else:
             store = dist.TCPStore(
@@ -299,6 +304,11 @@ def rendezvous(
             dist.init_process_group(
                 backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=wait
             )
+    except AttemptTimeout as e:
+        raise RuntimeError(
+            f"rendezvous: {e} at {where}; a rank that never came failed to start or hangs: see its log "
+            "(torchrun restarts the job if --max-restarts allows)"
+        ) from e
     except (RuntimeError, dist.DistError) as e:
         hint = " (under SLURM, start every task with srun)" if cluster.source == "slurm" else ""
         raise RuntimeError(
@@ -306,7 +316,23 @@ def rendezvous(
             f"within {timeout:g}s ({type(e).__name__}: {str(e).splitlines()[0][:200]}); check that rank 0 "
             f"is running{hint}, that MASTER_ADDR/MASTER_PORT reach it, and that every process got the same values"
         ) from e
-    return Process(cluster, device, backend, owns_group=True)
+    return Process(cluster, device, backend, owns_group=True, attempt=attempt, timeout=timeout)
+
+
+def _torchrun_store(cluster: Cluster, env: Mapping[str, str], timeout: float) -> tuple[Any, int]:
+    """This attempt's own namespace in the job's store (``_attempts``): torchrun's agent hosts the store
+    (TORCHELASTIC_USE_AGENT_STORE), or else rank 0 does, as ``init_method="env://"`` would."""
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        cluster.master_addr,
+        cluster.master_port,
+        cluster.world_size,
+        is_master=not agent and cluster.rank == 0,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+        multi_tenant=True,  # as env:// does: a later rendezvous in this process may host it again
+    )
+    return join_attempt(store, cluster.rank, cluster.world_size, env.get("TORCHELASTIC_RUN_ID", "none"), timeout)
 
 
 def _check_not_half_launched(env: Mapping[str, str]) -> None:

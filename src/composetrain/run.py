@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from composetrain._run_checks import check_arguments, loader_options
 from composetrain._sharded_checkpoint import ShardFiles
 from composetrain._util import show
+from composetrain._waiting import Waiting
 from composetrain.checkpoint import Checkpoints
 from composetrain.core import StepOutput, TrainStep
 from composetrain.data import (
@@ -223,6 +224,7 @@ def run(
         meter = Meter(proc, state, at.window)
         bar = progress_bar(progress and proc.is_main, max_steps or (epochs or 1) * per_epoch, state.step)
         stop = StopSignal(proc)  # restored in the finally below, whatever happens
+        waiting = Waiting(proc, timeout, who)  # names what a rank waited for when another stops answering
         total_epochs = epochs if epochs is not None else 1 if max_steps is None else None  # None: until max_steps
 
         def reached_max() -> bool:
@@ -230,6 +232,7 @@ def run(
 
         def save() -> Path:
             assert checkpoints is not None
+            waiting.now(f"the save of checkpoint step {state.step}")
             loop = {"epoch": at.epoch, "position": at.position, "history": at.history, "evals": at.evals}
             local = {
                 "window": meter.window_on_cpu(),
@@ -239,6 +242,7 @@ def run(
             return checkpoints.save(state.step, {"state": state.state_dict(), "settings": settings, **loop}, local)
 
         def log_now() -> None:
+            waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
             record = meter.read(at.epoch, state.optimizer.param_groups[0]["lr"])
             # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
             record["global_batch"] = None if loader.batch_size is None else loader.batch_size * proc.world_size
@@ -249,6 +253,7 @@ def run(
 
         def evaluate_now() -> None:
             if evaluate is not None:
+                waiting.now(f"the evaluation after update {state.step}")
                 at.evals.append({"step": state.step, "epoch": at.epoch, **evaluate(state.model)})
                 log.write_eval(at.evals[-1])
 
@@ -264,6 +269,7 @@ def run(
                 for at.position, batch, waited in batches:
                     if at.position > per_epoch:  # ranks' loaders may differ in length: all stop at the fewest
                         break
+                    waiting.now(f"update {state.step + 1} (its forward, backward and gradient all-reduce)")
                     out, computed = _timed(step_fn, state, batch)
                     meter.add(out, waited, computed)
                     log_due = meter.due("log", log_every)
@@ -271,6 +277,7 @@ def run(
                     save_due = meter.due("save", checkpoint_every)
                     if log_due or at.position == per_epoch:
                         log_now()
+                    waiting.now(f"the agreement on whether to stop after update {state.step}")
                     stopping = stop.check()  # agreed by all ranks: they stop after the same update
                     mid_epoch = at.position < per_epoch  # the epoch's end saves anyway, below
                     # save, then evaluate: an evaluation that fails must not cost the checkpoint
@@ -291,6 +298,11 @@ def run(
                     evaluate_now()
             if meter.outputs:  # stopped inside a logging window (max_steps, a signal): log what it holds
                 log_now()
+        except RuntimeError as e:  # a rank stopped answering or died: say what this one waited for
+            lost = waiting.lost(e)
+            if lost is None:
+                raise
+            raise lost from e
         finally:
             if proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
                 state.release_runtime()
