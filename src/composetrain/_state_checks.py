@@ -113,12 +113,7 @@ def check_optimizer_state(
     per_param, groups = saved.get("state"), saved["param_groups"]
     if not (isinstance(per_param, Mapping) and all(isinstance(g, Mapping) and "params" in g for g in groups)):
         raise TypeError(f"{who}: state_dict['optimizer'] must come from Optimizer.state_dict(), got {show(saved)}")
-    mine = qualified(optimizer)
-    if saved_class is not None and saved_class != mine:
-        raise ValueError(
-            f"{who}: the checkpoint's optimizer is {saved_class}, this TrainState's is {mine}; build the "
-            "TrainState with the optimizer the checkpoint was saved with"
-        )
+    _same_class("optimizer", saved_class, optimizer, who)
     own = [len(g["params"]) for g in optimizer.param_groups]
     theirs = [len(g["params"]) for g in groups]
     if own != theirs:
@@ -221,12 +216,7 @@ def check_scheduler_state(scheduler: Any, saved: Any, saved_class: str | None, w
         return
     if not isinstance(saved, Mapping):
         raise TypeError(f"{who}: state_dict['scheduler'] must come from a scheduler's state_dict(), got {show(saved)}")
-    mine = qualified(scheduler)
-    if saved_class is not None and saved_class != mine:
-        raise ValueError(
-            f"{who}: the checkpoint's scheduler is {saved_class}, this TrainState's is {mine}; build the "
-            "TrainState with the scheduler the checkpoint was saved with"
-        )
+    _same_class("scheduler", saved_class, scheduler, who)
     unexpected = sorted(map(str, saved.keys() - scheduler.state_dict().keys()))
     if saved_class is None and unexpected:
         raise ValueError(
@@ -248,4 +238,14 @@ def check_schedule_left(scheduler: Any, step: int, who: object) -> None:
             f"{who!r}: the scheduler {type(scheduler).__name__} is exhausted: it was built for total_steps={total} "
             f"updates and has taken {taken}; build it with total_steps of at least the number of updates you "
             f"train for, or stop there: ct.run(..., max_steps={step})"
+        )
+
+
+def _same_class(what: str, saved_class: Any, live: object, who: str) -> None:
+    """A checkpoint that names its optimizer's or scheduler's class must name this one's."""
+    mine = qualified(live)
+    if saved_class is not None and saved_class != mine:
+        raise ValueError(
+            f"{who}: the checkpoint's {what} is {saved_class}, this TrainState's is {mine}; build the "
+            f"TrainState with the {what} the checkpoint was saved with"
         )
