@@ -33,7 +33,7 @@ def check_int(value: Any, who: str, arg: str, *, minimum: int = 1, example: str 
     Example:
         >>> check_int(0, "accumulate", "n", example="accumulate(4)")
         Traceback (most recent call last):
-        ValueError: accumulate: n must be an int >= 1, got 0 (int); e.g. accumulate(4)
+        ValueError: accumulate: n must be a positive int, got 0 (int); e.g. accumulate(4)
     """
     hint = f"; e.g. {example}" if example else ""
     kind = "a positive int" if minimum == 1 else "a non-negative int" if minimum == 0 else f"an int >= {minimum}"

@@ -266,9 +266,7 @@ def run(
                     at.order = epoch_order(loader, sampler)  # to replay a given loader's shuffle on resume
                 batches = epoch_batches(loader, sampler, at.epoch, at.position, at.order, proc.device, per_epoch)
                 evaluate_at_end = False
-                for at.position, batch, waited in batches:
-                    if at.position > per_epoch:  # ranks' loaders may differ in length: all stop at the fewest
-                        break
+                for at.position, batch, waited in batches:  # at most per_epoch: ranks stop at the fewest
                     waiting.now(f"update {state.step + 1} (its forward, backward and gradient all-reduce)")
                     out, computed = _timed(step_fn, state, batch)
                     meter.add(out, waited, computed)
