@@ -204,12 +204,18 @@ def test_batchnorm_in_training_mode_is_detected_and_reported():
         ("4", TypeError, r"got '4' \(str\)"),
         (True, TypeError, r"got True \(bool\)"),
         (None, TypeError, r"got None \(NoneType\)"),
-        (classify, TypeError, r"got <function classify.*\(function\) \(did you mean accumulate\(n\)\(step\)\?\)"),
     ],
 )
 def test_bad_n_is_a_clear_error(n, error, shown):
     with pytest.raises(error, match=rf"^accumulate: n must be a positive int, {shown}.*(e\.g\.|use) accumulate\("):
         ct.accumulate(n)
+
+
+def test_accumulate_used_bare_says_what_to_write():
+    with pytest.raises(TypeError, match=r"^accumulate: n is required, got a step instead: <function classify.*"):
+        ct.accumulate(classify)
+    with pytest.raises(TypeError, match=r"give n first, then the step: accumulate\(4\)\(step\)$"):
+        ct.accumulate(ct.train_step(classify))
 
 
 def test_numpy_numbers_are_accepted_for_n_and_weights():

@@ -262,10 +262,12 @@ def test_bad_selections_are_clear_errors():
         ct.checkpoint_activations(3)
     with pytest.raises(TypeError, match=r"the class int is not an nn\.Module"):
         ct.checkpoint_activations(int)
-    with pytest.raises(TypeError, match="step cannot be called with one argument"):
+    with pytest.raises(TypeError, match=r"modules is required, got a step instead: <function step"):
         ct.checkpoint_activations(step)
-    with pytest.raises(TypeError, match="give the modules first, then the step"):
+    with pytest.raises(TypeError, match=r"give modules first, then the step: checkpoint_activations\(Block\)\(step\)"):
         ct.checkpoint_activations(ct.train_step(step))
+    with pytest.raises(TypeError, match="cannot be called with one argument"):
+        ct.checkpoint_activations(lambda a, b, c: True)
     with pytest.raises(ValueError, match="data_parallel's replicas are copies"):
         ct.checkpoint_activations(Block)(ct.data_parallel(["cpu", "cpu"])(step))
     with pytest.raises(ValueError, match="data_parallel's replicas are copies"):

@@ -468,9 +468,10 @@ def test_a_fixed_loss_scale_with_auto_on_a_bf16_device_is_refused_before_anythin
     assert_untouched(state, before)
 
 
-def test_positional_options_and_double_application_are_refused():
-    with pytest.raises(TypeError, match=r"pass options by keyword: mixed_precision\(dtype='bf16'\)"):
-        ct.mixed_precision("bf16")
+def test_a_positional_dtype_is_the_dtype_and_double_application_is_refused():
+    assert ct.mixed_precision("bf16")(classify) == ct.mixed_precision(classify, dtype="bf16")
+    with pytest.raises(TypeError, match=r"the dtype is given twice, 'bf16' and dtype='fp16'; give it once"):
+        ct.mixed_precision("bf16", dtype="fp16")
     with pytest.raises(ValueError, match="already applies mixed_precision; use mixed_precision once"):
         ct.mixed_precision(ct.accumulate(2)(ct.mixed_precision(classify)))
 

@@ -7,7 +7,7 @@ import numbers
 import operator
 from typing import Any
 
-__all__ = ["check_int", "check_real", "name", "show"]
+__all__ = ["check_bool", "check_int", "check_real", "name", "show"]
 
 
 def show(value: Any) -> str:
@@ -64,3 +64,20 @@ def check_real(
     if math.isnan(number) or (finite and math.isinf(number)) or (positive and not number > 0):
         raise ValueError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
     return number
+
+
+def check_bool(value: Any, who: str, arg: str, *, example: str = "") -> bool:
+    """``value`` if it is True or False: the one rule for flags.
+
+    Anything else (1, ``"yes"``, None, a one-element tensor) is a TypeError: a flag
+    that merely looks true would hide a mistaken argument.
+
+    Example:
+        >>> check_bool(1, "distributed", "static_graph")
+        Traceback (most recent call last):
+        TypeError: distributed: static_graph must be True or False, got 1 (int); e.g. static_graph=True
+    """
+    if not isinstance(value, bool):
+        hint = example or f"{arg}=True"
+        raise TypeError(f"{who}: {arg} must be True or False, got {show(value)}; e.g. {hint}")
+    return value

@@ -10,7 +10,7 @@ from composetrain.auto_accumulate import auto_transform
 from composetrain.batching import split_weighted, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.state import TrainState
-from composetrain.steps import Transform, transform_factory
+from composetrain.steps import Transform, refuse_step, transform_factory
 
 __all__ = ["accumulate"]
 
@@ -62,11 +62,7 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
         are read once per update (one host sync): return Python numbers or CPU
         tensors to avoid it.
     """
-    if callable(n):
-        raise TypeError(
-            f"accumulate: n must be a positive int, got {show(n)} (did you mean accumulate(n)(step)?); "
-            "e.g. accumulate(4)"
-        )
+    refuse_step(n, "accumulate", "n", "accumulate(4)")
     if weight is not None and not callable(weight):
         raise TypeError(
             f"accumulate: weight must be a function micro_batch -> number of units, got {show(weight)}; "

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from composetrain._util import name, show
 from composetrain.core import Context, Pass, TrainStep
 from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import Transform, transform_factory
+from composetrain.steps import Transform, refuse_step, transform_factory
 
 __all__ = ["checkpoint_activations"]
 
@@ -65,11 +65,7 @@ def checkpoint_activations(modules: Selector | Sequence[str | type[nn.Module]]) 
 
 def _check_specs(modules: Any) -> tuple[Any, ...]:
     example = 'e.g. checkpoint_activations("blocks.0"), checkpoint_activations(nn.TransformerEncoderLayer)'
-    if isinstance(modules, TrainStep):
-        raise TypeError(
-            f"checkpoint_activations: modules must say which submodules to checkpoint, got the step {modules!r}; "
-            f"give the modules first, then the step: checkpoint_activations(modules)(step); {example}"
-        )
+    refuse_step(modules, "checkpoint_activations", "modules", "checkpoint_activations(Block)")
     single = isinstance(modules, (str, type)) or (callable(modules) and not isinstance(modules, nn.Module))
     specs = (modules,) if single else tuple(modules) if isinstance(modules, (list, tuple)) else None
     if specs is None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from composetrain._util import show
+from composetrain._util import check_int, show
 
 if TYPE_CHECKING:  # core imports this module
     from composetrain.core import Context
@@ -162,13 +162,15 @@ def split_batch(batch: Any, n: int, who: object = "split_batch") -> list[Any]:
         A list of batches with the same structure as ``batch``.
 
     Raises:
-        ValueError: the batch is empty, holds no tensor with a batch dimension,
-            or its tensors disagree on the leading size.
+        TypeError: ``n`` is not an int.
+        ValueError: ``n`` is not positive, the batch is empty, holds no tensor with
+            a batch dimension, or its tensors disagree on the leading size.
 
     Example:
         >>> [b[0].shape[0] for b in split_batch((torch.zeros(10, 2), "tag"), 4)]
         [3, 3, 2, 2]
     """
+    n = check_int(n, str(who), "n", example="split_batch(batch, 4)")
     return _split(batch, n, who, "pieces")[0]
 
 

@@ -9,7 +9,7 @@ import torch
 from composetrain._util import check_real
 from composetrain.core import Context, TrainStep, Update
 from composetrain.state import TrainState
-from composetrain.steps import Transform, transform_factory
+from composetrain.steps import Transform, refuse_step, transform_factory
 
 __all__ = ["clip_grad_norm"]
 
@@ -37,6 +37,7 @@ def clip_grad_norm(max_norm: float, *, norm_type: float = 2.0) -> Transform:
         >>> train = ct.compose(ct.clip_grad_norm(1.0), ct.mixed_precision, ct.accumulate(4))(step)
         >>> train(state, batch).metrics["grad_norm"]
     """
+    refuse_step(max_norm, "clip_grad_norm", "max_norm", "clip_grad_norm(1.0)")
     max_norm = check_real(max_norm, "clip_grad_norm", "max_norm", example="1.0")
     norm_type = check_real(norm_type, "clip_grad_norm", "norm_type", finite=False, example="2.0, or float('inf')")
     label = f"clip_grad_norm({max_norm})" if norm_type == 2.0 else f"clip_grad_norm({max_norm}, norm_type={norm_type})"

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import MappingProxyType
@@ -180,6 +181,7 @@ class TrainStep:
 
     inner: TrainStep | None
     weight: WeightFn | None
+    __signature__: inspect.Signature
     role: ClassVar[str | None] = None
     reports: ClassVar[frozenset[str]] = frozenset()
     refuses_inside: ClassVar[Mapping[str, str]] = MappingProxyType({})  # role -> why, and the order to use
@@ -210,6 +212,9 @@ class TrainStep:
         wrapped = inner if inner is not None else getattr(self, "step", None)
         if wrapped is not None:
             functools.update_wrapper(self, wrapped, updated=())
+        # inspect.signature would follow __wrapped__ to the plain step's (model, batch); a TrainStep is
+        # called as (state, batch)
+        self.__signature__ = _CALLED_AS
 
     # -- the phases ---------------------------------------------------------------
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
@@ -301,3 +306,7 @@ class TrainStep:
     def __hash__(self) -> int:
         config = self._config()
         return id(self) if config is None else hash((type(self), config, self.inner))
+
+
+_call = inspect.signature(TrainStep.__call__, eval_str=True)
+_CALLED_AS = _call.replace(parameters=list(_call.parameters.values())[1:])  # bound: without self

@@ -15,7 +15,7 @@ from composetrain.core import Context, Pass, TrainStep, combine
 from composetrain.data import to_device
 from composetrain.placement import parse_devices
 from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import Transform, transform_factory
+from composetrain.steps import Transform, refuse_step, transform_factory
 
 __all__ = ["data_parallel"]
 
@@ -50,6 +50,7 @@ def data_parallel(devices: list[str | torch.device]) -> Transform:
         with ``nn.DataParallel``. ``mixed_precision`` goes outside it (it must unscale
         after the gradients are summed); ``distributed`` does not compose with it.
     """
+    refuse_step(devices, "data_parallel", "devices", 'data_parallel(["cuda:0", "cuda:1"])')
     parsed = parse_devices(devices, "data_parallel", "devices")
     label = f"data_parallel({[str(d) for d in parsed]})"
     return Transform(label, lambda step: _DataParallel(step, label, parsed))

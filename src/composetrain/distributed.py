@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from composetrain._util import check_real, name, show
+from composetrain._util import check_bool, check_real, name, show
 from composetrain.core import Context, TrainStep
 from composetrain.deferred_sync import DDPDeferredSync
 from composetrain.state import RuntimeState, TrainState
@@ -81,8 +81,7 @@ def distributed(
         ("gradient_as_bucket_view", gradient_as_bucket_view),
         ("static_graph", static_graph),
     ):
-        if not isinstance(value, bool):
-            raise TypeError(f"distributed: {arg} must be True or False, got {show(value)}")
+        check_bool(value, "distributed", arg)
     bucket_cap_mb = check_real(bucket_cap_mb, "distributed", "bucket_cap_mb", example="25")
     if comm_hook is not None and not callable(comm_hook):
         raise TypeError(

@@ -72,9 +72,9 @@ def warmup(steps: int, *, start: float = 0.0, then: Callable[[int], float] | Non
         >>> state = ct.TrainState(model, opt, sched)        # steps once per update
     """
     steps = check_int(steps, "warmup", "steps", minimum=0, example="warmup(500)")
-    start = check_real(start, "warmup", "start", positive=False, example="start=0.0")
+    given, start = start, check_real(start, "warmup", "start", positive=False, example="start=0.0")
     if not 0 <= start < 1:
-        raise ValueError(f"warmup: start must be in [0, 1), got {show(start)}; e.g. start=0.0")
+        raise ValueError(f"warmup: start must be in [0, 1), got {show(given)}; e.g. start=0.0")
     if then is not None and not callable(then):
         raise TypeError(f"warmup: then must be a function updates_after_warmup -> multiplier, got {show(then)}")
 

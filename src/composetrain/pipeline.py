@@ -15,7 +15,7 @@ from composetrain.core import Context, Pass, TrainStep
 from composetrain.data import to_device
 from composetrain.placement import check_placement, parse_device
 from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import Transform, transform_factory
+from composetrain.steps import Transform, refuse_step, transform_factory
 
 __all__ = ["pipeline_split"]
 
@@ -54,6 +54,7 @@ def pipeline_split(placement: Mapping[str, str | torch.device], *, chunks: int =
         as ``model.module`` (as under DDP). A tensor shared by stages on different
         devices (tied weights) is refused: place those modules together.
     """
+    refuse_step(placement, "pipeline_split", "placement", 'pipeline_split({"encoder": "cuda:0", "decoder": "cuda:1"})')
     if isinstance(placement, Mapping) and not placement:
         raise ValueError(
             "pipeline_split: placement must name at least one submodule, e.g. {'encoder': 'cuda:0'}, got {}"

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from composetrain._util import check_int, check_real, show
+from composetrain._util import check_bool, check_int, check_real, show
 from composetrain.core import Context, Pass, TrainStep, Update
 from composetrain.scaling import LossScaling
 from composetrain.state import TrainState
@@ -32,7 +32,7 @@ _SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 @transform_factory
 def mixed_precision(
-    step: PlainStep | TrainStep | None = None,
+    step: PlainStep | TrainStep | str | torch.dtype | None = None,
     *,
     dtype: str | torch.dtype = "auto",
     loss_scale: str | float = "dynamic",
@@ -54,7 +54,8 @@ def mixed_precision(
     ``GradScaler`` makes too; bf16 can opt out with ``check_finite=False``.
 
     Args:
-        step: the step to wrap; omit it to get a transform (``mixed_precision(dtype="fp16")``).
+        step: the step to wrap; omit it, or give the dtype in its place
+            (``mixed_precision("fp16")``), to get a transform.
         dtype: ``"bf16"``, ``"fp16"``, ``"auto"`` (bf16 where the device supports it,
             else fp16 on CUDA) or ``"fp32"`` (no-op); torch dtypes work too.
         loss_scale: ``"dynamic"`` or a fixed positive number (fp16 only: bf16 has
@@ -69,8 +70,16 @@ def mixed_precision(
 
     Example:
         >>> train = ct.mixed_precision(ct.accumulate(4)(step))          # bf16 on this CPU
-        >>> train = ct.compose(ct.clip_grad_norm(1.0), ct.mixed_precision(dtype="fp16"))(step)
+        >>> train = ct.compose(ct.clip_grad_norm(1.0), ct.mixed_precision("fp16"))(step)
     """
+    if isinstance(step, (str, torch.dtype)):  # mixed_precision("bf16"): the dtype, in the step's place
+        if not (isinstance(dtype, str) and dtype == "auto"):
+            raise TypeError(
+                f"mixed_precision: the dtype is given twice, {step!r} and dtype={dtype!r}; give it once, "
+                f"e.g. mixed_precision({step!r})"
+            )
+        dtype = step
+        step = None
     if not isinstance(dtype, (str, torch.dtype)):
         raise TypeError(
             f"mixed_precision: dtype must be a string such as 'bf16' or a torch dtype, got {show(dtype)}; "
@@ -84,15 +93,14 @@ def mixed_precision(
             raise TypeError(
                 f"mixed_precision: loss_scale must be 'dynamic' or a positive number, got {show(loss_scale)}"
             )
-        check_real(loss_scale, "mixed_precision", "loss_scale", example="loss_scale=1024.0, or 'dynamic'")
+        loss_scale = check_real(loss_scale, "mixed_precision", "loss_scale", example="loss_scale=1024.0, or 'dynamic'")
         if resolved in (torch.bfloat16, torch.float32):
             raise ValueError(
                 f"mixed_precision: loss_scale={loss_scale} applies to fp16 only, got dtype={dtype!r}; "
                 "bf16 and fp32 need no loss scaling: drop loss_scale, or use dtype='fp16'"
             )
     skips = check_int(max_consecutive_skips, "mixed_precision", "max_consecutive_skips", example="100")
-    if not isinstance(check_finite, bool):
-        raise TypeError(f"mixed_precision: check_finite must be True or False, got {show(check_finite)}")
+    check_bool(check_finite, "mixed_precision", "check_finite", example="check_finite=False (bf16 only)")
     if not check_finite and resolved is torch.float16:
         raise ValueError(
             "mixed_precision: check_finite=False is for bf16; fp16's loss scaling must see overflows: "
@@ -104,20 +112,13 @@ def mixed_precision(
         options.append(f"dtype={_SHORT[resolved] if isinstance(resolved, torch.dtype) else resolved!r}")
     if loss_scale != "dynamic":
         options.append(f"loss_scale={loss_scale}")
-    if max_consecutive_skips != 100:
-        options.append(f"max_consecutive_skips={max_consecutive_skips}")
+    if skips != 100:
+        options.append(f"max_consecutive_skips={skips}")
     if not check_finite:
         options.append("check_finite=False")
     label = f"mixed_precision({', '.join(options)})" if options else "mixed_precision"
     transform = Transform(label, lambda inner: _MixedPrecision(inner, label, resolved, loss_scale, skips, check_finite))
-    if step is None:
-        return transform
-    if isinstance(step, (str, torch.dtype)):
-        raise TypeError(
-            f"mixed_precision: step must be a function step(model, batch), got {show(step)}; "
-            f"pass options by keyword: mixed_precision(dtype={step!r})"
-        )
-    return transform(step)
+    return transform if step is None else transform(step)
 
 
 class _MixedPrecision(TrainStep):

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from composetrain._shard_units import Units, check_units_argument, describe_units, select_units
-from composetrain._util import show
+from composetrain._util import check_bool, show
 from composetrain.batching import samples
 from composetrain.core import Context, TrainStep
 from composetrain.state import RuntimeState, TrainState
@@ -68,13 +68,17 @@ def sharded(
         >>> train = ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(4)(step)), modules=Block)
         >>> ct.run(train, ct.TrainState(model, optimizer), dataset, batch_size=8)   # under torchrun
     """
+    if isinstance(step, (type, str, list, tuple)):  # sharded(Block): the units, in the step's place
+        raise TypeError(
+            f"sharded: step must be a function step(model, batch), got {show(step)}; pass the sharding units by "
+            f"keyword: sharded(modules={step.__name__ if isinstance(step, type) else repr(step)})"
+        )
     units = check_units_argument(modules)
     for arg, value in (
         ("reshard_after_forward", reshard_after_forward),
         ("sync_every_micro_batch", sync_every_micro_batch),
     ):
-        if not isinstance(value, bool):
-            raise TypeError(f"sharded: {arg} must be True or False, got {show(value)}")
+        check_bool(value, "sharded", arg)
     shown = [f"modules={describe_units(units)}"] if units is not None else []
     shown += ["reshard_after_forward=False"] if not reshard_after_forward else []
     shown += ["sync_every_micro_batch=True"] if sync_every_micro_batch else []

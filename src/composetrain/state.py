@@ -18,7 +18,7 @@ from composetrain._state_checks import (
     needs_closure,
     qualified,
 )
-from composetrain._util import show
+from composetrain._util import check_int, show
 
 __all__ = ["RuntimeState", "TrainState"]
 
@@ -226,9 +226,7 @@ class TrainState:
         check_model_state(self.model, state_dict["model"], who)
         check_scheduler_state(self.scheduler, state_dict["scheduler"], classes["scheduler_class"], who)
         check_optimizer_state(self.optimizer, self.model, state_dict["optimizer"], classes["optimizer_class"], who)
-        step = state_dict["step"]
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"{who}: step must be a non-negative int, got {step!r}")
+        step = check_int(state_dict["step"], who, "step", minimum=0, example="the step TrainState.state_dict() saved")
         transforms = state_dict["transforms"]
         if not isinstance(transforms, Mapping) or not all(isinstance(k, str) for k in transforms):
             raise TypeError(

@@ -22,7 +22,7 @@ from composetrain._util import name, show
 from composetrain.core import Context, Hook, Metric, Pass, TrainStep, Update
 from composetrain.state import TrainState
 
-__all__ = ["PlainStep", "Transform", "compose", "train_step", "transform_factory"]
+__all__ = ["PlainStep", "Transform", "compose", "refuse_step", "train_step", "transform_factory"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -205,7 +205,7 @@ def _lift(step: PlainStep | TrainStep, who: str, arg: str = "step") -> TrainStep
             f"{who}: {arg} must be a function step(model, batch) -> loss, got ct.{name(step)}, which builds "
             f"transforms; apply it to your step first: ct.{name(step)}(...)(step)"
         )
-    if isinstance(step, (nn.Module, TrainState)) or not callable(step):
+    if isinstance(step, (nn.Module, TrainState, type)) or not callable(step):
         raise TypeError(
             f"{who}: {arg} must be a function step(model, batch) -> loss, got {show(step)}; "
             "write the forward and the loss in a function of (model, batch)"
@@ -250,3 +250,18 @@ def _required_positionals(fn: Callable[..., Any]) -> int:
         return 1
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in parameters)
+
+
+def refuse_step(value: Any, who: str, arg: str, usage: str) -> None:
+    """A transform with a required argument, used bare (``accumulate(step)``): say what to write.
+
+    ``value`` is refused when it is a TrainStep or a function of two positional
+    arguments, ``step(model, batch)``; ``usage`` shows the transform with its argument,
+    e.g. ``"accumulate(4)"``.
+    """
+    plain = callable(value) and not isinstance(value, (type, nn.Module, Transform))
+    if isinstance(value, TrainStep) or (plain and _required_positionals(value) == 2):
+        raise TypeError(
+            f"{who}: {arg} is required, got a step instead: {show(value)}; give {arg} first, then the step: "
+            f"{usage}(step)"
+        )
