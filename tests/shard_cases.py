@@ -263,3 +263,51 @@ def load_on_ranks(rank: int, world: int, checkpoint: str) -> dict[str, Any]:
         "kinds": sorted({type(p).__name__ for p in state.model.parameters()}),
         "consolidated": ct.full_state_dict(state.model),
     }
+
+
+def holds(root: Any, target: Any) -> bool:
+    """Whether ``target`` can be reached from ``root`` through object references (not through
+    modules, classes or a function's globals, which reach everything)."""
+    import gc
+    import types
+
+    todo, seen = [root], {id(root)}
+    while todo:
+        obj = todo.pop()
+        if obj is target:
+            return True
+        if isinstance(obj, (types.ModuleType, type)):
+            continue
+        if isinstance(obj, types.FunctionType):
+            found = [c.cell_contents for c in obj.__closure__ or () if c.cell_contents is not None]
+            found += list(obj.__defaults__ or ())
+        else:
+            found = gc.get_referents(obj)
+            if hasattr(obj, "__dict__"):
+                found.append(vars(obj))
+        for r in found:
+            if id(r) not in seen:
+                seen.add(id(r))
+                todo.append(r)
+    return False
+
+
+def released(rank: int, world: int) -> dict[str, Any]:
+    """A sharded state whose runtime is released (as ct.run does before destroying its group)."""
+    batch = dist_cases.shard(dist_cases.global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank)
+    state = make_state("classify", 0, torch.float64)
+    step = ct.sharded(dist_cases.classify)
+    step(state, batch)
+    found: dict[str, Any] = {"held_before": holds(state, dist.group.WORLD)}
+    state.release_runtime()
+    found["held_after"] = holds(state, dist.group.WORLD)
+    before = {n: p.to_local().clone() for n, p in state.model.named_parameters()}
+    try:
+        step(state, batch)
+        found["next_step"] = "no error"
+    except Exception as e:
+        found["next_step"] = f"{type(e).__name__}: {e}"
+    found["untouched"] = all(torch.equal(p.to_local(), before[n]) for n, p in state.model.named_parameters())
+    fresh = make_state("classify", 0, torch.float64)  # the group itself lives on: another state trains on it
+    found["fresh_loss"] = float(step(fresh, batch).loss)
+    return found

@@ -1,5 +1,7 @@
 """sharded() (FSDP2) across real gloo processes, against one process on the global batch."""
 
+import math
+
 import pytest
 import shard_cases
 import torch
@@ -191,3 +193,16 @@ def test_checkpoint_activations_composes(pool, letters):
     """Blocks recomputed in backward under FSDP2, in either order and with accumulate: one process's update."""
     sizes = [[5, 5], [3, 3], [4, 4]]
     assert_matches_reference(*run(pool, letters=letters, n=2, kind="classify", sizes=sizes, optimizer="sgd"))
+
+
+def test_a_released_state_holds_no_reference_to_its_group_and_refuses_the_next_step(pool):
+    found = pool.run("shard_cases", "released")
+    assert found[0]["next_step"] == found[1]["next_step"]
+    for r in found:
+        assert r["held_before"] and not r["held_after"]  # FSDP2 held it; ct.run destroys it next
+        assert r["next_step"].startswith(
+            "RuntimeError: sharded(classify): the TrainState's model was sharded over a process group that is "
+            "gone, released (TrainState.release_runtime, which ct.run calls at its end) or another one"
+        )
+        assert r["untouched"]
+        assert math.isfinite(r["fresh_loss"])  # the group itself was not harmed

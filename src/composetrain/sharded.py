@@ -93,6 +93,18 @@ class _Sharding(RuntimeState):
 
     def __init__(self) -> None:
         self.group: Any = None
+        self.model: nn.Module | None = None
+
+    def release(self) -> None:
+        # ct.run calls this just before it destroys its process group. The sharded model stays the
+        # state's (its local shards readable), but it must stop holding the group: FSDP2 keeps it
+        # in each unit's mesh info and in the mesh's registry, so the group, its gloo threads and
+        # its store would outlive destroy_process_group into the interpreter's exit, which a gloo
+        # thread freeing its last work can abort. A sharded model cannot move to another group,
+        # so the next step refuses it (see shard) rather than rebuilding.
+        if self.model is not None:
+            _let_go_of_group(self.model)
+        self.group, self.model = None, None
 
 
 class _Sharded(TrainStep):
@@ -192,8 +204,9 @@ def shard(step: _Sharded, state: TrainState) -> None:
     if isinstance(model, FSDPModule):
         if sharding.group is not group:
             raise RuntimeError(
-                f"{step!r}: the TrainState's model was sharded over a process group that is gone (or another one); "
-                "a sharded model cannot move to a new group: build a fresh TrainState and load a checkpoint into it"
+                f"{step!r}: the TrainState's model was sharded over a process group that is gone, released "
+                "(TrainState.release_runtime, which ct.run calls at its end) or another one; a sharded model cannot "
+                "move to a new group: build a fresh TrainState and load a checkpoint into it"
             )
         return
     if state.optimizer.state:
@@ -233,4 +246,35 @@ def shard(step: _Sharded, state: TrainState) -> None:
     for g in state.optimizer.param_groups:
         g["params"] = [new[id(p)] for p in g["params"]]
     state._unheld = [now[names[id(p)]] for p in state._unheld]
-    sharding.group = group
+    sharding.group, sharding.model = group, model
+
+
+def _let_go_of_group(model: nn.Module) -> None:
+    """Drop the references FSDP2 keeps to the model's process group, which is about to be destroyed.
+
+    No torch API does this (2.14): each unit's ``FSDPMeshInfo`` holds the group as attributes, and a
+    ``DeviceMesh`` holds it in ``_pg_registry`` (only read under torch.compile; eager code resolves
+    the group by name). Caches of torch's DTensor code keep the meshes themselves alive for good,
+    so the group must go from the meshes, not only from the model. Private attributes, hence the
+    getattr: on a torch without them there is nothing of theirs to drop.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.tensor import DTensor
+
+    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        units = getattr(fully_shard.state(module), "_fsdp_param_group", None)  # type: ignore[attr-defined]
+        for info in (getattr(units, "mesh_info", None), getattr(units, "post_forward_mesh_info", None)):
+            if info is None:
+                continue
+            if getattr(info, "mesh", None) is not None:
+                meshes[id(info.mesh)] = info.mesh
+            for name, value in list(vars(info).items()):
+                if isinstance(value, dist.ProcessGroup):
+                    setattr(info, name, None)
+    for mesh in meshes.values():
+        registry = getattr(mesh, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry.clear()

@@ -143,13 +143,15 @@ class TrainState:
             return value
 
     def release_runtime(self) -> None:
-        """Let transforms drop what is bound to the process group, such as the DDP wrapper.
+        """Let transforms drop what is bound to the process group: the DDP wrapper, FSDP2's hold on it.
 
-        A DDP wrapper keeps its process group alive: call this before
-        ``destroy_process_group`` (``ct.run`` does, for a group it created), or the
+        A DDP wrapper, or a model sharded by FSDP2, keeps its process group alive: call this
+        before ``destroy_process_group`` (``ct.run`` does, for a group it created), or the
         group's threads outlive it and may crash the interpreter's exit. The next step
         rebuilds what it needs; a stateful communication hook (PowerSGD's error
-        feedback, kept per bucket) then starts again with the new wrapper's buckets.
+        feedback, kept per bucket) then starts again with the new wrapper's buckets. A
+        sharded model cannot be rebuilt (its local shards stay readable): its next step
+        refuses it.
         """
         for value in self._transforms.values():
             if isinstance(value, RuntimeState):
