@@ -14,11 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from composetrain._run_checks import check_arguments, loader_options
 from composetrain._sharded_checkpoint import ShardFiles
 from composetrain._util import show
-from composetrain._waiting import Waiting
-from composetrain.checkpoint import Checkpoints
 from composetrain.core import StepOutput, TrainStep
 from composetrain.data import (
     epoch_batches,
@@ -29,10 +26,13 @@ from composetrain.data import (
     order_problem,
     set_generator_states,
 )
-from composetrain.evaluation import EvalStep, evaluator
-from composetrain.monitor import Meter, MetricsLog, progress_bar
-from composetrain.preemption import StopSignal
-from composetrain.preemption import requeue as requeue_job
+from composetrain.driver.checkpoint import Checkpoints
+from composetrain.driver.checks import check_arguments, loader_options
+from composetrain.driver.evaluation import EvalStep, evaluator
+from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
+from composetrain.driver.preemption import StopSignal
+from composetrain.driver.preemption import requeue as requeue_job
+from composetrain.driver.waiting import Waiting
 from composetrain.rendezvous import Process, rendezvous
 from composetrain.rng import restore_rng
 from composetrain.sharded import apply_sharding
