@@ -10,7 +10,7 @@ from composetrain.accumulate import accumulate
 from composetrain.activation_checkpointing import checkpoint_activations
 from composetrain.batching import leading_size, samples, split_batch
 from composetrain.clip import clip_grad_norm
-from composetrain.core import Context, Pass, StepOutput, TrainStep, Update
+from composetrain.core import Capabilities, Context, Pass, StepOutput, TrainStep, Update
 from composetrain.data_parallel import data_parallel
 from composetrain.distributed import distributed
 from composetrain.driver.run import RunResult, run
@@ -24,6 +24,7 @@ from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, compose, train_step
 
 __all__ = [
+    "Capabilities",
     "Cluster",
     "Context",
     "Pass",
