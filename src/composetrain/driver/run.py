@@ -1,27 +1,27 @@
-"""ct.run: the small driver. Loaders, devices, rendezvous, logging, evaluation, checkpoints."""
+"""ct.run: the small driver. Loaders, devices, rendezvous, logging, evaluation, checkpoints.
+
+``run`` reads top to bottom: set up, resume, train (one update per iteration, then what is due
+after it: log, agree on stopping, save, evaluate), finish. ``Progress`` (progress.py) says where the
+loop stands and what is due; ``_Driver`` below holds what was set up and does each action, once.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import sys
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader
-
 from composetrain._sharded_checkpoint import ShardFiles
 from composetrain._util import show
-from composetrain.core import StepOutput, TrainStep
+from composetrain.core import TrainStep
 from composetrain.data import (
     epoch_batches,
     epoch_order,
     generator_states,
-    local_world_size,
     make_loader,
     order_problem,
     set_generator_states,
@@ -32,10 +32,10 @@ from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
+from composetrain.driver.progress import Progress, Schedule
 from composetrain.driver.waiting import Waiting
 from composetrain.rendezvous import Process, rendezvous
-from composetrain.rng import restore_rng
-from composetrain.sharded import apply_sharding
+from composetrain.rng import restore_rng, seed_everything
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep
 from composetrain.steps import _lift as lift
@@ -67,18 +67,6 @@ class RunResult:
     data_wait: float
     bottleneck: str
     checkpoint: Path | None
-
-
-@dataclasses.dataclass
-class _Progress:
-    """Where the loop stands; what a checkpoint must carry to continue exactly."""
-
-    epoch: int = 0
-    position: int = 0  # batches of this epoch done
-    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    window: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # outputs not yet logged (per rank)
-    order: dict[str, Any] | None = None  # what a given loader drew this epoch's order from (per rank)
 
 
 def run(
@@ -165,6 +153,7 @@ def run(
         >>> result.history[-1]["loss"], result.bottleneck
     """
     who = "run"
+    # -- set up: every argument checked before anything starts, then the job joined
     step_fn = lift(train_step, who, "train_step")
     check_arguments(
         state, who, epochs=epochs, max_steps=max_steps, log_every=log_every, checkpoint_every=checkpoint_every,
@@ -175,142 +164,59 @@ def run(
     seed = int(seed)  # a NumPy integer too: the checkpoint keeps plain types
     batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
     with rendezvous(timeout=timeout) as proc:
-        if proc.world_size > 1 and not step_fn.roles & {"distributed", "sharded"}:
-            raise ValueError(
-                f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
-                "wrap it: ct.distributed(...)"
-            )
-        if proc.world_size > 1 and "sharded" in step_fn.roles and eval_step is not None:
-            raise ValueError(
-                f"{who}: eval_step with ct.sharded on {proc.world_size} processes is not supported yet: each "
-                "sharded forward gathers from every rank, and the ranks' shares of eval_data may hold different "
-                "numbers of batches; evaluate after the run, or with ct.distributed"
-            )
-        if not step_fn.roles & {"data_parallel", "pipeline_split"}:  # those place the model themselves
-            state.model.to(proc.device)
-        apply_sharding(step_fn, state)  # before resuming: a checkpoint's shards load straight into the shards
-        loader, sampler = make_loader(
-            data, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-            pin_memory=proc.device.type == "cuda", collate_fn=collate_fn, rank=proc.rank,
-            world_size=proc.world_size, local_world_size=local_world_size(), seed=seed, who=who,
+        d = _Driver(
+            step_fn, state, data, proc, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+            num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step, eval_data=eval_data,
+            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, log_file=log_file,
+            tensorboard=tensorboard, seed=seed, who=who,
         )  # fmt: skip
-        evaluate = evaluator(
-            eval_step, eval_data, batch_size=batch_size or loader.batch_size, collate_fn=collate_fn,
-            num_workers=loader.num_workers, proc=proc, who=who,
-        )  # fmt: skip
-        # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
-        per_epoch = proc.fewest(len(loader))
-        if per_epoch == 0:
-            raise ValueError(f"{who}: some process has no batch in an epoch: use a smaller batch_size")
-        settings = {
-            "batch_size": loader.batch_size,
-            "samples": len(loader.dataset) if isinstance(loader.dataset, Sized) else None,
-            "updates_per_epoch": per_epoch,
-            "shuffle": shuffle,
-            "drop_last": drop_last,
-            "seed": seed,
-        }
-        checkpoints = None
-        if checkpoint_dir is not None:
-            checkpoints = Checkpoints(
-                checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who, shards=ShardFiles(state)
-            )
-        log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
-        board = _tensorboard_dir(tensorboard, log_path, who)
-        log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
-        at = _resume(checkpoints, state, settings, loader if sampler is None else None, proc, seed, who)
-        resumed = at.epoch > 0 or at.position > 0  # a checkpoint is never saved before the first update
-        log.start(at.history, at.evals, resumed, state.step)
-        meter = Meter(proc, state, at.window)
-        bar = progress_bar(progress and proc.is_main, max_steps or (epochs or 1) * per_epoch, state.step)
-        stop = StopSignal(proc)  # restored in the finally below, whatever happens
-        waiting = Waiting(proc, timeout, who)  # names what a rank waited for when another stops answering
+        # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
         total_epochs = epochs if epochs is not None else 1 if max_steps is None else None  # None: until max_steps
-
-        def reached_max() -> bool:
-            return max_steps is not None and state.step >= max_steps
-
-        def save() -> Path:
-            assert checkpoints is not None
-            waiting.now(f"the save of checkpoint step {state.step}")
-            loop = {"epoch": at.epoch, "position": at.position, "history": at.history, "evals": at.evals}
-            local = {
-                "window": meter.window_on_cpu(),
-                "order": at.order if at.position else None,  # replays the epoch's start on resume
-                "generators": generator_states(loader) if sampler is None else [],  # the next epoch draws from them
-            }
-            return checkpoints.save(state.step, {"state": state.state_dict(), "settings": settings, **loop}, local)
-
-        def log_now() -> None:
-            waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
-            record = meter.read(at.epoch, state.optimizer.param_groups[0]["lr"])
-            # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
-            record["global_batch"] = None if loader.batch_size is None else loader.batch_size * proc.world_size
-            at.history.append(record)
-            log.write(record)
-            bar.update(state.step - bar.n)
-            bar.set_postfix(loss=f"{record['loss']:.4g}", ups=f"{record['updates_per_s']:.1f}")
-
-        def evaluate_now() -> None:
-            if evaluate is not None:
-                waiting.now(f"the evaluation after update {state.step}")
-                at.evals.append({"step": state.step, "epoch": at.epoch, **evaluate(state.model)})
-                log.write_eval(at.evals[-1])
-
-        saved_at: Path | None = None
+        schedule = Schedule(d.per_epoch, total_epochs, max_steps, log_every, eval_every, checkpoint_every)
+        at = d.resume(schedule, seed)
+        d.log.start(at.history, at.evals, at.resumed, state.step)
+        d.start(progress and proc.is_main, schedule.total_updates, timeout)  # bar, stop signal, phases
         try:
-            if resumed and _evaluation_missed(at, state.step, eval_every):
-                evaluate_now()  # saved before its evaluation, which failed or was cut short
-            while (total_epochs is None or at.epoch < total_epochs) and not stop.agreed and not reached_max():
-                if at.position == 0:
-                    at.order = epoch_order(loader, sampler)  # to replay a given loader's shuffle on resume
-                batches = epoch_batches(loader, sampler, at.epoch, at.position, at.order, proc.device, per_epoch)
-                evaluate_at_end = False
-                for at.position, batch, waited in batches:  # at most per_epoch: ranks stop at the fewest
-                    waiting.now(f"update {state.step + 1} (its forward, backward and gradient all-reduce)")
-                    out, computed = _timed(step_fn, state, batch)
-                    meter.add(out, waited, computed)
-                    log_due = meter.due("log", log_every)
-                    eval_due = meter.due("eval", eval_every)
-                    save_due = meter.due("save", checkpoint_every)
-                    if log_due or at.position == per_epoch:
-                        log_now()
-                    waiting.now(f"the agreement on whether to stop after update {state.step}")
-                    stopping = stop.check()  # agreed by all ranks: they stop after the same update
-                    mid_epoch = at.position < per_epoch  # the epoch's end saves anyway, below
-                    # save, then evaluate: an evaluation that fails must not cost the checkpoint
-                    if checkpoints is not None and mid_epoch and (stopping or reached_max() or save_due):
-                        saved_at = save()
-                    if eval_due and not stopping:  # a stopping run leaves it to the resumed one
-                        evaluate_at_end = not mid_epoch
-                        if mid_epoch:
-                            evaluate_now()
-                    if stopping or reached_max():
-                        break
-                if at.position < per_epoch:  # stopped inside the epoch
-                    break
-                at.epoch, at.position = at.epoch + 1, 0  # the epoch ran to its end
-                if checkpoints is not None:
-                    saved_at = save()
-                if (evaluate_at_end or not eval_every) and not stop.agreed:
-                    evaluate_now()
-            if meter.outputs:  # stopped inside a logging window (max_steps, a signal): log what it holds
-                log_now()
+            if at.evaluation_missed(state.step):
+                d.evaluate(at)  # saved before its evaluation, which failed or was cut short
+            # -- train: one update per iteration, then what is due after it, always in this order
+            batches: Iterator[tuple[int, Any, float]] | None = None
+            done = at.finished(state.step)
+            while not done:
+                if batches is None:  # an epoch begins, or resumes part-way
+                    batches = d.epoch(at)
+                got = next(batches, None)  # at most per_epoch: ranks stop at the fewest
+                if got is None:  # the loader held fewer batches than its length said: end here, as today
+                    done = True
+                    continue
+                at.position, batch, waited = got
+                d.update(at, batch, waited)
+                due = at.after_update(state.step)
+                if due.log:
+                    d.write_log(at)
+                stopping = d.agree_on_stop()  # every rank stops after the same update
+                if due.epoch_end:
+                    at.next_epoch()
+                    batches = None
+                if due.save or stopping:  # save, then evaluate: an evaluation that fails must not cost the checkpoint
+                    d.save(at)
+                if due.evaluate and not stopping:  # a stopping run leaves it to the resumed one
+                    d.evaluate(at)
+                done = stopping or at.finished(state.step)
+            if at.window:  # stopped inside a logging window (max_steps, a signal): log what it holds
+                d.write_log(at)
         except RuntimeError as e:  # a rank stopped answering or died: say what this one waited for
-            lost = waiting.lost(e)
+            lost = d.waiting.lost(e)
             if lost is None:
                 raise
             raise lost from e
         finally:
-            if proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
-                state.release_runtime()
-            stop.restore()
-            bar.close()
-            log.close()
-        requeue_job(requeue, stop, proc, who)
+            d.close()
+        # -- finish: requeue on pre-emption, and say what limited the run
+        requeue_job(requeue, d.stop, proc, who)
         result = RunResult(
-            history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=stop.agreed,
-            data_wait=meter.data_wait, bottleneck=meter.bottleneck(loader), checkpoint=saved_at,
+            history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=d.stop.agreed,
+            data_wait=d.meter.data_wait, bottleneck=d.meter.bottleneck(d.loader), checkpoint=d.saved_at,
         )  # fmt: skip
         if proc.is_main and progress:
             print(f"{who}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
@@ -340,69 +246,153 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path 
     return Path(tensorboard)
 
 
-def _timed(step_fn: TrainStep, state: TrainState, batch: Any) -> tuple[StepOutput, float]:
-    start = time.perf_counter()
-    out = step_fn(state, batch)
-    return out, time.perf_counter() - start
+class _Driver:
+    """What ``run`` sets up before its loop, and the loop's actions: one update, the log, the agreement on
+    stopping, the save and the evaluation, each written once (the loop decides when)."""
 
+    def __init__(
+        self, step_fn: TrainStep, state: TrainState, data: Any, proc: Process, *, batch_size: int | None,
+        shuffle: bool, drop_last: bool, num_workers: int | str, collate_fn: Any, eval_step: EvalStep | None,
+        eval_data: Any, checkpoint_dir: Any, keep_checkpoints: int, log_file: Any, tensorboard: Any, seed: int,
+        who: str,
+    ) -> None:  # fmt: skip
+        self.step_fn, self.state, self.proc, self.who = step_fn, state, proc, who
+        can = step_fn.capabilities  # what the composition does that the driver must know, never its names
+        if proc.world_size > 1 and not can.syncs_processes:
+            raise ValueError(
+                f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
+                "wrap it: ct.distributed(...)"
+            )
+        if proc.world_size > 1 and can.forward_needs_every_rank and eval_step is not None:
+            raise ValueError(
+                f"{who}: eval_step with {step_fn!r} on {proc.world_size} processes is not supported yet: each of "
+                "its forwards gathers from every rank (ct.sharded), and the ranks' shares of eval_data may hold "
+                "different numbers of batches; evaluate after the run, or with ct.distributed"
+            )
+        if not can.places_model:  # data_parallel, pipeline_split place the model themselves
+            state.model.to(proc.device)
+        step_fn.setup(state)  # before resuming: e.g. a checkpoint's shards load straight into the shards
+        self.loader, self.sampler = make_loader(
+            data, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+            pin_memory=proc.device.type == "cuda", collate_fn=collate_fn, rank=proc.rank,
+            world_size=proc.world_size, local_world_size=proc.local_world_size, seed=seed, who=who,
+        )  # fmt: skip
+        self.evaluator = evaluator(
+            eval_step, eval_data, batch_size=batch_size or self.loader.batch_size, collate_fn=collate_fn,
+            num_workers=self.loader.num_workers, proc=proc, who=who,
+        )  # fmt: skip
+        # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
+        self.per_epoch = proc.fewest(len(self.loader))
+        if self.per_epoch == 0:
+            raise ValueError(f"{who}: some process has no batch in an epoch: use a smaller batch_size")
+        dataset = self.loader.dataset
+        self.settings = {
+            "batch_size": self.loader.batch_size,
+            "samples": len(dataset) if isinstance(dataset, Sized) else None,
+            "updates_per_epoch": self.per_epoch,
+            "shuffle": shuffle,
+            "drop_last": drop_last,
+            "seed": seed,
+        }
+        self.checkpoints = None
+        if checkpoint_dir is not None:
+            self.checkpoints = Checkpoints(
+                checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who, shards=ShardFiles(state)
+            )
+        log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
+        board = _tensorboard_dir(tensorboard, log_path, who)
+        self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
+        self.saved_at: Path | None = None  # the last checkpoint written
 
-def _resume(
-    checkpoints: Checkpoints | None,
-    state: TrainState,
-    settings: dict[str, Any],
-    given: DataLoader[Any] | None,
-    proc: Process,
-    seed: int,
-    who: str,
-) -> _Progress:
-    """The latest valid checkpoint restored into ``state`` and the ``given`` DataLoader's generators, or a
-    fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``; one
-    of other data settings, order or model is refused before anything changes."""
-    latest = checkpoints.latest() if checkpoints is not None else None
-    if latest is None:
-        _seed_everything(seed * 1000003 + proc.rank)
-        return _Progress()
-    path, saved, local = latest
-    changed = {k: (saved["settings"].get(k), v) for k, v in settings.items() if saved["settings"].get(k) != v}
-    if changed:
-        listing = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in changed.items())
-        raise ValueError(
-            f"{who}: checkpoint {path} continues a run with other data settings ({listing}); resume with the "
-            "same settings, or point checkpoint_dir elsewhere to start afresh"
+    def resume(self, schedule: Schedule, seed: int) -> Progress:
+        """The latest valid checkpoint restored into the state and a given DataLoader's generators, or a
+        fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``;
+        one of other data settings, order or model is refused before anything changes."""
+        state, who = self.state, self.who
+        latest = self.checkpoints.latest() if self.checkpoints is not None else None
+        if latest is None:
+            seed_everything(seed * 1000003 + self.proc.rank)
+            return Progress(schedule, start=state.step)
+        path, saved, local = latest
+        changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}
+        if changed:
+            listing = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in changed.items())
+            raise ValueError(
+                f"{who}: checkpoint {path} continues a run with other data settings ({listing}); resume with the "
+                "same settings, or point checkpoint_dir elsewhere to start afresh"
+            )
+        given = self.loader if self.sampler is None else None
+        problem = order_problem(given, saved["position"], local["order"], local["generators"])
+        if problem:
+            raise ValueError(f"{who}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
+        try:
+            state.load_state_dict(saved["state"])
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"{who}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
+                "to start afresh"
+            ) from e
+        restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
+        if given is not None:
+            set_generator_states(given, local["generators"])
+        return Progress.from_checkpoint(saved, local, schedule, start=state.step)
+
+    def start(self, show_bar: bool, total: int, timeout: float) -> None:
+        """What the loop needs from here on; ``close`` undoes it, whatever happens."""
+        self.meter = Meter(self.proc, self.state)
+        self.bar = progress_bar(show_bar, total, self.state.step)
+        self.stop = StopSignal(self.proc)
+        self.waiting = Waiting(self.proc, timeout, self.who)  # names what a rank waited for when another stops
+
+    def epoch(self, at: Progress) -> Iterator[tuple[int, Any, float]]:
+        """The current epoch's batches from where ``at`` stands: (batches done after this one, batch, wait)."""
+        if at.position == 0:
+            at.order = epoch_order(self.loader, self.sampler)  # to replay a given loader's shuffle on resume
+        return epoch_batches(
+            self.loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch
         )
-    problem = order_problem(given, saved["position"], local["order"], local["generators"])
-    if problem:
-        raise ValueError(f"{who}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
-    try:
-        state.load_state_dict(saved["state"])
-    except (ValueError, TypeError) as e:
-        raise ValueError(
-            f"{who}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
-            "to start afresh"
-        ) from e
-    restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
-    if given is not None:
-        set_generator_states(given, local["generators"])
-    loop = (saved["epoch"], saved["position"], saved["history"], saved["evals"])
-    return _Progress(*loop, local["window"], local["order"])
 
+    def update(self, at: Progress, batch: Any, waited: float) -> None:
+        self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
+        started = time.perf_counter()
+        out = self.step_fn(self.state, batch)
+        self.meter.add(at.window, out, waited, time.perf_counter() - started)
 
-def _evaluation_missed(at: _Progress, step: int, eval_every: int | None) -> bool:
-    """Whether a run resumes where an evaluation was due but is not recorded: checkpoints are saved
-    before the evaluation of the same update, so one that failed or was interrupted is run again."""
-    if at.evals and at.evals[-1]["step"] == step:
-        return False
-    if eval_every:
-        return step > 0 and step % eval_every == 0
-    return at.position == 0 and at.epoch > 0  # at an epoch's end
+    def write_log(self, at: Progress) -> None:
+        state = self.state
+        self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
+        record = self.meter.read(at.window, at.epoch, state.optimizer.param_groups[0]["lr"])
+        # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
+        batch = self.loader.batch_size
+        record["global_batch"] = None if batch is None else batch * self.proc.world_size
+        at.history.append(record)
+        self.log.write(record)
+        self.bar.update(state.step - self.bar.n)
+        self.bar.set_postfix(loss=f"{record['loss']:.4g}", ups=f"{record['updates_per_s']:.1f}")
 
+    def agree_on_stop(self) -> bool:
+        """Whether any rank was asked to stop (SIGTERM, SIGUSR1): agreed by all ranks."""
+        self.waiting.now(f"the agreement on whether to stop after update {self.state.step}")
+        return self.stop.check()
 
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy as np
+    def save(self, at: Progress) -> None:
+        if self.checkpoints is None:
+            return
+        self.waiting.now(f"the save of checkpoint step {self.state.step}")
+        generators = generator_states(self.loader) if self.sampler is None else []
+        shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators)
+        self.saved_at = self.checkpoints.save(self.state.step, shared, local)
 
-        np.random.seed(seed % 2**32)
-    except ImportError:
-        pass
+    def evaluate(self, at: Progress) -> None:
+        if self.evaluator is None:
+            return
+        self.waiting.now(f"the evaluation after update {self.state.step}")
+        at.evals.append({"step": self.state.step, "epoch": at.epoch, **self.evaluator(self.state.model)})
+        self.log.write_eval(at.evals[-1])
+
+    def close(self) -> None:
+        if self.proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
+            self.state.release_runtime()
+        self.stop.restore()
+        self.bar.close()
+        self.log.close()
