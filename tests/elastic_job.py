@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import composetrain as ct
-import composetrain.checkpoint as checkpoint
+import composetrain.driver.checkpoint as checkpoint
 
 TIMED = ("updates_per_s", "data_wait")  # the history's timings differ from run to run
 
@@ -121,7 +121,7 @@ def main():
         checkpoint._write = dying_write
 
     if armed and where == "agree":
-        import composetrain.preemption as preemption
+        import composetrain.driver.preemption as preemption
 
         original_check = preemption.StopSignal.check
 

@@ -11,8 +11,8 @@ import torch
 from helpers import assert_states_equal
 from test_run import train
 
-from composetrain import checkpoint
-from composetrain.checkpoint import FORMAT, capture_rng, restore_rng
+from composetrain.driver import checkpoint
+from composetrain.driver.checkpoint import FORMAT, capture_rng, restore_rng
 
 
 def draws():

@@ -93,7 +93,7 @@ def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout(tmp_pat
 def test_only_errors_that_say_a_rank_was_lost_are_reworded():
     import torch
 
-    from composetrain._waiting import Waiting
+    from composetrain.driver.waiting import Waiting
     from composetrain.rendezvous import Cluster, Process
 
     def waiting(world):

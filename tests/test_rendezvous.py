@@ -99,7 +99,7 @@ def slurm(**overrides):
 
 
 def test_slurm_environment_derives_master_and_port():
-    assert ct.detect(slurm()) == ct.Cluster(5, 8, 1, "gpu07", 15000 + 123456 % 15000, "slurm")
+    assert ct.detect(slurm()) == ct.Cluster(5, 8, 1, "gpu07", 15000 + 123456 % 15000, "slurm", job_id="123456")
     assert ct.detect(slurm(MASTER_PORT="29999", MASTER_ADDR="10.1.1.1")).master_port == 29999
     assert ct.detect(slurm(MASTER_ADDR="10.1.1.1")).master_addr == "10.1.1.1"
 
@@ -109,6 +109,28 @@ def test_torchrun_inside_srun_wins_and_explicit_values_win_over_both():
     assert ct.detect(env).source == "torchrun"
     explicit = ct.detect(env, rank=1, world_size=3, master_port=1234)
     assert (explicit.rank, explicit.world_size, explicit.master_port, explicit.source) == (1, 3, 1234, "explicit")
+
+
+@pytest.mark.parametrize(
+    ("env", "local_world_size", "job_id"),
+    [
+        ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}, 4, None),
+        (slurm(SLURM_NTASKS_PER_NODE="4"), 4, "123456"),
+        (slurm(SLURM_TASKS_PER_NODE="4(x2)"), 4, "123456"),
+        (slurm(SLURM_TASKS_PER_NODE="3,5"), 3, "123456"),
+        (slurm(), 1, "123456"),
+        # torchrun inside an allocation: torchrun's place, SLURM's job (a pre-empted run requeues it)
+        ({**slurm(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, 2, "123456"),
+        ({"SLURM_JOB_ID": "77"}, 1, "77"),  # one process under sbatch, without srun
+        ({}, 1, None),
+    ],
+)
+def test_the_node_and_job_come_from_the_launchers_variables(env, local_world_size, job_id):
+    """Only the rendezvous reads launcher variables: the processes per node (the loaders' share of the
+    cores) and the SLURM job to requeue are read into the Cluster, and the Process shows them."""
+    cluster = ct.detect(env)
+    assert (cluster.local_world_size, cluster.job_id) == (local_world_size, job_id)
+    assert ct.Process(cluster, torch.device("cpu"), None, owns_group=False).local_world_size == local_world_size
 
 
 def test_a_plain_process_is_rank_zero_of_one():

@@ -543,7 +543,11 @@ def quick(**options):
             r"batch_size=200 on 1 process\(es\) needs 200 samples .* has 96",
         ),
         ({"batch_size": 0}, ValueError, r"batch_size must be a positive int, got 0"),
-        ({"batch_size": 4, "epochs": 0}, ValueError, r"run: epochs must be a positive int or None, got 0"),
+        (
+            {"batch_size": 4, "epochs": 0},
+            ValueError,
+            r"run: epochs must be a positive int, got 0 .*e\.g\. epochs=10 or None",
+        ),
         ({"batch_size": 4, "log_every": 0}, ValueError, r"log_every must be a positive int, got 0"),
         ({"batch_size": 4, "num_workers": -1}, ValueError, r"num_workers must be 'auto' or a non-negative int, got -1"),
         ({"data": 42, "batch_size": 4}, TypeError, r"data must be a torch Dataset or DataLoader, got 42 \(int\)"),
@@ -745,10 +749,15 @@ def test_training_metric_names_that_change_between_updates_are_a_clear_error():
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"seed": "abc"}, TypeError, "run: seed must be an int in [0, 2**32), got 'abc' (str); e.g. seed=0"),
-        ({"seed": 2.5}, TypeError, "run: seed must be an int in [0, 2**32), got 2.5 (float); e.g. seed=0"),
-        ({"seed": -1}, ValueError, "run: seed must be an int in [0, 2**32), got -1 (int); e.g. seed=0"),
-        ({"seed": 2**64}, ValueError, f"run: seed must be an int in [0, 2**32), got {2**64} (int); e.g. seed=0"),
+        ({"seed": "abc"}, TypeError, "run: seed must be a non-negative int, got 'abc' (str); e.g. seed=0"),
+        ({"seed": 2.5}, TypeError, "run: seed must be a non-negative int, got 2.5 (float); e.g. seed=0"),
+        ({"seed": -1}, ValueError, "run: seed must be a non-negative int, got -1 (int); e.g. seed=0"),
+        ({"seed": 2**64}, ValueError, f"run: seed must be below 2**32, got {2**64} (int); e.g. seed=0"),
+        (
+            {"max_steps": 2.0},
+            TypeError,
+            "run: max_steps must be a positive int, got 2.0 (float); e.g. max_steps=10 or None",
+        ),
         (
             {"shuffle": "no"},
             TypeError,
@@ -764,14 +773,14 @@ def test_training_metric_names_that_change_between_updates_are_a_clear_error():
         *(
             (
                 {"timeout": bad},
-                ValueError,
-                f"run: timeout must be a positive, finite number of seconds, got {shown}; e.g. timeout=300",
+                error,
+                f"run: timeout must be a positive, finite number, got {shown}; e.g. timeout=300 (seconds)",
             )
-            for bad, shown in [
-                (0, "0 (int)"),
-                (-1.0, "-1.0 (float)"),
-                (float("inf"), "inf (float)"),
-                ("5", "'5' (str)"),
+            for bad, error, shown in [
+                (0, ValueError, "0 (int)"),
+                (-1.0, ValueError, "-1.0 (float)"),
+                (float("inf"), ValueError, "inf (float)"),
+                ("5", TypeError, "'5' (str)"),  # a wrong kind is a TypeError, as for every option
             ]
         ),
         (

@@ -10,20 +10,21 @@ from composetrain.accumulate import accumulate
 from composetrain.activation_checkpointing import checkpoint_activations
 from composetrain.batching import leading_size, samples, split_batch
 from composetrain.clip import clip_grad_norm
-from composetrain.core import Context, Pass, StepOutput, TrainStep, Update
+from composetrain.core import Capabilities, Context, Pass, StepOutput, TrainStep, Update
 from composetrain.data_parallel import data_parallel
 from composetrain.distributed import distributed
+from composetrain.driver.run import RunResult, run
 from composetrain.hostlist import parse_nodelist
 from composetrain.lr_rules import scaled_lr, warmup
 from composetrain.pipeline import pipeline_split
 from composetrain.precision import mixed_precision
 from composetrain.rendezvous import Cluster, Process, detect, rendezvous
-from composetrain.run import RunResult, run
 from composetrain.sharded import apply_sharding, sharded
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, compose, train_step
 
 __all__ = [
+    "Capabilities",
     "Cluster",
     "Context",
     "Pass",

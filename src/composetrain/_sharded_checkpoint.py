@@ -239,7 +239,7 @@ def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
         >>> ct.load_checkpoint(state, "runs/a/step-000000800")
         >>> torch.save(state.model.state_dict(), "model.pt")
     """
-    from composetrain.checkpoint import SHARED, _load, _shared_problem
+    from composetrain.driver.checkpoint import SHARED, _load, _shared_problem
 
     folder = Path(checkpoint)
     number = folder.name.removeprefix("step-")

@@ -64,7 +64,7 @@ from composetrain._util import name, show
 from composetrain.batching import check_weights, samples
 from composetrain.state import TrainState
 
-__all__ = ["Context", "Pass", "StepOutput", "TrainStep", "Update", "combine"]
+__all__ = ["Capabilities", "Context", "Pass", "StepOutput", "TrainStep", "Update", "combine"]
 
 Metric: TypeAlias = "torch.Tensor | float"
 WeightFn: TypeAlias = "Callable[[Any], int | float | torch.Tensor]"
@@ -161,6 +161,31 @@ def _add(values: list[Any]) -> Any:
     return sum(values[1:], values[0])
 
 
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a composition does that its driver must know, so that ``ct.run`` never names a transform.
+
+    A transform states its own in TrainStep's class flags of the same names; a composition has a
+    capability when any of its steps has it (``train_step.capabilities``).
+
+    Attributes:
+        places_model: the composition moves the model to its devices itself (``data_parallel``,
+            ``pipeline_split``); the driver leaves it where it is.
+        syncs_processes: it makes several processes agree on every update (``distributed``,
+            ``sharded``); without it the driver refuses to run on several processes.
+        forward_needs_every_rank: each forward gathers from every rank (``sharded``), so a separate
+            evaluation, whose ranks may see different numbers of batches, is not supported.
+    """
+
+    places_model: bool = False
+    syncs_processes: bool = False
+    forward_needs_every_rank: bool = False
+
+    def __or__(self, other: Capabilities) -> Capabilities:
+        either = {f.name: getattr(self, f.name) or getattr(other, f.name) for f in dataclasses.fields(self)}
+        return Capabilities(**either)
+
+
 class TrainStep:
     """One optimizer update per call: ``train_step(state, batch) -> StepOutput``.
 
@@ -171,7 +196,11 @@ class TrainStep:
     only once in a composition names itself in the class attribute ``role``; one
     whose update phase reports metrics lists their names in ``reports``; one that
     cannot be correct around another names that role in ``refuses_inside``, with
-    the reason and the order to use (checked when the composition is built).
+    the reason and the order to use (checked when the composition is built). What the
+    driver must know of a transform it states in the flags ``places_model``,
+    ``syncs_processes`` and ``forward_needs_every_rank`` (see ``Capabilities``), and what
+    it must do to the state before the first update (and before a checkpoint is
+    resumed) in ``setup``.
 
     Args:
         inner: the step this one wraps (None only for the lifted plain step).
@@ -185,6 +214,9 @@ class TrainStep:
     role: ClassVar[str | None] = None
     reports: ClassVar[frozenset[str]] = frozenset()
     refuses_inside: ClassVar[Mapping[str, str]] = MappingProxyType({})  # role -> why, and the order to use
+    places_model: ClassVar[bool] = False
+    syncs_processes: ClassVar[bool] = False
+    forward_needs_every_rank: ClassVar[bool] = False
 
     def __init__(self, inner: TrainStep | None, *, weight: WeightFn | None = None) -> None:
         inside = inner.roles if inner is not None else frozenset()
@@ -209,6 +241,8 @@ class TrainStep:
         self.roles: frozenset[str] = frozenset({self.role} if self.role else ()) | (
             inner.roles if inner is not None else frozenset()
         )
+        own = Capabilities(self.places_model, self.syncs_processes, self.forward_needs_every_rank)
+        self.capabilities: Capabilities = own | inner.capabilities if inner is not None else own
         wrapped = inner if inner is not None else getattr(self, "step", None)
         if wrapped is not None:
             functools.update_wrapper(self, wrapped, updated=())
@@ -228,6 +262,14 @@ class TrainStep:
     def update(self, state: TrainState, ctx: Context) -> Update:
         """Apply the update from ``.grad`` (or nothing, under ``ctx.skip_update``)."""
         return self._inner().update(state, ctx)
+
+    def setup(self, state: TrainState) -> None:
+        """Once, before the first update: what the state needs from this transform before a checkpoint
+        loads into it (``ct.sharded`` shards the model, so that the checkpoint's shards load straight
+        into the shards). ``ct.run`` calls it after moving the model to its device; outermost first,
+        each transform calling its inner step's. Nothing by default."""
+        if self.inner is not None:
+            self.inner.setup(state)
 
     def _inner(self) -> TrainStep:
         if self.inner is None:

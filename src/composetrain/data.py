@@ -16,19 +16,9 @@ from composetrain.batching import map_tensors
 from composetrain.rng import capture_rng, restore_rng
 
 __all__ = [
-    "auto_workers", "epoch_batches", "epoch_order", "generator_states", "local_world_size", "make_loader",
+    "auto_workers", "epoch_batches", "epoch_order", "generator_states", "make_loader",
     "order_problem", "set_generator_states", "to_device",
 ]  # fmt: skip
-
-
-def local_world_size() -> int:
-    """Processes on this node: torchrun's LOCAL_WORLD_SIZE, SLURM's tasks per node, else 1."""
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        value = os.environ.get(name, "")
-        digits = value.split("(")[0].split(",")[0]  # SLURM writes "4(x2)" or "4,2"
-        if digits.isdigit():
-            return int(digits)
-    return 1
 
 
 def auto_workers(local_world_size: int = 1) -> int:

@@ -67,6 +67,7 @@ class _Replicas(RuntimeState):
 
 class _DataParallel(TrainStep):
     role = "data_parallel"
+    places_model = True  # one replica per device, placed by the transform
     refuses_inside = MappingProxyType(
         {
             "mixed_precision": "it would unscale each replica's gradients before they are summed; use "

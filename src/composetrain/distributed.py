@@ -119,6 +119,7 @@ class _Replica(RuntimeState):
 
 class _Distributed(TrainStep):
     role = "distributed"
+    syncs_processes = True
     refuses_inside = MappingProxyType(
         {
             "data_parallel": "DDP reduces the gradients of one module, not of thread replicas; run one process "

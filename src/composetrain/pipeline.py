@@ -131,6 +131,7 @@ class _Placed(RuntimeState):
 
 class _Pipeline(TrainStep):
     role = "pipeline_split"
+    places_model = True  # each stage on its own device, placed by the transform
     refuses_inside = MappingProxyType(
         {
             "data_parallel": "a model split across devices cannot also be replicated on each of them",

@@ -13,6 +13,10 @@ Sources, in order of precedence:
   ``SLURM_NNODES``, ``SLURM_JOB_NODELIST`` (bracketed host lists such as
   ``node[01-04,07]``); the master is the first host, the port ``MASTER_PORT`` or
   one derived from ``SLURM_JOB_ID``.
+
+Whatever else the library needs from the launcher is read here too, into the ``Cluster``: the
+processes on this node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``/``SLURM_TASKS_PER_NODE``) and
+the SLURM job to requeue (``SLURM_JOB_ID``). No other module reads launcher variables.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ class Cluster:
         master_port: that store's port.
         source: "explicit", "torchrun", "slurm", "single", or "existing" (a process
             group initialised before ``rendezvous`` was called, with no launcher variables).
+        local_world_size: processes on this node (torchrun's LOCAL_WORLD_SIZE, SLURM's tasks per
+            node, else 1): they share its cores.
+        job_id: the SLURM job this process runs in (``SLURM_JOB_ID``, also under torchrun or a
+            single ``sbatch`` process), None outside SLURM: the job a pre-empted run requeues.
     """
 
     rank: int
@@ -55,6 +63,8 @@ class Cluster:
     master_addr: str
     master_port: int
     source: str
+    local_world_size: int = 1
+    job_id: str | None = None
 
 
 def detect(env: Mapping[str, str] | None = None, **explicit: Any) -> Cluster:
@@ -72,6 +82,21 @@ def detect(env: Mapping[str, str] | None = None, **explicit: Any) -> Cluster:
         ValueError: inconsistent or malformed launcher variables (each named).
     """
     env = os.environ if env is None else env
+    return dataclasses.replace(_place(env, explicit), **_node_and_job(env))
+
+
+def _node_and_job(env: Mapping[str, str]) -> dict[str, Any]:
+    """The Cluster's ``local_world_size`` and ``job_id``, whichever launcher started the process."""
+    local = 1
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        digits = env.get(name, "").split("(")[0].split(",")[0]  # SLURM writes "4(x2)" or "4,2"
+        if digits.isdigit():
+            local = int(digits)
+            break
+    return {"local_world_size": max(1, local), "job_id": env.get("SLURM_JOB_ID") or None}
+
+
+def _place(env: Mapping[str, str], explicit: dict[str, Any]) -> Cluster:
     unknown = set(explicit) - {"rank", "world_size", "local_rank", "master_addr", "master_port"}
     if unknown:
         raise TypeError(f"rendezvous: unknown arguments {sorted(unknown)}")
@@ -183,6 +208,10 @@ class Process:
     def is_main(self) -> bool:
         return self.cluster.rank == 0
 
+    @property
+    def local_world_size(self) -> int:
+        return self.cluster.local_world_size
+
     def fewest(self, count: int) -> int:
         """The smallest ``count`` over all ranks (one all-reduce; ``count`` itself when alone).
 
@@ -263,7 +292,8 @@ def rendezvous(
     cluster = detect(env, **explicit)
     if dist.is_initialized() and cluster.source == "single":  # a group set up by hand: adopt it
         local = torch.cuda.current_device() if torch.cuda.is_available() else 0
-        cluster = Cluster(dist.get_rank(), dist.get_world_size(), local, "", 0, "existing")
+        extras = _node_and_job(env if env is not None else os.environ)
+        cluster = Cluster(dist.get_rank(), dist.get_world_size(), local, "", 0, "existing", **extras)
     if cluster.source == "single" and not dist.is_initialized():
         _check_not_half_launched(env if env is not None else os.environ)
     device = _device(cluster)

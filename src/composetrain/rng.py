@@ -1,5 +1,6 @@
-"""Random states of a process as tensors and plain types, for checkpoints that load with
-``weights_only=True`` (nothing in them can run code); checked on fresh generators before use."""
+"""The random generators of a process: seeded in one place (``seed_everything``), and their states as
+tensors and plain types, for checkpoints that load with ``weights_only=True`` (nothing in them can run
+code); checked on fresh generators before use."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["capture_rng", "generators_problem", "restore_rng", "rng_problem"]
+__all__ = ["capture_rng", "generators_problem", "restore_rng", "rng_problem", "seed_everything"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's (if installed) and torch's generators with ``seed`` (NumPy's modulo 2**32)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np = _numpy()
+    if np is not None:
+        np.random.seed(seed % 2**32)
 
 
 def capture_rng() -> dict[str, Any]:

@@ -109,6 +109,8 @@ class _Sharding(RuntimeState):
 
 class _Sharded(TrainStep):
     role = "sharded"
+    syncs_processes = True
+    forward_needs_every_rank = True  # each forward gathers the parameters from every rank
     refuses_inside = MappingProxyType(
         {
             "distributed": _WHY,
@@ -162,6 +164,12 @@ class _Sharded(TrainStep):
 
         return ctx._replace(around_pass=(*ctx.around_pass, sync_unless_more_follow))
 
+    def setup(self, state: TrainState) -> None:
+        """Shard the model before a checkpoint is resumed: its sharded tensors load straight into the shards."""
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            shard(self, state)
+        super().setup(state)
+
     def _config(self) -> tuple[Any, ...]:
         return (self.units, self.reshard_after_forward, self.sync_every, self.group)
 
@@ -179,8 +187,8 @@ def _gradient_sync(model: nn.Module, on: bool) -> Iterator[None]:
 
 def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:
     """Shard ``state``'s model now, as the first update of ``train_step`` would; False if it has no
-    ``ct.sharded`` or only one process runs. ``ct.run`` calls it before resuming a checkpoint, whose
-    sharded tensors then load straight into the shards."""
+    ``ct.sharded`` or only one process runs. ``ct.run`` does the same (``TrainStep.setup``) before resuming
+    a checkpoint, whose sharded tensors then load straight into the shards."""
     step: TrainStep | None = train_step
     while step is not None and not isinstance(step, _Sharded):
         step = step.inner

@@ -3,15 +3,13 @@ silently ignored."""
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
-from composetrain._util import show
+from composetrain._util import check_int, check_real, show
 from composetrain.state import TrainState
 
 __all__ = ["check_arguments", "loader_options"]
@@ -26,18 +24,10 @@ def check_arguments(state: Any, who: str, **options: Any) -> None:
         )
     for name in ("epochs", "max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every"):
         value, optional = options[name], name not in ("log_every", "keep_checkpoints")
-        if value is None and optional:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # the one rule: kind, then range
-            error = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
-            raise error(
-                f"{who}: {name} must be a positive int{' or None' if optional else ''}, got {show(value)}; "
-                f"e.g. {name}=10"
-            )
-    seed = options["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**32:
-        error = ValueError if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) else TypeError
-        raise error(f"{who}: seed must be an int in [0, 2**32), got {show(seed)}; e.g. seed=0")
+        if not (value is None and optional):  # the one rule for ints: a wrong kind TypeError, out of range ValueError
+            check_int(value, who, name, example=f"{name}=10" + (" or None" if optional else ""))
+    if check_int(options["seed"], who, "seed", minimum=0, example="seed=0") >= 2**32:
+        raise ValueError(f"{who}: seed must be below 2**32, got {show(options['seed'])}; e.g. seed=0")
     for name in ("eval_step", "collate_fn"):
         if options[name] is not None and not callable(options[name]):
             raise TypeError(
@@ -72,11 +62,7 @@ def check_arguments(state: Any, who: str, **options: Any) -> None:
             f"{who}: eval_every={options['eval_every']} but no eval_step to evaluate with; give eval_step and "
             "eval_data, or leave eval_every out"
         )
-    timeout = options["timeout"]
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
-        raise ValueError(
-            f"{who}: timeout must be a positive, finite number of seconds, got {show(timeout)}; e.g. timeout=300"
-        )
+    check_real(options["timeout"], who, "timeout", example="timeout=300 (seconds)")
 
 
 def loader_options(

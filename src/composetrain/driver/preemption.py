@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import os
 import signal
 import subprocess
 import sys
@@ -60,7 +59,7 @@ class StopSignal:
 
 def requeue(enabled: bool, stop: StopSignal, proc: Process, who: str) -> None:
     """After a save on SIGUSR1 (pre-emption, not ``scancel``'s SIGTERM), requeue the SLURM job."""
-    job = os.environ.get("SLURM_JOB_ID")
+    job = proc.cluster.job_id  # read by the rendezvous, the one module that reads launcher variables
     if not (enabled and job and proc.is_main and "SIGUSR1" in stop.received):
         return
     try:

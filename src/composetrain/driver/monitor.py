@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from composetrain.core import StepOutput
-from composetrain.data import auto_workers, local_world_size
+from composetrain.data import auto_workers
 from composetrain.rendezvous import Process
 from composetrain.state import TrainState
 
@@ -28,49 +28,36 @@ RECORD_FIELDS = frozenset({"step", "epoch", "loss", "lr", "skipped", "updates_pe
 
 
 class Meter:
-    """Step outputs kept on the device between log points, read in one host sync and averaged over
-    ranks at them; the time spent waiting for data against the time in the step; the cadence of
-    logging, evaluating and saving in optimizer updates."""
+    """Step outputs kept on the device between log points (the window, which ``Progress`` owns and
+    checkpoints carry), read in one host sync and averaged over ranks at them; the time spent
+    waiting for data against the time in the step."""
 
-    def __init__(self, proc: Process, state: TrainState, window: list[dict[str, Any]]) -> None:
+    def __init__(self, proc: Process, state: TrainState) -> None:
         self.proc, self.state = proc, state
-        # the outputs since the last log point; checkpoints carry them (window_on_cpu), so history resumes exactly
-        self.outputs: list[StepOutput] = [StepOutput(o["loss"], o["metrics"], o["skipped"]) for o in window]
         self.waited = self.computed = 0.0  # this call of ct.run
         self.window_start = time.perf_counter()
         self.window_wait = 0.0
-        self.marks: dict[str, int] = {}
-        self.start = state.step  # a resumed run keeps its cadence: multiples of the totals
 
-    def add(self, out: StepOutput, waited: float, computed: float) -> None:
-        if not self.outputs and out.metrics.keys() & RECORD_FIELDS:  # once per window: a few keys
+    def add(self, window: list[StepOutput], out: StepOutput, waited: float, computed: float) -> None:
+        """Append ``out`` to ``window`` and count the time it waited for its batch and computed."""
+        if not window and out.metrics.keys() & RECORD_FIELDS:  # once per window: a few keys
             clash = sorted(out.metrics.keys() & RECORD_FIELDS)
             raise ValueError(
                 f"{WHO}: the step returns metrics {clash}, names that ct.run's log records use for their own "
                 f"fields {sorted(RECORD_FIELDS)}; rename them in the step (e.g. 'train_loss')"
             )
-        self.outputs.append(out)
+        window.append(out)
         self.waited += waited
         self.computed += computed
         self.window_wait += waited
 
-    def due(self, what: str, every: int | None) -> bool:
-        """Whether state.step reached a new multiple of ``every`` since ``what`` was last due."""
-        if not every:
-            return False
-        mark = self.state.step // every
-        if mark > self.marks.get(what, self.start // every):
-            self.marks[what] = mark
-            return True
-        return False
-
-    def read(self, epoch: int, lr: float) -> dict[str, Any]:
-        """The record of the updates since the last log point, on every rank (a collective when several)."""
-        device = self.outputs[-1].loss.device
-        names = self._agreed_names()
+    def read(self, window: list[StepOutput], epoch: int, lr: float) -> dict[str, Any]:
+        """The record of the updates in ``window`` (those since the last log point), which it empties; on
+        every rank (a collective when several)."""
+        device = window[-1].loss.device
+        names = self._agreed_names(window)
         rows = [
-            torch.stack([o.loss.float().to(device), *(o.metrics[k].float().to(device) for k in names)])
-            for o in self.outputs
+            torch.stack([o.loss.float().to(device), *(o.metrics[k].float().to(device) for k in names)]) for o in window
         ]
         means = torch.stack(rows).mean(0)
         if self.proc.world_size > 1:
@@ -84,19 +71,20 @@ class Meter:
             "loss": values[0],
             **dict(zip(names, values[1:], strict=True)),
             "lr": lr,
-            "skipped": sum(bool(o.skipped) for o in self.outputs),
-            "updates_per_s": len(self.outputs) / elapsed if elapsed > 0 else float("nan"),
+            "skipped": sum(bool(o.skipped) for o in window),
+            "updates_per_s": len(window) / elapsed if elapsed > 0 else float("nan"),
             "data_wait": self.window_wait / elapsed if elapsed > 0 else 0.0,
         }
-        self.outputs, self.window_start, self.window_wait = [], time.perf_counter(), 0.0
+        window.clear()
+        self.window_start, self.window_wait = time.perf_counter(), 0.0
         return record
 
-    def _agreed_names(self) -> list[str]:
+    def _agreed_names(self, window: list[StepOutput]) -> list[str]:
         """The metric names of the window, the same for every update and on every rank, or the same error
         on every rank: their values are averaged name by name, in one all-reduce of one tensor."""
-        names = sorted(self.outputs[0].metrics)
+        names = sorted(window[0].metrics)
         problem = None
-        for i, o in enumerate(self.outputs):
+        for i, o in enumerate(window):
             if sorted(o.metrics) != names:
                 extra, missing = sorted(o.metrics.keys() - set(names)), sorted(set(names) - o.metrics.keys())
                 name, where, where_not = (extra[0], i + 1, 1) if extra else (missing[0], 1, i + 1)
@@ -120,14 +108,6 @@ class Meter:
             "names on every rank"
         )
 
-    def window_on_cpu(self) -> list[dict[str, Any]]:
-        """The outputs not yet logged, for a checkpoint: on the CPU (any device can resume) and as
-        plain dicts of tensors (a checkpoint holds nothing that loading would have to run)."""
-        return [
-            {"loss": o.loss.cpu(), "metrics": {k: v.cpu() for k, v in o.metrics.items()}, "skipped": bool(o.skipped)}
-            for o in self.outputs
-        ]
-
     @property
     def data_wait(self) -> float:
         total = self.waited + self.computed
@@ -137,7 +117,7 @@ class Meter:
         share = self.data_wait
         if share <= 0.2:
             return f"compute-bound: data loading is {share:.0%} of the step"
-        spare = auto_workers(local_world_size())
+        spare = auto_workers(self.proc.local_world_size)
         if loader.num_workers < spare:
             return (
                 f"data loading is {share:.0%} of the step: raise num_workers (now {loader.num_workers}; this "

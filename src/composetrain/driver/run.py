@@ -1,0 +1,398 @@
+"""ct.run: the small driver. Loaders, devices, rendezvous, logging, evaluation, checkpoints.
+
+``run`` reads top to bottom: set up, resume, train (one update per iteration, then what is due
+after it: log, agree on stopping, save, evaluate), finish. ``Progress`` (progress.py) says where the
+loop stands and what is due; ``_Driver`` below holds what was set up and does each action, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sized
+from pathlib import Path
+from typing import Any
+
+from composetrain._sharded_checkpoint import ShardFiles
+from composetrain._util import show
+from composetrain.core import TrainStep
+from composetrain.data import (
+    epoch_batches,
+    epoch_order,
+    generator_states,
+    make_loader,
+    order_problem,
+    set_generator_states,
+)
+from composetrain.driver.checkpoint import Checkpoints
+from composetrain.driver.checks import check_arguments, loader_options
+from composetrain.driver.evaluation import EvalStep, evaluator
+from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
+from composetrain.driver.preemption import StopSignal
+from composetrain.driver.preemption import requeue as requeue_job
+from composetrain.driver.progress import Progress, Schedule
+from composetrain.driver.waiting import Waiting
+from composetrain.rendezvous import Process, rendezvous
+from composetrain.rng import restore_rng, seed_everything
+from composetrain.state import TrainState
+from composetrain.steps import PlainStep
+from composetrain.steps import _lift as lift
+
+__all__ = ["RunResult", "run"]
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What ``ct.run`` returns (the same on every rank).
+
+    Attributes:
+        history: one record per log point: step, epoch, loss, metrics (averaged over
+            the updates since the last record and over ranks), lr, updates/s, data wait.
+        evals: one record per evaluation: step, epoch and the eval metrics.
+        steps: optimizer updates applied in total (``state.step``).
+        epochs: epochs completed.
+        preempted: the run stopped early on SIGTERM/SIGUSR1, after saving.
+        data_wait: the fraction of the loop's time spent waiting for batches.
+        bottleneck: a sentence naming what limits throughput, and the fix.
+        checkpoint: the last checkpoint written, if any.
+    """
+
+    history: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    steps: int
+    epochs: int
+    preempted: bool
+    data_wait: float
+    bottleneck: str
+    checkpoint: Path | None
+
+
+def run(
+    train_step: PlainStep | TrainStep,
+    state: TrainState,
+    data: Any,
+    *,
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    drop_last: bool | None = None,
+    num_workers: int | str = "auto",
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    eval_step: EvalStep | None = None,
+    eval_data: Any = None,
+    eval_every: int | None = None,
+    log_every: int = 50,
+    log_file: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int = 2,
+    seed: int = 0,
+    requeue: bool = True,
+    timeout: float = 300.0,
+    tensorboard: bool | str | os.PathLike[str] = False,
+) -> RunResult:
+    """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
+
+    Under torchrun or SLURM it joins the job (``ct.rendezvous``) and leaves it at the
+    end; alone it needs no setup. ``epochs`` and ``max_steps`` are totals, so after an
+    interruption the same command resumes from the latest valid checkpoint and
+    finishes the same training, bit for bit on the CPU.
+
+    Args:
+        train_step: a plain step or a composition; it must contain ``ct.distributed``
+            when several processes run.
+        state: the TrainState; its model moves to this process's device.
+        data: a Dataset (``ct.run`` builds the loader) or a DataLoader (used as given).
+        epochs: passes over the data (default 1, or as many as ``max_steps`` needs).
+        max_steps: stop after this many optimizer updates in total.
+        batch_size: samples per update per process (required for a Dataset; a DataLoader batches
+            by its own, and a differing batch_size is refused).
+        shuffle: reshuffle every epoch (``DistributedSampler.set_epoch``); default True. A DataLoader's
+            own sampler decides: a shuffle that contradicts it is refused.
+        drop_last: drop each epoch's last, smaller batch; default False (a DataLoader's own, which a
+            differing drop_last is refused against).
+        num_workers: loader workers, or "auto" (this process's share of the cores, less one).
+        collate_fn: the loader's collate function.
+        eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
+            ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks.
+        eval_data: a Dataset or DataLoader to evaluate on.
+        eval_every: evaluate every this many updates (default: at each epoch's end).
+        log_every: read metrics from the device every this many updates (no host
+            sync on the others).
+        log_file: JSON-lines metrics file (default ``checkpoint_dir/metrics.jsonl``). A resumed run
+            rewrites it from the checkpoint's history; a file that is not this run's is moved aside
+            to ``name.1`` (or the next free ``name.N``), never overwritten.
+        progress: show a progress bar on rank 0.
+        checkpoint_dir: save and resume here; None disables checkpoints.
+        checkpoint_every: also save every this many updates (always at each epoch's
+            end, at the end, and on SIGTERM/SIGUSR1); needs checkpoint_dir. A save comes before
+            the evaluation due at the same update, and a run resumed there evaluates first.
+        keep_checkpoints: how many of the newest checkpoints to keep.
+        seed: a non-negative int below 2**32; seeds the data order, the workers and (on a fresh start) Python, NumPy and
+            torch generators, with each rank's own stream.
+        requeue: on SIGUSR1 (SLURM's pre-emption warning) under SLURM, requeue the job after
+            saving; SIGTERM (``scancel``) saves and stops without requeueing.
+        timeout: seconds to wait for the other processes (rendezvous and collectives).
+        tensorboard: also write TensorBoard event files (``pip install tensorboard``): True puts
+            them in ``tensorboard/`` beside the metrics file, or give a folder.
+
+    A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
+    last, shorter record.
+
+    Returns:
+        The RunResult.
+
+    Example:
+        >>> train = ct.distributed(ct.mixed_precision(ct.accumulate(4)(step)))
+        >>> result = ct.run(train, ct.TrainState(model, opt), dataset, batch_size=256, epochs=3,
+        ...                 checkpoint_dir="runs/a")
+        >>> result.history[-1]["loss"], result.bottleneck
+    """
+    who = "run"
+    # -- set up: every argument checked before anything starts, then the job joined
+    step_fn = lift(train_step, who, "train_step")
+    check_arguments(
+        state, who, epochs=epochs, max_steps=max_steps, log_every=log_every, checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints, eval_every=eval_every, seed=seed, shuffle=shuffle, drop_last=drop_last,
+        progress=progress, requeue=requeue, timeout=timeout, checkpoint_dir=checkpoint_dir, eval_step=eval_step,
+        data=data, collate_fn=collate_fn,
+    )  # fmt: skip
+    seed = int(seed)  # a NumPy integer too: the checkpoint keeps plain types
+    batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
+    with rendezvous(timeout=timeout) as proc:
+        d = _Driver(
+            step_fn, state, data, proc, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+            num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step, eval_data=eval_data,
+            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, log_file=log_file,
+            tensorboard=tensorboard, seed=seed, who=who,
+        )  # fmt: skip
+        # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
+        total_epochs = epochs if epochs is not None else 1 if max_steps is None else None  # None: until max_steps
+        schedule = Schedule(d.per_epoch, total_epochs, max_steps, log_every, eval_every, checkpoint_every)
+        at = d.resume(schedule, seed)
+        d.log.start(at.history, at.evals, at.resumed, state.step)
+        d.start(progress and proc.is_main, schedule.total_updates, timeout)  # bar, stop signal, phases
+        try:
+            if at.evaluation_missed(state.step):
+                d.evaluate(at)  # saved before its evaluation, which failed or was cut short
+            # -- train: one update per iteration, then what is due after it, always in this order
+            batches: Iterator[tuple[int, Any, float]] | None = None
+            done = at.finished(state.step)
+            while not done:
+                if batches is None:  # an epoch begins, or resumes part-way
+                    batches = d.epoch(at)
+                got = next(batches, None)  # at most per_epoch: ranks stop at the fewest
+                if got is None:  # the loader held fewer batches than its length said: end here, as today
+                    done = True
+                    continue
+                at.position, batch, waited = got
+                d.update(at, batch, waited)
+                due = at.after_update(state.step)
+                if due.log:
+                    d.write_log(at)
+                stopping = d.agree_on_stop()  # every rank stops after the same update
+                if due.epoch_end:
+                    at.next_epoch()
+                    batches = None
+                if due.save or stopping:  # save, then evaluate: an evaluation that fails must not cost the checkpoint
+                    d.save(at)
+                if due.evaluate and not stopping:  # a stopping run leaves it to the resumed one
+                    d.evaluate(at)
+                done = stopping or at.finished(state.step)
+            if at.window:  # stopped inside a logging window (max_steps, a signal): log what it holds
+                d.write_log(at)
+        except RuntimeError as e:  # a rank stopped answering or died: say what this one waited for
+            lost = d.waiting.lost(e)
+            if lost is None:
+                raise
+            raise lost from e
+        finally:
+            d.close()
+        # -- finish: requeue on pre-emption, and say what limited the run
+        requeue_job(requeue, d.stop, proc, who)
+        result = RunResult(
+            history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=d.stop.agreed,
+            data_wait=d.meter.data_wait, bottleneck=d.meter.bottleneck(d.loader), checkpoint=d.saved_at,
+        )  # fmt: skip
+        if proc.is_main and progress:
+            print(f"{who}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
+        return result
+
+
+def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path | None:
+    """Where TensorBoard's event files go, checked before anything runs (None: no TensorBoard)."""
+    if tensorboard is False:
+        return None
+    if not isinstance(tensorboard, (bool, str, os.PathLike)):
+        raise TypeError(f"{who}: tensorboard must be True, False or a folder, got {show(tensorboard)}")
+    if tensorboard is True and log_path is None:
+        raise ValueError(
+            f"{who}: tensorboard=True writes beside the metrics file, but there is none: give checkpoint_dir "
+            "or log_file, or a folder: tensorboard='runs/tb'"
+        )
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"{who}: tensorboard={tensorboard!r} needs the tensorboard package: pip install tensorboard"
+        ) from e
+    if isinstance(tensorboard, bool):
+        assert log_path is not None  # for the type checker: refused above
+        return log_path.parent / "tensorboard"
+    return Path(tensorboard)
+
+
+class _Driver:
+    """What ``run`` sets up before its loop, and the loop's actions: one update, the log, the agreement on
+    stopping, the save and the evaluation, each written once (the loop decides when)."""
+
+    def __init__(
+        self, step_fn: TrainStep, state: TrainState, data: Any, proc: Process, *, batch_size: int | None,
+        shuffle: bool, drop_last: bool, num_workers: int | str, collate_fn: Any, eval_step: EvalStep | None,
+        eval_data: Any, checkpoint_dir: Any, keep_checkpoints: int, log_file: Any, tensorboard: Any, seed: int,
+        who: str,
+    ) -> None:  # fmt: skip
+        self.step_fn, self.state, self.proc, self.who = step_fn, state, proc, who
+        can = step_fn.capabilities  # what the composition does that the driver must know, never its names
+        if proc.world_size > 1 and not can.syncs_processes:
+            raise ValueError(
+                f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
+                "wrap it: ct.distributed(...)"
+            )
+        if proc.world_size > 1 and can.forward_needs_every_rank and eval_step is not None:
+            raise ValueError(
+                f"{who}: eval_step with {step_fn!r} on {proc.world_size} processes is not supported yet: each of "
+                "its forwards gathers from every rank (ct.sharded), and the ranks' shares of eval_data may hold "
+                "different numbers of batches; evaluate after the run, or with ct.distributed"
+            )
+        if not can.places_model:  # data_parallel, pipeline_split place the model themselves
+            state.model.to(proc.device)
+        step_fn.setup(state)  # before resuming: e.g. a checkpoint's shards load straight into the shards
+        self.loader, self.sampler = make_loader(
+            data, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+            pin_memory=proc.device.type == "cuda", collate_fn=collate_fn, rank=proc.rank,
+            world_size=proc.world_size, local_world_size=proc.local_world_size, seed=seed, who=who,
+        )  # fmt: skip
+        self.evaluator = evaluator(
+            eval_step, eval_data, batch_size=batch_size or self.loader.batch_size, collate_fn=collate_fn,
+            num_workers=self.loader.num_workers, proc=proc, who=who,
+        )  # fmt: skip
+        # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
+        self.per_epoch = proc.fewest(len(self.loader))
+        if self.per_epoch == 0:
+            raise ValueError(f"{who}: some process has no batch in an epoch: use a smaller batch_size")
+        dataset = self.loader.dataset
+        self.settings = {
+            "batch_size": self.loader.batch_size,
+            "samples": len(dataset) if isinstance(dataset, Sized) else None,
+            "updates_per_epoch": self.per_epoch,
+            "shuffle": shuffle,
+            "drop_last": drop_last,
+            "seed": seed,
+        }
+        self.checkpoints = None
+        if checkpoint_dir is not None:
+            self.checkpoints = Checkpoints(
+                checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who, shards=ShardFiles(state)
+            )
+        log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
+        board = _tensorboard_dir(tensorboard, log_path, who)
+        self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
+        self.saved_at: Path | None = None  # the last checkpoint written
+
+    def resume(self, schedule: Schedule, seed: int) -> Progress:
+        """The latest valid checkpoint restored into the state and a given DataLoader's generators, or a
+        fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``;
+        one of other data settings, order or model is refused before anything changes."""
+        state, who = self.state, self.who
+        latest = self.checkpoints.latest() if self.checkpoints is not None else None
+        if latest is None:
+            seed_everything(seed * 1000003 + self.proc.rank)
+            return Progress(schedule, start=state.step)
+        path, saved, local = latest
+        changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}
+        if changed:
+            listing = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in changed.items())
+            raise ValueError(
+                f"{who}: checkpoint {path} continues a run with other data settings ({listing}); resume with the "
+                "same settings, or point checkpoint_dir elsewhere to start afresh"
+            )
+        given = self.loader if self.sampler is None else None
+        problem = order_problem(given, saved["position"], local["order"], local["generators"])
+        if problem:
+            raise ValueError(f"{who}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
+        try:
+            state.load_state_dict(saved["state"])
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"{who}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
+                "to start afresh"
+            ) from e
+        restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
+        if given is not None:
+            set_generator_states(given, local["generators"])
+        return Progress.from_checkpoint(saved, local, schedule, start=state.step)
+
+    def start(self, show_bar: bool, total: int, timeout: float) -> None:
+        """What the loop needs from here on; ``close`` undoes it, whatever happens."""
+        self.meter = Meter(self.proc, self.state)
+        self.bar = progress_bar(show_bar, total, self.state.step)
+        self.stop = StopSignal(self.proc)
+        self.waiting = Waiting(self.proc, timeout, self.who)  # names what a rank waited for when another stops
+
+    def epoch(self, at: Progress) -> Iterator[tuple[int, Any, float]]:
+        """The current epoch's batches from where ``at`` stands: (batches done after this one, batch, wait)."""
+        if at.position == 0:
+            at.order = epoch_order(self.loader, self.sampler)  # to replay a given loader's shuffle on resume
+        return epoch_batches(
+            self.loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch
+        )
+
+    def update(self, at: Progress, batch: Any, waited: float) -> None:
+        self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
+        started = time.perf_counter()
+        out = self.step_fn(self.state, batch)
+        self.meter.add(at.window, out, waited, time.perf_counter() - started)
+
+    def write_log(self, at: Progress) -> None:
+        state = self.state
+        self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
+        record = self.meter.read(at.window, at.epoch, state.optimizer.param_groups[0]["lr"])
+        # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
+        batch = self.loader.batch_size
+        record["global_batch"] = None if batch is None else batch * self.proc.world_size
+        at.history.append(record)
+        self.log.write(record)
+        self.bar.update(state.step - self.bar.n)
+        self.bar.set_postfix(loss=f"{record['loss']:.4g}", ups=f"{record['updates_per_s']:.1f}")
+
+    def agree_on_stop(self) -> bool:
+        """Whether any rank was asked to stop (SIGTERM, SIGUSR1): agreed by all ranks."""
+        self.waiting.now(f"the agreement on whether to stop after update {self.state.step}")
+        return self.stop.check()
+
+    def save(self, at: Progress) -> None:
+        if self.checkpoints is None:
+            return
+        self.waiting.now(f"the save of checkpoint step {self.state.step}")
+        generators = generator_states(self.loader) if self.sampler is None else []
+        shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators)
+        self.saved_at = self.checkpoints.save(self.state.step, shared, local)
+
+    def evaluate(self, at: Progress) -> None:
+        if self.evaluator is None:
+            return
+        self.waiting.now(f"the evaluation after update {self.state.step}")
+        at.evals.append({"step": self.state.step, "epoch": at.epoch, **self.evaluator(self.state.model)})
+        self.log.write_eval(at.evals[-1])
+
+    def close(self) -> None:
+        if self.proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
+            self.state.release_runtime()
+        self.stop.restore()
+        self.bar.close()
+        self.log.close()
