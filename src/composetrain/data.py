@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import math
 import os
-import random
+import statistics
 import time
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    Sampler,
+    TensorDataset,
+    default_collate,
+)  # fmt: skip
 
-from composetrain._util import show
-from composetrain.batching import map_tensors
-from composetrain.rng import capture_rng, restore_rng
+from composetrain._util import check_int, show
+from composetrain.prefetch import device_batches
+from composetrain.rng import capture_rng, restore_rng, seed_everything
 
 __all__ = [
-    "auto_workers", "epoch_batches", "epoch_order", "generator_states", "local_world_size", "make_loader",
-    "order_problem", "set_generator_states", "to_device",
+    "Reader", "auto_workers", "choose_workers", "epoch_batches", "epoch_order", "generator_states",
+    "local_world_size", "make_loader", "order_problem", "set_generator_states",
 ]  # fmt: skip
 
 
@@ -60,15 +70,7 @@ class ResumableSampler(Sampler[int]):
 def _seed_worker(base: int) -> Any:
     def init(worker_id: int) -> None:
         # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059)
-        seed = (base + 1009 * worker_id) % 2**32
-        random.seed(seed)
-        torch.manual_seed(seed)
-        try:
-            import numpy as np
-
-            np.random.seed(seed)
-        except ImportError:  # NumPy is optional
-            pass
+        seed_everything((base + 1009 * worker_id) % 2**32)
 
     return init
 
@@ -87,8 +89,9 @@ def make_loader(
     local_world_size: int,
     seed: int,
     who: str,
-) -> tuple[DataLoader[Any], ResumableSampler | None]:
-    """A DataLoader over ``data`` (a Dataset, or a DataLoader used as given) and its sampler.
+) -> tuple[DataLoader[Any] | Reader, ResumableSampler | None]:
+    """The loader of ``data``: a DataLoader given, used as given (no sampler), or ct.run's ``Reader``
+    over a Dataset, and its sampler (``num_workers``: an int, or "auto": chosen by measurement).
 
     Raises:
         TypeError / ValueError: what ``data`` or the options cannot give, named.
@@ -116,8 +119,10 @@ def make_loader(
         )
     if batch_size is None:
         raise ValueError(f"{who}: batch_size is required when data is a Dataset, e.g. batch_size=64")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"{who}: batch_size must be a positive int, got {show(batch_size)}")
+    batch_size = check_int(batch_size, who, "batch_size", example="batch_size=64")
+    auto = isinstance(num_workers, str) and num_workers == "auto"
+    if not auto:  # 'many', 2.0, -1: named, with both ways to say it right
+        num_workers = check_int(num_workers, who, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
     size = _check_not_empty(data, who)
     if drop_last and batch_size * world_size > size:
         raise ValueError(
@@ -125,28 +130,157 @@ def make_loader(
             f"samples per update, but the dataset has {size} and drop_last=True would leave no batch; "
             "lower batch_size or set drop_last=False"
         )
-    workers = auto_workers(local_world_size) if num_workers == "auto" else num_workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        error = ValueError if isinstance(workers, int) and not isinstance(workers, bool) else TypeError
-        raise error(f"{who}: num_workers must be 'auto' or a non-negative int, got {show(num_workers)}")
     sampler = ResumableSampler(
         DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
     )
-    loader = DataLoader(
-        data,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=drop_last,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        persistent_workers=workers > 0,
-        worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
-        collate_fn=collate_fn,
-        # its own generator: starting an epoch must not draw from the global one, or a run resumed
-        # mid-epoch would see other dropout masks than the uninterrupted run
-        generator=torch.Generator().manual_seed(seed * 7919 + rank),
+
+    def workers(n: int) -> DataLoader[Any]:
+        return DataLoader(
+            data,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=drop_last,
+            num_workers=n,
+            pin_memory=pin_memory,
+            persistent_workers=True,
+            worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
+            collate_fn=collate_fn,
+            # its own generator: starting an epoch must not draw from the global one, or a run resumed
+            # mid-epoch would see other dropout masks than the uninterrupted run
+            generator=torch.Generator().manual_seed(seed * 7919 + rank),
+        )
+
+    workers_now = None if auto else int(num_workers)
+    reader = Reader(
+        data, sampler, batch_size, drop_last, collate_fn, workers_now, workers, auto_workers(local_world_size)
     )
-    return loader, sampler
+    return reader, sampler
+
+
+# under num_workers="auto": updates read in this process and timed before choosing (the first is not timed:
+# it pays for first-call set-up), the least share of an update that reading must take before workers are
+# tried, and the least speed-up they must promise (they cost copies and compete for the cores)
+MEASURED, LEAST_SHARE, LEAST_GAIN = 5, 0.2, 1.5
+
+
+def choose_workers(fetch: float, step: float, spare: int) -> tuple[int, str]:
+    """Loader workers for batches that take ``fetch`` seconds each to read in this process, between
+    steps of ``step`` seconds, with ``spare`` cores free: (workers, why).
+
+    Workers read in parallel with the step, so an update takes ``max(step, fetch / workers)`` instead of
+    ``fetch + step``; as many are chosen as hide the reading (at most ``spare``), and none unless reading
+    is at least ``LEAST_SHARE`` of an update and they promise ``LEAST_GAIN`` times the speed.
+
+    Example:
+        >>> choose_workers(fetch=0.03, step=0.01, spare=7)
+        (3, 'reading a batch is 75% of an update: 3 worker(s) of the 7 spare cores, for 4.0x')
+    """
+    total = fetch + step
+    share = fetch / total if total > 0 else 0.0
+    if share < LEAST_SHARE:
+        return 0, f"reading a batch is {share:.0%} of an update: no workers, reading in this process"
+    if spare < 1:
+        return 0, f"reading a batch is {share:.0%} of an update, but no core is spare for workers"
+    n = spare if step <= 0 else max(1, min(spare, math.ceil(fetch / step)))
+    gain = total / max(step, fetch / n)
+    if gain < LEAST_GAIN:
+        return 0, (
+            f"reading a batch is {share:.0%} of an update, but {n} worker(s) of the {spare} spare core(s) "
+            f"would give at most {gain:.2f}x the speed: no workers"
+        )
+    return (
+        n,
+        f"reading a batch is {share:.0%} of an update: {n} worker(s) of the {spare} spare cores, for {gain:.1f}x",
+    )
+
+
+class Reader:
+    """ct.run's loader over a Dataset: this rank's batches, in its sampler's order, as a DataLoader
+    over the same sampler would collate them.
+
+    Without workers they are read in this process, a whole batch at once where the dataset allows
+    it: a TensorDataset's tensors indexed once per batch (without a collate_fn), or one call of the
+    dataset's ``__getitems__`` and then the collate function, as torch's fetcher does. With workers
+    a DataLoader reads them. Under ``num_workers="auto"`` (``workers`` None) the first updates
+    are read here and timed, and ``choose_workers`` decides; workers then take over at the batch
+    where reading stopped, so the order, and an exact resume, are the same whatever it chose.
+
+    Attributes:
+        num_workers: the workers reading now (0: this process).
+        choice: what "auto" chose and why (None before it chose, or when workers were given).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        sampler: ResumableSampler,
+        batch_size: int,
+        drop_last: bool,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        workers: int | None,
+        loader: Callable[[int], DataLoader[Any]],
+        spare: int,
+    ) -> None:
+        self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
+        self.collate_fn = collate_fn or default_collate
+        plain = type(dataset).__getitem__ is TensorDataset.__getitem__ and not getattr(dataset, "__getitems__", None)
+        self._tensors = dataset.tensors if plain and collate_fn is None else None
+        self._loader: DataLoader[Any] | None = None
+        self._make, self._spare = loader, spare
+        self.num_workers = workers or 0
+        self.deciding = workers is None
+        self.choice: str | None = None
+        self._timings: list[tuple[float, float]] = []
+
+    @property
+    def batched(self) -> bool:
+        """Whether this process reads a whole batch in one call (else sample by sample)."""
+        return self._tensors is not None or bool(getattr(self.dataset, "__getitems__", None))
+
+    def __len__(self) -> int:
+        return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._workers()) if self.num_workers else self._read()
+
+    def _workers(self) -> DataLoader[Any]:
+        if self._loader is None:
+            self._loader = self._make(self.num_workers)
+        return self._loader
+
+    def fetch(self, indices: list[int]) -> Any:
+        """The batch of these samples, read in this process."""
+        if self._tensors is not None:
+            index = torch.tensor(indices)
+            return [t.index_select(0, index) for t in self._tensors]  # default_collate's list, for tuples
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
+
+    def _read(self) -> Iterator[Any]:
+        for done, indices in enumerate(BatchSampler(self.sampler, self.batch_size, self.drop_last), 1):
+            tick = time.perf_counter()
+            batch = self.fetch(indices)
+            fetched = time.perf_counter()
+            yield batch
+            if self.deciding:  # the time until the next read is the step's
+                self._timings.append((fetched - tick, time.perf_counter() - fetched))
+                if len(self._timings) > MEASURED:
+                    self._decide()
+                if self.num_workers:  # they go on from the batch this process stopped at
+                    self.sampler.start += done * self.batch_size
+                    yield from self._workers()
+                    return
+
+    def _decide(self) -> None:
+        timed = self._timings[1:]
+        fetch, step = statistics.median(f for f, _ in timed), statistics.median(s for _, s in timed)
+        self.num_workers, why = choose_workers(fetch, step, self._spare)
+        how = "whole batches" if self.batched else "sample by sample"
+        self.choice = (
+            f'num_workers="auto" chose {self.num_workers} (reading {how}: {fetch * 1e3:.2f} ms a batch, '
+            f"the step {step * 1e3:.2f} ms): {why}"
+        )
+        self.deciding = False
 
 
 def _check_not_empty(dataset: Any, who: str) -> int:
@@ -158,12 +292,13 @@ def _check_not_empty(dataset: Any, who: str) -> int:
     return size
 
 
-def epoch_order(loader: DataLoader[Any], sampler: ResumableSampler | None) -> dict[str, Any] | None:
+def epoch_order(loader: DataLoader[Any] | Reader, sampler: ResumableSampler | None) -> dict[str, Any] | None:
     """What a given DataLoader draws this epoch's order from, taken at the epoch's start: the
     random states (global, and the loader's and sampler's own generators) and a
     ``DistributedSampler``'s seed. None for ct.run's own sampler, which starts part-way by itself."""
     if sampler is not None:
         return None
+    assert isinstance(loader, DataLoader)  # for the type checker: only ct.run's own has a sampler
     _start_workers(loader)
     seed = getattr(loader.sampler, "seed", None)
     return {"rng": capture_rng(), "generators": generator_states(loader), "sampler_seed": seed}
@@ -225,7 +360,7 @@ def _start_workers(loader: DataLoader[Any]) -> None:
 
 
 def epoch_batches(
-    loader: DataLoader[Any],
+    loader: DataLoader[Any] | Reader,
     sampler: ResumableSampler | None,
     epoch: int,
     start: int,
@@ -249,6 +384,8 @@ def epoch_batches(
     if sampler is not None:
         sampler.set_epoch(epoch, start=start * (loader.batch_size or 1))
         batches = iter(loader)
+    elif not isinstance(loader, DataLoader):  # for the type checker: only ct.run's own has a sampler
+        raise TypeError(f"epoch_batches: a {type(loader).__name__} needs its sampler")
     elif start and order is not None:
         _start_workers(loader)
         now = capture_rng()
@@ -266,19 +403,5 @@ def epoch_batches(
         if hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
         batches = iter(loader)
-    position = start
-    while position < end:
-        tick = time.perf_counter()
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        batch = to_device(batch, device)
-        position += 1
-        yield position, batch, time.perf_counter() - tick
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor of a nested batch to ``device`` (those already there stay as they are),
-    without blocking when its memory is pinned; non-tensor leaves pass through."""
-    return map_tensors(batch, lambda t: t if t.device == device else t.to(device, non_blocking=True))
+    for position, (batch, waited) in enumerate(device_batches(batches, device, end - start), start + 1):
+        yield position, batch, waited

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["capture_rng", "generators_problem", "restore_rng", "rng_problem"]
+__all__ = ["capture_rng", "generators_problem", "restore_rng", "rng_problem", "seed_everything"]
 
 
 def capture_rng() -> dict[str, Any]:
@@ -29,6 +29,15 @@ def capture_rng() -> dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's (if installed) and torch's generators of this process with ``seed``."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np = _numpy()
+    if np is not None:  # NumPy is optional
+        np.random.seed(seed % 2**32)
 
 
 def restore_rng(states: dict[str, Any]) -> None:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import sys
 import time
 from collections.abc import Callable, Sized
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 
 from composetrain._run_checks import check_arguments, loader_options
@@ -34,7 +32,7 @@ from composetrain.monitor import Meter, MetricsLog, progress_bar
 from composetrain.preemption import StopSignal
 from composetrain.preemption import requeue as requeue_job
 from composetrain.rendezvous import Process, rendezvous
-from composetrain.rng import restore_rng
+from composetrain.rng import restore_rng, seed_everything
 from composetrain.sharded import apply_sharding
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep
@@ -127,7 +125,10 @@ def run(
             own sampler decides: a shuffle that contradicts it is refused.
         drop_last: drop each epoch's last, smaller batch; default False (a DataLoader's own, which a
             differing drop_last is refused against).
-        num_workers: loader workers, or "auto" (this process's share of the cores, less one).
+        num_workers: loader workers (0: read in this process, a whole batch at once from a TensorDataset or
+            a dataset with ``__getitems__``), or "auto": the first updates read in this process are timed,
+            and workers start only if reading is a large share of the update and cores are spare
+            (``RunResult.bottleneck`` says what it chose and why).
         collate_fn: the loader's collate function.
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
             ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks.
@@ -194,6 +195,7 @@ def run(
             pin_memory=proc.device.type == "cuda", collate_fn=collate_fn, rank=proc.rank,
             world_size=proc.world_size, local_world_size=local_world_size(), seed=seed, who=who,
         )  # fmt: skip
+        given = loader if isinstance(loader, DataLoader) else None  # a DataLoader given as is (ct.run's: a Reader)
         evaluate = evaluator(
             eval_step, eval_data, batch_size=batch_size or loader.batch_size, collate_fn=collate_fn,
             num_workers=loader.num_workers, proc=proc, who=who,
@@ -218,7 +220,7 @@ def run(
         log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
         board = _tensorboard_dir(tensorboard, log_path, who)
         log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
-        at = _resume(checkpoints, state, settings, loader if sampler is None else None, proc, seed, who)
+        at = _resume(checkpoints, state, settings, given, proc, seed, who)
         resumed = at.epoch > 0 or at.position > 0  # a checkpoint is never saved before the first update
         log.start(at.history, at.evals, resumed, state.step)
         meter = Meter(proc, state, at.window)
@@ -237,7 +239,7 @@ def run(
             local = {
                 "window": meter.window_on_cpu(),
                 "order": at.order if at.position else None,  # replays the epoch's start on resume
-                "generators": generator_states(loader) if sampler is None else [],  # the next epoch draws from them
+                "generators": generator_states(given) if given is not None else [],  # the next epoch draws from them
             }
             return checkpoints.save(state.step, {"state": state.state_dict(), "settings": settings, **loop}, local)
 
@@ -360,7 +362,7 @@ def _resume(
     of other data settings, order or model is refused before anything changes."""
     latest = checkpoints.latest() if checkpoints is not None else None
     if latest is None:
-        _seed_everything(seed * 1000003 + proc.rank)
+        seed_everything(seed * 1000003 + proc.rank)
         return _Progress()
     path, saved, local = latest
     changed = {k: (saved["settings"].get(k), v) for k, v in settings.items() if saved["settings"].get(k) != v}
@@ -395,14 +397,3 @@ def _evaluation_missed(at: _Progress, step: int, eval_every: int | None) -> bool
     if eval_every:
         return step > 0 and step % eval_every == 0
     return at.position == 0 and at.epoch > 0  # at an epoch's end
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed % 2**32)
-    except ImportError:
-        pass
