@@ -14,9 +14,11 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 
 import composetrain as ct
 from composetrain import data as ct_data
+from composetrain import reader as ct_reader
 from composetrain.batching import to_device
-from composetrain.data import ResumableSampler, choose_workers, epoch_batches, make_loader
+from composetrain.data import epoch_batches, make_loader
 from composetrain.prefetch import device_batches
+from composetrain.reader import ResumableSampler, choose_workers
 from composetrain.rng import seed_everything
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -125,7 +127,7 @@ def test_batches_read_in_this_process_are_those_a_dataloader_gives(
     rank = data.draw(st.integers(0, world - 1), label="rank")
     options = {"batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last, "world": world}
     reader, sampler = build(dataset, rank=rank, seed=seed, **options)
-    assert isinstance(reader, ct_data.Reader) and reader.num_workers == 0
+    assert isinstance(reader, ct_reader.Reader) and reader.num_workers == 0
     assert reader.batched == (kind != "per sample")
     own = ResumableSampler(DistributedSampler(dataset, world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last))
     expected_loader = reference(dataset, own, batch_size, drop_last)
@@ -234,13 +236,13 @@ def test_auto_on_a_cheap_dataset_reads_in_this_process_and_says_why():
 
 def test_auto_on_a_tensor_dataset_reads_whole_batches(monkeypatch):
     readers = []
-    original = ct_data.Reader.__init__
+    original = ct_reader.Reader.__init__
 
     def spy(self, *args, **kwargs):
         original(self, *args, **kwargs)
         readers.append(self)
 
-    monkeypatch.setattr(ct_data.Reader, "__init__", spy)
+    monkeypatch.setattr(ct_reader.Reader, "__init__", spy)
     _, result = auto_run(run_script.dataset(), epochs=2)
     assert readers[0].batched and readers[0].num_workers == 0
     assert 'num_workers="auto" chose 0 (reading whole batches: ' in result.bottleneck
@@ -253,7 +255,7 @@ def test_auto_decides_after_timing_the_first_updates(monkeypatch):
         seen.append((fetch, step, spare))
         return 0, "stub"
 
-    monkeypatch.setattr(ct_data, "choose_workers", chooser)
+    monkeypatch.setattr(ct_reader, "choose_workers", chooser)
     _, result = auto_run(PerSample(96), max_steps=12, log_every=100)
     assert len(seen) == 1 and seen[0][0] > 0 and seen[0][1] > 0  # once, from measured times
     assert result.bottleneck.endswith("stub")
@@ -263,7 +265,7 @@ def test_auto_choosing_workers_switches_at_the_batch_it_stopped_at_and_trains_th
     """Workers take over part-way through the first epoch: every sample once per epoch, in the order of
     the run read in this process alone, and the same parameters bit for bit."""
     straight, plain = auto_run(PerSample(96), epochs=2, num_workers=0)
-    monkeypatch.setattr(ct_data, "choose_workers", lambda fetch, step, spare: (2, "forced"))
+    monkeypatch.setattr(ct_reader, "choose_workers", lambda fetch, step, spare: (2, "forced"))
     switched, result = auto_run(PerSample(96), epochs=2)
     assert 'num_workers="auto" chose 2' in result.bottleneck
     assert_states_equal(switched, straight)
@@ -285,14 +287,14 @@ def test_a_run_stopped_after_any_update_resumes_bit_identically(stop, path):
     switching to workers part-way (the stopped run, the resumed one and the straight one each switch
     at their own update): the same parameters as the uninterrupted run."""
     dataset = run_script.dataset if path == "batched" else lambda: PerSample(96)
-    original = ct_data.choose_workers
+    original = ct_reader.choose_workers
     if path == "auto chose workers":
-        ct_data.choose_workers = lambda fetch, step, spare: (1, "forced")
+        ct_reader.choose_workers = lambda fetch, step, spare: (1, "forced")
     try:
         with tempfile.TemporaryDirectory() as tmp:
             resumes_exactly(Path(tmp), dataset, stop)
     finally:
-        ct_data.choose_workers = original
+        ct_reader.choose_workers = original
 
 
 @settings(max_examples=3)

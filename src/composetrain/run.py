@@ -128,7 +128,8 @@ def run(
         num_workers: loader workers (0: read in this process, a whole batch at once from a TensorDataset or
             a dataset with ``__getitems__``), or "auto": the first updates read in this process are timed,
             and workers start only if reading is a large share of the update and cores are spare
-            (``RunResult.bottleneck`` says what it chose and why).
+            (``RunResult.bottleneck`` says what it chose and why). A dataset that draws random numbers per
+            sample (augmentation) resumes exactly with num_workers=0 only: auto's choice depends on timing.
         collate_fn: the loader's collate function.
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
             ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks.
