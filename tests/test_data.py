@@ -158,6 +158,12 @@ def test_getitems_is_called_once_per_batch_with_the_samplers_indices():
     assert batches[0]["name"] == ["s0", "s1", "s2", "s3"] and batches[2]["y"].dtype == torch.int64
 
 
+def test_a_tensor_dataset_on_another_device_is_indexed_there():
+    reader, _ = build(TensorDataset(torch.empty(10, 2, device="meta")), batch_size=4, shuffle=False)
+    (x,) = next(iter(reader))
+    assert x.device.type == "meta" and x.shape == (4, 2)
+
+
 def test_a_collate_fn_is_used_and_a_tensor_dataset_then_reads_like_a_dataloader():
     dataset = datasets(9)["tensors"]
 
@@ -356,6 +362,14 @@ def test_batches_copied_ahead_on_a_side_stream_equal_the_cpu_ones(kind):
     for (_, a, _), (_, b, _) in zip(cpu, gpu, strict=True):
         assert all(t.device.type == "cuda" for t in ct.batching.leaves(b))
         assert_same_batch(a, to_device(b, torch.device("cpu")))
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_tensor_dataset_kept_on_the_gpu_is_indexed_there():
+    x = torch.arange(20.0, device="cuda").view(10, 2)
+    reader, _ = build(TensorDataset(x, torch.arange(10, device="cuda")), batch_size=4, shuffle=False)
+    assert_same_batch(next(iter(reader)), [x[:4], torch.arange(4, device="cuda")])
 
 
 @pytest.mark.gpu

@@ -132,7 +132,8 @@ class Reader:
         """The batch of these samples, read in this process."""
         if self._tensors is not None:
             index = torch.tensor(indices)
-            return [t.index_select(0, index) for t in self._tensors]  # default_collate's list, for tuples
+            # default_collate's list, for a TensorDataset's tuples; a tensor kept on a GPU is indexed there
+            return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
         getitems = getattr(self.dataset, "__getitems__", None)
         return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
 
