@@ -53,7 +53,8 @@ class RunResult:
         epochs: epochs completed.
         preempted: the run stopped early on SIGTERM/SIGUSR1, after saving.
         data_wait: the fraction of the loop's time spent waiting for batches.
-        bottleneck: a sentence naming what limits throughput, and the fix.
+        bottleneck: a sentence naming what limits throughput, and the fix; and what
+            ``num_workers="auto"`` chose, from which timings, and why.
         checkpoint: the last checkpoint written, if any.
     """
 
