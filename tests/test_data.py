@@ -2,6 +2,7 @@
 reading ahead onto the device, exact resume whatever was chosen."""
 
 import tempfile
+import time
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -238,6 +239,22 @@ def test_auto_on_a_cheap_dataset_reads_in_this_process_and_says_why():
     _, result = auto_run(PerSample(96), epochs=2)
     assert 'num_workers="auto" chose 0 (reading sample by sample: ' in result.bottleneck
     assert "no workers" in result.bottleneck
+
+
+def test_when_auto_chose_no_workers_for_a_slow_dataset_the_report_does_not_say_raise_them(monkeypatch):
+    class Slow(PerSample):
+        def __getitem__(self, i):
+            end = time.perf_counter() + 0.001
+            while time.perf_counter() < end:  # busy, like decoding
+                pass
+            return super().__getitem__(i)
+
+    monkeypatch.setattr(ct_reader, "choose_workers", lambda fetch, step, spare: (0, "stub"))
+    _, result = auto_run(Slow(96), epochs=1)
+    assert result.bottleneck.startswith("data loading is ") and "raise num_workers" not in result.bottleneck
+    assert '"auto" chose 0 (reading sample by sample: ' in result.bottleneck
+    assert result.bottleneck.endswith("stub; make the dataset's __getitem__ cheaper (decode once and cache, smaller "
+                                      "inputs) or give the job more CPUs")  # fmt: skip
 
 
 def test_auto_on_a_tensor_dataset_reads_whole_batches(monkeypatch):

@@ -135,6 +135,11 @@ class Meter:
     def bottleneck(self, loader: Any) -> str:
         """What limits throughput, and the fix; with what num_workers="auto" chose, and why."""
         cause, choice = self._cause(loader), getattr(loader, "choice", None)
+        if choice and loader.num_workers == 0 and self.data_wait > 0.2:  # auto weighed workers: no "raise" advice
+            return (
+                f"data loading is {self.data_wait:.0%} of the step; {choice}; make the dataset's __getitem__ "
+                "cheaper (decode once and cache, smaller inputs) or give the job more CPUs"
+            )
         return f"{cause}; {choice}" if choice else cause
 
     def _cause(self, loader: Any) -> str:
