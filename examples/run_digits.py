@@ -57,7 +57,7 @@ def main() -> None:
 
     result = ct.run(
         train_step, state, train, batch_size=args.batch_size, epochs=args.epochs, eval_step=evaluate,
-        eval_data=test, log_every=10, checkpoint_dir=args.checkpoint_dir, num_workers=0,
+        eval_data=test, log_every=10, checkpoint_dir=args.checkpoint_dir,
     )  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result; one prints it
         for record in result.evals:

@@ -38,6 +38,7 @@ __all__ = [
     "samples",
     "split_batch",
     "split_weighted",
+    "to_device",
     "warn_if_batchnorm",
 ]
 
@@ -116,6 +117,12 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     leaves: list[torch.Tensor] = []
     rebuild = _flatten(batch, leaves)
     return rebuild(iter([fn(t) for t in leaves]))
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor of a nested batch to ``device`` (those already there stay as they are),
+    without blocking when its memory is pinned; non-tensor leaves pass through."""
+    return map_tensors(batch, lambda t: t if t.device == device else t.to(device, non_blocking=True))
 
 
 def leaves(batch: Any) -> list[torch.Tensor]:

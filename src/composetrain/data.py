@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import os
-import random
-import time
 from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+)  # fmt: skip
 
-from composetrain._util import show
-from composetrain.batching import map_tensors
-from composetrain.rng import capture_rng, restore_rng
+from composetrain._util import check_int, show
+from composetrain.prefetch import device_batches
+from composetrain.reader import Reader, ResumableSampler
+from composetrain.rng import capture_rng, restore_rng, seed_everything
 
 __all__ = [
-    "auto_workers", "epoch_batches", "epoch_order", "generator_states", "make_loader",
-    "order_problem", "set_generator_states", "to_device",
+    "ResumableSampler", "auto_workers", "epoch_batches", "epoch_order", "generator_states",
+    "make_loader", "order_problem", "set_generator_states",
 ]  # fmt: skip
 
 
@@ -27,38 +31,10 @@ def auto_workers(local_world_size: int = 1) -> int:
     return max(0, min(8, cores // max(1, local_world_size) - 1))
 
 
-class ResumableSampler(Sampler[int]):
-    """A ``DistributedSampler`` (this rank's share, reshuffled by ``set_epoch``) that can start
-    part-way through an epoch, so that a resumed run sees exactly the samples it had not yet seen."""
-
-    def __init__(self, inner: DistributedSampler[Any]) -> None:
-        self.inner = inner
-        self.start = 0  # samples of this epoch already consumed, on this rank
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.inner.set_epoch(epoch)
-        self.start = start
-
-    def __iter__(self) -> Iterator[int]:
-        indices = list(self.inner)
-        return iter(indices[self.start :])
-
-    def __len__(self) -> int:
-        return len(self.inner) - self.start
-
-
 def _seed_worker(base: int) -> Any:
     def init(worker_id: int) -> None:
         # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059)
-        seed = (base + 1009 * worker_id) % 2**32
-        random.seed(seed)
-        torch.manual_seed(seed)
-        try:
-            import numpy as np
-
-            np.random.seed(seed)
-        except ImportError:  # NumPy is optional
-            pass
+        seed_everything((base + 1009 * worker_id) % 2**32)
 
     return init
 
@@ -77,8 +53,9 @@ def make_loader(
     local_world_size: int,
     seed: int,
     who: str,
-) -> tuple[DataLoader[Any], ResumableSampler | None]:
-    """A DataLoader over ``data`` (a Dataset, or a DataLoader used as given) and its sampler.
+) -> tuple[DataLoader[Any] | Reader, ResumableSampler | None]:
+    """The loader of ``data``: a DataLoader given, used as given (no sampler), or ct.run's ``Reader``
+    over a Dataset, and its sampler (``num_workers``: an int, or "auto": chosen by measurement).
 
     Raises:
         TypeError / ValueError: what ``data`` or the options cannot give, named.
@@ -106,8 +83,10 @@ def make_loader(
         )
     if batch_size is None:
         raise ValueError(f"{who}: batch_size is required when data is a Dataset, e.g. batch_size=64")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"{who}: batch_size must be a positive int, got {show(batch_size)}")
+    batch_size = check_int(batch_size, who, "batch_size", example="batch_size=64")
+    auto = isinstance(num_workers, str) and num_workers == "auto"
+    if not auto:  # 'many', 2.0, -1: named, with both ways to say it right
+        num_workers = check_int(num_workers, who, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
     size = _check_not_empty(data, who)
     if drop_last and batch_size * world_size > size:
         raise ValueError(
@@ -115,28 +94,31 @@ def make_loader(
             f"samples per update, but the dataset has {size} and drop_last=True would leave no batch; "
             "lower batch_size or set drop_last=False"
         )
-    workers = auto_workers(local_world_size) if num_workers == "auto" else num_workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        error = ValueError if isinstance(workers, int) and not isinstance(workers, bool) else TypeError
-        raise error(f"{who}: num_workers must be 'auto' or a non-negative int, got {show(num_workers)}")
     sampler = ResumableSampler(
         DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
     )
-    loader = DataLoader(
-        data,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=drop_last,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        persistent_workers=workers > 0,
-        worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
-        collate_fn=collate_fn,
-        # its own generator: starting an epoch must not draw from the global one, or a run resumed
-        # mid-epoch would see other dropout masks than the uninterrupted run
-        generator=torch.Generator().manual_seed(seed * 7919 + rank),
+
+    def workers(n: int) -> DataLoader[Any]:
+        return DataLoader(
+            data,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=drop_last,
+            num_workers=n,
+            pin_memory=pin_memory,
+            persistent_workers=True,
+            worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
+            collate_fn=collate_fn,
+            # its own generator: starting an epoch must not draw from the global one, or a run resumed
+            # mid-epoch would see other dropout masks than the uninterrupted run
+            generator=torch.Generator().manual_seed(seed * 7919 + rank),
+        )
+
+    workers_now = None if auto else int(num_workers)
+    reader = Reader(
+        data, sampler, batch_size, drop_last, collate_fn, workers_now, workers, auto_workers(local_world_size)
     )
-    return loader, sampler
+    return reader, sampler
 
 
 def _check_not_empty(dataset: Any, who: str) -> int:
@@ -148,12 +130,13 @@ def _check_not_empty(dataset: Any, who: str) -> int:
     return size
 
 
-def epoch_order(loader: DataLoader[Any], sampler: ResumableSampler | None) -> dict[str, Any] | None:
+def epoch_order(loader: DataLoader[Any] | Reader, sampler: ResumableSampler | None) -> dict[str, Any] | None:
     """What a given DataLoader draws this epoch's order from, taken at the epoch's start: the
     random states (global, and the loader's and sampler's own generators) and a
     ``DistributedSampler``'s seed. None for ct.run's own sampler, which starts part-way by itself."""
     if sampler is not None:
         return None
+    assert isinstance(loader, DataLoader)  # for the type checker: only ct.run's own has a sampler
     _start_workers(loader)
     seed = getattr(loader.sampler, "seed", None)
     return {"rng": capture_rng(), "generators": generator_states(loader), "sampler_seed": seed}
@@ -215,7 +198,7 @@ def _start_workers(loader: DataLoader[Any]) -> None:
 
 
 def epoch_batches(
-    loader: DataLoader[Any],
+    loader: DataLoader[Any] | Reader,
     sampler: ResumableSampler | None,
     epoch: int,
     start: int,
@@ -239,6 +222,8 @@ def epoch_batches(
     if sampler is not None:
         sampler.set_epoch(epoch, start=start * (loader.batch_size or 1))
         batches = iter(loader)
+    elif not isinstance(loader, DataLoader):  # for the type checker: only ct.run's own has a sampler
+        raise TypeError(f"epoch_batches: a {type(loader).__name__} needs its sampler")
     elif start and order is not None:
         _start_workers(loader)
         now = capture_rng()
@@ -256,19 +241,5 @@ def epoch_batches(
         if hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
         batches = iter(loader)
-    position = start
-    while position < end:
-        tick = time.perf_counter()
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        batch = to_device(batch, device)
-        position += 1
-        yield position, batch, time.perf_counter() - tick
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor of a nested batch to ``device`` (those already there stay as they are),
-    without blocking when its memory is pinned; non-tensor leaves pass through."""
-    return map_tensors(batch, lambda t: t if t.device == device else t.to(device, non_blocking=True))
+    for position, (batch, waited) in enumerate(device_batches(batches, device, end - start), start + 1):
+        yield position, batch, waited

@@ -10,9 +10,8 @@ import torch
 from torch import nn
 
 from composetrain._util import check_int, show
-from composetrain.batching import concat_batches, leading_size, leaves, split_batch, warn_if_batchnorm
+from composetrain.batching import concat_batches, leading_size, leaves, split_batch, to_device, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep
-from composetrain.data import to_device
 from composetrain.placement import check_placement, parse_device
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import Transform, refuse_step, transform_factory

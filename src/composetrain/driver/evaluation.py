@@ -10,8 +10,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 from composetrain._util import show
-from composetrain.batching import leading_size
-from composetrain.data import to_device
+from composetrain.batching import leading_size, to_device
 from composetrain.rendezvous import Process
 
 __all__ = ["EvalStep", "evaluator"]

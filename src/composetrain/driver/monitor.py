@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
 from composetrain.core import StepOutput
 from composetrain.data import auto_workers
@@ -113,7 +112,17 @@ class Meter:
         total = self.waited + self.computed
         return self.waited / total if total > 0 else 0.0
 
-    def bottleneck(self, loader: DataLoader[Any]) -> str:
+    def bottleneck(self, loader: Any) -> str:
+        """What limits throughput, and the fix; with what num_workers="auto" chose, and why."""
+        cause, choice = self._cause(loader), getattr(loader, "choice", None)
+        if choice and loader.num_workers == 0 and self.data_wait > 0.2:  # auto weighed workers: no "raise" advice
+            return (
+                f"data loading is {self.data_wait:.0%} of the step; {choice}; make the dataset's __getitem__ "
+                "cheaper (decode once and cache, smaller inputs) or give the job more CPUs"
+            )
+        return f"{cause}; {choice}" if choice else cause
+
+    def _cause(self, loader: Any) -> str:
         share = self.data_wait
         if share <= 0.2:
             return f"compute-bound: data loading is {share:.0%} of the step"

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
+from torch.utils.data import DataLoader
+
 from composetrain._sharded_checkpoint import ShardFiles
 from composetrain._util import show
 from composetrain.core import TrainStep
@@ -55,7 +57,8 @@ class RunResult:
         epochs: epochs completed.
         preempted: the run stopped early on SIGTERM/SIGUSR1, after saving.
         data_wait: the fraction of the loop's time spent waiting for batches.
-        bottleneck: a sentence naming what limits throughput, and the fix.
+        bottleneck: a sentence naming what limits throughput, and the fix; and what
+            ``num_workers="auto"`` chose, from which timings, and why.
         checkpoint: the last checkpoint written, if any.
     """
 
@@ -115,7 +118,11 @@ def run(
             own sampler decides: a shuffle that contradicts it is refused.
         drop_last: drop each epoch's last, smaller batch; default False (a DataLoader's own, which a
             differing drop_last is refused against).
-        num_workers: loader workers, or "auto" (this process's share of the cores, less one).
+        num_workers: loader workers (0: read in this process, a whole batch at once from a TensorDataset or
+            a dataset with ``__getitems__``), or "auto": the first updates read in this process are timed,
+            and workers start only if reading is a large share of the update and cores are spare
+            (``RunResult.bottleneck`` says what it chose and why). A dataset that draws random numbers per
+            sample (augmentation) resumes exactly with num_workers=0 only: auto's choice depends on timing.
         collate_fn: the loader's collate function.
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
             ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks.
@@ -277,6 +284,8 @@ class _Driver:
             pin_memory=proc.device.type == "cuda", collate_fn=collate_fn, rank=proc.rank,
             world_size=proc.world_size, local_world_size=proc.local_world_size, seed=seed, who=who,
         )  # fmt: skip
+        # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
+        self.given = self.loader if isinstance(self.loader, DataLoader) else None
         self.evaluator = evaluator(
             eval_step, eval_data, batch_size=batch_size or self.loader.batch_size, collate_fn=collate_fn,
             num_workers=self.loader.num_workers, proc=proc, who=who,
@@ -321,7 +330,7 @@ class _Driver:
                 f"{who}: checkpoint {path} continues a run with other data settings ({listing}); resume with the "
                 "same settings, or point checkpoint_dir elsewhere to start afresh"
             )
-        given = self.loader if self.sampler is None else None
+        given = self.given
         problem = order_problem(given, saved["position"], local["order"], local["generators"])
         if problem:
             raise ValueError(f"{who}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
@@ -379,7 +388,7 @@ class _Driver:
         if self.checkpoints is None:
             return
         self.waiting.now(f"the save of checkpoint step {self.state.step}")
-        generators = generator_states(self.loader) if self.sampler is None else []
+        generators = generator_states(self.given) if self.given is not None else []
         shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators)
         self.saved_at = self.checkpoints.save(self.state.step, shared, local)
 

@@ -1,0 +1,164 @@
+"""ct.run's own loader over a Dataset: batches read in this process, a whole batch at a time where the
+dataset allows it, or by a DataLoader's workers; under ``num_workers="auto"`` chosen by measurement."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
+
+__all__ = ["LEAST_GAIN", "LEAST_SHARE", "MEASURED", "Reader", "ResumableSampler", "choose_workers"]
+
+
+class ResumableSampler(Sampler[int]):
+    """A ``DistributedSampler`` (this rank's share, reshuffled by ``set_epoch``) that can start
+    part-way through an epoch, so that a resumed run sees exactly the samples it had not yet seen."""
+
+    def __init__(self, inner: DistributedSampler[Any]) -> None:
+        self.inner = inner
+        self.start = 0  # samples of this epoch already consumed, on this rank
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.inner.set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(self.inner)
+        return iter(indices[self.start :])
+
+    def __len__(self) -> int:
+        return len(self.inner) - self.start
+
+
+# under num_workers="auto": updates read in this process and timed before choosing (the first is not timed:
+# it pays for first-call set-up), the least share of an update that reading must take before workers are
+# tried, and the least speed-up they must promise (they cost copies and compete for the cores)
+MEASURED, LEAST_SHARE, LEAST_GAIN = 5, 0.2, 1.5
+
+
+def choose_workers(fetch: float, step: float, spare: int) -> tuple[int, str]:
+    """Loader workers for batches that take ``fetch`` seconds each to read in this process, between
+    steps of ``step`` seconds, with ``spare`` cores free: (workers, why).
+
+    Workers read in parallel with the step, so an update takes ``max(step, fetch / workers)`` instead of
+    ``fetch + step``; as many are chosen as hide the reading (at most ``spare``), and none unless reading
+    is at least ``LEAST_SHARE`` of an update and they promise ``LEAST_GAIN`` times the speed.
+
+    Example:
+        >>> choose_workers(fetch=0.03, step=0.01, spare=7)
+        (3, 'reading a batch is 75% of an update: 3 worker(s) of the 7 spare cores, for 4.0x')
+    """
+    total = fetch + step
+    share = fetch / total if total > 0 else 0.0
+    if share < LEAST_SHARE:
+        return 0, f"reading a batch is {share:.0%} of an update: no workers, reading in this process"
+    if spare < 1:
+        return 0, f"reading a batch is {share:.0%} of an update, but no core is spare for workers"
+    n = spare if step <= 0 else max(1, min(spare, math.ceil(fetch / step)))
+    gain = total / max(step, fetch / n)
+    if gain < LEAST_GAIN:
+        return 0, (
+            f"reading a batch is {share:.0%} of an update, but {n} worker(s) of the {spare} spare core(s) "
+            f"would give at most {gain:.2f}x the speed: no workers"
+        )
+    return (
+        n,
+        f"reading a batch is {share:.0%} of an update: {n} worker(s) of the {spare} spare cores, for {gain:.1f}x",
+    )
+
+
+class Reader:
+    """ct.run's loader over a Dataset: this rank's batches, in its sampler's order, as a DataLoader
+    over the same sampler would collate them.
+
+    Without workers they are read in this process, a whole batch at once where the dataset allows
+    it: a TensorDataset's tensors indexed once per batch (without a collate_fn), or one call of the
+    dataset's ``__getitems__`` and then the collate function, as torch's fetcher does. With workers
+    a DataLoader reads them. Under ``num_workers="auto"`` (``workers`` None) the first updates
+    are read here and timed, and ``choose_workers`` decides; workers then take over at the batch
+    where reading stopped, so the order, and an exact resume, are the same whatever it chose (for a
+    dataset whose samples draw no random numbers: read here they draw from this process's generators,
+    by workers from the workers' own; such a dataset resumes exactly with ``num_workers=0`` only).
+
+    Attributes:
+        num_workers: the workers reading now (0: this process).
+        choice: what "auto" chose and why (None before it chose, or when workers were given).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        sampler: ResumableSampler,
+        batch_size: int,
+        drop_last: bool,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        workers: int | None,
+        loader: Callable[[int], DataLoader[Any]],
+        spare: int,
+    ) -> None:
+        self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
+        self.collate_fn = collate_fn or default_collate
+        plain = type(dataset).__getitem__ is TensorDataset.__getitem__ and not getattr(dataset, "__getitems__", None)
+        self._tensors = dataset.tensors if plain and collate_fn is None else None
+        self._loader: DataLoader[Any] | None = None
+        self._make, self._spare = loader, spare
+        self.num_workers = workers or 0
+        self.deciding = workers is None
+        self.choice: str | None = None
+        self._timings: list[tuple[float, float]] = []
+
+    @property
+    def batched(self) -> bool:
+        """Whether this process reads a whole batch in one call (else sample by sample)."""
+        return self._tensors is not None or bool(getattr(self.dataset, "__getitems__", None))
+
+    def __len__(self) -> int:
+        return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._workers()) if self.num_workers else self._read()
+
+    def _workers(self) -> DataLoader[Any]:
+        if self._loader is None:
+            self._loader = self._make(self.num_workers)
+        return self._loader
+
+    def fetch(self, indices: list[int]) -> Any:
+        """The batch of these samples, read in this process."""
+        if self._tensors is not None:
+            index = torch.tensor(indices)
+            # default_collate's list, for a TensorDataset's tuples; a tensor kept on a GPU is indexed there
+            return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
+
+    def _read(self) -> Iterator[Any]:
+        for done, indices in enumerate(BatchSampler(self.sampler, self.batch_size, self.drop_last), 1):
+            tick = time.perf_counter()
+            batch = self.fetch(indices)
+            fetched = time.perf_counter()
+            yield batch
+            if self.deciding:  # the time until the next read is the step's
+                self._timings.append((fetched - tick, time.perf_counter() - fetched))
+                if len(self._timings) > MEASURED:
+                    self._decide()
+                if self.num_workers:  # they go on from the batch this process stopped at
+                    self.sampler.start += done * self.batch_size
+                    yield from self._workers()
+                    return
+
+    def _decide(self) -> None:
+        timed = self._timings[1:]
+        fetch, step = statistics.median(f for f, _ in timed), statistics.median(s for _, s in timed)
+        self.num_workers, why = choose_workers(fetch, step, self._spare)
+        how = "whole batches" if self.batched else "sample by sample"
+        self.choice = (
+            f'num_workers="auto" chose {self.num_workers} (reading {how}: {fetch * 1e3:.2f} ms a batch, '
+            f"the step {step * 1e3:.2f} ms): {why}"
+        )
+        self.deciding = False
