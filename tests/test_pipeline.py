@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import composetrain as ct
+from composetrain._placement import check_placement
 from composetrain.batching import map_tensors
-from composetrain.placement import check_placement
 
 
 class EncoderDecoder(nn.Module):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from composetrain.core import StepOutput
 from composetrain.driver.progress import Due, Progress, Schedule
-from composetrain.rng import seed_everything
+from composetrain.driver.rng import seed_everything
 
 
 def schedule(**kw):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Literal
 
+from composetrain._auto_accumulate import auto_transform
 from composetrain._util import check_int, name, show
-from composetrain.auto_accumulate import auto_transform
 from composetrain.batching import split_weighted, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.state import TrainState

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from composetrain._placement import parse_devices
 from composetrain.batching import split_weighted, to_device, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, combine
-from composetrain.placement import parse_devices
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import Transform, refuse_step, transform_factory
 

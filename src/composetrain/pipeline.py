@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from composetrain._placement import check_placement, parse_device
 from composetrain._util import check_int, show
 from composetrain.batching import concat_batches, leading_size, leaves, split_batch, to_device, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep
-from composetrain.placement import check_placement, parse_device
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import Transform, refuse_step, transform_factory
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
+from composetrain._scaling import LossScaling
 from composetrain._util import check_bool, check_int, check_real, show
 from composetrain.core import Context, Pass, TrainStep, Update
-from composetrain.scaling import LossScaling
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep, Transform, transform_factory
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from composetrain._sharded_checkpoint import SUBDIR, ShardFiles, split
 from composetrain._util import show
-from composetrain.rng import capture_rng, generators_problem, restore_rng, rng_problem
+from composetrain.driver.rng import capture_rng, generators_problem, restore_rng, rng_problem
 
 __all__ = ["Checkpoints", "capture_rng", "restore_rng"]
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from composetrain.core import StepOutput
-from composetrain.data import auto_workers
+from composetrain.driver.loading import auto_workers
 from composetrain.rendezvous import Process
 from composetrain.state import TrainState
 

@@ -20,7 +20,10 @@ from torch.utils.data import DataLoader
 from composetrain._sharded_checkpoint import ShardFiles
 from composetrain._util import show
 from composetrain.core import TrainStep
-from composetrain.data import (
+from composetrain.driver.checkpoint import Checkpoints
+from composetrain.driver.checks import check_arguments, loader_options
+from composetrain.driver.evaluation import EvalStep, evaluator
+from composetrain.driver.loading import (
     epoch_batches,
     epoch_order,
     generator_states,
@@ -28,16 +31,13 @@ from composetrain.data import (
     order_problem,
     set_generator_states,
 )
-from composetrain.driver.checkpoint import Checkpoints
-from composetrain.driver.checks import check_arguments, loader_options
-from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
+from composetrain.driver.rng import restore_rng, seed_everything
 from composetrain.driver.waiting import Waiting
 from composetrain.rendezvous import Process, rendezvous
-from composetrain.rng import restore_rng, seed_everything
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep
 from composetrain.steps import _lift as lift

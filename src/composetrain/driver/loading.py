@@ -15,9 +15,9 @@ from torch.utils.data import (
 )  # fmt: skip
 
 from composetrain._util import check_int, show
-from composetrain.prefetch import device_batches
-from composetrain.reader import Reader, ResumableSampler
-from composetrain.rng import capture_rng, restore_rng, seed_everything
+from composetrain.driver.prefetch import device_batches
+from composetrain.driver.reader import Reader, ResumableSampler
+from composetrain.driver.rng import capture_rng, restore_rng, seed_everything
 
 __all__ = [
     "ResumableSampler", "auto_workers", "epoch_batches", "epoch_order", "generator_states",
