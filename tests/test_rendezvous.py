@@ -242,3 +242,21 @@ def test_srun_style_environment_without_torchrun_trains_like_one_process(tmp_pat
         procs.append(Job([sys.executable, LAUNCH, str(tmp_path)], env))
     wait_all(procs, timeout=240)
     assert_trained_like_one_process(tmp_path, 2, "slurm")
+
+
+@pytest.mark.parametrize("transform", [ct.distributed, ct.sharded])
+def test_transforms_that_sync_processes_learn_of_a_launch_without_a_group_from_rendezvous(monkeypatch, transform):
+    from helpers import classify, make_batch, make_state
+
+    from composetrain.rendezvous import unjoined_launch
+
+    assert unjoined_launch({"WORLD_SIZE": "1"}) is None and unjoined_launch({}) is None
+    assert "RANK is not" in unjoined_launch({"WORLD_SIZE": "2"})
+    assert "no process group is initialised" in unjoined_launch({"WORLD_SIZE": "2", "RANK": "0"})
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.delenv("RANK", raising=False)
+    state = make_state()
+    before = [p.detach().clone() for p in state.model.parameters()]
+    with pytest.raises(RuntimeError, match=r"\(classify\): WORLD_SIZE=3 is set but RANK is not: launch with torchrun"):
+        transform(classify)(state, make_batch(4))
+    assert state.step == 0 and all(torch.equal(a, p) for a, p in zip(before, state.model.parameters(), strict=True))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
@@ -16,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from composetrain._util import check_bool, check_real, name, show
 from composetrain.core import Context, TrainStep
 from composetrain.deferred_sync import DDPDeferredSync
+from composetrain.rendezvous import unjoined_launch
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, transform_factory
 
@@ -147,15 +147,9 @@ class _Distributed(TrainStep):
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
         if world == 1:  # what does not apply is a no-op
-            launched = int(os.environ.get("WORLD_SIZE", "1"))
-            if launched > 1 and not dist.is_initialized():
-                launcher = "RANK is not: launch with torchrun, or set RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and"
-                if "RANK" in os.environ:
-                    launcher = "no process group is initialised:"
-                raise RuntimeError(
-                    f"{self!r}: WORLD_SIZE={launched} is set but {launcher} call ct.rendezvous() first (ct.run "
-                    "does it for you)"
-                )
+            problem = unjoined_launch()
+            if problem is not None:
+                raise RuntimeError(f"{self!r}: {problem}")
             return self._inner().prepare(state, batch, ctx)
         # the global unit count, so that every rank normalises by the same total; DDP averages
         # over ranks, hence the total per rank

@@ -365,6 +365,25 @@ def _torchrun_store(cluster: Cluster, env: Mapping[str, str], timeout: float) ->
     return join_attempt(store, cluster.rank, cluster.world_size, env.get("TORCHELASTIC_RUN_ID", "none"), timeout)
 
 
+def unjoined_launch(env: Mapping[str, str] | None = None) -> str | None:
+    """Why a transform that makes processes agree cannot run alone here, or None: the launcher
+    started several processes (``WORLD_SIZE`` above 1) but no process group is initialised. The
+    sentence completes "WORLD_SIZE=N is set but ..."; transforms raise it with their own name."""
+    env = os.environ if env is None else env
+    world = env.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) <= 1 or (dist.is_available() and dist.is_initialized()):
+        return None
+    if "RANK" not in env:
+        return (
+            f"WORLD_SIZE={world} is set but RANK is not: launch with torchrun, or set RANK, LOCAL_RANK, "
+            "MASTER_ADDR, MASTER_PORT, and call ct.rendezvous() first (ct.run does it for you)"
+        )
+    return (
+        f"WORLD_SIZE={world} is set but no process group is initialised: call ct.rendezvous() first (ct.run "
+        "does it for you)"
+    )
+
+
 def _check_not_half_launched(env: Mapping[str, str]) -> None:
     """A WORLD_SIZE above 1 without RANK (nor SLURM's variables) is a launch that went half-way: running
     alone would train one replica of a job that expects several, so say what is missing instead."""

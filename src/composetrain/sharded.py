@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
@@ -16,6 +15,7 @@ from composetrain._shard_units import Units, check_units_argument, describe_unit
 from composetrain._util import check_bool, show
 from composetrain.batching import samples
 from composetrain.core import Context, TrainStep
+from composetrain.rendezvous import unjoined_launch
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, transform_factory
 
@@ -133,11 +133,9 @@ class _Sharded(TrainStep):
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
         if world == 1:  # what does not apply is a no-op
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-                raise RuntimeError(
-                    f"{self!r}: WORLD_SIZE={os.environ['WORLD_SIZE']} is set but no process group is initialised: "
-                    "call ct.rendezvous() first (ct.run does it for you)"
-                )
+            problem = unjoined_launch()
+            if problem is not None:
+                raise RuntimeError(f"{self!r}: {problem}")
             return self._inner().prepare(state, batch, ctx)
         # the global unit count, so that every rank normalises by the same total (FSDP2 averages the
         # gradients over ranks, hence the total per rank), and every rank's sample count, in one collective
