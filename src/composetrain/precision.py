@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from composetrain._util import check_int, check_real, show
-from composetrain.core import Context, Pass, TrainStep, Update
+from composetrain.core import Context, Hook, Pass, TrainStep, Update
 from composetrain.scaling import LossScaling
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep, Transform, transform_factory
@@ -137,15 +137,18 @@ class _MixedPrecision(TrainStep):
         self.loss_scale = loss_scale
         self.max_skips = max_skips
         self.check_finite = check_finite
+        # devices -> (dtype, device types, autocast hooks): derived from the configuration and the devices
+        self._plans: dict[frozenset[torch.device], tuple[torch.dtype, list[str], tuple[Hook, ...]]] = {}
         super().__init__(inner)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         if self.dtype is torch.float32:  # what does not apply is a no-op
             return self._inner().prepare(state, batch, ctx)
-        devices = {p.device for p in state.model.parameters()} or {torch.device("cpu")}
-        dtype = self._resolve(devices)
-        kinds = sorted({d.type for d in devices})
-        autocasts = tuple(lambda c, d=d: torch.autocast(d, dtype=dtype) for d in kinds)
+        devices = frozenset(p.device for p in state.model.parameters()) or frozenset({torch.device("cpu")})
+        plan = self._plans.get(devices)
+        if plan is None:  # what the devices imply is found once, not per update
+            plan = self._plans[devices] = self._plan(devices)
+        dtype, kinds, autocasts = plan
         scales = dtype is torch.float16 or self.check_finite
         ctx = ctx._replace(around_forward=(*ctx.around_forward, *autocasts), notes={**ctx.notes, self.role: scales})
         if not scales:  # bf16 trusting its gradients: autocast only, no scaler, no host sync
@@ -156,7 +159,7 @@ class _MixedPrecision(TrainStep):
         scaling = state.transform_state(self.role, LossScaling)
         if scaling.device is None:  # first use: GradScaler cannot unscale fp16 gradients
             _refuse_fp16_weights(state.optimizer, self)
-        scaling.configure((_SHORT[dtype], fixed), kinds[0], repr(self))
+        scaling.configure((_SHORT[dtype], fixed), kinds[0], self)
         if scaling.unscaled:  # a previous call failed between unscale and update: reset the stage only
             scaling.scaler.update(new_scale=scaling.scaler.get_scale())
             scaling.unscaled = False
@@ -203,7 +206,12 @@ class _MixedPrecision(TrainStep):
             )
         return applied
 
-    def _resolve(self, devices: set[torch.device]) -> torch.dtype:
+    def _plan(self, devices: frozenset[torch.device]) -> tuple[torch.dtype, list[str], tuple[Hook, ...]]:
+        dtype = self._resolve(devices)
+        kinds = sorted({d.type for d in devices})
+        return dtype, kinds, tuple(lambda c, d=d: torch.autocast(d, dtype=dtype) for d in kinds)
+
+    def _resolve(self, devices: frozenset[torch.device]) -> torch.dtype:
         for device in devices:
             if not torch.amp.is_autocast_available(device.type):
                 raise RuntimeError(

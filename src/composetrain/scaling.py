@@ -44,7 +44,7 @@ class LossScaling:
     def fixed(self) -> float | None:
         return None if self.mode is None else self.mode[1]
 
-    def configure(self, mode: Mode, device: str, who: str) -> None:
+    def configure(self, mode: Mode, device: str, who: object) -> None:
         if mode == self.mode and device == self.device:
             return
         settings = DYNAMIC if mode[1] is None else {**DYNAMIC, "init_scale": mode[1]}
