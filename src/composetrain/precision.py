@@ -163,7 +163,8 @@ class _MixedPrecision(TrainStep):
         if scaling.unscaled:  # a previous call failed between unscale and update: reset the stage only
             scaling.scaler.update(new_scale=scaling.scaler.get_scale())
             scaling.unscaled = False
-        ctx = ctx._replace(scale_loss=(*ctx.scale_loss, scaling.scaler.scale))
+        if fixed != 1.0:  # bf16's scale 1 is left out: multiplying by it costs kernels in every pass, for nothing
+            ctx = ctx._replace(scale_loss=(*ctx.scale_loss, scaling.scaler.scale))
         return self._inner().prepare(state, batch, ctx)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:

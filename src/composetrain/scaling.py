@@ -58,6 +58,8 @@ class LossScaling:
             self.consecutive_skips = 0
         self.mode, self.device = mode, device
         self.scaler = torch.amp.GradScaler(device, **settings)
+        if mode[1] == 1.0:  # a scale of 1 is never applied to a loss: create the scale that unscale_ reads
+            self.scaler.scale(torch.ones((), device=device))
         self.unscaled = False
         saved, self._saved = self._saved, None
         if carried is not None:
