@@ -180,8 +180,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--no-run", action="store_true", help="leave out ct.run (the transform stack alone)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     g = torch.Generator().manual_seed(0)
     corpus = torch.randint(0, args.vocab, (100_000,), generator=g)
