@@ -144,7 +144,10 @@ class _MixedPrecision(TrainStep):
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         if self.dtype is torch.float32:  # what does not apply is a no-op
             return self._inner().prepare(state, batch, ctx)
-        devices = frozenset(p.device for p in state.model.parameters()) or frozenset({torch.device("cpu")})
+        # the optimizer's parameters and the model's others, as TrainState found them: walking the module
+        # tree (model.parameters()) every update would cost more than the rest of this transform
+        params = [p for group in state.optimizer.param_groups for p in group["params"]] + state._unheld
+        devices = frozenset(p.device for p in params) or frozenset({torch.device("cpu")})
         plan = self._plans.get(devices)
         if plan is None:  # what the devices imply is found once, not per update
             plan = self._plans[devices] = self._plan(devices)
