@@ -174,8 +174,7 @@ class _MixedPrecision(TrainStep):
         done = self._inner().grads(state, batch, ctx)
         if ctx.last_backward and ctx.notes.get(self.role):
             scaling = state.transform_state(self.role, LossScaling)
-            scaling.scaler.unscale_(state.optimizer)  # exactly once per update, before any update phase
-            scaling.unscaled = True
+            scaling.unscale(state.optimizer)  # exactly once per update, before any update phase
         return done
 
     def update(self, state: TrainState, ctx: Context) -> Update:
@@ -193,7 +192,9 @@ class _MixedPrecision(TrainStep):
         try:
             applied = self._inner().update(state, ctx._replace(skip_update=ctx.skip_update or bool(found_inf)))
         finally:
-            if scaling.fixed is not None:
+            if scaling.fixed == 1.0:  # only checked (LossScaling.unscale): the scale stays 1
+                pass
+            elif scaling.fixed is not None:
                 scaler.update(new_scale=scaling.fixed)
             elif found_inf is not None:
                 scaler.update()  # back off on inf, grow after growth_interval clean updates
