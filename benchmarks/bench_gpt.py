@@ -9,7 +9,9 @@ contenders, fed the same micro-batches, run interleaved:
     autocast for bf16), then ``clip_grad_norm_``, ``opt.step()``, ``zero_grad``;
 (b) the composetrain stack called directly:
     ``clip_grad_norm(1.0)(mixed_precision(accumulate(4)(step)))``;
-(c) ``ct.run`` over a TensorDataset of the same windows.
+(c) ``ct.run`` over a TensorDataset of the same windows; one call per round, so its
+    time includes what each call starts (the loader, its workers): raise --updates to
+    amortise it.
 
 Before timing, (a) and (b) train a few updates from the same weights and must agree
 to float32 rounding, so the two time the same work.
@@ -220,7 +222,7 @@ def main() -> None:
                 "hand-written loop",
             )
         )
-        print()
+        print(flush=True)
 
 
 if __name__ == "__main__":
