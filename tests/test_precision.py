@@ -580,3 +580,48 @@ def test_a_half_precision_model_is_refused_before_anything_changes(dtype):
     with pytest.raises(TypeError, match=r"holds float16 parameters \(model.half\(\)\); .*keep the model in float32"):
         ct.mixed_precision(dtype=dtype)(classify)(state, batch)
     assert_untouched(state, before)
+
+
+# -- what one update costs ----------------------------------------------------------------------------
+class SeesContext(ct.TrainStep):
+    """Records the context its inner step is given."""
+
+    def __init__(self, inner):
+        self.seen = []
+        super().__init__(inner)
+
+    def grads(self, state, batch, ctx):
+        self.seen.append(ctx)
+        return super().grads(state, batch, ctx)
+
+
+@pytest.mark.parametrize("loss_scale", [None, 1.0])
+def test_a_scale_of_one_is_not_applied_and_the_update_is_the_hand_written_one(loss_scale):
+    # bf16 (scale 1) and fp16 at a fixed scale of 1 multiply no loss by 1 (two kernels per pass, for
+    # nothing); the update is bit for bit the hand-written autocast loop's, and non-finite gradients are
+    # still found
+    dtype = "bf16" if loss_scale is None else "fp16"
+    options = {} if loss_scale is None else {"loss_scale": loss_scale}
+    ours, hand = state32(scheduler=False), state32(scheduler=False)
+    inner = SeesContext(ct.accumulate(3)(classify))
+    train = ct.mixed_precision(inner, dtype=dtype, **options)
+    for seed in range(3):
+        batch = batch32(seed=seed)
+        inner.seen.clear()
+        train(ours, batch)
+        assert inner.seen[0].scale_loss == ()
+        for piece in ct.split_batch(batch, 3):
+            with torch.autocast("cpu", dtype=DTYPE[dtype]):
+                loss, _ = classify(hand.model, piece)
+            (loss * (len(piece[0]) / len(batch[0]))).backward()
+        hand.optimizer.step()
+        hand.zero_grad()
+        hand.step += 1
+    for a, b in zip(ours.model.parameters(), hand.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert scale_of(ours) == 1.0
+    bad = batch32(seed=9)
+    bad[0][0, 0] = float("inf")
+    before = snapshot(ours)
+    assert train(ours, bad).skipped
+    assert_untouched(ours, before)

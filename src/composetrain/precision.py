@@ -8,7 +8,7 @@ import torch
 
 from composetrain._scaling import LossScaling
 from composetrain._util import check_bool, check_int, check_real, show
-from composetrain.core import Context, Pass, TrainStep, Update
+from composetrain.core import Context, Hook, Pass, TrainStep, Update
 from composetrain.state import TrainState
 from composetrain.steps import PlainStep, Transform, transform_factory
 
@@ -138,15 +138,21 @@ class _MixedPrecision(TrainStep):
         self.loss_scale = loss_scale
         self.max_skips = max_skips
         self.check_finite = check_finite
+        # devices -> (dtype, device types, autocast hooks): derived from the configuration and the devices
+        self._plans: dict[frozenset[torch.device], tuple[torch.dtype, list[str], tuple[Hook, ...]]] = {}
         super().__init__(inner)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         if self.dtype is torch.float32:  # what does not apply is a no-op
             return self._inner().prepare(state, batch, ctx)
-        devices = {p.device for p in state.model.parameters()} or {torch.device("cpu")}
-        dtype = self._resolve(devices)
-        kinds = sorted({d.type for d in devices})
-        autocasts = tuple(lambda c, d=d: torch.autocast(d, dtype=dtype) for d in kinds)
+        # the optimizer's parameters and the model's others, as TrainState found them: walking the module
+        # tree (model.parameters()) every update would cost more than the rest of this transform
+        params = [p for group in state.optimizer.param_groups for p in group["params"]] + state._unheld
+        devices = frozenset(p.device for p in params) or frozenset({torch.device("cpu")})
+        plan = self._plans.get(devices)
+        if plan is None:  # what the devices imply is found once, not per update
+            plan = self._plans[devices] = self._plan(devices)
+        dtype, kinds, autocasts = plan
         scales = dtype is torch.float16 or self.check_finite
         ctx = ctx._replace(around_forward=(*ctx.around_forward, *autocasts), notes={**ctx.notes, self.role: scales})
         if not scales:  # bf16 trusting its gradients: autocast only, no scaler, no host sync
@@ -157,19 +163,19 @@ class _MixedPrecision(TrainStep):
         scaling = state.transform_state(self.role, LossScaling)
         if scaling.device is None:  # first use: GradScaler cannot unscale fp16 gradients
             _refuse_fp16_weights(state.optimizer, self)
-        scaling.configure((_SHORT[dtype], fixed), kinds[0], repr(self))
+        scaling.configure((_SHORT[dtype], fixed), kinds[0], self)
         if scaling.unscaled:  # a previous call failed between unscale and update: reset the stage only
             scaling.scaler.update(new_scale=scaling.scaler.get_scale())
             scaling.unscaled = False
-        ctx = ctx._replace(scale_loss=(*ctx.scale_loss, scaling.scaler.scale))
+        if fixed != 1.0:  # bf16's scale 1 is left out: multiplying by it costs kernels in every pass, for nothing
+            ctx = ctx._replace(scale_loss=(*ctx.scale_loss, scaling.scaler.scale))
         return self._inner().prepare(state, batch, ctx)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         done = self._inner().grads(state, batch, ctx)
         if ctx.last_backward and ctx.notes.get(self.role):
             scaling = state.transform_state(self.role, LossScaling)
-            scaling.scaler.unscale_(state.optimizer)  # exactly once per update, before any update phase
-            scaling.unscaled = True
+            scaling.unscale(state.optimizer)  # exactly once per update, before any update phase
         return done
 
     def update(self, state: TrainState, ctx: Context) -> Update:
@@ -187,7 +193,9 @@ class _MixedPrecision(TrainStep):
         try:
             applied = self._inner().update(state, ctx._replace(skip_update=ctx.skip_update or bool(found_inf)))
         finally:
-            if scaling.fixed is not None:
+            if scaling.fixed == 1.0:  # only checked (LossScaling.unscale): the scale stays 1
+                pass
+            elif scaling.fixed is not None:
                 scaler.update(new_scale=scaling.fixed)
             elif found_inf is not None:
                 scaler.update()  # back off on inf, grow after growth_interval clean updates
@@ -204,7 +212,12 @@ class _MixedPrecision(TrainStep):
             )
         return applied
 
-    def _resolve(self, devices: set[torch.device]) -> torch.dtype:
+    def _plan(self, devices: frozenset[torch.device]) -> tuple[torch.dtype, list[str], tuple[Hook, ...]]:
+        dtype = self._resolve(devices)
+        kinds = sorted({d.type for d in devices})
+        return dtype, kinds, tuple(lambda c, d=d: torch.autocast(d, dtype=dtype) for d in kinds)
+
+    def _resolve(self, devices: frozenset[torch.device]) -> torch.dtype:
         for device in devices:
             if not torch.amp.is_autocast_available(device.type):
                 raise RuntimeError(
