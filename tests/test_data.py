@@ -295,6 +295,54 @@ def test_auto_choosing_workers_switches_at_the_batch_it_stopped_at_and_trains_th
     assert [r["loss"] for r in result.history] == [r["loss"] for r in plain.history]
 
 
+def evaluate_acc(model, batch):
+    x, y = batch
+    return {"acc": (model(x).argmax(-1) == y).double().mean()}
+
+
+def test_evaluation_indexes_a_tensor_dataset_a_batch_at_a_time_and_others_with_trainings_workers(monkeypatch):
+    """The eval loader is built at the first evaluation: a TensorDataset is indexed once per batch in
+    this process; another dataset gets as many workers as "auto" chose for training (not 0 from
+    before the choice)."""
+    built = []
+    original = ct_reader.Reader.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(ct_reader.Reader, "__init__", spy)
+    monkeypatch.setattr(ct_reader, "choose_workers", lambda fetch, step, spare: (2, "forced"))
+    _, result = auto_run(PerSample(96), epochs=1, eval_step=evaluate_acc, eval_data=run_script.dataset(30))
+    assert len(result.evals) == 1
+    evaluation = built[-1]
+    assert evaluation.indexed and evaluation.num_workers == 0 and len(evaluation.dataset) == 30
+    monkeypatch.undo()
+    monkeypatch.setattr(ct_reader.Reader, "__init__", spy)
+    monkeypatch.setattr(ct_reader, "choose_workers", lambda fetch, step, spare: (2, "forced"))
+    built.clear()
+    _, result = auto_run(PerSample(96), epochs=1, eval_step=evaluate_acc, eval_data=PerSample(30))
+    assert built[-1].dataset is not built[0].dataset and built[-1].num_workers == 2  # training's choice
+
+
+def test_evaluation_is_the_same_however_the_eval_data_is_read():
+    """Indexed a batch at a time, read by workers, or given as a DataLoader: the same exact mean."""
+    direct, _ = auto_run(run_script.dataset(), epochs=1, num_workers=0)
+    x, y = run_script.dataset(30).tensors
+    direct.model.eval()
+    with torch.no_grad():
+        expected = (direct.model(x).argmax(-1) == y).double().mean().item()
+    for data, workers in (
+        (run_script.dataset(30), 0),
+        (PerSample(30), 2),
+        (DataLoader(PerSample(30), batch_size=7), 0),
+    ):
+        _, result = auto_run(
+            run_script.dataset(), epochs=1, num_workers=workers, eval_step=evaluate_acc, eval_data=data
+        )
+        assert result.evals[-1]["acc"] == pytest.approx(expected, abs=1e-12)
+
+
 # -- exact resume, whatever was chosen -------------------------------------------------------------
 def resumes_exactly(tmp, dataset, stop, **options):
     straight, _ = auto_run(dataset(), epochs=2, checkpoint_dir=tmp / "a", **options)

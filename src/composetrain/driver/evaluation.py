@@ -7,10 +7,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 
 from composetrain._util import show
 from composetrain.batching import leading_size, to_device
+from composetrain.driver.reader import Reader
 from composetrain.rendezvous import Process
 
 __all__ = ["EvalStep", "evaluator"]
@@ -24,7 +25,7 @@ def evaluator(
     *,
     batch_size: int | None,
     collate_fn: Any,
-    num_workers: int,
+    num_workers: Callable[[], int],
     proc: Process,
     who: str,
 ) -> Callable[[torch.nn.Module], dict[str, float]] | None:
@@ -34,6 +35,7 @@ def evaluator(
         return None
     if eval_step is None or eval_data is None:
         raise ValueError(f"{who}: give eval_step and eval_data together")
+    loader: DataLoader[Any] | None = None  # a DataLoader given as is, or ct.run's own, built when first used
     if isinstance(eval_data, DataLoader):
         loader = eval_data
     else:
@@ -44,16 +46,32 @@ def evaluator(
                 f"{who}: eval_data has {len(eval_data)} samples for {proc.world_size} processes; every "
                 "process needs at least one"
             )
-        shard = Subset(eval_data, range(proc.rank, len(eval_data), proc.world_size))
-        loader = DataLoader(
-            shard,
-            batch_size=batch_size,
-            collate_fn=collate_fn,
-            num_workers=num_workers,
-            persistent_workers=num_workers > 0,
-            pin_memory=proc.device.type == "cuda",
-            generator=torch.Generator().manual_seed(proc.rank),  # never the global one: resume stays exact
-        )
+        mine = range(proc.rank, len(eval_data), proc.world_size)  # a disjoint, unpadded share per rank
+
+        def workers(n: int) -> DataLoader[Any]:
+            return DataLoader(
+                eval_data,
+                batch_size=batch_size,
+                sampler=mine,
+                collate_fn=collate_fn,
+                num_workers=n,
+                persistent_workers=n > 0,
+                pin_memory=proc.device.type == "cuda",
+                generator=torch.Generator().manual_seed(proc.rank),  # never the global one: resume stays exact
+            )
+
+        built: list[Reader] = []
+
+        def loader_now() -> Reader:
+            """Built at the first evaluation, when the training loader's "auto" has chosen: a TensorDataset
+            is indexed a whole batch at a time in this process, others read by as many workers as training's."""
+            if not built:
+                reader = Reader(eval_data, mine, batch_size, False, collate_fn, 0, workers, 0)
+                n = 0 if reader.indexed else num_workers()
+                built.append(
+                    reader if n == 0 else Reader(eval_data, mine, batch_size, False, collate_fn, n, workers, 0)
+                )
+            return built[0]
 
     @torch.no_grad()
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
@@ -62,7 +80,7 @@ def evaluator(
         sums: dict[str, torch.Tensor] = {}
         count, failure = 0, None
         try:
-            for i, batch in enumerate(loader):
+            for i, batch in enumerate(loader if loader is not None else loader_now()):
                 metrics = _checked(eval_step(model, to_device(batch, proc.device)), sums, i, proc.device, who)
                 n = leading_size(batch) or 1
                 for k, v in metrics.items():

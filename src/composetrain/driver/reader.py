@@ -93,7 +93,7 @@ class Reader:
     def __init__(
         self,
         dataset: Any,
-        sampler: ResumableSampler,
+        sampler: ResumableSampler | range,
         batch_size: int,
         drop_last: bool,
         collate_fn: Callable[[list[Any]], Any] | None,
@@ -111,6 +111,11 @@ class Reader:
         self.deciding = workers is None
         self.choice: str | None = None
         self._timings: list[tuple[float, float]] = []
+
+    @property
+    def indexed(self) -> bool:
+        """Whether a batch is one indexing of tensors in memory (a TensorDataset): never worth a worker."""
+        return self._tensors is not None
 
     @property
     def batched(self) -> bool:
@@ -148,6 +153,7 @@ class Reader:
                 if len(self._timings) > MEASURED:
                     self._decide()
                 if self.num_workers:  # they go on from the batch this process stopped at
+                    assert isinstance(self.sampler, ResumableSampler)  # "auto" reads only ct.run's own sampler
                     self.sampler.start += done * self.batch_size
                     yield from self._workers()
                     return

@@ -288,7 +288,7 @@ class _Driver:
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
         self.evaluator = evaluator(
             eval_step, eval_data, batch_size=batch_size or self.loader.batch_size, collate_fn=collate_fn,
-            num_workers=self.loader.num_workers, proc=proc, who=who,
+            num_workers=lambda: self.loader.num_workers, proc=proc, who=who,
         )  # fmt: skip
         # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
         self.per_epoch = proc.fewest(len(self.loader))
