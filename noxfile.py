@@ -32,6 +32,7 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_precision.py")
     session.run("python", "-m", "torch.distributed.run", "--nproc-per-node=2", "bench_distributed.py")
     session.run("python", "bench_run.py")
+    session.run("python", "bench_gpt.py")
     session.run("python", "bench_parallel.py")
 
 
@@ -48,3 +49,4 @@ def gpu(session: nox.Session) -> None:
             "python", "bench_precision.py", "--device", "cuda", "--model", model, "--dtypes", "fp32", "bf16", "fp16"
         )
     session.run("python", "bench_memory.py", "--device", "cuda")
+    session.run("python", "bench_gpt.py", "--device", "cuda", "--rounds", "21", "--updates", "20")
