@@ -59,7 +59,7 @@ def choose_workers(fetch: float, step: float, spare: int) -> tuple[int, str]:
         return 0, f"reading a batch is {share:.0%} of an update: no workers, reading in this process"
     if spare < 1:
         return 0, f"reading a batch is {share:.0%} of an update, but no core is spare for workers"
-    n = spare if step <= 0 else max(1, min(spare, math.ceil(fetch / step)))
+    n = spare if fetch >= step * spare else max(1, math.ceil(fetch / step))  # no overflow for a tiny step
     gain = total / max(step, fetch / n)
     if gain < LEAST_GAIN:
         return 0, (
