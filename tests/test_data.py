@@ -266,9 +266,26 @@ def test_auto_on_a_tensor_dataset_reads_whole_batches(monkeypatch):
         readers.append(self)
 
     monkeypatch.setattr(ct_reader.Reader, "__init__", spy)
+    # never timed, never handed to workers, whatever the timings would say: one indexing per batch
+    # beats any worker (which would read it sample by sample and pickle it)
+    monkeypatch.setattr(ct_reader, "choose_workers", lambda fetch, step, spare: (2, "forced"))
     _, result = auto_run(run_script.dataset(), epochs=2)
-    assert readers[0].batched and readers[0].num_workers == 0
-    assert 'num_workers="auto" chose 0 (reading whole batches: ' in result.bottleneck
+    assert readers[0].indexed and readers[0].num_workers == 0 and not readers[0].deciding
+    assert 'num_workers="auto" chose 0: a TensorDataset is read a whole batch at a time' in result.bottleneck
+
+
+def test_the_workers_ct_run_started_end_with_the_run():
+    """Training's and evaluation's workers are stopped when ct.run returns, not when the garbage
+    collector gets to them (a cycle through the evaluator once kept them alive)."""
+    import gc
+    import multiprocessing
+
+    gc.disable()
+    try:
+        auto_run(PerSample(96), epochs=1, num_workers=1, eval_step=evaluate_acc, eval_data=PerSample(30))
+        assert multiprocessing.active_children() == []
+    finally:
+        gc.enable()
 
 
 def test_auto_decides_after_timing_the_first_updates(monkeypatch):

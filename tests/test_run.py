@@ -20,6 +20,7 @@ from launching import Job, alive, wait_all
 from torch.utils.data import Dataset, TensorDataset
 
 import composetrain as ct
+from composetrain.driver import loading as ct_loading
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "run_script.py")
@@ -142,7 +143,7 @@ def test_the_bottleneck_report_names_the_cause():
     state = run_script.state()
     result = ct.run(run_script.step, state, Slow(0.01), batch_size=12, num_workers=0, progress=False)
     assert result.data_wait > 0.5 and "data loading is" in result.bottleneck
-    spare = ct.data.auto_workers()
+    spare = ct_loading.auto_workers()
     if spare > 0:
         assert f"raise num_workers (now 0; this process has cores for {spare})" in result.bottleneck
     else:
@@ -233,6 +234,26 @@ def test_resuming_with_other_data_settings_is_refused_not_looped(tmp_path):
         ValueError, match=r"other data settings \(batch_size was 12, now 48, updates_per_epoch was 8, now 2\)"
     ):
         train(tmp_path, epochs=2, batch_size=48)
+
+
+def test_a_run_refused_at_resume_still_releases_what_it_set_up(tmp_path, monkeypatch):
+    """The model is set up (sharded, wrapped) and the log opened before the checkpoint is read: a refusal
+    there releases the runtime state and closes the log, as the end of any run does."""
+    from composetrain.driver import run as driver
+    from composetrain.driver.monitor import MetricsLog
+
+    train(tmp_path, max_steps=5)
+    calls, close = [], driver._Driver.close
+
+    def closing(self):
+        calls.append("close")
+        close(self)
+
+    monkeypatch.setattr(driver._Driver, "close", closing)
+    monkeypatch.setattr(MetricsLog, "close", lambda self: calls.append("log"))
+    with pytest.raises(ValueError, match="other data settings"):
+        train(tmp_path, epochs=2, batch_size=48)
+    assert calls == ["close", "log"]
 
 
 def test_pruning_keeps_the_newest_and_moves_corrupt_checkpoints_aside(tmp_path):

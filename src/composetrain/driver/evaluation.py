@@ -14,9 +14,23 @@ from composetrain.batching import leading_size, to_device
 from composetrain.driver.reader import Reader
 from composetrain.rendezvous import Process
 
-__all__ = ["EvalStep", "evaluator"]
+__all__ = ["EvalStep", "Evaluate", "evaluator"]
 
 EvalStep = Callable[[torch.nn.Module, Any], Mapping[str, Any]]
+
+
+class Evaluate:
+    """``evaluate(model) -> {name: mean}``; ``close()`` stops the workers of the eval loader ct.run built."""
+
+    def __init__(self, run: Callable[[torch.nn.Module], dict[str, float]], readers: list[Reader]) -> None:
+        self.run, self.readers = run, readers
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        return self.run(model)
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
 
 
 def evaluator(
@@ -28,7 +42,7 @@ def evaluator(
     num_workers: Callable[[], int],
     proc: Process,
     who: str,
-) -> Callable[[torch.nn.Module], dict[str, float]] | None:
+) -> Evaluate | None:
     """``evaluate(model) -> {name: mean}``: ``eval_step``'s batch means, weighted by batch size,
     over all of ``eval_data`` (each rank a disjoint, unpadded share); None without eval data."""
     if eval_step is None and eval_data is None:
@@ -36,6 +50,7 @@ def evaluator(
     if eval_step is None or eval_data is None:
         raise ValueError(f"{who}: give eval_step and eval_data together")
     loader: DataLoader[Any] | None = None  # a DataLoader given as is, or ct.run's own, built when first used
+    built: list[Reader] = []
     if isinstance(eval_data, DataLoader):
         loader = eval_data
     else:
@@ -59,8 +74,6 @@ def evaluator(
                 pin_memory=proc.device.type == "cuda",
                 generator=torch.Generator().manual_seed(proc.rank),  # never the global one: resume stays exact
             )
-
-        built: list[Reader] = []
 
         def loader_now() -> Reader:
             """Built at the first evaluation, when the training loader's "auto" has chosen: a TensorDataset
@@ -103,7 +116,7 @@ def evaluator(
         values = totals.tolist()
         return {k: v / values[-1] for k, v in zip(names, values[:-1], strict=True)}
 
-    return evaluate
+    return Evaluate(evaluate, built)
 
 
 def _checked(

@@ -48,7 +48,7 @@ def device_batches(
         return batch if batch is _END else copy.start(batch) if copy is not None else to_device(batch, device)
 
     tick = time.perf_counter()
-    pending = start(next(batches, _END)) if count > 0 else _END
+    pending: Any = start(next(batches, _END)) if count > 0 else _END
     for read in range(1, count + 1):
         current = pending
         if current is _END:
@@ -61,17 +61,22 @@ def device_batches(
 
 class _SideStream:
     """Copies to one CUDA device on a stream of their own; ``ready`` makes the current stream wait for
-    them and tells the caching allocator that the current stream uses their memory."""
+    one batch's copies and tells the caching allocator that the current stream uses their memory."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
 
-    def start(self, batch: Any) -> Any:
-        # the side stream must not start before the memory it reuses is free on the current one
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+    def start(self, batch: Any) -> tuple[Any, torch.cuda.Event]:
+        """Start copying ``batch``; the event marks the end of its copies (and of nothing after them).
+
+        The side stream does not wait for the current one: memory it reuses is safe by ``record_stream``
+        in ``ready``, so the copy of batch k+1 overlaps step k."""
         with torch.cuda.stream(self.stream):
-            return map_tensors(batch, self._copy)
+            moved = map_tensors(batch, self._copy)
+            copied = torch.cuda.Event()
+            copied.record(self.stream)
+        return moved, copied
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
         if t.device == self.device:
@@ -80,9 +85,10 @@ class _SideStream:
             t = t.pin_memory()  # a pageable source would make the copy synchronous
         return t.to(self.device, non_blocking=True)
 
-    def ready(self, batch: Any) -> Any:
+    def ready(self, started: tuple[Any, torch.cuda.Event]) -> Any:
+        batch, copied = started
         current = torch.cuda.current_stream(self.device)
-        current.wait_stream(self.stream)
+        current.wait_event(copied)  # this batch's copies only: the next one's may still be running
         for t in leaves(batch):
             if t.device == self.device:
                 t.record_stream(current)  # not reused before the current stream's work on it is done

@@ -108,8 +108,10 @@ class Reader:
         self._loader: DataLoader[Any] | None = None
         self._make, self._spare = loader, spare
         self.num_workers = workers or 0
-        self.deciding = workers is None
+        self.deciding = workers is None and not self.indexed  # one indexing per batch: never worth a worker
         self.choice: str | None = None
+        if workers is None and self.indexed:
+            self.choice = 'num_workers="auto" chose 0: a TensorDataset is read a whole batch at a time by one indexing'
         self._timings: list[tuple[float, float]] = []
 
     @property
@@ -132,6 +134,13 @@ class Reader:
         if self._loader is None:
             self._loader = self._make(self.num_workers)
         return self._loader
+
+    def close(self) -> None:
+        """Stop the workers, if any were started (they persist across epochs)."""
+        loader, self._loader = self._loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
     def fetch(self, indices: list[int]) -> Any:
         """The batch of these samples, read in this process."""

@@ -35,6 +35,7 @@ from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
+from composetrain.driver.reader import Reader
 from composetrain.driver.rng import restore_rng, seed_everything
 from composetrain.driver.waiting import Waiting
 from composetrain.rendezvous import Process, rendezvous
@@ -119,10 +120,12 @@ def run(
         drop_last: drop each epoch's last, smaller batch; default False (a DataLoader's own, which a
             differing drop_last is refused against).
         num_workers: loader workers (0: read in this process, a whole batch at once from a TensorDataset or
-            a dataset with ``__getitems__``), or "auto": the first updates read in this process are timed,
+            a dataset with ``__getitems__``), or "auto": a TensorDataset is always read in this process; for
+            other datasets the first updates read in this process are timed,
             and workers start only if reading is a large share of the update and cores are spare
             (``RunResult.bottleneck`` says what it chose and why). A dataset that draws random numbers per
-            sample (augmentation) resumes exactly with num_workers=0 only: auto's choice depends on timing.
+            sample (augmentation) resumes exactly with num_workers=0 only, on the CPU: auto's choice depends on
+            timing, and on CUDA the next batch is read ahead.
         collate_fn: the loader's collate function.
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
             ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks.
@@ -177,13 +180,13 @@ def run(
             checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, log_file=log_file,
             tensorboard=tensorboard, seed=seed, who=who,
         )  # fmt: skip
-        # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
-        total_epochs = epochs if epochs is not None else 1 if max_steps is None else None  # None: until max_steps
-        schedule = Schedule(d.per_epoch, total_epochs, max_steps, log_every, eval_every, checkpoint_every)
-        at = d.resume(schedule, seed)
-        d.log.start(at.history, at.evals, at.resumed, state.step)
-        d.start(progress and proc.is_main, schedule.total_updates, timeout)  # bar, stop signal, phases
         try:
+            # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
+            total_epochs = epochs if epochs is not None else 1 if max_steps is None else None  # None: to max_steps
+            schedule = Schedule(d.per_epoch, total_epochs, max_steps, log_every, eval_every, checkpoint_every)
+            at = d.resume(schedule, seed)
+            d.log.start(at.history, at.evals, at.resumed, state.step)
+            d.start(progress and proc.is_main, schedule.total_updates, timeout)  # bar, stop signal, phases
             if at.evaluation_missed(state.step):
                 d.evaluate(at)  # saved before its evaluation, which failed or was cut short
             # -- train: one update per iteration, then what is due after it, always in this order
@@ -213,13 +216,14 @@ def run(
             if at.window:  # stopped inside a logging window (max_steps, a signal): log what it holds
                 d.write_log(at)
         except RuntimeError as e:  # a rank stopped answering or died: say what this one waited for
-            lost = d.waiting.lost(e)
+            lost = d.waiting.lost(e) if d.stop is not None else None
             if lost is None:
                 raise
             raise lost from e
         finally:
             d.close()
         # -- finish: requeue on pre-emption, and say what limited the run
+        assert d.stop is not None  # for the type checker: start() ran
         requeue_job(requeue, d.stop, proc, who)
         result = RunResult(
             history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=d.stop.agreed,
@@ -278,8 +282,7 @@ class _Driver:
             )
         if not can.places_model:  # data_parallel, pipeline_split place the model themselves
             state.model.to(proc.device)
-        step_fn.setup(state)  # before resuming: e.g. a checkpoint's shards load straight into the shards
-        self.loader, self.sampler = make_loader(
+        self.loader, self.sampler = loader, _ = make_loader(
             data, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
             pin_memory=proc.device.type == "cuda", collate_fn=collate_fn, rank=proc.rank,
             world_size=proc.world_size, local_world_size=proc.local_world_size, seed=seed, who=who,
@@ -288,7 +291,7 @@ class _Driver:
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
         self.evaluator = evaluator(
             eval_step, eval_data, batch_size=batch_size or self.loader.batch_size, collate_fn=collate_fn,
-            num_workers=lambda: self.loader.num_workers, proc=proc, who=who,
+            num_workers=lambda: loader.num_workers, proc=proc, who=who,
         )  # fmt: skip
         # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
         self.per_epoch = proc.fewest(len(self.loader))
@@ -312,6 +315,10 @@ class _Driver:
         board = _tensorboard_dir(tensorboard, log_path, who)
         self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
         self.saved_at: Path | None = None  # the last checkpoint written
+        self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
+        # last, so that nothing above can fail with the model set up; before resuming: e.g. a
+        # checkpoint's shards load straight into the shards
+        step_fn.setup(state)
 
     def resume(self, schedule: Schedule, seed: int) -> Progress:
         """The latest valid checkpoint restored into the state and a given DataLoader's generators, or a
@@ -382,6 +389,7 @@ class _Driver:
     def agree_on_stop(self) -> bool:
         """Whether any rank was asked to stop (SIGTERM, SIGUSR1): agreed by all ranks."""
         self.waiting.now(f"the agreement on whether to stop after update {self.state.step}")
+        assert self.stop is not None  # for the type checker: start() ran
         return self.stop.check()
 
     def save(self, at: Progress) -> None:
@@ -400,8 +408,16 @@ class _Driver:
         self.log.write_eval(at.evals[-1])
 
     def close(self) -> None:
+        """Undo what was set up, whatever happened, and however far ``start`` got."""
         if self.proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
             self.state.release_runtime()
-        self.stop.restore()
-        self.bar.close()
+        if self.stop is not None:
+            self.stop.restore()
+            self.bar.close()
         self.log.close()
+        if isinstance(
+            self.loader, Reader
+        ):  # ct.run's own loaders: their workers end with the run (a given one is yours)
+            self.loader.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
