@@ -311,3 +311,116 @@ def released(rank: int, world: int) -> dict[str, Any]:
     fresh = make_state("classify", 0, torch.float64)  # the group itself lives on: another state trains on it
     found["fresh_loss"] = float(step(fresh, batch).loss)
     return found
+
+
+FP16_UPDATES = 8  # rank batches of 6, two micro-batches of 3 each
+
+
+def fp16_batch(rank: int, world: int, i: int, poisoned: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s batch of update ``i``; at update ``poisoned`` the last rank's inputs are too large
+    for fp16 (inf once autocast casts them, NaN after the first layer): the update must be skipped."""
+    x, y = dist_cases.shard(dist_cases.global_batch("classify", [6] * world, 500 + i, torch.float32), [6] * world, rank)
+    return (x * 1e6 if i == poisoned and rank == world - 1 else x), y
+
+
+def fp16_scaling(growth_interval: int) -> dict[str, Any]:
+    """mixed_precision's loss scaling as a checkpoint holds it: GradScaler's defaults (as
+    composetrain's _scaling.DYNAMIC), but growing after ``growth_interval`` clean updates."""
+    scaler = {"scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": growth_interval}
+    return {"mode": ("fp16", None), "scaler": {**scaler, "_growth_tracker": 0}, "consecutive_skips": 0}
+
+
+def fp16_record(model: nn.Module, optimizer: torch.optim.Optimizer, scale: float, skipped: bool, loss: Any) -> Any:
+    return {
+        "params": {n: full(p) for n, p in model.named_parameters()},
+        "optimizer": {
+            k: {name: full(v) for name, v in entries.items()} for k, entries in optimizer.state_dict()["state"].items()
+        },
+        "scale": scale,
+        "skipped": bool(skipped),
+        "loss": loss.detach().clone(),
+    }
+
+
+def fp16_composetrain(
+    rank: int, world: int, letters: str, growth_interval: int, poisoned: int, optimizer: str
+) -> list[dict[str, Any]]:
+    """ct.sharded + ct.mixed_precision('fp16') + ct.accumulate(2) (+ clip_grad_norm(0.5) with ``c``),
+    nested as ``letters`` say (outermost first): one record per update."""
+    parts = {
+        "s": ct.sharded,
+        "m": ct.mixed_precision(dtype="fp16"),
+        "a": ct.accumulate(2),
+        "c": ct.clip_grad_norm(0.5),
+    }
+    train = ct.compose(*(parts[k] for k in letters))(dist_cases.classify)
+    state = fp16_state(optimizer)
+    saved = state.state_dict()  # the scaler's growth interval arrives as a checkpoint would bring it
+    state.load_state_dict({**saved, "transforms": {"mixed_precision": fp16_scaling(growth_interval)}})
+    records = []
+    for i in range(FP16_UPDATES):
+        out = train(state, fp16_batch(rank, world, i, poisoned))
+        scale = state.state_dict()["transforms"]["mixed_precision"]["scaler"]["scale"]
+        records.append(fp16_record(state.model, state.optimizer, scale, bool(out.skipped), out.loss))
+    return records
+
+
+def fp16_state(optimizer: str) -> ct.TrainState:
+    """float32 weights, the same on every rank; no scheduler (the textbook loop would step it on a skip too)."""
+    torch.manual_seed(11)
+    model = Net()
+    return ct.TrainState(model, fp16_optimizer(model, optimizer))
+
+
+def fp16_optimizer(model: nn.Module, optimizer: str) -> torch.optim.Optimizer:
+    if optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def fp16_textbook(rank: int, world: int, clip: bool, growth_interval: int, poisoned: int, optimizer: str) -> Any:
+    """The FSDP2 + GradScaler loop as torch documents it, by hand: one record per update."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = fp16_state(optimizer).model
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    for block in reversed(model.blocks):  # sharded's default units, innermost (last) first, then the root
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = fp16_optimizer(model, optimizer)  # built on the sharded parameters
+    scaler = torch.amp.GradScaler(
+        "cpu", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=growth_interval
+    )
+    records = []
+    for i in range(FP16_UPDATES):
+        x, y = fp16_batch(rank, world, i, poisoned)
+        micro = [(x[:3], y[:3]), (x[3:], y[3:])]
+        shares = []
+        for j, (mx, my) in enumerate(micro):
+            model.set_requires_gradient_sync(j == len(micro) - 1)  # reduce-scatter after the last backward only
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss, _ = dist_cases.classify(model, (mx, my))
+            share = loss * (len(mx) / len(x))
+            scaler.scale(share).backward()
+            shares.append(share.detach())
+        model.set_requires_gradient_sync(True)
+        if clip:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        total = sum(shares[1:], shares[0])
+        records.append(fp16_record(model, opt, scaler.get_scale(), scaler.get_scale() < before, total))
+    return records
+
+
+def fp16_both(
+    rank: int, world: int, letters: str, growth_interval: int = 1, poisoned: int = 3, optimizer: str = "sgd"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """composetrain's records and the textbook loop's, on the same rank batches from the same weights."""
+    mine = fp16_composetrain(rank, world, letters, growth_interval, poisoned, optimizer)
+    theirs = fp16_textbook(rank, world, "c" in letters, growth_interval, poisoned, optimizer)
+    return mine, theirs

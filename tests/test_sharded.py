@@ -1,5 +1,6 @@
 """sharded() (FSDP2) across real gloo processes, against one process on the global batch."""
 
+import itertools
 import math
 
 import pytest
@@ -99,6 +100,43 @@ def test_a_gradient_not_finite_on_one_rank_only_skips_the_update_on_every_rank(p
     assert (
         pool.run("shard_cases", "found_inf_on_one_rank", dtype) == [{"skipped": True, "unchanged": True, "step": 1}] * 2
     )
+
+
+@pytest.mark.parametrize(("letters", "optimizer"), [("sma", "sgd"), ("msa", "adamw"), ("sam", "sgd"), ("csma", "sgd")])
+def test_fp16_dynamic_loss_scaling_is_the_textbook_fsdp2_loop_bit_for_bit(pool, letters, optimizer):
+    """sharded + mixed_precision('fp16') + accumulate(2), mixed_precision inside or outside sharded or
+    accumulate, and under clip_grad_norm, against fully_shard + autocast + GradScaler written by hand (no
+    gradient sync but for the last micro-batch, unscale_ and clip, scaler.step, update, zero_grad): the same
+    parameters, optimizer state, loss, loss scale and skips after every update. The scale grows after each
+    clean update (growth_interval=1, from a checkpoint), so it overflows fp16 by itself (updates 4 and 7),
+    and the last rank's inputs overflow at update 3.
+
+    Bit for bit, not within a tolerance: both run the same kernels in the same order (the loss scaled after
+    its micro-batch share, unscaled once after the last backward, DTensor's unscale_ reducing found_inf
+    over the ranks)."""
+    results = pool.run("shard_cases", "fp16_both", letters, 1, 3, optimizer)
+    for mine, theirs in results:
+        assert [r["skipped"] for r in mine] == [r["skipped"] for r in theirs]
+        assert [r["scale"] for r in mine] == [r["scale"] for r in theirs]
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            torch.testing.assert_close(a["loss"], b["loss"], rtol=0, atol=0, equal_nan=True)  # NaN where poisoned
+            assert a["params"].keys() == b["params"].keys()
+            for name, p in b["params"].items():
+                assert torch.equal(a["params"][name], p), (i, name)
+            assert a["optimizer"].keys() == b["optimizer"].keys()
+            for key, entries in b["optimizer"].items():
+                assert a["optimizer"][key].keys() == entries.keys()
+                for what, v in entries.items():
+                    assert torch.equal(a["optimizer"][key][what], v), (i, key, what)
+    mine = results[0][0]
+    for other, _ in results[1:]:  # every rank holds the same full parameters after every update
+        for a, b in zip(mine, other, strict=True):
+            assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
+    skipped, scales = [r["skipped"] for r in mine], [r["scale"] for r in mine]
+    assert skipped[3] and sum(skipped) >= 2, skipped  # the poisoned update, and an overflow of the grown scale
+    steps = list(itertools.pairwise(scales))
+    assert any(b > a for a, b in steps) and any(b < a for a, b in steps), scales  # grown and backed off
+    assert not all(torch.equal(mine[0]["params"][n], mine[-1]["params"][n]) for n in mine[0]["params"])
 
 
 def test_each_rank_holds_half_the_parameters_gradients_and_optimizer_state(pool):
