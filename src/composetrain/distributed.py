@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from composetrain._util import check_bool, check_real, name, show
 from composetrain.core import Context, TrainStep
 from composetrain.deferred_sync import DDPDeferredSync
-from composetrain.rendezvous import unjoined_launch
+from composetrain.rendezvous import group_world
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, transform_factory
 
@@ -145,15 +145,11 @@ class _Distributed(TrainStep):
         super().__init__(inner)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
-        world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+        world, device = group_world(self.group, self)
         if world == 1:  # what does not apply is a no-op
-            problem = unjoined_launch()
-            if problem is not None:
-                raise RuntimeError(f"{self!r}: {problem}")
             return self._inner().prepare(state, batch, ctx)
         # the global unit count, so that every rank normalises by the same total; DDP averages
         # over ranks, hence the total per rank
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else None
         units = torch.tensor(float(ctx.total_weight), dtype=torch.float64, device=device)
         dist.all_reduce(units, group=self.group)
         per_rank: float | torch.Tensor = units.item() / world if units.device.type == "cpu" else units / world

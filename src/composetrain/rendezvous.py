@@ -365,6 +365,23 @@ def _torchrun_store(cluster: Cluster, env: Mapping[str, str], timeout: float) ->
     return join_attempt(store, cluster.rank, cluster.world_size, env.get("TORCHELASTIC_RUN_ID", "none"), timeout)
 
 
+def group_world(group: Any, who: object) -> tuple[int, torch.device | None]:
+    """For a transform that makes processes agree: the size of ``group`` (1 without a process group,
+    after refusing a launch of several processes that never joined; see ``unjoined_launch``) and the
+    device its collectives take tensors on (None: the CPU, for gloo).
+
+    Raises:
+        RuntimeError: ``"{who}: WORLD_SIZE=N is set but ..."``, saying what the launch is missing.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        problem = unjoined_launch()
+        if problem is not None:
+            raise RuntimeError(f"{who!r}: {problem}")
+        return 1, None
+    nccl = dist.get_backend(group) == "nccl"
+    return dist.get_world_size(group), torch.device("cuda", torch.cuda.current_device()) if nccl else None
+
+
 def unjoined_launch(env: Mapping[str, str] | None = None) -> str | None:
     """Why a transform that makes processes agree cannot run alone here, or None: the launcher
     started several processes (``WORLD_SIZE`` above 1) but no process group is initialised. The

@@ -15,7 +15,7 @@ from composetrain._shard_units import Units, check_units_argument, describe_unit
 from composetrain._util import check_bool, show
 from composetrain.batching import samples
 from composetrain.core import Context, TrainStep
-from composetrain.rendezvous import unjoined_launch
+from composetrain.rendezvous import group_world
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import PlainStep, Transform, transform_factory
 
@@ -131,15 +131,11 @@ class _Sharded(TrainStep):
         super().__init__(inner)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
-        world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+        world, device = group_world(self.group, self)
         if world == 1:  # what does not apply is a no-op
-            problem = unjoined_launch()
-            if problem is not None:
-                raise RuntimeError(f"{self!r}: {problem}")
             return self._inner().prepare(state, batch, ctx)
         # the global unit count, so that every rank normalises by the same total (FSDP2 averages the
         # gradients over ranks, hence the total per rank), and every rank's sample count, in one collective
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else None
         mine = torch.tensor([float(ctx.total_weight), float(samples(batch, self))], dtype=torch.float64, device=device)
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine, group=self.group)
