@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from composetrain._util import show
 from composetrain.batching import leading_size, to_device
-from composetrain.driver.reader import Reader
+from composetrain.driver.reader import Reader, indexable
 from composetrain.rendezvous import Process
 
 __all__ = ["EvalStep", "Evaluate", "evaluator"]
@@ -79,11 +79,8 @@ def evaluator(
             """Built at the first evaluation, when the training loader's "auto" has chosen: a TensorDataset
             is indexed a whole batch at a time in this process, others read by as many workers as training's."""
             if not built:
-                reader = Reader(eval_data, mine, batch_size, False, collate_fn, 0, workers, 0)
-                n = 0 if reader.indexed else num_workers()
-                built.append(
-                    reader if n == 0 else Reader(eval_data, mine, batch_size, False, collate_fn, n, workers, 0)
-                )
+                n = 0 if indexable(eval_data, collate_fn) else num_workers()
+                built.append(Reader(eval_data, mine, batch_size, False, collate_fn, n, workers, 0))
             return built[0]
 
     @torch.no_grad()

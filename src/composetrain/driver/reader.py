@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
 
-__all__ = ["LEAST_GAIN", "LEAST_SHARE", "MEASURED", "Reader", "ResumableSampler", "choose_workers"]
+__all__ = ["LEAST_GAIN", "LEAST_SHARE", "MEASURED", "Reader", "ResumableSampler", "choose_workers", "indexable"]
 
 
 class ResumableSampler(Sampler[int]):
@@ -72,6 +72,13 @@ def choose_workers(fetch: float, step: float, spare: int) -> tuple[int, str]:
     )
 
 
+def indexable(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
+    """Whether a batch of ``dataset`` is one indexing of tensors in memory: a TensorDataset (not
+    overriding how it reads) with the default collate. Never worth a worker."""
+    plain = type(dataset).__getitem__ is TensorDataset.__getitem__ and not getattr(dataset, "__getitems__", None)
+    return plain and collate_fn is None
+
+
 class Reader:
     """ct.run's loader over a Dataset: this rank's batches, in its sampler's order, as a DataLoader
     over the same sampler would collate them.
@@ -103,8 +110,7 @@ class Reader:
     ) -> None:
         self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
         self.collate_fn = collate_fn or default_collate
-        plain = type(dataset).__getitem__ is TensorDataset.__getitem__ and not getattr(dataset, "__getitems__", None)
-        self._tensors = dataset.tensors if plain and collate_fn is None else None
+        self._tensors = dataset.tensors if indexable(dataset, collate_fn) else None
         self._loader: DataLoader[Any] | None = None
         self._make, self._spare = loader, spare
         self.num_workers = workers or 0
