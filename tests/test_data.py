@@ -229,6 +229,19 @@ def test_choose_workers_never_picks_more_than_the_spare_cores_nor_workers_that_d
         assert fetch >= 0.2 * (fetch + step) and (fetch + step) / max(step, fetch / chosen) >= 1.5
 
 
+@pytest.fixture
+def readers(monkeypatch):
+    """Every Reader ct.run builds, in the order it builds them."""
+    built, original = [], ct_reader.Reader.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(ct_reader.Reader, "__init__", spy)
+    return built
+
+
 def auto_run(dataset, **options):
     state = run_script.state()
     options = {"batch_size": 12, "progress": False, "seed": 5, "log_every": 4, **options}
@@ -257,15 +270,7 @@ def test_when_auto_chose_no_workers_for_a_slow_dataset_the_report_does_not_say_r
                                       "inputs) or give the job more CPUs")  # fmt: skip
 
 
-def test_auto_on_a_tensor_dataset_reads_whole_batches(monkeypatch):
-    readers = []
-    original = ct_reader.Reader.__init__
-
-    def spy(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        readers.append(self)
-
-    monkeypatch.setattr(ct_reader.Reader, "__init__", spy)
+def test_auto_on_a_tensor_dataset_reads_whole_batches(monkeypatch, readers):
     # never timed, never handed to workers, whatever the timings would say: one indexing per batch
     # beats any worker (which would read it sample by sample and pickle it)
     monkeypatch.setattr(ct_reader, "choose_workers", lambda fetch, step, spare: (2, "forced"))
@@ -317,26 +322,16 @@ def evaluate_acc(model, batch):
     return {"acc": (model(x).argmax(-1) == y).double().mean()}
 
 
-def test_evaluation_indexes_a_tensor_dataset_a_batch_at_a_time_and_others_with_trainings_workers(monkeypatch):
+def test_evaluation_indexes_a_tensor_dataset_a_batch_at_a_time_and_others_with_trainings_workers(monkeypatch, readers):
     """The eval loader is built at the first evaluation: a TensorDataset is indexed once per batch in
     this process; another dataset gets as many workers as "auto" chose for training (not 0 from
     before the choice)."""
-    built = []
-    original = ct_reader.Reader.__init__
-
-    def spy(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        built.append(self)
-
-    monkeypatch.setattr(ct_reader.Reader, "__init__", spy)
+    built = readers
     monkeypatch.setattr(ct_reader, "choose_workers", lambda fetch, step, spare: (2, "forced"))
     _, result = auto_run(PerSample(96), epochs=1, eval_step=evaluate_acc, eval_data=run_script.dataset(30))
     assert len(result.evals) == 1
     evaluation = built[-1]
     assert evaluation.indexed and evaluation.num_workers == 0 and len(evaluation.dataset) == 30
-    monkeypatch.undo()
-    monkeypatch.setattr(ct_reader.Reader, "__init__", spy)
-    monkeypatch.setattr(ct_reader, "choose_workers", lambda fetch, step, spare: (2, "forced"))
     built.clear()
     _, result = auto_run(PerSample(96), epochs=1, eval_step=evaluate_acc, eval_data=PerSample(30))
     assert built[-1].dataset is not built[0].dataset and built[-1].num_workers == 2  # training's choice
