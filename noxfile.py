@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s benchmarks`."""
+"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s benchmarks`, `nox -s mutants`, `nox -s gpu`."""
 
 import nox
 
@@ -34,6 +34,14 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_run.py")
     session.run("python", "bench_gpt.py")
     session.run("python", "bench_parallel.py")
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """Replay the planted bugs of mutants/*.py (`nox -s mutants -- NAME` for one file): each must be caught.
+    Part of every change's definition of done: add the change's own planted bugs to the catalogue."""
+    session.install("-e", ".[test]")
+    session.run("python", "tools/mutants.py", *session.posargs)
 
 
 @nox.session(venv_backend="none")
