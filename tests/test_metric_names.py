@@ -186,3 +186,15 @@ def test_switching_accumulate_auto_and_n_across_a_resume_inside_a_window_says_so
     train(auto, tmp_path / "b", max_steps=4, log_every=4)
     state, result = train(fixed, tmp_path / "b", max_steps=6, log_every=2)
     assert state.step == 6 and [r["step"] for r in result.history] == [4, 6]
+
+
+def test_metrics_that_change_inside_a_window_of_a_fresh_run_are_not_called_a_resume():
+    calls = []
+
+    def step(model, batch):
+        calls.append(1)
+        loss, metrics = run_script.step(model, batch)
+        return loss, {**metrics, "late": metrics["acc"]} if len(calls) == 2 else metrics
+
+    with pytest.raises(ValueError, match=r"metric 'late' for update 2 since the last log point but not for update 1"):
+        train(step, max_steps=4, log_every=4)

@@ -76,3 +76,27 @@ def test_a_tensorboard_folder_that_cannot_be_used_is_refused_before_anything_is_
     assert not (tmp_path / "ck").exists()  # refused before the checkpoint folder was made
     assert state.step == 0 and snapshot(state).keys() == before.keys()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]  # no event file anywhere
+
+
+def test_the_records_at_the_resumed_step_are_written_back_once(tmp_path):
+    """The checkpoint at step 4 holds its log record and (saved again after a skipped update) its evaluation:
+    the purge from step 4 on hides the crashed run's events there, so the resumed log writes them back."""
+    from types import SimpleNamespace
+
+    from composetrain.driver.monitor import MetricsLog
+
+    proc = SimpleNamespace(is_main=True, differing=lambda value: None)
+    board = tmp_path / "tb"
+    record = {"step": 4, "epoch": 0, "loss": 0.5}
+    evaluation = {"step": 4, "epoch": 0, "acc": 0.75}
+    crashed = MetricsLog(tmp_path / "m.jsonl", proc, board)
+    crashed.start([], [], resumed=False, step=0)
+    crashed.write(record)
+    crashed.write_eval(evaluation)
+    crashed.write({**record, "step": 5, "loss": 0.4})  # past the checkpoint: made again by the resumed run
+    crashed.close()
+    resumed = MetricsLog(tmp_path / "m.jsonl", proc, board)
+    resumed.start([record], [evaluation], resumed=True, step=4)
+    resumed.close()
+    assert scalars(board, "train/loss") == [(4, 0.5)]
+    assert scalars(board, "eval/acc") == [(4, 0.75)]
