@@ -113,6 +113,9 @@ def test_the_reserved_names_are_every_field_the_driver_writes():
     )
     assert set(result.history[0]) - {"acc"} | {"eval"} == TRAIN_FIELDS
     assert set(result.evals[0]) - {"acc"} | {"eval"} == EVAL_FIELDS
+    from composetrain.driver import monitor
+
+    assert (monitor.TRAIN_FIELDS, monitor.EVAL_FIELDS) == (TRAIN_FIELDS, EVAL_FIELDS)  # the lists ct.run refuses by
 
 
 @pytest.mark.parametrize("name", sorted(TRAIN_FIELDS))

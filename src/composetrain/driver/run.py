@@ -128,7 +128,9 @@ def run(
             timing, and on CUDA the next batch is read ahead.
         collate_fn: the loader's collate function.
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
-            ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks.
+            ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks. Names are ``str``
+            other than step, epoch and eval (the record's own fields), as the train step's metrics are
+            (other than those and loss, lr, skipped, updates_per_s, data_wait, global_batch).
         eval_data: a Dataset or DataLoader to evaluate on.
         eval_every: evaluate every this many updates (default: at each epoch's end).
         log_every: read metrics from the device every this many updates (no host
