@@ -1153,7 +1153,7 @@ def test_a_metric_named_like_a_record_field_is_refused(name):
         loss, metrics = run_script.step(model, batch)
         return loss, {**metrics, name: 1.0}
 
-    with pytest.raises(ValueError, match=rf"the step returns metrics \['{name}'\], names that ct.run's log records"):
+    with pytest.raises(ValueError, match=rf"the step returns metric '{name}', a name ct.run's training records"):
         ct.run(step, run_script.state(), run_script.dataset(), batch_size=12, num_workers=0, progress=False)
 
 

@@ -311,7 +311,7 @@ def _window_problem(entry: Any) -> str | None:
         isinstance(entry, dict)
         and isinstance(entry.get("loss"), torch.Tensor)
         and isinstance(entry.get("metrics"), dict)
-        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in entry["metrics"].items())
+        and all(type(k) is str and isinstance(v, torch.Tensor) for k, v in entry["metrics"].items())  # as saved
         and isinstance(entry.get("skipped"), bool)
     ):
         return None

@@ -3,11 +3,11 @@ silently ignored."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from typing import Any
 
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from composetrain._util import check_int, check_real, show
 from composetrain.state import TrainState
@@ -57,6 +57,7 @@ def check_arguments(state: Any, who: str, **options: Any) -> None:
             f"{who}: checkpoint_every={options['checkpoint_every']} but no checkpoint_dir to save in; give "
             "checkpoint_dir, or leave checkpoint_every out"
         )
+    _check_eval_data(options["eval_data"], data, who)
     if options["eval_every"] is not None and options["eval_step"] is None:
         raise ValueError(
             f"{who}: eval_every={options['eval_every']} but no eval_step to evaluate with; give eval_step and "
@@ -101,3 +102,22 @@ def _shuffles(sampler: Any) -> bool | None:
     if isinstance(sampler, DistributedSampler):
         return bool(sampler.shuffle)
     return None
+
+
+def _check_eval_data(eval_data: Any, data: Any, who: str) -> None:
+    """Refuse eval_data that ct.run could not batch or split among processes (a DataLoader is used as given)."""
+    if eval_data is None or isinstance(eval_data, DataLoader):
+        return
+    if isinstance(eval_data, IterableDataset) or not isinstance(eval_data, Sized):
+        kind = "an IterableDataset, without a length" if isinstance(eval_data, IterableDataset) else "without a length"
+        raise TypeError(
+            f"{who}: eval_data is a {type(eval_data).__name__} ({kind}), which ct.run cannot batch and split among "
+            "processes; give a map-style Dataset, or a DataLoader that reads this process's share: "
+            "eval_data=DataLoader(eval_data, batch_size=...)"
+        )
+    if isinstance(data, DataLoader) and data.batch_size is None:
+        raise ValueError(
+            f"{who}: eval_data is a Dataset, which ct.run batches by the training loader's batch size, but the "
+            f"DataLoader given as data has none (it batches with batch_sampler={type(data.batch_sampler).__name__}); "
+            "give eval_data as a DataLoader too: eval_data=DataLoader(eval_set, batch_size=256)"
+        )

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from composetrain._util import show
 from composetrain.batching import leading_size, to_device
+from composetrain.driver.monitor import EVAL_FIELDS, metric_names
 from composetrain.driver.reader import Reader, indexable
 from composetrain.rendezvous import Process
 
@@ -123,6 +124,7 @@ def _checked(
     missing from some batches has no exact mean over the eval data)."""
     if not isinstance(metrics, Mapping):
         raise TypeError(f"{who}: eval_step must return a mapping of names to scalars, got {show(metrics)}")
+    metrics = metric_names(metrics, EVAL_FIELDS, "eval_step")  # plain str, none of the record's own fields
     if index > 0 and metrics.keys() != seen.keys():
         extra, missing = sorted(metrics.keys() - seen.keys()), sorted(seen.keys() - metrics.keys())
         name, where, where_not = (extra[0], index + 1, 1) if extra else (missing[0], 1, index + 1)
@@ -132,6 +134,11 @@ def _checked(
         )
     values = {}
     for k, v in metrics.items():
+        if isinstance(v, complex) or (v.is_complex() if isinstance(v, torch.Tensor) else _kind(v) == "c"):
+            raise TypeError(
+                f"{who}: eval_step's metric {k!r} is complex ({show(v)} for batch {index + 1}); a logged metric is "
+                f"a real number: return {k!r}: z.abs(), or z.real and z.imag as two metrics"
+            )
         try:
             value = torch.as_tensor(v, dtype=torch.float64, device=device)
         except (TypeError, ValueError, RuntimeError):
@@ -144,6 +151,11 @@ def _checked(
             )
         values[k] = value.reshape(())
     return values
+
+
+def _kind(value: Any) -> str | None:
+    """A NumPy array's or scalar's dtype kind ("c": complex), None for anything else."""
+    return getattr(getattr(value, "dtype", None), "kind", None)
 
 
 def _agree(proc: Process, names: list[str], failure: Exception | None, who: str) -> None:

@@ -2,28 +2,59 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from composetrain._util import show
 from composetrain.core import StepOutput
 from composetrain.driver.loading import auto_workers
 from composetrain.rendezvous import Process
 from composetrain.state import TrainState
 
-__all__ = ["Meter", "MetricsLog", "progress_bar"]
+__all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
 
 WHO = "run"  # the name in messages: these serve ct.run
-# what a log record holds besides the step's metrics: a metric of the same name would overwrite it
-RECORD_FIELDS = frozenset({"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait"})
+# The fields ct.run writes in its records besides the metrics: a metric of the same name would overwrite one.
+# "eval" is the key that tells an evaluation record from a training one in the metrics file.
+TRAIN_FIELDS = frozenset(
+    {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
+)
+EVAL_FIELDS = frozenset({"step", "epoch", "eval"})  # an evaluation's metrics are nested under "eval" in the file
+
+
+def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str) -> dict[str, Any]:
+    """``metrics`` named by plain ``str``: the one rule for metric names, which are keys of the log records
+    and of the checkpoint (saved and loaded as exact ``str``). A ``str`` subclass (``StrEnum``, ``np.str_``)
+    becomes the plain ``str`` it holds (the same text: it hashes and compares equal); any other name, or one
+    of the record's own ``fields``, is refused. ``whose``: "the step" or "eval_step"."""
+    plain = {}
+    for k, v in metrics.items():
+        if not isinstance(k, str):
+            raise TypeError(
+                f"{WHO}: {whose} returns metric {show(k)}; metric names must be str (they are keys of the log "
+                f"records and of the checkpoint): name it, e.g. 'class_0' for 0, {{f'class_{{i}}': value}}"
+            )
+        name = k if type(k) is str else str.__str__(k)  # the text itself, whatever the subclass's __str__ says
+        if name in fields:
+            kind = "training" if fields is TRAIN_FIELDS else "evaluation"
+            raise ValueError(
+                f"{WHO}: {whose} returns metric {name!r}, a name ct.run's {kind} records use for their own field "
+                f"(reserved: {sorted(fields)}); rename it in {'the step' if whose == 'the step' else whose}, "
+                f"e.g. {(('train_' if kind == 'training' else 'eval_') + name)!r}"
+            )
+        plain[name] = v
+    return plain
 
 
 class Meter:
@@ -36,15 +67,29 @@ class Meter:
         self.waited = self.computed = 0.0  # this call of ct.run
         self.window_start = time.perf_counter()
         self.window_wait = 0.0
+        self.first = True  # the first update of this call: a resumed window is compared with it
 
     def add(self, window: list[StepOutput], out: StepOutput, waited: float, computed: float) -> None:
-        """Append ``out`` to ``window`` and count the time it waited for its batch and computed."""
-        if not window and out.metrics.keys() & RECORD_FIELDS:  # once per window: a few keys
-            clash = sorted(out.metrics.keys() & RECORD_FIELDS)
+        """Append ``out`` to ``window`` (its metric names checked and made plain ``str``: a few keys and
+        dtypes, no host sync) and count the time it waited for its batch and computed."""
+        metrics = metric_names(out.metrics, TRAIN_FIELDS, "the step")
+        for k, v in metrics.items():
+            if v.is_complex():  # Meter.read's float() would keep the real part alone
+                raise TypeError(
+                    f"{WHO}: the step returns metric {k!r} as a complex tensor; a logged metric is a real number: "
+                    f"return {k!r}: z.abs(), or z.real and z.imag as two metrics"
+                )
+        if self.first and window and sorted(metrics) != sorted(window[0].metrics):  # restored from a checkpoint
             raise ValueError(
-                f"{WHO}: the step returns metrics {clash}, names that ct.run's log records use for their own "
-                f"fields {sorted(RECORD_FIELDS)}; rename them in the step (e.g. 'train_loss')"
+                f"{WHO}: the step's metrics changed across the resume: the checkpoint's {len(window)} update(s) "
+                f"not yet logged returned {sorted(window[0].metrics)}, and the step returns now {sorted(metrics)} "
+                "(a transform that reports metrics was added or removed, such as accumulate('auto'), which "
+                "reports 'micro_batch'); resume with the step that saved it, or start afresh in another "
+                "checkpoint_dir"
             )
+        self.first = False
+        if any(type(k) is not str for k in out.metrics):
+            out = dataclasses.replace(out, metrics=metrics)
         window.append(out)
         self.waited += waited
         self.computed += computed
@@ -156,27 +201,38 @@ class MetricsLog:
         self.path = path if proc.is_main else None
         self.tensorboard = tensorboard if proc.is_main else None
         self.board: Any = None
-        problem = None
-        if self.path is not None:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "a"):  # appends nothing: creates it if missing, truncates nothing
-                    pass
-            except OSError as e:
-                problem = e.strerror or str(e)
-        everyone = proc.differing(problem)
-        problem = problem or (everyone[0] if everyone else None)
-        if problem is not None:
-            raise PermissionError(
-                f"{WHO}: log_file {str(path)!r} is not writable ({problem}); choose a file you can write to"
-            )
+        for arg, target, make in (("log_file", self.path, _touch), ("tensorboard", self.tensorboard, _folder)):
+            problem = None
+            if target is not None:
+                try:
+                    make(target)
+                except OSError as e:
+                    problem = e.strerror or str(e)
+            everyone = proc.differing(problem)
+            problem = problem or (everyone[0] if everyone else None)
+            if problem is not None:
+                where = path if arg == "log_file" else tensorboard
+                raise PermissionError(
+                    f"{WHO}: {arg} {str(where)!r} is not writable ({problem}); choose a "
+                    f"{'file' if arg == 'log_file' else 'folder'} you can write to"
+                )
 
     def start(self, history: list[dict[str, Any]], evals: list[dict[str, Any]], resumed: bool, step: int) -> None:
         """Begin with ``history`` and ``evals``: the records of the run resumed at ``step`` (none on a fresh start)."""
         if self.tensorboard is not None:
             from torch.utils.tensorboard import SummaryWriter  # checked importable by ct.run
 
+            # a resumed run hides what the crashed one wrote from ``step`` on (it is made again), then
+            # writes back the records at ``step`` that the checkpoint holds and no update makes again
             self.board = SummaryWriter(str(self.tensorboard), purge_step=step if resumed else None)
+            if resumed:
+                for r in history:
+                    if r["step"] >= step:
+                        self._board_train(r)
+                for e in evals:
+                    if e["step"] >= step:
+                        self._board_eval(_eval_record(e))
+                self.board.flush()
         if self.path is None:
             return
         train = [json.dumps(r) for r in history]
@@ -199,9 +255,7 @@ class MetricsLog:
         """One training record (a log point)."""
         self._append(record)
         if self.board is not None:
-            for key, value in record.items():
-                if key not in ("step", "epoch") and isinstance(value, (int, float)):
-                    self.board.add_scalar(f"train/{key}", value, record["step"])
+            self._board_train(record)
             self.board.flush()
 
     def write_eval(self, entry: dict[str, Any]) -> None:
@@ -209,9 +263,17 @@ class MetricsLog:
         record = _eval_record(entry)
         self._append(record)
         if self.board is not None:
-            for key, value in record["eval"].items():
-                self.board.add_scalar(f"eval/{key}", value, record["step"])
+            self._board_eval(record)
             self.board.flush()
+
+    def _board_train(self, record: dict[str, Any]) -> None:
+        for key, value in record.items():
+            if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                self.board.add_scalar(f"train/{key}", value, record["step"])
+
+    def _board_eval(self, record: dict[str, Any]) -> None:
+        for key, value in record["eval"].items():
+            self.board.add_scalar(f"eval/{key}", value, record["step"])
 
     def close(self) -> None:
         if self.board is not None:
@@ -221,6 +283,19 @@ class MetricsLog:
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+def _touch(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a"):  # appends nothing: creates it if missing, truncates nothing
+        pass
+
+
+def _folder(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f".write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def _eval_record(entry: dict[str, Any]) -> dict[str, Any]:

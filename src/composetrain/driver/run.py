@@ -128,7 +128,9 @@ def run(
             timing, and on CUDA the next batch is read ahead.
         collate_fn: the loader's collate function.
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
-            ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks.
+            ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks. Names are ``str``
+            other than step, epoch and eval (the record's own fields), as the train step's metrics are
+            (other than those and loss, lr, skipped, updates_per_s, data_wait, global_batch).
         eval_data: a Dataset or DataLoader to evaluate on.
         eval_every: evaluate every this many updates (default: at each epoch's end).
         log_every: read metrics from the device every this many updates (no host
@@ -169,16 +171,18 @@ def run(
         state, who, epochs=epochs, max_steps=max_steps, log_every=log_every, checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints, eval_every=eval_every, seed=seed, shuffle=shuffle, drop_last=drop_last,
         progress=progress, requeue=requeue, timeout=timeout, checkpoint_dir=checkpoint_dir, eval_step=eval_step,
-        data=data, collate_fn=collate_fn,
+        data=data, collate_fn=collate_fn, eval_data=eval_data,
     )  # fmt: skip
     seed = int(seed)  # a NumPy integer too: the checkpoint keeps plain types
     batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
+    log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
+    board = _tensorboard_dir(tensorboard, log_path, who)
     with rendezvous(timeout=timeout) as proc:
         d = _Driver(
             step_fn, state, data, proc, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
             num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step, eval_data=eval_data,
-            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, log_file=log_file,
-            tensorboard=tensorboard, seed=seed, who=who,
+            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, log_path=log_path,
+            board=board, seed=seed, who=who,
         )  # fmt: skip
         try:
             # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
@@ -254,7 +258,18 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path 
     if isinstance(tensorboard, bool):
         assert log_path is not None  # for the type checker: refused above
         return log_path.parent / "tensorboard"
-    return Path(tensorboard)
+    if not os.fspath(tensorboard):
+        raise ValueError(
+            f"{who}: tensorboard={tensorboard!r} names no folder (it would write into the working directory); "
+            "give a folder: tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
+        )
+    folder = Path(tensorboard)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"{who}: tensorboard={str(folder)!r} is a file, not a folder; give a folder for its event files: "
+            "tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
+        )
+    return folder
 
 
 class _Driver:
@@ -264,8 +279,8 @@ class _Driver:
     def __init__(
         self, step_fn: TrainStep, state: TrainState, data: Any, proc: Process, *, batch_size: int | None,
         shuffle: bool, drop_last: bool, num_workers: int | str, collate_fn: Any, eval_step: EvalStep | None,
-        eval_data: Any, checkpoint_dir: Any, keep_checkpoints: int, log_file: Any, tensorboard: Any, seed: int,
-        who: str,
+        eval_data: Any, checkpoint_dir: Any, keep_checkpoints: int, log_path: Path | None, board: Path | None,
+        seed: int, who: str,
     ) -> None:  # fmt: skip
         self.step_fn, self.state, self.proc, self.who = step_fn, state, proc, who
         can = step_fn.capabilities  # what the composition does that the driver must know, never its names
@@ -311,8 +326,6 @@ class _Driver:
             self.checkpoints = Checkpoints(
                 checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who, shards=ShardFiles(state)
             )
-        log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
-        board = _tensorboard_dir(tensorboard, log_path, who)
         self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
         self.saved_at: Path | None = None  # the last checkpoint written
         self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
