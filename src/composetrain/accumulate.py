@@ -37,11 +37,12 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
     shrinks: later updates never retry a size that failed, so an out-of-memory error
     that was transient (another process's memory, fragmentation) leaves the smaller size
     for the rest of the run, and its checkpoints; the update stays exact either way.
-    ``out.metrics["micro_batch"]`` shows the size in use. Under ``distributed`` every process adopts the same size in one small
-    all-reduce per attempt, and no pass runs inside a gradient synchronisation (see
-    ``composetrain.deferred_sync``), so an out-of-memory error on one process neither
-    hangs nor desynchronises the others. When a single sample does not fit, it raises
-    ``torch.OutOfMemoryError`` with the state untouched.
+    ``out.metrics["micro_batch"]`` shows the size in use. Under ``distributed`` every
+    process adopts the same size in one small all-reduce per attempt, and no pass runs
+    inside a gradient synchronisation (see ``composetrain.deferred_sync``), so an
+    out-of-memory error on one process neither hangs nor desynchronises the others. When
+    a single sample does not fit, it raises ``torch.OutOfMemoryError`` with the state
+    untouched.
 
     Args:
         n: the number of micro-batches, a positive int, or ``"auto"``.
