@@ -167,3 +167,12 @@ def test_distributed_mixed_precision_under_a_float64_default_matches_one_process
                 assert (p - q).norm() <= 2e-2 * (q - p0).norm() + 1e-7, name
         for p, q in zip(results[0][name]["params"], results[1][name]["params"], strict=True):
             assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("default", DEFAULTS, ids=str)
+def test_the_micro_batch_metric_is_exact_whatever_the_default(default):
+    """accumulate('auto') reports its micro-batch as a number: 257 samples are 257, not bf16's 256."""
+    with default_dtype(default):
+        state = state_of(torch.float32)
+        out = ct.accumulate("auto")(classify)(state, make_batch(257, dtype=torch.float32))
+        assert float(out.metrics["micro_batch"]) == 257.0
