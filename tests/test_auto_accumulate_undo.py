@@ -129,12 +129,26 @@ def marked_batch(size, seed=0):
 def test_an_oom_in_a_later_micro_batch_restores_the_gradients_from_before_the_call(outer):
     """12 samples: the attempt of 1 x 12 fails at once; the attempt of 2 x 6 fails in its second micro-batch,
     after the first one's backward added into gradients that were there before the call; 4 x 3 fits.
-    The update must be accumulate(4)'s: the gradients put back are copies taken before the call, not the
-    live tensors that backward added into."""
+    The update must be accumulate(4)'s: the gradients put back are copies, not tensors backward added into."""
     extra = [ct.clip_grad_norm(0.5)] if outer else []
+    seen = compare_with_split(extra, [ct.accumulate("auto")], [ct.accumulate(4)])
+    assert seen[:4] == [12, 6, 6, 3]  # the failing attempt did run a backward before it failed
+
+
+def test_an_oom_in_the_first_attempt_after_a_backward_restores_the_gradients_from_before_the_call():
+    """accumulate('auto')(accumulate(2)(step)): the very first attempt (1 x 2 x 6) fails in its second
+    micro-batch, after a backward added into the gradients the call found (no retry has replaced them yet).
+    The snapshot taken before the call must be a copy, not those very tensors."""
+    seen = compare_with_split([], [ct.accumulate("auto"), ct.accumulate(2)], [ct.accumulate(2), ct.accumulate(2)])
+    assert seen[:3] == [6, 6, 3]
+
+
+def compare_with_split(extra, auto, split):
+    """``extra + auto`` against ``extra + split`` on 12 marked samples, out of memory above 6 and for a
+    micro-batch of more than 3 starting at sample 6: equal parameters and momentum. Returns auto's sizes."""
     mlp = lambda: nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))  # noqa: E731
     results, seen = [], []
-    for inner, limit in ((ct.accumulate("auto"), 6), (ct.accumulate(4), 12)):
+    for inner, limit in ((auto, 6), (split, 12)):
         state = state_of(mlp)
         step = late_micro_batch(limit, 6)
 
@@ -142,14 +156,15 @@ def test_an_oom_in_a_later_micro_batch_restores_the_gradients_from_before_the_ca
             seen.append(batch[0].shape[0])
             return step(model, batch)
 
-        ct.compose(*extra, inner)(spy)(state, marked_batch(12))
+        ct.compose(*extra, *inner)(spy)(state, marked_batch(12))
         results.append(state)
-    assert seen[:4] == [12, 6, 6, 3]  # the failing attempt did run a backward before it failed
-    auto, split = results
-    for p, q in zip(auto.model.parameters(), split.model.parameters(), strict=True):
+    auto_state, split_state = results
+    for p, q in zip(auto_state.model.parameters(), split_state.model.parameters(), strict=True):
         assert torch.equal(p, q)
-    for key, entry in auto.optimizer.state_dict()["state"].items():
-        assert torch.equal(entry["momentum_buffer"], split.optimizer.state_dict()["state"][key]["momentum_buffer"])
+    mine, theirs = auto_state.optimizer.state_dict()["state"], split_state.optimizer.state_dict()["state"]
+    for key, entry in mine.items():
+        assert torch.equal(entry["momentum_buffer"], theirs[key]["momentum_buffer"])
+    return seen
 
 
 def test_the_retry_sees_exactly_the_gradients_from_before_the_call():
