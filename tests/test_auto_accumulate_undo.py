@@ -190,4 +190,3 @@ def test_what_is_not_restored_is_said():
     for covered in ("Python's ``random``", "NumPy", "every buffer"):
         assert covered in doc, covered
     assert "not restored" in doc
-
