@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gc
 import math
+import random
+import sys
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from composetrain._util import name, show
-from composetrain.activation_checkpointing import _running_stats
 from composetrain.batching import leading_size, split_weighted, warn_if_batchnorm
 from composetrain.core import Context, Pass, TrainStep, Update, WeightFn, combine
 from composetrain.state import TrainState
@@ -135,7 +136,9 @@ class _AutoAccumulate(TrainStep):
     def update(self, state: TrainState, ctx: Context) -> Update:
         applied = self._inner().update(state, ctx)
         used = state.transform_state(self.role, MicroBatchMemory).used
-        return Update(applied.skipped, {**applied.metrics, "micro_batch": float(used)})
+        # a tensor of its own dtype: the default dtype may be 16-bit, where 257 rounds to 256
+        size = torch.tensor(float(used), dtype=torch.float32)
+        return Update(applied.skipped, {**applied.metrics, "micro_batch": size})
 
     def _config(self) -> tuple[Any, ...]:
         return ("auto", self.own_weight)
@@ -143,18 +146,28 @@ class _AutoAccumulate(TrainStep):
 
 class _Undo:
     """What an attempt that ran out of memory must not leave: its gradients (those from before the call
-    are put back), the random numbers it drew and the running statistics it updated; and its memory."""
+    are put back), the random numbers it drew (torch's CPU and CUDA generators, Python's ``random``,
+    NumPy's global generator), every buffer of the model (changed in place or rebound); and its memory.
+
+    Each buffer is copied once per update, since an attempt may fail anywhere; buffers are small beside
+    the parameters (running statistics, counters, masks).
+    """
 
     def __init__(self, state: TrainState) -> None:
         self.state = state
-        params = list(state.model.parameters())
-        # gradients from before the call: a copy, since backward adds into them in place
-        self.grads = [(p, p.grad.clone()) for p in params if p.grad is not None]
+        model = state.model
+        # gradients from before the call: a copy, since backward may add into them in place
+        self.grads = [(p, p.grad.clone()) for p in model.parameters() if p.grad is not None]
         self.rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.stats = _running_stats(state.model)
+        self.py_rng = random.getstate()
+        numpy = sys.modules.get("numpy")  # a step that never imported NumPy cannot have drawn from it
+        self.np_rng = (numpy, numpy.random.get_state()) if numpy is not None else None
+        # every module's buffer table (a forward may rebind a buffer, not only write into it), and the values
+        self.tables = [(m, dict(m._buffers)) for m in model.modules() if m._buffers]
+        self.buffers = [b for _, table in self.tables for b in table.values() if b is not None]
         with torch.no_grad():
-            self.saved_stats = [b.clone() for b in self.stats]
+            self.values = [b.clone() for b in self.buffers]
 
     def retry(self) -> None:
         self.state.zero_grad()
@@ -163,9 +176,16 @@ class _Undo:
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
-        if self.stats:
+        random.setstate(self.py_rng)
+        if self.np_rng is not None:
+            numpy, saved = self.np_rng
+            numpy.random.set_state(saved)
+        for module, table in self.tables:
+            module._buffers.clear()
+            module._buffers.update(table)
+        if self.buffers:
             with torch.no_grad():
-                torch._foreach_copy_(self.stats, self.saved_stats)
+                torch._foreach_copy_(self.buffers, self.values)
         gc.collect()  # the failed attempt's activations, held in reference cycles of its frames
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()

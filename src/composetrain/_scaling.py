@@ -61,7 +61,7 @@ class LossScaling:
         self.mode, self.device = mode, device
         self.scaler = torch.amp.GradScaler(device, **settings)
         if mode[1] == 1.0:  # a scale of 1 is never applied to a loss: create the scale that unscale_ reads
-            self.scaler.scale(torch.ones((), device=device))
+            self.scaler.scale(torch.ones((), dtype=torch.float32, device=device))
         self.unscaled = False
         saved, self._saved = self._saved, None
         if carried is not None:
@@ -100,11 +100,12 @@ class LossScaling:
                     grads.setdefault((g.device, g.dtype), []).append(g)
         found: dict[torch.device, torch.Tensor] = {}
         with torch.no_grad():
+            # float32 whatever torch's default dtype: the fused kernel refuses any other (PITFALLS 30)
             for (device, _), tensors in grads.items():
                 if device not in found:
-                    found[device] = torch.zeros(1, device=device)
+                    found[device] = torch.zeros(1, dtype=torch.float32, device=device)
                 if device not in self._ones:
-                    self._ones[device] = torch.ones(1, device=device)
+                    self._ones[device] = torch.ones(1, dtype=torch.float32, device=device)
                 torch._amp_foreach_non_finite_check_and_unscale_(tensors, found[device], self._ones[device])
         return list(found.values())
 

@@ -27,15 +27,22 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
 
     With ``n="auto"`` the batch is the optimisation batch and the micro-batch adapts to
     memory: an out-of-memory error (``torch.OutOfMemoryError``, on any device) retries
-    the update with twice as many micro-batches, leaving nothing of the failed attempt
-    (gradients, random numbers drawn, running statistics; the CUDA cache is emptied).
-    The micro-batch size that fits is kept in the TrainState (checkpointed), so later
-    updates never retry a size that failed; ``out.metrics["micro_batch"]`` shows the
-    size in use. Under ``distributed`` every process adopts the same size in one small
-    all-reduce per attempt, and no pass runs inside a gradient synchronisation (see
-    ``composetrain.deferred_sync``), so an out-of-memory error on one process neither
-    hangs nor desynchronises the others. When a single sample does not fit, it raises
-    ``torch.OutOfMemoryError`` with the state untouched.
+    the update with micro-batches half as large, leaving nothing of the failed attempt:
+    its gradients (those from before the call are put back), the random numbers it drew
+    (torch's CPU and CUDA generators, Python's ``random``, NumPy's global generator) and
+    every buffer of the model, changed in place or rebound; the CUDA cache is emptied.
+    What the step changes elsewhere is not restored: its own generators
+    (``np.random.default_rng``), attributes that are not buffers, the batch, files.
+    The micro-batch size that fits is kept in the TrainState (checkpointed). It only
+    shrinks: later updates never retry a size that failed, so an out-of-memory error
+    that was transient (another process's memory, fragmentation) leaves the smaller size
+    for the rest of the run, and its checkpoints; the update stays exact either way.
+    ``out.metrics["micro_batch"]`` shows the size in use. Under ``distributed`` every
+    process adopts the same size in one small all-reduce per attempt, and no pass runs
+    inside a gradient synchronisation (see ``composetrain.deferred_sync``), so an
+    out-of-memory error on one process neither hangs nor desynchronises the others. When
+    a single sample does not fit, it raises ``torch.OutOfMemoryError`` with the state
+    untouched.
 
     Args:
         n: the number of micro-batches, a positive int, or ``"auto"``.
