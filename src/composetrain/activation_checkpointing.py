@@ -7,6 +7,7 @@ import difflib
 import functools
 import inspect
 import itertools
+import random
 from collections.abc import Callable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -15,6 +16,11 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
+
+try:  # NumPy's global stream is replayed when NumPy is there; torch does not require it
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy comes with every usual torch install
+    np = None  # type: ignore[assignment]
 
 from composetrain._util import name, show
 from composetrain.core import Context, Pass, TrainStep
@@ -212,11 +218,58 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
 def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
     if not torch.is_grad_enabled():  # nothing is kept for backward anyway
         return forward(*args, **kwargs)
+    # Every keyword is the module's: checkpoint would take early_stop=, debug=, use_reentrant=... as its own
+    # options, so they ride in the function and checkpoint gets the positional arguments only.
+    run = functools.partial(forward, **kwargs) if kwargs else forward
 
     def contexts() -> tuple[Any, Any]:
-        return contextlib.nullcontext(), stats()
+        replay = _Replay(stats)
+        return replay.original(), replay
 
-    return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts, **kwargs)
+    return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
+
+
+class _Replay:
+    """Python's and NumPy's random streams for one checkpointed call; torch's own generators are stashed
+    and replayed by checkpoint itself (preserve_rng_state=True).
+
+    ``original()`` goes around the original forward and remembers where the streams start. The object
+    itself goes around each recomputation (re-enterable: a graph kept with retain_graph is recomputed at
+    every backward): the streams draw the forward's numbers again, then come out where they went in, so
+    the recomputation consumes nothing (as fork_rng does for torch's generators), and BatchNorm's running
+    statistics come out as they went in.
+    """
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self.stats = stats
+        self.start: tuple[Any, Any] = (None, None)
+        self.exits: list[contextlib.ExitStack] = []
+
+    @contextlib.contextmanager
+    def original(self) -> Iterator[None]:
+        self.start = _python_and_numpy_states()
+        yield
+
+    def __enter__(self) -> None:
+        stack = contextlib.ExitStack()
+        stack.callback(_set_python_and_numpy_states, _python_and_numpy_states())
+        _set_python_and_numpy_states(self.start)
+        stack.enter_context(self.stats())
+        self.exits.append(stack)
+
+    def __exit__(self, *exc: Any) -> bool:
+        return self.exits.pop().__exit__(*exc)
+
+
+def _python_and_numpy_states() -> tuple[Any, Any]:
+    return random.getstate(), None if np is None else np.random.get_state()
+
+
+def _set_python_and_numpy_states(states: tuple[Any, Any]) -> None:
+    python, numpy = states
+    random.setstate(python)
+    if np is not None:
+        np.random.set_state(numpy)
 
 
 def _running_stats(module: nn.Module) -> list[torch.Tensor]:
