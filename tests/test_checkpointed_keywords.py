@@ -1,0 +1,102 @@
+"""checkpoint_activations hands every keyword argument to the chosen module, also those that share a name
+with torch.utils.checkpoint.checkpoint's own options (issue 19.5)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import composetrain as ct
+
+# checkpoint's options: a module keyword of one of these names was taken by checkpoint (early_stop,
+# debug, determinism_check, context_fn silently or with a misleading error) or clashed with ours.
+NAMES = ["early_stop", "debug", "use_reentrant", "determinism_check", "context_fn", "preserve_rng_state"]
+VALUES = [True, "on", object(), 0.5]
+
+
+class Gate(nn.Module):
+    """Takes one keyword of any name and records what arrived; its value changes the output, so a
+    keyword lost on the way changes the gradients too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.seen: list[dict] = []
+
+    def forward(self, x, **options):
+        self.seen.append(options)
+        (value,) = options.values()
+        return torch.tanh(self.lin(x)) * (2.0 if value is True else 1.0 + len(str(type(value))) / 100)
+
+
+class Net(nn.Module):
+    def __init__(self, name: str, value) -> None:
+        super().__init__()
+        self.inp = nn.Linear(5, 4)
+        self.gate = Gate()
+        self.out = nn.Linear(4, 3)
+        self.name, self.value = name, value
+
+    def forward(self, x):
+        return self.out(self.gate(self.inp(x), **{self.name: self.value}))
+
+
+def step(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def make(name, value):
+    torch.manual_seed(0)
+    model = Net(name, value).double()
+    return ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+@pytest.mark.parametrize("value", VALUES, ids=["True", "str", "object", "float"])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_keyword_reaches_the_module_unchanged(name, value):
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g))
+    a, b = make(name, value), make(name, value)
+    ct.checkpoint_activations("gate")(step)(a, batch)
+    ct.train_step(step)(b, batch)
+    # forward, then the recomputation in backward: both with the module's own keyword
+    assert len(a.model.gate.seen) == 2 and all(s == {name: value} for s in a.model.gate.seen)
+    assert all(s[name] is value for s in a.model.gate.seen)
+    for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), k
+
+
+class Mixer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, *, context):
+        return torch.sin(self.lin(x)) * context
+
+
+class Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.ctx, self.mix, self.out = nn.Linear(5, 4), nn.Linear(5, 4), Mixer(), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.out(self.mix(self.inp(x), context=self.ctx(x)))
+
+
+def test_a_keyword_tensor_that_needs_gradients_gets_them():
+    """The gradient flows back through a keyword argument as through a positional one."""
+    g = torch.Generator().manual_seed(2)
+    batch = (torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g))
+    states = []
+    for build in (ct.checkpoint_activations(Mixer), ct.train_step):
+        torch.manual_seed(0)
+        model = Two().double()
+        before = model.ctx.weight.detach().clone()
+        states.append(ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)))
+        build(step)(states[-1], batch)
+    a, b = states
+    assert not torch.equal(a.model.ctx.weight, before)  # the keyword's producer was trained
+    for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), k
