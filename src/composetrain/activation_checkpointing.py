@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-import inspect
 import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -22,12 +21,15 @@ try:  # NumPy's global stream is replayed when NumPy is there; torch does not re
 except ImportError:  # pragma: no cover - numpy comes with every usual torch install
     np = None  # type: ignore[assignment]
 
+from composetrain._shard_units import predicate_mismatch
 from composetrain._util import name, show
 from composetrain.core import Context, Pass, TrainStep
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import Transform, refuse_step, transform_factory
 
 __all__ = ["checkpoint_activations"]
+
+_PREDICATE = "checkpoint_activations(lambda module: isinstance(module, Block))"
 
 Selector: TypeAlias = "str | type[nn.Module] | Callable[[nn.Module], bool]"
 
@@ -71,6 +73,14 @@ def checkpoint_activations(modules: Selector | Sequence[str | type[nn.Module]]) 
 
 def _check_specs(modules: Any) -> tuple[Any, ...]:
     example = 'e.g. checkpoint_activations("blocks.0"), checkpoint_activations(nn.TransformerEncoderLayer)'
+    plain = callable(modules) and not isinstance(modules, (type, nn.Module, TrainStep, Transform))
+    wrong = predicate_mismatch(modules) if plain else None
+    if wrong is not None and wrong[1] == 2:  # step(model, batch) used bare, or a predicate (name, module)
+        raise TypeError(
+            f"checkpoint_activations: modules is required, got a step instead: {wrong[0]}, a function of two "
+            f"arguments; a predicate takes the module alone: {_PREDICATE}; give modules first, then the step: "
+            "checkpoint_activations(Block)(step)"
+        )
     refuse_step(modules, "checkpoint_activations", "modules", "checkpoint_activations(Block)")
     single = isinstance(modules, (str, type)) or (callable(modules) and not isinstance(modules, nn.Module))
     specs = (modules,) if single else tuple(modules) if isinstance(modules, (list, tuple)) else None
@@ -107,15 +117,12 @@ def _check_specs(modules: Any) -> tuple[Any, ...]:
 
 
 def _check_predicate(fn: Callable[..., Any]) -> None:
-    try:
-        inspect.signature(fn).bind(nn.Identity())
-    except TypeError:
+    wrong = predicate_mismatch(fn)
+    if wrong is not None:
         raise TypeError(
-            f"checkpoint_activations: a predicate takes one module and returns a bool, but {name(fn)} cannot be "
-            f"called with one argument (is it the step? checkpoint_activations(modules)(step))"
-        ) from None
-    except ValueError:  # builtins without a signature: trust them
-        pass
+            f"checkpoint_activations: modules got the predicate {wrong[0]}, which takes {wrong[1]} arguments; "
+            f"a predicate takes the module alone: {_PREDICATE}"
+        )
 
 
 def _show_spec(spec: Any) -> str:
