@@ -100,3 +100,42 @@ def test_a_keyword_tensor_that_needs_gradients_gets_them():
     assert not torch.equal(a.model.ctx.weight, before)  # the keyword's producer was trained
     for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(), strict=True):
         assert torch.equal(x, y), k
+
+
+def test_keyword_tensors_are_seen_where_torch_looks_for_the_device(monkeypatch):
+    """torch's checkpoint picks the device whose generator state and autocast it replays from the positional
+    arguments only; a module given its tensors by keyword (block(x=h)) must show them there too, or on CUDA
+    its dropout masks would not be replayed. Seen on the CPU through the function torch asks."""
+    import torch.utils.checkpoint as torch_checkpoint
+
+    seen = []
+    infer = torch_checkpoint._infer_device_type
+
+    def spy(*args):
+        seen.append([a for a in args if isinstance(a, torch.Tensor)])
+        return infer(*args)
+
+    monkeypatch.setattr(torch_checkpoint, "_infer_device_type", spy)
+
+    class KeywordOnly(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, *, x):
+            return torch.tanh(self.lin(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp, self.block, self.out = nn.Linear(5, 4), KeywordOnly(), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.out(self.block(x=self.inp(x)))
+
+    model = Net().double()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ct.checkpoint_activations(KeywordOnly)(step)(
+        state, (torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 0]))
+    )
+    assert len(seen) == 1 and len(seen[0]) == 1 and seen[0][0].shape == (4, 4)

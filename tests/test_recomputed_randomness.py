@@ -144,3 +144,47 @@ def test_draws_after_the_forward_are_not_replayed_into_the_recomputation():
     streams_a = train(ct.checkpoint_activations(Chancy)(noisy), a, data, seed=9)
     streams_b = train(ct.train_step(noisy), b, data, seed=9)
     assert_same_run(a, b, seen_a, seen_b, streams_a, streams_b)
+
+
+def test_without_numpy_python_draws_are_still_replayed():
+    """NumPy is not a dependency of torch or composetrain: without it, Python's draws are replayed."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import random, sys
+        sys.modules["numpy"] = None  # import numpy now raises ImportError
+        import torch, torch.nn.functional as F
+        from torch import nn
+        import composetrain as ct
+        from composetrain import activation_checkpointing
+        assert activation_checkpointing.np is None
+
+        class Drop(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+            def forward(self, x):
+                return x if random.random() < 0.5 else x + torch.tanh(self.lin(x)) * random.random()
+
+        def run(build):
+            torch.manual_seed(0)
+            random.seed(0)
+            model = nn.Sequential(nn.Linear(5, 4), Drop(), Drop(), Drop(), nn.Linear(4, 3)).double()
+            state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
+            for _ in range(4):
+                build(lambda m, b: F.cross_entropy(m(b[0]), b[1]))(state, (x, y))
+            return [p.detach().clone() for p in model.parameters()], random.getstate()
+
+        (a, ra), (b, rb) = run(ct.checkpoint_activations(Drop)), run(ct.train_step)
+        assert ra == rb and all(torch.equal(p, q) for p, q in zip(a, b)), "differs"
+        print("same")
+        """
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr[-3000:]

@@ -41,8 +41,9 @@ def checkpoint_activations(modules: Selector | Sequence[str | type[nn.Module]]) 
     Each chosen submodule's forward runs under ``torch.utils.checkpoint.checkpoint``
     (non-reentrant, random state preserved), so only its inputs are kept for
     backward; its activations are recomputed there. The update is bit-identical to
-    the one without checkpointing, also with dropout (the recomputation replays the
-    same random numbers, and the global random stream afterwards is the same). The
+    the one without checkpointing, also with dropout or a random layer drop (the
+    recomputation replays the numbers drawn from torch's, Python's ``random`` and NumPy's
+    global generators, and all three streams afterwards are as without checkpointing). The
     model's code is not edited and nothing stays on it: the submodules are chosen
     at the first update and wrapped only while a call runs, so evaluation and other
     steps on the same model are unaffected. Costs about one extra forward of the
@@ -226,14 +227,19 @@ def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], *ar
     if not torch.is_grad_enabled():  # nothing is kept for backward anyway
         return forward(*args, **kwargs)
     # Every keyword is the module's: checkpoint would take early_stop=, debug=, use_reentrant=... as its own
-    # options, so they ride in the function and checkpoint gets the positional arguments only.
-    run = functools.partial(forward, **kwargs) if kwargs else forward
+    # options. So checkpoint gets every value positionally, and run gives the keywords their names back;
+    # torch also finds the device whose generator and autocast state it replays from positional tensors
+    # only (a module called as block(x=h) on CUDA would lose its dropout masks).
+    names, count = tuple(kwargs), len(args)
+
+    def run(*values: Any) -> Any:
+        return forward(*values[:count], **dict(zip(names, values[count:], strict=True)))
 
     def contexts() -> tuple[Any, Any]:
         replay = _Replay(stats)
         return replay.original(), replay
 
-    return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
+    return checkpoint(run, *args, *kwargs.values(), use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
 
 
 class _Replay:
