@@ -139,3 +139,48 @@ def test_keyword_tensors_are_seen_where_torch_looks_for_the_device(monkeypatch):
         state, (torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 0]))
     )
     assert len(seen) == 1 and len(seen[0]) == 1 and seen[0][0].shape == (4, 4)
+
+
+class Several(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.seen: list[tuple] = []
+
+    def forward(self, x, y, *, a, early_stop, debug):
+        self.seen.append((a, early_stop, debug))
+        return torch.tanh(self.lin(x)) * a + y * early_stop - debug
+
+
+class Host(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.several, self.out = nn.Linear(5, 4), Several(), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.out(self.several(h, h * 2, debug=0.25, a=3.0, early_stop=h.sin()))
+
+
+def test_several_keywords_keep_their_names_and_no_grad_forwards_get_them_too():
+    """Several keywords in any order, beside positional arguments, each arrives under its own name; a
+    forward without gradients (a teacher pass, evaluation inside the step) gets them as well."""
+
+    def with_a_look(model, batch):
+        with torch.no_grad():
+            model(batch[0])
+        return step(model, batch)
+
+    g = torch.Generator().manual_seed(3)
+    batch = (torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g))
+    states = []
+    for build in (ct.checkpoint_activations("several"), ct.train_step):
+        torch.manual_seed(0)
+        model = Host().double()
+        states.append(ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)))
+        build(with_a_look)(states[-1], batch)
+    a, b = states
+    assert [(s[0], s[2]) for s in a.model.several.seen] == [(3.0, 0.25)] * 3  # no_grad, forward, recomputation
+    assert all(s[1].shape == (6, 4) for s in a.model.several.seen)
+    for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), k

@@ -63,7 +63,11 @@ def test_sharded_takes_a_predicate_of_the_module():
 
 @pytest.mark.parametrize(
     ("pick", "shown"),
-    [(named_block, r"named_block\(name, module\)"), (lambda n, m: True, r"<lambda>\(n, m\)")],
+    [
+        (named_block, r"named_block\(name, module\)"),
+        (lambda n, m: True, r"<lambda>\(n, m\)"),
+        (lambda n, m, flag=False: True, r"<lambda>\(n, m, flag=False\)"),
+    ],
 )
 def test_a_predicate_of_name_and_module_is_refused_by_both_when_built(pick, shown):
     with pytest.raises(

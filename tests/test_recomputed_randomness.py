@@ -188,3 +188,20 @@ def test_without_numpy_python_draws_are_still_replayed():
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr[-3000:]
+
+
+def test_a_graph_recomputed_twice_replays_twice():
+    """A step that differentiates its loss once itself (retain_graph, e.g. to look at a gradient norm)
+    before the update's backward: each backward recomputes the blocks, each replays the same numbers."""
+
+    def looks_first(model, batch):
+        loss = step(model, batch)
+        torch.autograd.grad(loss, list(model.blocks.parameters()), retain_graph=True, allow_unused=True)
+        return loss
+
+    data = batches(2, 5, seed=8)
+    a, seen_a = make(2, depth=2, p_drop=0.3, p_mask=0.3)
+    b, seen_b = make(2, depth=2, p_drop=0.3, p_mask=0.3)
+    streams_a = train(ct.checkpoint_activations(Chancy)(looks_first), a, data, seed=2)
+    streams_b = train(ct.train_step(looks_first), b, data, seed=2)
+    assert_same_run(a, b, seen_a, seen_b, streams_a, streams_b)
