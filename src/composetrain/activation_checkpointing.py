@@ -6,21 +6,16 @@ import contextlib
 import difflib
 import functools
 import itertools
-import random
 from collections.abc import Callable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
-try:  # NumPy's global stream is replayed when NumPy is there; torch does not require it
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy comes with every usual torch install
-    np = None  # type: ignore[assignment]
-
+from composetrain._recompute import Replay, keep_running_stats
+from composetrain._recompute import running_stats as _running_stats  # also _auto_accumulate's
 from composetrain._shard_units import predicate_mismatch
 from composetrain._util import name, show
 from composetrain.core import Context, Pass, TrainStep
@@ -211,7 +206,7 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
         for module in modules:
             own = module.__dict__.get("forward")  # an instance-level forward someone set: kept, and restored
             original = own if own is not None else module.forward
-            stats = functools.partial(_keep_running_stats, _running_stats(module))
+            stats = functools.partial(keep_running_stats, _running_stats(module))
             module.forward = functools.partial(_run_checkpointed, original, stats)
             patched.append((module, own))
         yield
@@ -236,74 +231,7 @@ def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], *ar
         return forward(*values[:count], **dict(zip(names, values[count:], strict=True)))
 
     def contexts() -> tuple[Any, Any]:
-        replay = _Replay(stats)
+        replay = Replay(stats)
         return replay.original(), replay
 
     return checkpoint(run, *args, *kwargs.values(), use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
-
-
-class _Replay:
-    """Python's and NumPy's random streams for one checkpointed call; torch's own generators are stashed
-    and replayed by checkpoint itself (preserve_rng_state=True).
-
-    ``original()`` goes around the original forward and remembers where the streams start. The object
-    itself goes around each recomputation (re-enterable: a graph kept with retain_graph is recomputed at
-    every backward): the streams draw the forward's numbers again, then come out where they went in, so
-    the recomputation consumes nothing (as fork_rng does for torch's generators), and BatchNorm's running
-    statistics come out as they went in.
-    """
-
-    def __init__(self, stats: Callable[[], Any]) -> None:
-        self.stats = stats
-        self.start: tuple[Any, Any] = (None, None)
-        self.exits: list[contextlib.ExitStack] = []
-
-    @contextlib.contextmanager
-    def original(self) -> Iterator[None]:
-        self.start = _python_and_numpy_states()
-        yield
-
-    def __enter__(self) -> None:
-        stack = contextlib.ExitStack()
-        stack.callback(_set_python_and_numpy_states, _python_and_numpy_states())
-        _set_python_and_numpy_states(self.start)
-        stack.enter_context(self.stats())
-        self.exits.append(stack)
-
-    def __exit__(self, *exc: Any) -> bool:
-        return self.exits.pop().__exit__(*exc)
-
-
-def _python_and_numpy_states() -> tuple[Any, Any]:
-    return random.getstate(), None if np is None else np.random.get_state()
-
-
-def _set_python_and_numpy_states(states: tuple[Any, Any]) -> None:
-    python, numpy = states
-    random.setstate(python)
-    if np is not None:
-        np.random.set_state(numpy)
-
-
-def _running_stats(module: nn.Module) -> list[torch.Tensor]:
-    return [
-        buffer
-        for m in module.modules()
-        if isinstance(m, _NormBase) and m.track_running_stats
-        for buffer in m.buffers(recurse=False)
-    ]
-
-
-@contextlib.contextmanager
-def _keep_running_stats(buffers: list[torch.Tensor]) -> Iterator[None]:
-    """Around a recomputation: BatchNorm's running statistics come out as they went in."""
-    if not buffers:
-        yield
-        return
-    with torch.no_grad():
-        saved = [b.clone() for b in buffers]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            torch._foreach_copy_(buffers, saved)
