@@ -2,21 +2,58 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 from torch import nn
 
+from composetrain._util import name as fn_name
 from composetrain._util import show
 
-__all__ = ["Units", "check_units_argument", "describe_units", "select_units"]
+__all__ = ["Units", "check_units_argument", "describe_units", "predicate_mismatch", "select_units"]
 
-Units: TypeAlias = "str | Sequence[str] | type | tuple[type, ...] | Callable[[str, nn.Module], bool] | None"
+Units: TypeAlias = "str | Sequence[str] | type | tuple[type, ...] | Callable[[nn.Module], bool] | None"
+
+
+def predicate_mismatch(fn: Callable[..., Any]) -> tuple[str, int] | None:
+    """``None`` when ``fn`` can be called with one module, the predicate convention shared by
+    ``sharded(modules=)`` and ``checkpoint_activations``; else ``fn`` shown with its signature and the
+    number of positional arguments it requires, for the caller's message.
+
+    One argument, because a function of two given to ``checkpoint_activations`` could not be told
+    from a ``step(model, batch)`` used bare (torch's own ``check_fn`` takes the module alone too).
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return None
+    try:
+        signature.bind(nn.Identity())
+    except TypeError:
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        required = [p for p in signature.parameters.values() if p.kind in positional and p.default is p.empty]
+        return f"{fn_name(fn)}{signature}", len(required)
+    return None
 
 
 def check_units_argument(modules: Any) -> Any:
     """``modules`` normalised (names to a tuple), or a TypeError naming what arrived."""
-    if modules is None or (callable(modules) and not isinstance(modules, type)):
+    if isinstance(modules, nn.Module):
+        raise TypeError(
+            f"sharded: modules got an nn.Module instance, {show(modules)}; give its name in the model "
+            f"(modules=['layers.0']) or its class (modules={type(modules).__name__})"
+        )
+    if callable(modules) and not isinstance(modules, type):
+        wrong = predicate_mismatch(modules)
+        if wrong is not None:
+            raise TypeError(
+                f"sharded: modules got the predicate {wrong[0]}, which takes {wrong[1]} arguments; a predicate "
+                "takes the module alone: modules=lambda module: isinstance(module, Block) (to choose by name, "
+                "give the names: modules=['layers.0', 'layers.1'])"
+            )
+        return modules
+    if modules is None:
         return modules
     if isinstance(modules, type) or (
         isinstance(modules, tuple) and modules and all(isinstance(m, type) for m in modules)
@@ -33,7 +70,7 @@ def check_units_argument(modules: Any) -> Any:
             )
         return tuple(names)
     raise TypeError(
-        f"sharded: modules must be submodule names, nn.Module classes or a predicate (name, module) -> bool, "
+        f"sharded: modules must be submodule names, nn.Module classes or a predicate fn(module) -> bool, "
         f"got {show(modules)}; e.g. modules=['layers.0', 'layers.1'], modules=TransformerBlock, or leave it out "
         "for the blocks of every nn.ModuleList"
     )
@@ -78,7 +115,7 @@ def select_units(model: nn.Module, modules: Any, who: str) -> list[tuple[str, nn
         if not chosen:
             raise ValueError(f"{who}: modules={describe_units(modules)} matches no submodule of the model")
     else:
-        chosen = {n for n, m in named.items() if n and modules(n, m)}
+        chosen = {n for n, m in named.items() if n and modules(m)}
         if not chosen:
             raise ValueError(f"{who}: modules={describe_units(modules)} selects no submodule of the model")
     units = [(n, named[n]) for n in reversed(list(named)) if n in chosen]  # post-order: children first

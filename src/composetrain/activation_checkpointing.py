@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-import inspect
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from types import MappingProxyType
@@ -13,15 +12,19 @@ from typing import Any, TypeAlias
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
+from composetrain._recompute import Replay, keep_running_stats
+from composetrain._recompute import running_stats as _running_stats  # also _auto_accumulate's
+from composetrain._shard_units import predicate_mismatch
 from composetrain._util import name, show
 from composetrain.core import Context, Pass, TrainStep
 from composetrain.state import RuntimeState, TrainState
 from composetrain.steps import Transform, refuse_step, transform_factory
 
 __all__ = ["checkpoint_activations"]
+
+_PREDICATE = "checkpoint_activations(lambda module: isinstance(module, Block))"
 
 Selector: TypeAlias = "str | type[nn.Module] | Callable[[nn.Module], bool]"
 
@@ -33,8 +36,9 @@ def checkpoint_activations(modules: Selector | Sequence[str | type[nn.Module]]) 
     Each chosen submodule's forward runs under ``torch.utils.checkpoint.checkpoint``
     (non-reentrant, random state preserved), so only its inputs are kept for
     backward; its activations are recomputed there. The update is bit-identical to
-    the one without checkpointing, also with dropout (the recomputation replays the
-    same random numbers, and the global random stream afterwards is the same). The
+    the one without checkpointing, also with dropout or a random layer drop (the
+    recomputation replays the numbers drawn from torch's, Python's ``random`` and NumPy's
+    global generators, and all three streams afterwards are as without checkpointing). The
     model's code is not edited and nothing stays on it: the submodules are chosen
     at the first update and wrapped only while a call runs, so evaluation and other
     steps on the same model are unaffected. Costs about one extra forward of the
@@ -65,6 +69,14 @@ def checkpoint_activations(modules: Selector | Sequence[str | type[nn.Module]]) 
 
 def _check_specs(modules: Any) -> tuple[Any, ...]:
     example = 'e.g. checkpoint_activations("blocks.0"), checkpoint_activations(nn.TransformerEncoderLayer)'
+    plain = callable(modules) and not isinstance(modules, (type, nn.Module, TrainStep, Transform))
+    wrong = predicate_mismatch(modules) if plain else None
+    if wrong is not None and wrong[1] == 2:  # step(model, batch) used bare, or a predicate (name, module)
+        raise TypeError(
+            f"checkpoint_activations: modules is required, got a step instead: {wrong[0]}, a function of two "
+            f"arguments; a predicate takes the module alone: {_PREDICATE}; give modules first, then the step: "
+            "checkpoint_activations(Block)(step)"
+        )
     refuse_step(modules, "checkpoint_activations", "modules", "checkpoint_activations(Block)")
     single = isinstance(modules, (str, type)) or (callable(modules) and not isinstance(modules, nn.Module))
     specs = (modules,) if single else tuple(modules) if isinstance(modules, (list, tuple)) else None
@@ -101,15 +113,12 @@ def _check_specs(modules: Any) -> tuple[Any, ...]:
 
 
 def _check_predicate(fn: Callable[..., Any]) -> None:
-    try:
-        inspect.signature(fn).bind(nn.Identity())
-    except TypeError:
+    wrong = predicate_mismatch(fn)
+    if wrong is not None:
         raise TypeError(
-            f"checkpoint_activations: a predicate takes one module and returns a bool, but {name(fn)} cannot be "
-            f"called with one argument (is it the step? checkpoint_activations(modules)(step))"
-        ) from None
-    except ValueError:  # builtins without a signature: trust them
-        pass
+            f"checkpoint_activations: modules got the predicate {wrong[0]}, which takes {wrong[1]} arguments; "
+            f"a predicate takes the module alone: {_PREDICATE}"
+        )
 
 
 def _show_spec(spec: Any) -> str:
@@ -197,7 +206,7 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
         for module in modules:
             own = module.__dict__.get("forward")  # an instance-level forward someone set: kept, and restored
             original = own if own is not None else module.forward
-            stats = functools.partial(_keep_running_stats, _running_stats(module))
+            stats = functools.partial(keep_running_stats, _running_stats(module))
             module.forward = functools.partial(_run_checkpointed, original, stats)
             patched.append((module, own))
         yield
@@ -212,32 +221,17 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
 def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
     if not torch.is_grad_enabled():  # nothing is kept for backward anyway
         return forward(*args, **kwargs)
+    # Every keyword is the module's: checkpoint would take early_stop=, debug=, use_reentrant=... as its own
+    # options. So checkpoint gets every value positionally, and run gives the keywords their names back;
+    # torch also finds the device whose generator and autocast state it replays from positional tensors
+    # only (a module called as block(x=h) on CUDA would lose its dropout masks).
+    names, count = tuple(kwargs), len(args)
+
+    def run(*values: Any) -> Any:
+        return forward(*values[:count], **dict(zip(names, values[count:], strict=True)))
 
     def contexts() -> tuple[Any, Any]:
-        return contextlib.nullcontext(), stats()
+        replay = Replay(stats)
+        return replay.original(), replay
 
-    return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts, **kwargs)
-
-
-def _running_stats(module: nn.Module) -> list[torch.Tensor]:
-    return [
-        buffer
-        for m in module.modules()
-        if isinstance(m, _NormBase) and m.track_running_stats
-        for buffer in m.buffers(recurse=False)
-    ]
-
-
-@contextlib.contextmanager
-def _keep_running_stats(buffers: list[torch.Tensor]) -> Iterator[None]:
-    """Around a recomputation: BatchNorm's running statistics come out as they went in."""
-    if not buffers:
-        yield
-        return
-    with torch.no_grad():
-        saved = [b.clone() for b in buffers]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            torch._foreach_copy_(buffers, saved)
+    return checkpoint(run, *args, *kwargs.values(), use_reentrant=False, preserve_rng_state=True, context_fn=contexts)

@@ -54,7 +54,7 @@ def sharded(
     Args:
         step: the step to wrap; omit it to get a transform.
         modules: the sharding units besides the root: submodule names, nn.Module classes,
-            or a predicate ``(name, module) -> bool``; default: the blocks of every
+            or a predicate ``fn(module) -> bool``; default: the blocks of every
             ``nn.ModuleList`` (a transformer's layers). Fewer units gather more at once.
         reshard_after_forward: free gathered parameters after each unit's forward (and
             gather them again in backward): less memory, more communication.
