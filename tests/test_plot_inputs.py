@@ -67,6 +67,35 @@ def test_hundreds_of_metrics_are_capped_and_the_ones_left_out_named(tmp_path):
     assert height * width < 4000 * 2000  # opens anywhere
 
 
+@pytest.fixture
+def drawn_titles(monkeypatch):
+    """The titles of the panels each saved figure holds, in order."""
+    from matplotlib.figure import Figure
+
+    saved, original = [], Figure.savefig
+
+    def spy(self, *args, **kwargs):
+        saved.append([ax.get_title() for ax in self.axes if ax.get_title()])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return saved
+
+
+@pytest.mark.parametrize("count", [MAX_PANELS - 4, MAX_PANELS - 3, 60])
+def test_the_panels_drawn_and_those_named_left_out_are_all_the_metrics(tmp_path, drawn_titles, count):
+    names = [f"m{i:03d}" for i in range(count)]
+    write(tmp_path / "metrics.jsonl", [record(s, **dict.fromkeys(names, 0.5)) for s in (1, 2)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_run(tmp_path)
+    loop = ["training loss", "learning rate", "updates / s", "share of time waiting for data"]
+    titles = drawn_titles[-1]
+    assert len(titles) == min(count + 4, MAX_PANELS) and set(loop) <= set(titles)
+    left = str(caught[0].message).split("left out: ")[1].split(", ") if caught else []
+    assert sorted([t for t in titles if t not in loop] + left) == names
+
+
 def test_a_missing_folder_is_one_line_and_exit_code_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "composetrain.plot", str(tmp_path / "nowhere")],
                           capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -103,7 +103,7 @@ def _multiplier(then: Callable[[int], float], since: int) -> float:
     whatever it returns (a negative rate climbs the loss, NaN poisons the weights)."""
     value: object = then(since)
     number = math.nan
-    if not isinstance(value, bool | str) and hasattr(type(value), "__float__"):
+    if not isinstance(value, bool) and hasattr(type(value), "__float__"):  # str has no __float__
         with contextlib.suppress(TypeError, ValueError, RuntimeError):  # a torch tensor of several numbers
             number = float(value)  # type: ignore[arg-type]  # a Python, NumPy or one-element torch number
     if not (math.isfinite(number) and number >= 0):
