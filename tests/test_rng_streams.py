@@ -47,6 +47,7 @@ RESUME = ct_run._Driver.resume
 def first_draws(monkeypatch, rank, seed=0):
     """What a fresh ct.run's step first draws from torch, Python and NumPy when this process is ``rank``
     (only the rank the driver seeds from is changed: the run itself stays a single process)."""
+
     def resume(self, schedule, seed):
         real, self.proc = self.proc, types.SimpleNamespace(rank=rank)
         try:
@@ -73,3 +74,15 @@ def test_each_rank_draws_its_own_streams_on_a_fresh_start(monkeypatch):
         assert all(a != b for a, b in zip(rank0, other, strict=True)), (rank0, other)
     assert all(a != b for a, b in zip(rank1, rank2, strict=True))
     assert first_draws(monkeypatch, 0, seed=1) != rank0  # and the seed still matters
+
+
+def test_two_real_ranks_draw_differently_and_keep_the_same_weights():
+    from dist_pool import Pool
+
+    pool = Pool(2)
+    try:
+        rank0, rank1 = pool.run("rng_cases", "first_draws", timeout=300)
+    finally:
+        pool.close()
+    assert all(a != b for a, b in zip(rank0[:3], rank1[:3], strict=True)), (rank0, rank1)
+    assert rank0[3] == rank1[3]  # identical replicas: only the streams differ
