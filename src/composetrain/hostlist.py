@@ -1,4 +1,5 @@
-"""SLURM host lists: ``node[01-04,07],gpu-[1-2]-[3,5]`` expanded to host names."""
+"""SLURM host lists: ``node[01-04,07],gpu-[1-2]-[3,5]`` expanded to host names, or summarised (first host,
+count) without expanding them."""
 
 from __future__ import annotations
 

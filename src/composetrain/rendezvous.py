@@ -15,7 +15,8 @@ Sources, in order of precedence:
   one derived from ``SLURM_JOB_ID``.
 
 Whatever else the library needs from the launcher is read here too, into the ``Cluster``: the
-processes on this node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``/``SLURM_TASKS_PER_NODE``) and
+processes on this node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, or this node's entry of
+``SLURM_TASKS_PER_NODE`` such as ``2(x3),1``, found by ``SLURM_NODEID``) and
 the SLURM job to requeue (``SLURM_JOB_ID``). No other module reads launcher variables.
 """
 
