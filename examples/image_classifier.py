@@ -96,16 +96,33 @@ def cosine(total: int):
     return lambda update: 0.5 * (1 + math.cos(math.pi * min(1.0, update / max(1, total))))
 
 
+def at_least(least: int):
+    """An argparse type: an int of at least ``least`` (a bad value is a usage error, not a torch traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per update, over all processes")
-    parser.add_argument("--accumulate", type=int, default=2, help="micro-batches per update")
+    parser.add_argument("--epochs", type=at_least(1), default=20)
+    parser.add_argument("--batch-size", type=at_least(1), default=64, help="samples per update, over all processes")
+    parser.add_argument("--accumulate", type=at_least(1), default=2, help="micro-batches per update")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
-    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--width", type=at_least(8), default=16, help="channels: a multiple of 8 (GroupNorm(8))")
     parser.add_argument("--run-dir", default="runs/image_classifier")
     parser.add_argument("--fresh", action="store_true", help="delete the run folder's checkpoints first")
     args = parser.parse_args(argv)
+    if args.width % 8:
+        parser.error(f"--width {args.width} must be a multiple of 8: the blocks normalise in GroupNorm(8, width)")
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.batch_size % world:

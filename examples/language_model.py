@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 
 import composetrain as ct
 
+HEADS = 4  # attention heads per block
 IGNORE = -100  # cross_entropy's ignore_index: padded positions
 
 
@@ -124,28 +125,47 @@ def evaluate(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict
     return {"loss": step(model, batch)}
 
 
+def at_least(least: int):
+    """An argparse type: an int of at least ``least`` (a bad value is a usage error, not a torch traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4096, help="training windows per epoch")
-    parser.add_argument("--batch-size", type=int, default=64, help="windows per update, per process")
-    parser.add_argument("--accumulate", type=int, default=4)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--epochs", type=at_least(1), default=4)
+    parser.add_argument("--samples", type=at_least(1), default=4096, help="training windows per epoch")
+    parser.add_argument("--batch-size", type=at_least(1), default=64, help="windows per update, per process")
+    parser.add_argument("--accumulate", type=at_least(1), default=4)
+    parser.add_argument("--context", type=at_least(4), default=64, help="tokens per window (at least 4)")
+    parser.add_argument("--width", type=at_least(HEADS), default=128, help=f"a multiple of the {HEADS} heads")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     parser.add_argument("--run-dir", default=None, help="checkpoint here (rerun to resume)")
-    parser.add_argument("--sample-length", type=int, default=300)
+    parser.add_argument("--sample-length", type=at_least(0), default=300)
     args = parser.parse_args(argv)
+    if args.width % HEADS:
+        parser.error(f"--width {args.width} must be a multiple of the {HEADS} attention heads, e.g. {HEADS * 32}")
 
     text = corpus()
     chars = sorted(set(text))
     ids = torch.tensor([chars.index(c) for c in text])
     cut = int(0.9 * len(ids))
+    if args.context > len(ids) - cut - 2:  # the held-out text must hold a window and its next token
+        parser.error(f"--context {args.context} is longer than the held-out text allows ({len(ids) - cut - 2})")
     train = Windows(ids[:cut], args.context, args.samples, seed=0)
     held_out = Windows(ids[cut:], args.context, 256, seed=1)
 
     torch.manual_seed(0)
-    model = GPT(len(chars), args.context, width=args.width)
+    model = GPT(len(chars), args.context, width=args.width, heads=HEADS)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     updates = args.epochs * math.ceil(args.samples / (args.batch_size * int(os.environ.get("WORLD_SIZE", "1"))))
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=updates, pct_start=0.1)

@@ -32,11 +32,26 @@ def evaluate(model, batch):
     return {"acc": (model(x).argmax(-1) == y).float().mean()}
 
 
+def at_least(least: int):
+    """An argparse type: an int of at least ``least`` (a bad value is a usage error, not a torch traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per update per process")
-    parser.add_argument("--accumulate", type=int, default=2)
+    parser.add_argument("--epochs", type=at_least(1), default=15)
+    parser.add_argument("--batch-size", type=at_least(1), default=64, help="samples per update per process")
+    parser.add_argument("--accumulate", type=at_least(1), default=2)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--checkpoint-dir", default=None)
     args = parser.parse_args()

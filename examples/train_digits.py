@@ -36,11 +36,26 @@ def accuracy(model, x, y):
     return acc
 
 
+def at_least(least: int):
+    """An argparse type: an int of at least ``least`` (a bad value is a usage error, not a torch traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--batch-size", type=int, default=128, help="samples per optimizer update")
-    parser.add_argument("--accumulate", type=int, default=4, help="micro-batches per update")
+    parser.add_argument("--epochs", type=at_least(1), default=15)
+    parser.add_argument("--batch-size", type=at_least(1), default=128, help="samples per optimizer update")
+    parser.add_argument("--accumulate", type=at_least(1), default=4, help="micro-batches per update")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate at batch size 32 (scaled linearly)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="forward precision")
     parser.add_argument("--clip", type=float, default=None, help="clip the gradient norm to this")
@@ -53,6 +68,8 @@ def main() -> None:
     y = torch.tensor(digits.target)
     order = torch.randperm(len(x))
     test, train = order[:360], order[360:]
+    if args.batch_size > len(train):
+        parser.error(f"--batch-size {args.batch_size} is more than the {len(train)} training images")
 
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
     lr = args.lr * args.batch_size / 32  # the linear scaling rule: lr grows with the batch

@@ -117,7 +117,7 @@ def test_torchrun_inside_srun_wins_and_explicit_values_win_over_both():
         ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}, 4, None),
         (slurm(SLURM_NTASKS_PER_NODE="4"), 4, "123456"),
         (slurm(SLURM_TASKS_PER_NODE="4(x2)"), 4, "123456"),
-        (slurm(SLURM_TASKS_PER_NODE="3,5"), 3, "123456"),
+        (slurm(SLURM_TASKS_PER_NODE="3,5", SLURM_NODEID="1"), 5, "123456"),  # node 1 of two: its own count
         (slurm(), 1, "123456"),
         # torchrun inside an allocation: torchrun's place, SLURM's job (a pre-empted run requeues it)
         ({**slurm(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, 2, "123456"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -39,12 +40,22 @@ def scaled_lr(base_lr: float, batch: int, base_batch: int, *, rule: str = "linea
     base_lr = check_real(base_lr, "scaled_lr", "base_lr", example="scaled_lr(0.1, batch=1024, base_batch=256)")
     batch = check_int(batch, "scaled_lr", "batch", example="batch=per_process_batch * world_size")
     base_batch = check_int(base_batch, "scaled_lr", "base_batch", example="base_batch=256")
-    ratio = batch / base_batch
-    if rule == "linear":
-        return base_lr * ratio
-    if rule == "sqrt":
-        return base_lr * math.sqrt(ratio)
-    raise ValueError(f"scaled_lr: rule must be 'linear' or 'sqrt', got {show(rule)}; 'linear' for SGD, 'sqrt' for Adam")
+    if rule not in ("linear", "sqrt"):
+        raise ValueError(
+            f"scaled_lr: rule must be 'linear' or 'sqrt', got {show(rule)}; 'linear' for SGD, 'sqrt' for Adam"
+        )
+    try:
+        ratio = batch / base_batch
+        lr = base_lr * (ratio if rule == "linear" else math.sqrt(ratio))
+    except OverflowError:  # the ratio of two huge ints
+        lr = math.inf
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(
+            f"scaled_lr: base_lr={base_lr!r} scaled from base_batch={base_batch} to batch={batch} by the {rule!r} "
+            f"rule is not a positive finite learning rate (got {lr!r}); check batch and base_batch (samples per "
+            "update, all processes together)"
+        )
+    return lr
 
 
 def warmup(steps: int, *, start: float = 0.0, then: Callable[[int], float] | None = None) -> Callable[[int], float]:
@@ -81,7 +92,23 @@ def warmup(steps: int, *, start: float = 0.0, then: Callable[[int], float] | Non
     def multiplier(update: int) -> float:
         if update < steps:
             return start + (1.0 - start) * (update + 1) / steps
-        return 1.0 if then is None else float(then(update - steps))
+        return 1.0 if then is None else _multiplier(then, update - steps)
 
     multiplier.__qualname__ = multiplier.__name__ = f"warmup({steps})"
     return multiplier
+
+
+def _multiplier(then: Callable[[int], float], since: int) -> float:
+    """``then(since)`` as a float, checked at every call: LambdaLR would multiply the learning rate by
+    whatever it returns (a negative rate climbs the loss, NaN poisons the weights)."""
+    value: object = then(since)
+    number = math.nan
+    if not isinstance(value, bool) and hasattr(type(value), "__float__"):  # str has no __float__
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):  # a torch tensor of several numbers
+            number = float(value)  # type: ignore[arg-type]  # a Python, NumPy or one-element torch number
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(
+            f"warmup: then({since}) returned {show(value)}; it must return a finite number >= 0, the multiplier of "
+            f"the learning rate {since} update(s) after warmup (then={getattr(then, '__qualname__', then)})"
+        )
+    return number

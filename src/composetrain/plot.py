@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COLORS", "curves", "plot_run", "read_log"]
+__all__ = ["COLORS", "MAX_PANELS", "curves", "plot_run", "read_log"]
 
 COLORS = {"train": "#1f77b4", "eval": "#ff7f0e"}  # matplotlib's tab:blue and tab:orange
+
+MAX_PANELS = 24  # the loss, 20 metrics, the learning rate, the throughput, the data wait: 8 rows of 3
 
 _LOOP_KEYS = {"step", "epoch", "skipped", "lr", "updates_per_s", "data_wait", "loss", "global_batch"}
 
@@ -25,8 +29,9 @@ _LOOP_KEYS = {"step", "epoch", "skipped", "lr", "updates_per_s", "data_wait", "l
 def read_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The training records and the evaluation records of a metrics file (or of the run folder holding it).
 
-    Evaluation records are those with an ``"eval"`` mapping; lines that are not JSON
-    (a line cut short by a crash) are skipped.
+    Evaluation records are those with an ``"eval"`` mapping. Lines that are not JSON records (a line cut
+    short by a crash, bytes that are not UTF-8, a record whose ``step`` is not an int) are skipped,
+    and counted in one warning.
     """
     path = Path(path)
     if path.is_dir():
@@ -37,18 +42,40 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
         )
     train: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
-    for line in path.read_text().splitlines():
+    skipped: list[str] = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            skipped.append(f"line {number}: {type(e).__name__}")
             continue
-        if isinstance(record, dict) and "step" in record:
-            (evals if isinstance(record.get("eval"), dict) else train).append(record)
+        step = record.get("step") if isinstance(record, dict) else None
+        if not _is_int(step):
+            skipped.append(f"line {number}: step {step!r}")
+            continue
+        (evals if isinstance(record.get("eval"), dict) else train).append(record)
+    if skipped:
+        warnings.warn(
+            f"plot: skipped {len(skipped)} line(s) of {path} that are not JSON records with an int step "
+            f"({'; '.join(skipped[:5])}{'; ...' if len(skipped) > 5 else ''})",
+            stacklevel=2,
+        )
     return train, evals
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def curves(run: str | Path) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
-    """What ``plot_run`` draws: panel title -> series label ("train", "eval") -> (updates, values)."""
+    """What ``plot_run`` draws: panel title -> series label ("train", "eval") -> (updates, values).
+
+    A value that is not a number (a string, a mapping) is left out of its panel, with a warning.
+    """
     train, evals = read_log(run)
     if not train:
         raise ValueError(f"plot: {run} holds no training records yet; plot after the first log point")
@@ -56,15 +83,23 @@ def curves(run: str | Path) -> dict[str, dict[str, tuple[list[int], list[float]]
     panels = [("loss", "training loss"), *((m, m) for m in metrics), ("lr", "learning rate")]
     panels += [("updates_per_s", "updates / s"), ("data_wait", "share of time waiting for data")]
     drawn: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    odd: list[str] = []
     for key, title in panels:
-        series = {
-            "train": ([r["step"] for r in train if key in r], [r[key] for r in train if key in r]),
-            "eval": (
-                [e["step"] for e in evals if key in e["eval"]],
-                [e["eval"][key] for e in evals if key in e["eval"]],
-            ),
-        }
-        drawn[title] = {label: xy for label, xy in series.items() if xy[0]}
+        sources = {"train": [(r["step"], r) for r in train], "eval": [(e["step"], e["eval"]) for e in evals]}
+        series: dict[str, tuple[list[int], list[float]]] = {}
+        for label, records in sources.items():
+            points = [(step, values[key]) for step, values in records if key in values]
+            odd += [f"{key!r} at update {step}: {type(v).__name__}" for step, v in points if not _is_number(v)]
+            good = [(step, float(v)) for step, v in points if _is_number(v)]
+            if good:
+                series[label] = ([s for s, _ in good], [v for _, v in good])
+        drawn[title] = series
+    if odd:
+        warnings.warn(
+            f"plot: left out {len(odd)} value(s) that are not numbers ({'; '.join(odd[:5])}"
+            f"{'; ...' if len(odd) > 5 else ''})",
+            stacklevel=2,
+        )
     return drawn
 
 
@@ -91,12 +126,22 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> Path:
     except ImportError as e:
         raise ImportError("plot: drawing curves needs matplotlib: pip install matplotlib") from e
     panels = curves(run)
+    if len(panels) > MAX_PANELS:  # a figure of hundreds of panels is too large to open
+        titles = list(panels)
+        kept, left = titles[: MAX_PANELS - 3] + titles[-3:], titles[MAX_PANELS - 3 : -3]
+        warnings.warn(
+            f"plot: {len(titles) - 4} metrics, too many to draw; drew {MAX_PANELS - 4} and left out: {', '.join(left)}",
+            stacklevel=2,
+        )
+        panels = {title: panels[title] for title in kept}
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     for ax, (title, series) in zip(axes.flat, panels.items(), strict=False):
         for label, (steps, values) in series.items():
-            ax.plot(steps, values, "o-" if label == "eval" else "-", label=label, color=COLORS[label])
+            # a marker where a line alone would draw nothing: evaluations, and a series of one point
+            marker = "o-" if label == "eval" or len(steps) == 1 else "-"
+            ax.plot(steps, values, marker, label=label, color=COLORS[label])
         if len(series) > 1:
             ax.legend()
         ax.set_title(title)
@@ -116,7 +161,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run", help="the run folder (ct.run's checkpoint_dir) or its metrics.jsonl")
     parser.add_argument("-o", "--out", default=None, help="the PNG to write (default RUN/curves.png)")
     args = parser.parse_args(argv)
-    print(plot_run(args.run, args.out))
+    try:
+        print(plot_run(args.run, args.out))
+    except (FileNotFoundError, ValueError, ImportError) as e:  # what the user can fix: one line, no traceback
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

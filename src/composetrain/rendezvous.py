@@ -15,7 +15,8 @@ Sources, in order of precedence:
   one derived from ``SLURM_JOB_ID``.
 
 Whatever else the library needs from the launcher is read here too, into the ``Cluster``: the
-processes on this node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``/``SLURM_TASKS_PER_NODE``) and
+processes on this node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, or this node's entry of
+``SLURM_TASKS_PER_NODE`` such as ``2(x3),1``, found by ``SLURM_NODEID``) and
 the SLURM job to requeue (``SLURM_JOB_ID``). No other module reads launcher variables.
 """
 
@@ -26,6 +27,7 @@ import datetime
 import hashlib
 import importlib
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +36,7 @@ import torch.distributed as dist
 
 from composetrain._attempts import AttemptTimeout, join_attempt
 from composetrain._util import show
-from composetrain.hostlist import parse_nodelist
+from composetrain.hostlist import nodelist_summary
 
 __all__ = ["Cluster", "Process", "detect", "rendezvous"]
 
@@ -88,12 +90,45 @@ def detect(env: Mapping[str, str] | None = None, **explicit: Any) -> Cluster:
 def _node_and_job(env: Mapping[str, str]) -> dict[str, Any]:
     """The Cluster's ``local_world_size`` and ``job_id``, whichever launcher started the process."""
     local = 1
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        digits = env.get(name, "").split("(")[0].split(",")[0]  # SLURM writes "4(x2)" or "4,2"
-        if digits.isdigit():
-            local = int(digits)
-            break
+    if env.get("LOCAL_WORLD_SIZE", "").isdigit():
+        local = int(env["LOCAL_WORLD_SIZE"])
+    else:
+        for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+            if name in env:
+                local = _tasks_on_this_node(env, name)
+                break
     return {"local_world_size": max(1, local), "job_id": env.get("SLURM_JOB_ID") or None}
+
+
+def _tasks_on_this_node(env: Mapping[str, str], name: str) -> int:
+    """This node's entry of SLURM's compressed task counts: ``"2(x3),1"`` is 2, 2, 2, 1 for nodes 0-3
+    (``SLURM_NODEID``, needed only when the counts differ)."""
+    text = env[name]
+    counts: list[tuple[int, int]] = []  # (tasks, nodes)
+    for group in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", group)
+        if match is None or int(match.group(2) or 1) < 1:
+            raise ValueError(
+                f"rendezvous: {name}={text!r} is not SLURM's list of tasks per node, like '2(x3),1'; check the "
+                "job's environment"
+            )
+        counts.append((int(match.group(1)), int(match.group(2) or 1)))
+    if len({tasks for tasks, _ in counts}) == 1:
+        return counts[0][0]
+    if "SLURM_NODEID" not in env:
+        raise ValueError(
+            f"rendezvous: {name}={text!r} differs between nodes but SLURM_NODEID is not set, so this node's count "
+            "is unknown; start the tasks with srun (it sets SLURM_NODEID), or set LOCAL_WORLD_SIZE"
+        )
+    node = _int(env["SLURM_NODEID"], "SLURM_NODEID")
+    for tasks, nodes in counts:
+        if 0 <= node < nodes:
+            return tasks
+        node -= nodes
+    raise ValueError(
+        f"rendezvous: SLURM_NODEID={env['SLURM_NODEID']} but {name}={text!r} describes "
+        f"{sum(n for _, n in counts)} node(s); these come from one allocation: check the job's environment"
+    )
 
 
 def _place(env: Mapping[str, str], explicit: dict[str, Any]) -> Cluster:
@@ -122,19 +157,35 @@ def _place(env: Mapping[str, str], explicit: dict[str, Any]) -> Cluster:
         return _cluster({**values, **explicit}, "torchrun", "RANK/WORLD_SIZE/LOCAL_RANK/MASTER_PORT")
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return _slurm(env, explicit)
+    _check_not_half_torchrun(env)
     return Cluster(0, 1, 0, "127.0.0.1", 0, "single")
+
+
+def _check_not_half_torchrun(env: Mapping[str, str]) -> None:
+    """RANK or LOCAL_RANK without the rest of torchrun's variables is a launch that went half-way, as is
+    WORLD_SIZE without RANK (``_check_not_half_launched``): running alone would train one replica of a job
+    that expects several, so say what is there and what is missing instead."""
+    present = [k for k in ("RANK", "LOCAL_RANK") if k in env]
+    if not present:
+        return
+    missing = [k for k in ("RANK", "WORLD_SIZE") if k not in env]
+    raise ValueError(
+        f"rendezvous: {', '.join(present)} {'is' if len(present) == 1 else 'are'} set but {', '.join(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} not: launch with torchrun, or set RANK, WORLD_SIZE, LOCAL_RANK, "
+        "MASTER_ADDR, MASTER_PORT together (or unset RANK and LOCAL_RANK to run a single process)"
+    )
 
 
 def _slurm(env: Mapping[str, str], explicit: Mapping[str, Any]) -> Cluster:
     missing = [k for k in ("SLURM_LOCALID", "SLURM_JOB_NODELIST") if k not in env]
     if missing:
         raise ValueError(f"rendezvous: SLURM_PROCID is set but {missing} are not; start the job with srun")
-    hosts = parse_nodelist(env["SLURM_JOB_NODELIST"])
+    first, nhosts = nodelist_summary(env["SLURM_JOB_NODELIST"])  # never expanded: only these are needed
     nnodes = env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES"))
-    if nnodes is not None and _int(nnodes, "SLURM_NNODES") != len(hosts):
+    if nnodes is not None and _int(nnodes, "SLURM_NNODES") != nhosts:
         raise ValueError(
             f"rendezvous: SLURM_NNODES={nnodes} but SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r} names "
-            f"{len(hosts)} hosts; these come from one allocation: check the job's environment"
+            f"{nhosts} hosts; these come from one allocation: check the job's environment"
         )
     if "MASTER_PORT" in env:
         port: Any = env["MASTER_PORT"]
@@ -148,13 +199,13 @@ def _slurm(env: Mapping[str, str], explicit: Mapping[str, Any]) -> Cluster:
         "rank": env["SLURM_PROCID"],
         "world_size": env["SLURM_NTASKS"],
         "local_rank": env["SLURM_LOCALID"],
-        "master_addr": env.get("MASTER_ADDR", hosts[0]),
+        "master_addr": env.get("MASTER_ADDR", first),
         "master_port": port,
     }
     cluster = _cluster({**values, **explicit}, "slurm", "SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID")
-    if cluster.world_size < len(hosts):
+    if cluster.world_size < nhosts:
         raise ValueError(
-            f"rendezvous: SLURM_NTASKS={cluster.world_size} is fewer than the {len(hosts)} nodes allocated; "
+            f"rendezvous: SLURM_NTASKS={cluster.world_size} is fewer than the {nhosts} nodes allocated; "
             "ask for at least one task per node (--ntasks-per-node)"
         )
     return cluster

@@ -1,0 +1,47 @@
+"""``import composetrain as ct`` loads its public names on first use (so that ``python -m composetrain.plot``
+needs no torch), and reads exactly as an eager package: every name, the functions that share a submodule's
+name, ``from composetrain import *``."""
+
+import subprocess
+import sys
+
+import composetrain as ct
+
+
+def test_every_public_name_is_the_object_its_module_defines():
+    import importlib
+
+    assert set(ct._WHERE) == set(ct.__all__)
+    for name in ct.__all__:
+        assert getattr(ct, name) is getattr(importlib.import_module(ct._WHERE[name]), name), name
+    assert set(ct.__all__) <= set(dir(ct))
+
+
+def run(script: str) -> str:
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_submodule_imported_first_does_not_hide_the_function_of_its_name():
+    out = run(
+        "import composetrain.rendezvous, composetrain.accumulate, composetrain.distributed, composetrain.sharded\n"
+        "import composetrain as ct\n"
+        "from composetrain import distributed\n"
+        "print(type(ct.rendezvous).__name__, type(ct.accumulate).__name__, type(distributed).__name__,\n"
+        "      type(ct.sharded).__name__, type(ct.data_parallel).__name__)\n"
+    )
+    assert out == "function function function function function"
+
+
+def test_import_star_and_unknown_names():
+    out = run(
+        "import sys\nimport composetrain as ct\nprint('torch' in sys.modules)\n"
+        "from composetrain import *\nprint(run.__module__, TrainState.__name__)\n"
+        "try:\n    ct.no_such_thing\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    assert out.splitlines() == [
+        "False",
+        "composetrain.driver.run TrainState",
+        "module 'composetrain' has no attribute 'no_such_thing'",
+    ]
