@@ -314,8 +314,8 @@ class TrainStep:
             applied = self.update(state, ctx)
         finally:
             state.zero_grad()
-        metrics = {k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in done.metrics.items()}
-        metrics.update((k, v if isinstance(v, torch.Tensor) else torch.tensor(v)) for k, v in applied.metrics.items())
+        metrics = {k: _as_tensor(v) for k, v in done.metrics.items()}
+        metrics.update((k, _as_tensor(v)) for k, v in applied.metrics.items())
         return StepOutput(done.loss, metrics, applied.skipped)
 
     # -- identity -------------------------------------------------------------------
@@ -352,3 +352,10 @@ class TrainStep:
 
 _call = inspect.signature(TrainStep.__call__, eval_str=True)
 _CALLED_AS = _call.replace(parameters=list(_call.parameters.values())[1:])  # bound: without self
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    """A metric as a tensor; a Python float keeps all its digits (float64), not the default dtype's."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor(value, dtype=torch.float64) if isinstance(value, float) else torch.tensor(value)
