@@ -36,9 +36,10 @@ EVAL_FIELDS = frozenset({"step", "epoch", "eval"})  # an evaluation's metrics ar
 def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str) -> dict[str, Any]:
     """``metrics`` named by plain ``str``: the one rule for metric names, which are keys of the log records
     and of the checkpoint (saved and loaded as exact ``str``). A ``str`` subclass (``StrEnum``, ``np.str_``)
-    becomes the plain ``str`` it holds (the same text: it hashes and compares equal); any other name, or one
-    of the record's own ``fields``, is refused. ``whose``: "the step" or "eval_step"."""
-    plain = {}
+    becomes the plain ``str`` it holds; any other name, one of the record's own ``fields``, or two names of
+    the same text (a subclass with its own ``__hash__`` or ``__eq__`` is a key beside its text), is refused.
+    ``whose``: "the step" or "eval_step"."""
+    plain, keys = {}, {}
     for k, v in metrics.items():
         if not isinstance(k, str):
             raise TypeError(
@@ -53,7 +54,12 @@ def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str)
                 f"(reserved: {sorted(fields)}); rename it in {'the step' if whose == 'the step' else whose}, "
                 f"e.g. {(('train_' if kind == 'training' else 'eval_') + name)!r}"
             )
-        plain[name] = v
+        if name in plain:  # a subclass with its own __hash__ or __eq__: a dict holds it beside its text
+            raise ValueError(
+                f"{WHO}: {whose} returns two metrics named {name!r} ({keys[name]!r} and {k!r}); one would overwrite "
+                "the other in the records: give them different names"
+            )
+        plain[name], keys[name] = v, k
     return plain
 
 
@@ -78,6 +84,11 @@ class Meter:
                 raise TypeError(
                     f"{WHO}: the step returns metric {k!r} as a complex tensor; a logged metric is a real number: "
                     f"return {k!r}: z.abs(), or z.real and z.imag as two metrics"
+                )
+            if v.is_meta:  # Meter.read would fail to copy it at the log point, updates later
+                raise TypeError(
+                    f"{WHO}: the step returns metric {k!r} on the 'meta' device, which holds no value; compute it "
+                    "from the batch's outputs, on their device"
                 )
         if self.first and window and sorted(metrics) != sorted(window[0].metrics):  # restored from a checkpoint
             raise ValueError(

@@ -390,7 +390,8 @@ class _Driver:
     def write_log(self, at: Progress) -> None:
         state = self.state
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
-        record = self.meter.read(at.window, at.epoch, state.optimizer.param_groups[0]["lr"])
+        # float: torch.optim also takes a tensor lr (and a NumPy one passes), which JSON cannot write
+        record = self.meter.read(at.window, at.epoch, float(state.optimizer.param_groups[0]["lr"]))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
         record["global_batch"] = None if batch is None else batch * self.proc.world_size
