@@ -234,8 +234,18 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter  # checked importable by ct.run
 
             # a resumed run hides what the crashed one wrote from ``step`` on (it is made again), then
-            # writes back the records at ``step`` that the checkpoint holds and no update makes again
-            self.board = SummaryWriter(str(self.tensorboard), purge_step=step if resumed else None)
+            # writes back the records at ``step`` that the checkpoint holds and no update makes again; a
+            # fresh start hides every earlier event file's steps (a rerun after a crash before the first
+            # checkpoint would show them twice), as the metrics file is moved aside
+            purge = step if resumed else 0 if any(self.tensorboard.glob("*tfevents*")) else None
+            if purge == 0:
+                warnings.warn(
+                    f"{WHO}: tensorboard folder {str(self.tensorboard)!r} held event files of another run (or of "
+                    "one that started afresh); TensorBoard hides their steps from now on (its purge), the files "
+                    "stay: give each run its own folder to compare runs",
+                    stacklevel=3,
+                )
+            self.board = SummaryWriter(str(self.tensorboard), purge_step=purge)
             if resumed:
                 for r in history:
                     if r["step"] >= step:
