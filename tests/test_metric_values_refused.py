@@ -123,3 +123,21 @@ def test_eval_data_beside_a_loader_that_does_not_batch_says_so():
     evaluate = lambda model, batch: {"a": 1.0}  # noqa: E731
     with pytest.raises(ValueError, match=r"has none \(batch_size=None: each item is a batch\)"):
         ct.run(run_script.step, run_script.state(), loader, eval_step=evaluate, eval_data=run_script.dataset(24))
+
+
+@pytest.mark.parametrize("whose", ["the step", "eval_step"])
+def test_a_metric_name_that_utf8_cannot_encode_is_refused_at_the_first_update(tmp_path, whose):
+    """A lone surrogate (a file name decoded with surrogateescape) crashed TensorBoard's writer at the log point."""
+    bad = "acc\udcff"
+    calls = []
+
+    def step(model, batch):
+        calls.append(1)
+        loss, metrics = run_script.step(model, batch)
+        return loss, ({bad: metrics["acc"]} if whose == "the step" else metrics)
+
+    evaluate = lambda model, batch: {bad: 1.0} if whose == "eval_step" else {"e": 1.0}  # noqa: E731
+    with pytest.raises(ValueError, match=rf"run: {whose} returns metric 'acc\\udcff', which UTF-8 cannot encode"):
+        train(step, tmp_path, max_steps=4, log_every=2, eval_every=1, eval_step=evaluate,
+              eval_data=run_script.dataset(24), tensorboard=True)  # fmt: skip
+    assert len(calls) == 1

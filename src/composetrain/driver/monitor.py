@@ -36,9 +36,9 @@ EVAL_FIELDS = frozenset({"step", "epoch", "eval"})  # an evaluation's metrics ar
 def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str) -> dict[str, Any]:
     """``metrics`` named by plain ``str``: the one rule for metric names, which are keys of the log records
     and of the checkpoint (saved and loaded as exact ``str``). A ``str`` subclass (``StrEnum``, ``np.str_``)
-    becomes the plain ``str`` it holds; any other name, one of the record's own ``fields``, or two names of
-    the same text (a subclass with its own ``__hash__`` or ``__eq__`` is a key beside its text), is refused.
-    ``whose``: "the step" or "eval_step"."""
+    becomes the plain ``str`` it holds; any other name, one UTF-8 cannot encode, one of the record's own
+    ``fields``, or two names of the same text (a subclass with its own ``__hash__`` or ``__eq__`` is a key
+    beside its text), is refused. ``whose``: "the step" or "eval_step"."""
     plain, keys = {}, {}
     for k, v in metrics.items():
         if not isinstance(k, str):
@@ -47,6 +47,13 @@ def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str)
                 f"records and of the checkpoint): name it, e.g. 'class_0' for 0, {{f'class_{{i}}': value}}"
             )
         name = k if type(k) is str else str.__str__(k)  # the text itself, whatever the subclass's __str__ says
+        try:
+            name.encode()
+        except UnicodeEncodeError:  # a lone surrogate (surrogateescape): TensorBoard's writer fails on it
+            raise ValueError(
+                f"{WHO}: {whose} returns metric {name!r}, which UTF-8 cannot encode (a lone surrogate, from a "
+                "byte string decoded with surrogateescape); name it in text: name.encode(errors='replace').decode()"
+            ) from None
         if name in fields:
             kind = "training" if fields is TRAIN_FIELDS else "evaluation"
             raise ValueError(
