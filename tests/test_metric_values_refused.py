@@ -56,8 +56,16 @@ def test_two_eval_metrics_that_name_the_same_text_are_refused_not_merged():
 
 @pytest.mark.parametrize(
     "value",
-    [np.complex128(1 + 2j), np.array([1 + 2j]), np.str_("0.5x"), np.array(None, dtype=object), 10**400],
-    ids=["np-complex", "np-complex-array", "np-str", "np-object", "huge-int"],
+    [
+        np.complex128(1 + 2j),
+        np.array([1 + 2j]),
+        np.str_("0.5x"),
+        np.str_("0.5"),
+        np.array(None, dtype=object),
+        10**400,
+        np.array([0.5, 0.5]),
+    ],
+    ids=["np-complex", "np-complex-array", "np-str", "np-str-of-a-number", "np-object", "huge-int", "np-2-elements"],
 )
 def test_a_training_metric_that_is_no_real_number_is_refused_before_the_update(value):
     state = run_script.state()
