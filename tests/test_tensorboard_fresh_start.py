@@ -58,3 +58,13 @@ def test_a_fresh_run_into_an_empty_or_new_folder_warns_of_nothing(tmp_path, recw
            **OPTIONS)  # fmt: skip
     assert not [w for w in recwarn if "tensorboard" in str(w.message)]
     assert [s for s, _ in scalars(tmp_path / "tb", "train/loss")] == [1, 2]
+
+
+def test_a_tensorboard_folder_inside_a_file_is_refused_before_anything_is_made(tmp_path):
+    """tensorboard='plain/tb' where plain is a file: refused as the file itself is, before the checkpoint folder
+    and the metrics file are made (it was a PermissionError after both, saying 'not writable (Not a directory)')."""
+    (tmp_path / "plain").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"run: tensorboard='.*plain/tb' is inside '.*plain', a file, not a folder"):
+        ct.run(run_script.step, run_script.state(), run_script.dataset(), checkpoint_dir=tmp_path / "ck",
+               tensorboard=tmp_path / "plain" / "tb", **OPTIONS)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]

@@ -269,6 +269,12 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path 
             f"{who}: tensorboard={str(folder)!r} is a file, not a folder; give a folder for its event files: "
             "tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
         )
+    inside = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+    if inside is not None:  # found now, not after the checkpoint folder and the metrics file are made
+        raise ValueError(
+            f"{who}: tensorboard={str(folder)!r} is inside {str(inside)!r}, a file, not a folder; give a folder "
+            "for its event files: tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
+        )
     return folder
 
 
