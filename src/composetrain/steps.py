@@ -133,15 +133,23 @@ def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
         )
     clean: dict[str, Metric] = {}
     for key, value in metrics.items():
+        number = None
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             clean[key] = _reported(value.detach().reshape(()))
-        elif isinstance(value, numbers.Real) or (hasattr(value, "__array__") and getattr(value, "size", 0) == 1):
-            clean[key] = float(value)  # Python and NumPy numbers (np.float32 is no float subclass)
-        else:
+            continue
+        real = isinstance(value, numbers.Real) or getattr(getattr(value, "dtype", None), "kind", None) in tuple("biuf")
+        if real and (not hasattr(value, "__array__") or getattr(value, "size", 0) == 1):
+            try:  # Python and NumPy numbers (np.float32 is no float subclass); an int past float's range is none
+                item = getattr(value, "item", None) if hasattr(value, "__array__") else None
+                number = float(item() if callable(item) else value)  # a 1-element array too
+            except (TypeError, ValueError, OverflowError):
+                pass
+        if number is None:  # a NumPy complex, string or object is no real number: float() cuts or raises bare
             raise TypeError(
                 f"{who!r}: metric {key!r} must be a scalar tensor or a number, got {show(value)}; "
                 "return a batch mean, e.g. (pred == y).float().mean()"
             )
+        clean[key] = number
     return loss, clean
 
 

@@ -108,6 +108,13 @@ def _check_eval_data(eval_data: Any, data: Any, who: str) -> None:
     """Refuse eval_data that ct.run could not batch or split among processes (a DataLoader is used as given)."""
     if eval_data is None or isinstance(eval_data, DataLoader):
         return
+    if isinstance(eval_data, Mapping) or (
+        isinstance(eval_data, tuple) and eval_data and all(isinstance(t, Tensor) for t in eval_data)
+    ):  # as data: a dict is Sized, and read by index it fails with a bare KeyError at the first evaluation
+        raise TypeError(
+            f"{who}: eval_data must be a Dataset or DataLoader, got {show(eval_data)}; wrap tensors as "
+            "torch.utils.data.TensorDataset(x, y)"
+        )
     if isinstance(eval_data, IterableDataset) or not isinstance(eval_data, Sized):
         kind = "an IterableDataset, without a length" if isinstance(eval_data, IterableDataset) else "without a length"
         raise TypeError(
@@ -116,8 +123,13 @@ def _check_eval_data(eval_data: Any, data: Any, who: str) -> None:
             "eval_data=DataLoader(eval_data, batch_size=...)"
         )
     if isinstance(data, DataLoader) and data.batch_size is None:
+        by = (
+            f"it batches with batch_sampler={type(data.batch_sampler).__name__}"
+            if data.batch_sampler is not None
+            else "batch_size=None: each item is a batch"
+        )
         raise ValueError(
             f"{who}: eval_data is a Dataset, which ct.run batches by the training loader's batch size, but the "
-            f"DataLoader given as data has none (it batches with batch_sampler={type(data.batch_sampler).__name__}); "
+            f"DataLoader given as data has none ({by}); "
             "give eval_data as a DataLoader too: eval_data=DataLoader(eval_set, batch_size=256)"
         )

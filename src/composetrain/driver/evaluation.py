@@ -141,7 +141,7 @@ def _checked(
             )
         try:
             value = torch.as_tensor(v, dtype=torch.float64, device=device)
-        except (TypeError, ValueError, RuntimeError):
+        except (TypeError, ValueError, RuntimeError, OverflowError):  # an int past float64's range
             value = None
         if value is None or value.numel() != 1:
             got = f"shape {tuple(value.shape)}" if value is not None else show(v)

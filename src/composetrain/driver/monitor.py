@@ -36,9 +36,10 @@ EVAL_FIELDS = frozenset({"step", "epoch", "eval"})  # an evaluation's metrics ar
 def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str) -> dict[str, Any]:
     """``metrics`` named by plain ``str``: the one rule for metric names, which are keys of the log records
     and of the checkpoint (saved and loaded as exact ``str``). A ``str`` subclass (``StrEnum``, ``np.str_``)
-    becomes the plain ``str`` it holds (the same text: it hashes and compares equal); any other name, or one
-    of the record's own ``fields``, is refused. ``whose``: "the step" or "eval_step"."""
-    plain = {}
+    becomes the plain ``str`` it holds; any other name, one UTF-8 cannot encode, one of the record's own
+    ``fields``, or two names of the same text (a subclass with its own ``__hash__`` or ``__eq__`` is a key
+    beside its text), is refused. ``whose``: "the step" or "eval_step"."""
+    plain, keys = {}, {}
     for k, v in metrics.items():
         if not isinstance(k, str):
             raise TypeError(
@@ -46,6 +47,13 @@ def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str)
                 f"records and of the checkpoint): name it, e.g. 'class_0' for 0, {{f'class_{{i}}': value}}"
             )
         name = k if type(k) is str else str.__str__(k)  # the text itself, whatever the subclass's __str__ says
+        try:
+            name.encode()
+        except UnicodeEncodeError:  # a lone surrogate (surrogateescape): TensorBoard's writer fails on it
+            raise ValueError(
+                f"{WHO}: {whose} returns metric {name!r}, which UTF-8 cannot encode (a lone surrogate, from a "
+                "byte string decoded with surrogateescape); name it in text: name.encode(errors='replace').decode()"
+            ) from None
         if name in fields:
             kind = "training" if fields is TRAIN_FIELDS else "evaluation"
             raise ValueError(
@@ -53,7 +61,12 @@ def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str)
                 f"(reserved: {sorted(fields)}); rename it in {'the step' if whose == 'the step' else whose}, "
                 f"e.g. {(('train_' if kind == 'training' else 'eval_') + name)!r}"
             )
-        plain[name] = v
+        if name in plain:  # a subclass with its own __hash__ or __eq__: a dict holds it beside its text
+            raise ValueError(
+                f"{WHO}: {whose} returns two metrics named {name!r} ({keys[name]!r} and {k!r}); one would overwrite "
+                "the other in the records: give them different names"
+            )
+        plain[name], keys[name] = v, k
     return plain
 
 
@@ -78,6 +91,11 @@ class Meter:
                 raise TypeError(
                     f"{WHO}: the step returns metric {k!r} as a complex tensor; a logged metric is a real number: "
                     f"return {k!r}: z.abs(), or z.real and z.imag as two metrics"
+                )
+            if v.is_meta:  # Meter.read would fail to copy it at the log point, updates later
+                raise TypeError(
+                    f"{WHO}: the step returns metric {k!r} on the 'meta' device, which holds no value; compute it "
+                    "from the batch's outputs, on their device"
                 )
         if self.first and window and sorted(metrics) != sorted(window[0].metrics):  # restored from a checkpoint
             raise ValueError(
@@ -223,8 +241,18 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter  # checked importable by ct.run
 
             # a resumed run hides what the crashed one wrote from ``step`` on (it is made again), then
-            # writes back the records at ``step`` that the checkpoint holds and no update makes again
-            self.board = SummaryWriter(str(self.tensorboard), purge_step=step if resumed else None)
+            # writes back the records at ``step`` that the checkpoint holds and no update makes again; a
+            # fresh start hides every earlier event file's steps (a rerun after a crash before the first
+            # checkpoint would show them twice), as the metrics file is moved aside
+            purge = step if resumed else 0 if any(self.tensorboard.glob("*tfevents*")) else None
+            if purge == 0:
+                warnings.warn(
+                    f"{WHO}: tensorboard folder {str(self.tensorboard)!r} held event files of another run (or of "
+                    "one that started afresh); TensorBoard hides their steps from now on (its purge), the files "
+                    "stay: give each run its own folder to compare runs",
+                    stacklevel=3,
+                )
+            self.board = SummaryWriter(str(self.tensorboard), purge_step=purge)
             if resumed:
                 for r in history:
                     if r["step"] >= step:

@@ -269,6 +269,12 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path 
             f"{who}: tensorboard={str(folder)!r} is a file, not a folder; give a folder for its event files: "
             "tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
         )
+    inside = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+    if inside is not None:  # found now, not after the checkpoint folder and the metrics file are made
+        raise ValueError(
+            f"{who}: tensorboard={str(folder)!r} is inside {str(inside)!r}, a file, not a folder; give a folder "
+            "for its event files: tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
+        )
     return folder
 
 
@@ -390,7 +396,8 @@ class _Driver:
     def write_log(self, at: Progress) -> None:
         state = self.state
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
-        record = self.meter.read(at.window, at.epoch, state.optimizer.param_groups[0]["lr"])
+        # float: torch.optim also takes a tensor lr (and a NumPy one passes), which JSON cannot write
+        record = self.meter.read(at.window, at.epoch, float(state.optimizer.param_groups[0]["lr"]))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
         record["global_batch"] = None if batch is None else batch * self.proc.world_size
