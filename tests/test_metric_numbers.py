@@ -41,3 +41,27 @@ def test_python_number_metrics_are_averaged_exactly_over_micro_batches(default_d
 
     out = ct.accumulate(3)(step)(state, torch.ones(6, 2, dtype=torch.float64))
     assert out.metrics["third"].item() == pytest.approx(1 / 3, rel=1e-15)
+
+
+def test_the_log_record_is_the_float64_mean_of_the_updates_it_covers():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1).to(torch.float64)
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(24, 3, dtype=torch.float64), torch.randn(24, 1, dtype=torch.float64)
+    )
+    losses, tiny = [], []
+
+    def step(model, batch):
+        x, y = batch
+        loss = (model(x) - y).pow(2).mean()
+        losses.append(loss.item())
+        tiny.append(1 + 8e-10 * len(tiny))
+        return loss, {"tiny": torch.tensor(tiny[-1], dtype=torch.float64)}
+
+    result = ct.run(step, state, data, batch_size=4, log_every=3, num_workers=0, progress=False)
+    assert [r["step"] for r in result.history] == [3, 6]
+    for record, window in zip(result.history, (slice(0, 3), slice(3, 6)), strict=True):
+        assert record["loss"] == pytest.approx(sum(losses[window]) / 3, rel=1e-14)
+        assert record["tiny"] == pytest.approx(sum(tiny[window]) / 3, rel=1e-14, abs=0)
+        assert record["tiny"] != 1.0

@@ -100,3 +100,26 @@ def test_the_records_at_the_resumed_step_are_written_back_once(tmp_path):
     resumed.close()
     assert scalars(board, "train/loss") == [(4, 0.5)]
     assert scalars(board, "eval/acc") == [(4, 0.75)]
+
+
+def test_a_resumed_event_file_sorts_after_the_crashed_ones_made_in_the_same_second(tmp_path):
+    """TensorBoard reads a folder's event files in name order, and the name is the second, host, pid and a
+    per-process counter: a run resumed in the same process and second as its crash (counter 10 after 9) would
+    sort first, and the purge it carries would not hide the crashed file's steps."""
+    import os
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    from composetrain.driver.monitor import MetricsLog
+
+    board = tmp_path / "tb"
+    board.mkdir()
+    crashed = board / f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.99999"
+    crashed.write_bytes(b"")
+    proc = SimpleNamespace(is_main=True, differing=lambda value: None)
+    resumed = MetricsLog(tmp_path / "m.jsonl", proc, board)
+    resumed.start([], [], resumed=True, step=4)
+    resumed.close()
+    names = sorted(p.name for p in board.iterdir())
+    assert names[0] == crashed.name and len(names) == 2

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -119,7 +120,8 @@ class Meter:
         device = window[-1].loss.device
         names = self._agreed_names(window)
         rows = [
-            torch.stack([o.loss.float().to(device), *(o.metrics[k].float().to(device) for k in names)]) for o in window
+            torch.stack([o.loss.to(device, torch.float64), *(o.metrics[k].to(device, torch.float64) for k in names)])
+            for o in window
         ]
         means = torch.stack(rows).mean(0)
         if self.proc.world_size > 1:
@@ -252,6 +254,8 @@ class MetricsLog:
                     "stay: give each run its own folder to compare runs",
                     stacklevel=3,
                 )
+            if purge is not None:
+                _wait_past_event_files(self.tensorboard)
             self.board = SummaryWriter(str(self.tensorboard), purge_step=purge)
             if resumed:
                 for r in history:
@@ -352,3 +356,16 @@ def progress_bar(show: bool, total: int | None, done: int) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, initial=done, unit="update", dynamic_ncols=True, file=sys.stderr)
+
+
+def _wait_past_event_files(folder: Path) -> None:
+    """Wait (at most a second or two) until an event file made now sorts after every one in ``folder``.
+
+    TensorBoard reads a folder's event files in name order, and names them by the second, host, pid and
+    a per-process counter: a writer made in the second of an earlier one (a run resumed in the process
+    and second of its crash) could sort first, and its purge would not hide the earlier file's steps.
+    """
+    seconds = [int(m.group(1)) for p in folder.glob("*tfevents*") if (m := re.search(r"tfevents\.(\d+)\.", p.name))]
+    newest = max(seconds, default=0)
+    if 0 <= newest + 1 - time.time() <= 2:  # a file dated further ahead: a skewed clock, not worth waiting for
+        time.sleep(newest + 1 - time.time())
