@@ -26,6 +26,7 @@ import dataclasses
 import datetime
 import hashlib
 import importlib
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -90,8 +91,14 @@ def detect(env: Mapping[str, str] | None = None, **explicit: Any) -> Cluster:
 def _node_and_job(env: Mapping[str, str]) -> dict[str, Any]:
     """The Cluster's ``local_world_size`` and ``job_id``, whichever launcher started the process."""
     local = 1
-    if env.get("LOCAL_WORLD_SIZE", "").isdigit():
-        local = int(env["LOCAL_WORLD_SIZE"])
+    if "LOCAL_WORLD_SIZE" in env:
+        text = env["LOCAL_WORLD_SIZE"]
+        local = int(text) if re.fullmatch(r"\s*[0-9]+\s*", text) else 0
+        if local < 1:
+            raise ValueError(
+                f"rendezvous: LOCAL_WORLD_SIZE must be a positive integer, got {text!r}: the processes on this "
+                "node, as torchrun sets it; check the job's environment"
+            )
     else:
         for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
             if name in env:
@@ -106,13 +113,24 @@ def _tasks_on_this_node(env: Mapping[str, str], name: str) -> int:
     text = env[name]
     counts: list[tuple[int, int]] = []  # (tasks, nodes)
     for group in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", group)
-        if match is None or int(match.group(2) or 1) < 1:
+        match = re.fullmatch(r"\s*([0-9]+)\s*(?:\(x([0-9]+)\))?\s*", group)
+        if match is None or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
             raise ValueError(
                 f"rendezvous: {name}={text!r} is not SLURM's list of tasks per node, like '2(x3),1'; check the "
                 "job's environment"
             )
         counts.append((int(match.group(1)), int(match.group(2) or 1)))
+    if name == "SLURM_TASKS_PER_NODE":  # one allocation (or one step) wrote these with its task counts
+        total, nodes = sum(t * n for t, n in counts), sum(n for _, n in counts)
+        for other, number, what in (
+            ("SLURM_NTASKS", total, "places {} tasks"),
+            ("SLURM_NNODES", nodes, "describes {} node(s)"),
+        ):
+            if other in env and _int(env[other], other) != number:
+                raise ValueError(
+                    f"rendezvous: {name}={text!r} {what.format(number)} but {other}={env[other]}; these come from "
+                    "one allocation: check the job's environment"
+                )
     if len({tasks for tasks, _ in counts}) == 1:
         return counts[0][0]
     if "SLURM_NODEID" not in env:
@@ -226,10 +244,14 @@ def _cluster(values: Mapping[str, Any], source: str, names: str) -> Cluster:
 
 
 def _int(value: Any, what: str) -> int:
-    try:
+    """An integer from a launcher variable (ASCII digits, as launchers write them: not ``'1_0'``, ``'+1'``
+    nor ``'١'``, which ``int`` would take) or from an explicit argument (an int, never a float or a bool
+    that ``int`` would truncate)."""
+    if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value):
         return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"rendezvous: {what} must be an integer, got {value!r}") from None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise ValueError(f"rendezvous: {what} must be an integer, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -439,7 +461,7 @@ def unjoined_launch(env: Mapping[str, str] | None = None) -> str | None:
     sentence completes "WORLD_SIZE=N is set but ..."; transforms raise it with their own name."""
     env = os.environ if env is None else env
     world = env.get("WORLD_SIZE", "1")
-    if not world.isdigit() or int(world) <= 1 or (dist.is_available() and dist.is_initialized()):
+    if not re.fullmatch(r"[0-9]+", world) or int(world) <= 1 or (dist.is_available() and dist.is_initialized()):
         return None
     if "RANK" not in env:
         return (
