@@ -22,9 +22,11 @@ def test_a_start_too_large_for_a_float_is_refused_by_name():
         ct.warmup(10, start=10**400)
 
 
-def test_a_warmup_too_long_for_a_float_is_refused_when_built():
+@pytest.mark.parametrize("steps", [2**53 + 1, 10**400])
+def test_a_warmup_too_long_for_a_float_is_refused_when_built(steps):
     with pytest.raises(ValueError, match=r"warmup: steps must be at most 2\*\*53"):
-        ct.warmup(10**400)
+        ct.warmup(steps)
+    assert ct.warmup(2**53)(2**53 - 1) == 1.0  # the longest warmup whose count a float holds exactly
 
 
 def test_a_then_returning_an_int_too_large_for_a_float_is_refused_by_name():
