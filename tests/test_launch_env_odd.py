@@ -114,3 +114,14 @@ def test_a_host_number_too_long_for_an_int_is_refused_by_name():
     for read in (ct.parse_nodelist, nodelist_summary):
         with pytest.raises(ValueError, match=r"parse_nodelist: .* has more digits than a host number can"):
             read(nodelist)
+
+
+def test_a_step_on_part_of_the_allocation_meets_on_its_own_first_node():
+    """``srun -N1 -w gpu08`` inside a two-node job: srun sets the step's SLURM_STEP_NODELIST and SLURM_NNODES,
+    SLURM_JOB_NODELIST stays the job's; rank 0 runs on gpu08, not on the job's first node."""
+    env = slurm(SLURM_STEP_NODELIST="gpu08", SLURM_STEP_NUM_NODES="1", SLURM_NNODES="1", SLURM_NTASKS="2",
+                SLURM_TASKS_PER_NODE="2", SLURM_PROCID="1", SLURM_LOCALID="1")  # fmt: skip
+    cluster = ct.detect(env)
+    assert (cluster.master_addr, cluster.world_size, cluster.local_world_size) == ("gpu08", 2, 2)
+    with pytest.raises(ValueError, match=r"SLURM_STEP_NUM_NODES=3 but SLURM_STEP_NODELIST='gpu08' names 1 hosts"):
+        ct.detect({**env, "SLURM_STEP_NUM_NODES": "3"})

@@ -11,8 +11,8 @@ Sources, in order of precedence:
 - torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
 - SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
   ``SLURM_NNODES``, ``SLURM_JOB_NODELIST`` (bracketed host lists such as
-  ``node[01-04,07]``); the master is the first host, the port ``MASTER_PORT`` or
-  one derived from ``SLURM_JOB_ID``.
+  ``node[01-04,07]``; a step's own ``SLURM_STEP_NODELIST`` where srun sets it); the master is the
+  first host, the port ``MASTER_PORT`` or one derived from ``SLURM_JOB_ID``.
 
 Whatever else the library needs from the launcher is read here too, into the ``Cluster``: the
 processes on this node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, or this node's entry of
@@ -198,12 +198,17 @@ def _slurm(env: Mapping[str, str], explicit: Mapping[str, Any]) -> Cluster:
     missing = [k for k in ("SLURM_LOCALID", "SLURM_JOB_NODELIST") if k not in env]
     if missing:
         raise ValueError(f"rendezvous: SLURM_PROCID is set but {missing} are not; start the job with srun")
-    first, nhosts = nodelist_summary(env["SLURM_JOB_NODELIST"])  # never expanded: only these are needed
-    nnodes = env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES"))
-    if nnodes is not None and _int(nnodes, "SLURM_NNODES") != nhosts:
+    # srun's step may run on part of the job's nodes (srun -N1 in a two-node job): its own list, where rank 0 is
+    if "SLURM_STEP_NODELIST" in env:
+        hosts, count = "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES"
+    else:
+        hosts, count = "SLURM_JOB_NODELIST", "SLURM_NNODES" if "SLURM_NNODES" in env else "SLURM_JOB_NUM_NODES"
+    first, nhosts = nodelist_summary(env[hosts])  # never expanded: only these are needed
+    nnodes = env.get(count)
+    if nnodes is not None and _int(nnodes, count) != nhosts:
         raise ValueError(
-            f"rendezvous: SLURM_NNODES={nnodes} but SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r} names "
-            f"{nhosts} hosts; these come from one allocation: check the job's environment"
+            f"rendezvous: {count}={nnodes} but {hosts}={env[hosts]!r} names {nhosts} hosts; these come from one "
+            "allocation: check the job's environment"
         )
     if "MASTER_PORT" in env:
         port: Any = env["MASTER_PORT"]
