@@ -59,3 +59,15 @@ def test_the_path_printed_is_the_file_written(tmp_path, out, written):
     target = plot_run(tmp_path, tmp_path / out)
     assert target == tmp_path / written
     assert target.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_metric_named_like_a_fixed_panel_keeps_its_own_panel(tmp_path):
+    records = [
+        {"step": s, "loss": 3.0 - s, "lr": 0.1, "training loss": 7.0 + s, "learning rate": 5.0 + s} for s in (1, 2)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    drawn = curves(tmp_path)
+    assert drawn["training loss"]["train"] == ([1, 2], [2.0, 1.0])  # the loop's loss, not the metric
+    assert drawn["learning rate"]["train"] == ([1, 2], [0.1, 0.1])
+    assert drawn["'training loss' (metric)"]["train"] == ([1, 2], [8.0, 9.0])
+    assert drawn["'learning rate' (metric)"]["train"] == ([1, 2], [6.0, 7.0])

@@ -93,8 +93,10 @@ def curves(run: str | Path) -> dict[str, dict[str, tuple[list[int], list[float]]
     if not train:
         raise ValueError(f"plot: {run} holds no training records yet; plot after the first log point")
     metrics = sorted({k for r in train for k in r if k not in _LOOP_KEYS} | {k for e in evals for k in e["eval"]})
-    panels = [("loss", "training loss"), *((m, m) for m in metrics), ("lr", "learning rate")]
-    panels += [("updates_per_s", "updates / s"), ("data_wait", "share of time waiting for data")]
+    fixed = [("loss", "training loss"), ("lr", "learning rate"), ("updates_per_s", "updates / s")]
+    fixed += [("data_wait", "share of time waiting for data")]
+    titles = {title for _, title in fixed}  # a metric named like one of them must not take its panel
+    panels = [fixed[0], *((m, f"{m!r} (metric)" if m in titles else m) for m in metrics), *fixed[1:]]
     drawn: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
     odd: list[str] = []
     for key, title in panels:
