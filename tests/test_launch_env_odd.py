@@ -125,3 +125,15 @@ def test_a_step_on_part_of_the_allocation_meets_on_its_own_first_node():
     assert (cluster.master_addr, cluster.world_size, cluster.local_world_size) == ("gpu08", 2, 2)
     with pytest.raises(ValueError, match=r"SLURM_STEP_NUM_NODES=3 but SLURM_STEP_NODELIST='gpu08' names 1 hosts"):
         ct.detect({**env, "SLURM_STEP_NUM_NODES": "3"})
+
+
+@pytest.mark.parametrize("addr", ["", "  "])
+def test_an_empty_master_addr_is_refused_before_waiting_for_the_others(addr):
+    """``MASTER_ADDR=$HEAD`` with HEAD unset: the other ranks would wait the whole timeout (300 s) for ':29500'."""
+    with pytest.raises(ValueError, match=r"rendezvous: MASTER_ADDR is empty \(from the torchrun values\)"):
+        ct.rendezvous(env={**TORCHRUN, "MASTER_ADDR": addr}, timeout=5)
+    with pytest.raises(ValueError, match=r"rendezvous: MASTER_ADDR is empty \(from the slurm values\)"):
+        ct.detect(slurm(MASTER_ADDR=addr))
+    with pytest.raises(ValueError, match=r"rendezvous: MASTER_ADDR is empty \(from the explicit values\)"):
+        ct.detect({}, rank=0, world_size=2, master_addr=addr)
+    assert ct.detect({}, rank=0, world_size=1, master_addr=addr).world_size == 1  # alone: no one to meet

@@ -245,7 +245,13 @@ def _cluster(values: Mapping[str, Any], source: str, names: str) -> Cluster:
             f"local_rank={local}, master_port={port}; need 0 <= local_rank <= rank < world_size and a port "
             "below 65536"
         )
-    return Cluster(rank, world, local, str(values["master_addr"]), port, source)
+    addr = str(values["master_addr"])
+    if world > 1 and not addr.strip():  # MASTER_ADDR=$HEAD with HEAD unset: the ranks would wait the whole timeout
+        raise ValueError(
+            f"rendezvous: MASTER_ADDR is empty (from the {source} values), so the {world} processes have no host "
+            "to meet at; set it to rank 0's host name or address"
+        )
+    return Cluster(rank, world, local, addr, port, source)
 
 
 def _int(value: Any, what: str) -> int:
