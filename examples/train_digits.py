@@ -11,6 +11,7 @@ as one large batch, with a fraction of the activation memory).
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import torch
@@ -51,15 +52,34 @@ def at_least(least: int):
     return parse
 
 
+def positive(text: str) -> float:
+    """An argparse type: a positive finite float (a NaN learning rate would train to NaN without a word)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed torch.manual_seed takes, 0 <= seed < 2**63."""
+    value = at_least(0)(text)
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"must be below 2**63, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=at_least(1), default=15)
     parser.add_argument("--batch-size", type=at_least(1), default=128, help="samples per optimizer update")
     parser.add_argument("--accumulate", type=at_least(1), default=4, help="micro-batches per update")
-    parser.add_argument("--lr", type=float, default=0.05, help="learning rate at batch size 32 (scaled linearly)")
+    parser.add_argument("--lr", type=positive, default=0.05, help="learning rate at batch size 32 (scaled linearly)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="forward precision")
-    parser.add_argument("--clip", type=float, default=None, help="clip the gradient norm to this")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clip", type=positive, default=None, help="clip the gradient norm to this")
+    parser.add_argument("--seed", type=seed, default=0)
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)

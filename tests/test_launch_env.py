@@ -1,6 +1,7 @@
 """Launcher variables that say too little or more than one node's worth: half a torchrun launch, tasks per
 node that differ between nodes, huge and spaced SLURM host lists."""
 
+import re
 import time
 
 import pytest
@@ -49,8 +50,10 @@ def test_half_a_torchrun_launch_is_refused_naming_what_is_there_and_what_is_not(
     ],
 )
 def test_each_node_gets_its_own_task_count(tasks, node, local):
-    env = slurm(SLURM_TASKS_PER_NODE=tasks, SLURM_NODEID=node, SLURM_NNODES=None, SLURM_NTASKS="8",
-                SLURM_JOB_NODELIST="n[1-4]", SLURM_PROCID="4")  # fmt: skip
+    counts = [(int(t), int(n or 1)) for t, n in re.findall(r"(\d+)(?:\(x(\d+)\))?", tasks)]
+    nodes, total = sum(n for _, n in counts), sum(t * n for t, n in counts)  # as one allocation writes them
+    env = slurm(SLURM_TASKS_PER_NODE=tasks, SLURM_NODEID=node, SLURM_NNODES=str(nodes), SLURM_NTASKS=str(total),
+                SLURM_JOB_NODELIST=f"n[1-{nodes}]", SLURM_PROCID=str(total - 1))  # fmt: skip
     assert ct.detect(env).local_world_size == local
 
 

@@ -75,7 +75,8 @@ def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'composetrain' has no attribute {name!r}")
     for public, module in _WHERE.items():  # all at once: the package then reads as it did eagerly
-        globals()[public] = getattr(importlib.import_module(module), public)
+        # setdefault: a name the user assigned on the package before (ct.run = fake) keeps that value
+        globals().setdefault(public, getattr(importlib.import_module(module), public))
     return globals()[name]
 
 

@@ -60,7 +60,10 @@ def check_real(
     kind = kind.replace("a  ", "a ")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past 1e308: no float holds it
+        number = math.inf
     if math.isnan(number) or (finite and math.isinf(number)) or (positive and not number > 0):
         raise ValueError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
     return number

@@ -13,6 +13,8 @@ __all__ = ["MAX_HOSTS", "nodelist_summary", "parse_nodelist"]
 
 MAX_HOSTS = 1_000_000  # far above any SLURM cluster; a longer expansion is a typo, not a job
 
+_MAX_DIGITS = 20  # SLURM reads host numbers as unsigned longs; int() refuses strings past 4300 digits
+
 
 def parse_nodelist(nodelist: str) -> list[str]:
     """Expand a SLURM host list: ``"node[01-03,07],gpu-[1-2]-[3,5]"`` -> every host name, in order.
@@ -112,10 +114,15 @@ def _split_top_level(nodelist: str, whole: str) -> list[str]:
 def _ranges(ranges: str, whole: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for part in ranges.split(","):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part.strip())  # ASCII digits, as SLURM's strtoul reads
         if match is None:
             raise ValueError(f"parse_nodelist: {part!r} in {whole!r} is not a number or a range like 01-04")
         start, stop = match.group(1), match.group(2) or match.group(1)
+        if max(len(start), len(stop)) > _MAX_DIGITS:
+            raise ValueError(
+                f"parse_nodelist: {show(part)} in the host list has more digits than a host number can "
+                f"({_MAX_DIGITS}); check the list"
+            )
         if int(start) > int(stop):
             raise ValueError(f"parse_nodelist: the range {part!r} in {whole!r} runs backwards")
         out.append((start, stop))

@@ -83,6 +83,8 @@ def warmup(steps: int, *, start: float = 0.0, then: Callable[[int], float] | Non
         >>> state = ct.TrainState(model, opt, sched)        # steps once per update
     """
     steps = check_int(steps, "warmup", "steps", minimum=0, example="warmup(500)")
+    if steps > 2**53:  # the multiplier divides a float by it: past 1e308 that raises, past 2**53 it rounds
+        raise ValueError(f"warmup: steps must be at most 2**53 updates, got {show(steps)}; e.g. warmup(500)")
     given, start = start, check_real(start, "warmup", "start", positive=False, example="start=0.0")
     if not 0 <= start < 1:
         raise ValueError(f"warmup: start must be in [0, 1), got {show(given)}; e.g. start=0.0")
@@ -104,7 +106,8 @@ def _multiplier(then: Callable[[int], float], since: int) -> float:
     value: object = then(since)
     number = math.nan
     if not isinstance(value, bool) and hasattr(type(value), "__float__"):  # str has no __float__
-        with contextlib.suppress(TypeError, ValueError, RuntimeError):  # a torch tensor of several numbers
+        # a torch tensor of several numbers (RuntimeError), an int past 1e308 (OverflowError)
+        with contextlib.suppress(TypeError, ValueError, RuntimeError, OverflowError):
             number = float(value)  # type: ignore[arg-type]  # a Python, NumPy or one-element torch number
     if not (math.isfinite(number) and number >= 0):
         raise ValueError(

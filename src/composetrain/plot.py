@@ -46,12 +46,13 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
     for number, raw in enumerate(path.read_bytes().splitlines(), 1):
         try:
             record = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        # ValueError: an int longer than Python converts (4300 digits); RecursionError: arrays nested too deep
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
             skipped.append(f"line {number}: {type(e).__name__}")
             continue
         step = record.get("step") if isinstance(record, dict) else None
-        if not _is_int(step):
-            skipped.append(f"line {number}: step {step!r}")
+        if not (_is_int(step) and _is_number(step)):  # an int step that a float (the plot's axis) can hold
+            skipped.append(f"line {number}: step {_short(step)}")
             continue
         (evals if isinstance(record.get("eval"), dict) else train).append(record)
     if skipped:
@@ -68,7 +69,19 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A JSON number that a float holds (an int past 1e308 is no point on a plot)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def curves(run: str | Path) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
@@ -80,8 +93,10 @@ def curves(run: str | Path) -> dict[str, dict[str, tuple[list[int], list[float]]
     if not train:
         raise ValueError(f"plot: {run} holds no training records yet; plot after the first log point")
     metrics = sorted({k for r in train for k in r if k not in _LOOP_KEYS} | {k for e in evals for k in e["eval"]})
-    panels = [("loss", "training loss"), *((m, m) for m in metrics), ("lr", "learning rate")]
-    panels += [("updates_per_s", "updates / s"), ("data_wait", "share of time waiting for data")]
+    fixed = [("loss", "training loss"), ("lr", "learning rate"), ("updates_per_s", "updates / s")]
+    fixed += [("data_wait", "share of time waiting for data")]
+    titles = {title for _, title in fixed}  # a metric named like one of them must not take its panel
+    panels = [fixed[0], *((m, f"{m!r} (metric)" if m in titles else m) for m in metrics), *fixed[1:]]
     drawn: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
     odd: list[str] = []
     for key, title in panels:
@@ -108,7 +123,8 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> Path:
 
     Args:
         run: the run folder (``checkpoint_dir``) or its metrics file.
-        out: where to write the PNG (default: ``curves.png`` beside the metrics file).
+        out: where to write the PNG (default: ``curves.png`` beside the metrics file; in a folder, its
+            ``curves.png``; a name without a suffix gets ``.png``).
 
     Returns:
         The PNG's path.
@@ -151,6 +167,10 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> Path:
         ax.axis("off")
     fig.tight_layout()
     target = Path(out) if out is not None else (Path(run) if Path(run).is_dir() else Path(run).parent) / "curves.png"
+    if target.is_dir():  # a folder to draw into
+        target = target / "curves.png"
+    elif not target.suffix:  # matplotlib would add one, and the path returned would name no file
+        target = target.with_name(target.name + ".png")
     fig.savefig(target, dpi=100)
     plt.close(fig)
     return target

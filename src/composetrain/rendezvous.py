@@ -11,8 +11,8 @@ Sources, in order of precedence:
 - torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
 - SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
   ``SLURM_NNODES``, ``SLURM_JOB_NODELIST`` (bracketed host lists such as
-  ``node[01-04,07]``); the master is the first host, the port ``MASTER_PORT`` or
-  one derived from ``SLURM_JOB_ID``.
+  ``node[01-04,07]``; a step's own ``SLURM_STEP_NODELIST`` where srun sets it); the master is the
+  first host, the port ``MASTER_PORT`` or one derived from ``SLURM_JOB_ID``.
 
 Whatever else the library needs from the launcher is read here too, into the ``Cluster``: the
 processes on this node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, or this node's entry of
@@ -26,6 +26,7 @@ import dataclasses
 import datetime
 import hashlib
 import importlib
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -90,8 +91,14 @@ def detect(env: Mapping[str, str] | None = None, **explicit: Any) -> Cluster:
 def _node_and_job(env: Mapping[str, str]) -> dict[str, Any]:
     """The Cluster's ``local_world_size`` and ``job_id``, whichever launcher started the process."""
     local = 1
-    if env.get("LOCAL_WORLD_SIZE", "").isdigit():
-        local = int(env["LOCAL_WORLD_SIZE"])
+    if "LOCAL_WORLD_SIZE" in env:
+        text = env["LOCAL_WORLD_SIZE"]
+        local = int(text) if re.fullmatch(r"\s*[0-9]+\s*", text) else 0
+        if local < 1:
+            raise ValueError(
+                f"rendezvous: LOCAL_WORLD_SIZE must be a positive integer, got {text!r}: the processes on this "
+                "node, as torchrun sets it; check the job's environment"
+            )
     else:
         for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
             if name in env:
@@ -106,13 +113,24 @@ def _tasks_on_this_node(env: Mapping[str, str], name: str) -> int:
     text = env[name]
     counts: list[tuple[int, int]] = []  # (tasks, nodes)
     for group in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", group)
-        if match is None or int(match.group(2) or 1) < 1:
+        match = re.fullmatch(r"\s*([0-9]+)\s*(?:\(x([0-9]+)\))?\s*", group)
+        if match is None or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
             raise ValueError(
                 f"rendezvous: {name}={text!r} is not SLURM's list of tasks per node, like '2(x3),1'; check the "
                 "job's environment"
             )
         counts.append((int(match.group(1)), int(match.group(2) or 1)))
+    if name == "SLURM_TASKS_PER_NODE":  # one allocation (or one step) wrote these with its task counts
+        total, nodes = sum(t * n for t, n in counts), sum(n for _, n in counts)
+        for other, number, what in (
+            ("SLURM_NTASKS", total, "places {} tasks"),
+            ("SLURM_NNODES", nodes, "describes {} node(s)"),
+        ):
+            if other in env and _int(env[other], other) != number:
+                raise ValueError(
+                    f"rendezvous: {name}={text!r} {what.format(number)} but {other}={env[other]}; these come from "
+                    "one allocation: check the job's environment"
+                )
     if len({tasks for tasks, _ in counts}) == 1:
         return counts[0][0]
     if "SLURM_NODEID" not in env:
@@ -180,12 +198,17 @@ def _slurm(env: Mapping[str, str], explicit: Mapping[str, Any]) -> Cluster:
     missing = [k for k in ("SLURM_LOCALID", "SLURM_JOB_NODELIST") if k not in env]
     if missing:
         raise ValueError(f"rendezvous: SLURM_PROCID is set but {missing} are not; start the job with srun")
-    first, nhosts = nodelist_summary(env["SLURM_JOB_NODELIST"])  # never expanded: only these are needed
-    nnodes = env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES"))
-    if nnodes is not None and _int(nnodes, "SLURM_NNODES") != nhosts:
+    # srun's step may run on part of the job's nodes (srun -N1 in a two-node job): its own list, where rank 0 is
+    if "SLURM_STEP_NODELIST" in env:
+        hosts, count = "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES"
+    else:
+        hosts, count = "SLURM_JOB_NODELIST", "SLURM_NNODES" if "SLURM_NNODES" in env else "SLURM_JOB_NUM_NODES"
+    first, nhosts = nodelist_summary(env[hosts])  # never expanded: only these are needed
+    nnodes = env.get(count)
+    if nnodes is not None and _int(nnodes, count) != nhosts:
         raise ValueError(
-            f"rendezvous: SLURM_NNODES={nnodes} but SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r} names "
-            f"{nhosts} hosts; these come from one allocation: check the job's environment"
+            f"rendezvous: {count}={nnodes} but {hosts}={env[hosts]!r} names {nhosts} hosts; these come from one "
+            "allocation: check the job's environment"
         )
     if "MASTER_PORT" in env:
         port: Any = env["MASTER_PORT"]
@@ -222,14 +245,24 @@ def _cluster(values: Mapping[str, Any], source: str, names: str) -> Cluster:
             f"local_rank={local}, master_port={port}; need 0 <= local_rank <= rank < world_size and a port "
             "below 65536"
         )
-    return Cluster(rank, world, local, str(values["master_addr"]), port, source)
+    addr = str(values["master_addr"])
+    if world > 1 and not addr.strip():  # MASTER_ADDR=$HEAD with HEAD unset: the ranks would wait the whole timeout
+        raise ValueError(
+            f"rendezvous: MASTER_ADDR is empty (from the {source} values), so the {world} processes have no host "
+            "to meet at; set it to rank 0's host name or address"
+        )
+    return Cluster(rank, world, local, addr, port, source)
 
 
 def _int(value: Any, what: str) -> int:
-    try:
+    """An integer from a launcher variable (ASCII digits, as launchers write them: not ``'1_0'``, ``'+1'``
+    nor ``'١'``, which ``int`` would take) or from an explicit argument (an int, never a float or a bool
+    that ``int`` would truncate)."""
+    if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value):
         return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"rendezvous: {what} must be an integer, got {value!r}") from None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise ValueError(f"rendezvous: {what} must be an integer, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -439,7 +472,7 @@ def unjoined_launch(env: Mapping[str, str] | None = None) -> str | None:
     sentence completes "WORLD_SIZE=N is set but ..."; transforms raise it with their own name."""
     env = os.environ if env is None else env
     world = env.get("WORLD_SIZE", "1")
-    if not world.isdigit() or int(world) <= 1 or (dist.is_available() and dist.is_initialized()):
+    if not re.fullmatch(r"[0-9]+", world) or int(world) <= 1 or (dist.is_available() and dist.is_initialized()):
         return None
     if "RANK" not in env:
         return (
