@@ -46,14 +46,16 @@ def test_a_second_holder_of_the_folder_is_refused_until_the_first_closes(tmp_pat
 def test_a_second_run_is_refused_quickly_and_the_first_finishes_untouched(tmp_path):
     straight, _ = train(tmp_path / "straight", epochs=3)
     job = ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3"]
-    metrics = tmp_path / "job" / "metrics.jsonl"
-    with launch(*job, "--step-delay", "0.1") as first:
+    metrics, hold = tmp_path / "job" / "metrics.jsonl", tmp_path / "hold"
+    with launch(*job, "--hold", str(hold)) as first:
         wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0)  # training began
+        hold.touch()  # the first run waits in its next step until the second was refused
         started = time.monotonic()
         code, out = finish(launch(*job, "--checkpoint-every", "1"))
-        assert code != 0 and "is in use by another run" in out, out
+        assert code != 0 and "is in use by another run (pid " in out, out
         assert time.monotonic() - started < 60
         assert first.poll() is None, "the first run had ended before the second was refused: nothing was tested"
+        hold.unlink()
         code, out = finish(first)
     assert code == 0 and "DONE" in out, out
     saved = torch.load(tmp_path / "job-rank0.pt", weights_only=False)
@@ -120,18 +122,29 @@ def test_checkpoints_are_ordered_by_number(tmp_path):
 
 
 def test_foreign_files_named_like_checkpoints_are_left_alone(tmp_path):
+    mine = tmp_path / "step-000000009"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    (tmp_path / "step-000000007").write_text("a file")
+    (tmp_path / ".step-notes").write_text("hidden")
+    with pytest.warns(UserWarning, match=r"run: leaving .*step-000000009 alone: it holds no state.pt"):
+        train(tmp_path, max_steps=6, checkpoint_every=1, keep_checkpoints=1)
+    assert (mine / "notes.txt").read_text() == "my notes"  # neither renamed, nor pruned
+    assert (tmp_path / "step-000000007").read_text() == "a file"
+    assert (tmp_path / ".step-notes").read_text() == "hidden"
+    assert not list(tmp_path.glob("corrupt-*"))
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000006", "step-000000007", "step-000000009"]
+
+
+def test_a_save_onto_a_foreign_folder_is_refused_and_the_folder_kept(tmp_path):
     mine = tmp_path / "step-000000002"
     mine.mkdir()
     (mine / "notes.txt").write_text("my notes")
-    (tmp_path / "step-000000001").write_text("a file")
-    (tmp_path / ".step-notes").write_text("hidden")
-    with pytest.warns(UserWarning, match=r"run: leaving .*step-000000002 alone: it holds no state.pt"):
-        train(tmp_path, max_steps=6, checkpoint_every=1, keep_checkpoints=1)
-    assert (mine / "notes.txt").read_text() == "my notes"  # neither renamed, nor pruned
-    assert (tmp_path / "step-000000001").read_text() == "a file"
-    assert (tmp_path / ".step-notes").read_text() == "hidden"
-    assert not list(tmp_path.glob("corrupt-*"))
-    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000001", "step-000000002", "step-000000006"]
+    expected = r"run: cannot save checkpoint step 2: .*step-000000002 exists and is not a checkpoint"
+    with pytest.warns(UserWarning, match="leaving"), pytest.raises(FileExistsError, match=expected):
+        train(tmp_path, max_steps=6, checkpoint_every=1)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "my notes"
+    assert not list(tmp_path.glob(".step-*")) and not list(tmp_path.glob("corrupt-*"))
 
 
 # -- files that cannot be read ----------------------------------------------------------------------
@@ -205,7 +218,9 @@ def test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept(tmp_path):
     torch.save({**saved, "world_size": 2}, step / "state.pt")  # as 2 processes write it
     shutil.copy(step / "rank-0.pt", step / "rank-1.pt")
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    with pytest.raises(ValueError, match=r"run: checkpoint .*step-000000008 was saved by 2 process\(es\), this run has 1"):
+    with pytest.raises(
+        ValueError, match=r"run: checkpoint .*step-000000008 was saved by 2 process\(es\), this run has 1"
+    ):
         train(tmp_path, epochs=2)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 

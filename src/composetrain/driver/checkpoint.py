@@ -7,13 +7,25 @@ It is written under a hidden temporary name in the same folder, every file
 fsynced, then renamed into place and the folder fsynced: a crash mid-save leaves
 the previous checkpoint as the latest valid one. Files hold tensors and plain types
 only and load with ``weights_only=True``: resuming never runs code from the folder.
+
+One run at a time: every process that writes holds ``.lock-rank-<rank>`` in the folder
+(``fcntl.flock``, released by the kernel when its holder ends, even by SIGKILL), so a
+second run on the same folder is refused before it touches anything. Only folders named
+exactly as ``save`` names them are checkpoints, ordered by their number; anything else
+is left where it is, with a warning. Files that are not regular files are never opened.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import io
 import os
 import pickle
+import re
 import shutil
+import socket
+import stat
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -36,6 +48,34 @@ SHARED = {"format": int, "world_size": int, "state": dict, "settings": dict, "ep
 LOCAL = {"rng": dict, "window": list, "order": (dict, type(None)), "generators": list}
 # what decides a given DataLoader's order for an epoch (data.epoch_order)
 ORDER = {"rng": dict, "generators": list, "sampler_seed": (int, type(None))}
+
+
+_NAME = re.compile(r"step-([0-9]{9,})")  # as save() names it: ASCII digits, at least 9, no spare zero
+_LEFTOVER = re.compile(r"\.step-[0-9]{9,}\.(tmp|old)")  # what an interrupted save() leaves
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint folder's ``name``, or None if ``save`` would never name a folder so."""
+    match = _NAME.fullmatch(name)
+    return int(match[1]) if match and name == f"step-{int(match[1]):09d}" else None
+
+
+def _size(value: Any) -> int:
+    """Bytes of tensor data in ``value`` (what a save writes, give or take the plain values)."""
+    if isinstance(value, torch.Tensor):
+        return value.nelement() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_size(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_size(v) for v in value)
+    return 0
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -78,8 +118,9 @@ class Checkpoints:
         shards: ShardFiles | None = None,
     ) -> None:
         self.shards = shards
-        self.dir = Path(directory)
+        self.dir = Path(directory).expanduser()
         self.rank, self.world_size, self.keep, self.who = rank, world_size, keep, who
+        self._lock: io.FileIO | None = None
         problem = None
         if rank == 0:
             try:
@@ -87,8 +128,6 @@ class Checkpoints:
                 probe = self.dir / f".write-test-{os.getpid()}"
                 probe.write_bytes(b"")
                 probe.unlink()
-                for stale in self.dir.glob(".step-*"):  # a save that a crash interrupted
-                    shutil.rmtree(stale, ignore_errors=True)
             except OSError as e:
                 problem = e.strerror or str(e)
         problem = self._shared(problem)
@@ -96,6 +135,48 @@ class Checkpoints:
             raise PermissionError(
                 f"{who}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
             )
+        holder = self._take_lock()  # every rank its own file: ranks of one run never exclude each other
+        if not self._all(holder is None):
+            self.close()
+            raise RuntimeError(
+                f"{who}: checkpoint_dir {str(self.dir)!r} is in use by another run ({holder or 'seen by another rank'}"
+                "); two runs in one folder would overwrite each other's checkpoints and metrics: wait for that run "
+                "to end (its lock goes with it), or give this one another checkpoint_dir"
+            )
+        if rank == 0:  # the folder is ours alone now: what an interrupted save left is no live run's
+            for stale in self.dir.iterdir():
+                if _LEFTOVER.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale, ignore_errors=True)
+        self._barrier()
+
+    def _take_lock(self) -> str | None:
+        """Hold this rank's lock file; None, or who holds it (pid and host, as its holder wrote them)."""
+        path = self.dir / f".lock-rank-{self.rank}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            return f"its lock file {path} cannot be opened: {e.strerror or e}"
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return f"its lock file {path} is not a regular file; remove it"
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            who = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            return f"{who or 'a process'} holds {path}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._lock = os.fdopen(fd, "r+b", buffering=0)  # a file object: closed (and released) if dropped
+        return None
+
+    def close(self) -> None:
+        """Let the folder go (the kernel does it too when this process ends, however it ends)."""
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.close()  # closing the only descriptor releases the flock
 
     def _shared(self, value: Any) -> Any:
         """Rank 0's ``value``, on every rank."""
@@ -131,34 +212,88 @@ class Checkpoints:
             )
         final = self.dir / f"step-{step:09d}"
         tmp = self.dir / f".step-{step:09d}.tmp"
+        taken = self.rank == 0 and os.path.lexists(final) and not _ours(final)
+        if not self._all(not taken):  # before anything is written: the user's folder stays as it is
+            raise FileExistsError(
+                f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint (it holds "
+                "no state.pt), so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
+            )
+        failure: OSError | None = None
+        try:  # every write, on every rank; a failure (a full disk) is agreed on below, so all ranks raise
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+            self._barrier()
+            _write(local, tmp / f"rank-{self.rank}.pt")
+            if self.rank == 0:
+                _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
+            if tensors and self.shards is not None:  # every rank alike: the same state is sharded everywhere
+                self.shards.save(tensors, tmp)
+            self._barrier()
+            if self.rank == 0:
+                if tensors:
+                    _fsync_dir(tmp / SUBDIR)
+                _fsync_dir(tmp)
+        except OSError as e:
+            failure = e
+        if not self._all(failure is None):
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, and the space back
+            raise self._save_failed(step, failure, _size(payload) + _size(local) + _size(tensors)) from failure
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-        self._barrier()
-        _write(local, tmp / f"rank-{self.rank}.pt")
-        if self.rank == 0:
-            _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
-        if tensors and self.shards is not None:  # every rank alike: the same state is sharded everywhere
-            self.shards.save(tensors, tmp)
-        self._barrier()
-        if self.rank == 0:
-            if tensors:
-                _fsync_dir(tmp / SUBDIR)
-            _fsync_dir(tmp)
             old = self.dir / f".step-{step:09d}.old"
             if final.exists():  # saved at this step before (a skipped update): keep it until replaced
                 os.replace(final, old)
             os.replace(tmp, final)
             _fsync_dir(self.dir)
             shutil.rmtree(old, ignore_errors=True)
-            older = [p for p in self._steps() if p.name < final.name]
+            older = [p for p in self._steps() if step_of(p.name) < step]  # type: ignore[operator]
             for stale in older[self.keep - 1 :]:
                 shutil.rmtree(stale, ignore_errors=True)
         self._barrier()
         return final
 
+    def _save_failed(self, step: int, failure: OSError | None, size: int) -> OSError:
+        """The error a failed save raises: what failed, where, and that the previous checkpoint is intact."""
+        previous = next(iter(self._steps()), None)
+        intact = f"the previous checkpoint {previous.name} is intact" if previous else "there is no previous checkpoint"
+        if failure is None:
+            return OSError(
+                f"{self.who}: checkpoint step {step} was not saved: another rank could not write its part; {intact}"
+            )
+        cause = f"{failure.strerror or failure}" + (f": {failure.filename}" if failure.filename else "")
+        if failure.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(
+                failure.errno,
+                f"{self.who}: no space left in {self.dir} for checkpoint step {step} (writing about "
+                f"{_human(size)}; {cause}); {intact} and nothing of step {step} was left behind; free some space, "
+                "lower keep_checkpoints, or point checkpoint_dir at a larger disk",
+            )
+        return OSError(
+            failure.errno,
+            f"{self.who}: checkpoint step {step} could not be written in {self.dir} ({cause}); {intact} and "
+            f"nothing of step {step} was left behind",
+        )
+
     def _steps(self) -> list[Path]:
-        return sorted((p for p in self.dir.glob("step-*") if p.is_dir() and p.name[5:].isdigit()), reverse=True)
+        """This run's checkpoints, newest first: folders named as ``save`` names them, holding a state.pt."""
+        found = [(step_of(p.name), p) for p in self.dir.iterdir()]
+        ours = [(n, p) for n, p in found if n is not None and _ours(p)]
+        return [p for _, p in sorted(ours, key=lambda np_: np_[0], reverse=True)]
+
+    def _foreign(self) -> list[str]:
+        """What in the folder looks like a checkpoint, is none, and is left alone: one line each."""
+        lines = []
+        for p in sorted(self.dir.iterdir()):
+            if step_of(p.name) is not None and not _ours(p):
+                kind = "it holds no state.pt" if p.is_dir() and not p.is_symlink() else "it is not a folder"
+                lines.append(f"leaving {p} alone: {kind}, so ct.run did not write it")
+            elif p.name.startswith("step-") and step_of(p.name) is None:
+                lines.append(
+                    f"ignoring {p}: not a checkpoint name (ct.run names them step-<step as 9 or more ASCII digits>, "
+                    "e.g. step-000000005); rename it so to resume from it"
+                )
+        return lines
 
     def _check_fits(self, path: Path, payload: dict[str, Any]) -> None:
         """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
@@ -184,9 +319,12 @@ class Checkpoints:
         One that does not pass is skipped with a warning and moved aside (``corrupt-step-...``),
         so that it never shadows the good ones again.
         """
+        if self.rank == 0:
+            for line in self._foreign():
+                warnings.warn(f"{self.who}: {line}", stacklevel=2)
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
-            step = int(name.rpartition("-")[2])  # step-000001234, as save() names it
+            step = step_of(name)
             payload, problem = _load(path / "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
             local = None
             if self._all(payload is not None):
@@ -239,6 +377,11 @@ def _unplain(value: Any, where: str) -> str | None:
     return f"{where} is {show(value)}"
 
 
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a folder (not a link) holding a ``state.pt`` entry: one ct.run wrote."""
+    return path.is_dir() and not path.is_symlink() and os.path.lexists(path / "state.pt")
+
+
 def _free(directory: Path, name: str) -> Path:
     """``directory/name``, or ``name-2``, ``name-3``...: the first that does not exist (a step can
     be corrupted again after a rerun saved it anew)."""
@@ -251,6 +394,9 @@ def _free(directory: Path, name: str) -> Path:
 
 def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
     """The dict in ``path`` if it loads without running code and has the ``schema``; else why not."""
+    problem = not_regular(path)
+    if problem:  # a FIFO would block the open forever, a device would be read without end
+        return None, problem
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
@@ -260,6 +406,20 @@ def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | Non
         return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     problem = _shape_problem(value, schema) or deep(value)
     return (None, problem) if problem else (value, None)
+
+
+def not_regular(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file (missing, or a FIFO, socket, device, folder), or None."""
+    try:
+        mode = os.stat(path).st_mode  # a link is followed: what it points to must be a file
+    except OSError as e:
+        return f"{path.name}: {e.strerror or e}"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = [(stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]  # fmt: skip
+    kind = next((name for test, name in kinds if test(mode)), "not a file")
+    return f"{path.name} is {kind}, not a regular file, so it was not opened"
 
 
 def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:

@@ -307,18 +307,24 @@ class _Driver:
             "seed": seed,
         }
         self.checkpoints = None
-        if checkpoint_dir is not None:
+        if checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
             self.checkpoints = Checkpoints(
                 checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who, shards=ShardFiles(state)
             )
-        log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
-        board = _tensorboard_dir(tensorboard, log_path, who)
-        self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
-        self.saved_at: Path | None = None  # the last checkpoint written
-        self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
-        # last, so that nothing above can fail with the model set up; before resuming: e.g. a
-        # checkpoint's shards load straight into the shards
-        step_fn.setup(state)
+        try:
+            folder = self.checkpoints.dir if self.checkpoints is not None else None
+            log_path = Path(log_file).expanduser() if log_file else folder / "metrics.jsonl" if folder else None
+            board = _tensorboard_dir(tensorboard, log_path, who)
+            self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
+            self.saved_at: Path | None = None  # the last checkpoint written
+            self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
+            # last, so that nothing above can fail with the model set up; before resuming: e.g. a
+            # checkpoint's shards load straight into the shards
+            step_fn.setup(state)
+        except BaseException:
+            if self.checkpoints is not None:
+                self.checkpoints.close()  # the folder's lock goes with the failed start
+            raise
 
     def resume(self, schedule: Schedule, seed: int) -> Progress:
         """The latest valid checkpoint restored into the state and a given DataLoader's generators, or a
@@ -414,7 +420,11 @@ class _Driver:
         if self.stop is not None:
             self.stop.restore()
             self.bar.close()
-        self.log.close()
+        try:
+            self.log.close()
+        finally:
+            if self.checkpoints is not None:
+                self.checkpoints.close()  # the folder is free for the next run, whatever failed above
         if isinstance(
             self.loader, Reader
         ):  # ct.run's own loaders: their workers end with the run (a given one is yours)
