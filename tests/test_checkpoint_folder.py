@@ -192,7 +192,11 @@ def test_a_full_disk_during_a_save_says_so_and_leaves_the_previous_checkpoint(tm
     monkeypatch.undo()
     message = str(caught.value)
     assert caught.value.errno == errno.ENOSPC
-    assert str(tmp_path) in message and re.search(r"writing about \d+(\.\d)? (bytes|KB|MB|GB)", message), message
+    size = re.search(r"writing about (\d+(?:\.\d)?) (bytes|KB|MB|GB)", message)
+    assert str(tmp_path) in message and size, message
+    weights = sum(v.nelement() * v.element_size() for v in run_script.state().model.state_dict().values())
+    scale = {"bytes": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}[size[2]]
+    assert 2 * weights <= float(size[1]) * scale < 100 * weights, message  # weights and momentum, at least
     assert "step-000000003 is intact" in message, message
     assert sorted(p.name for p in tmp_path.iterdir() if "step" in p.name) == ["step-000000003"]
     found = latest(tmp_path)

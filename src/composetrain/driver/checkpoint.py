@@ -218,28 +218,43 @@ class Checkpoints:
                 f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint (it holds "
                 "no state.pt), so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
             )
-        failure: OSError | None = None
-        try:  # every write, on every rank; a failure (a full disk) is agreed on below, so all ranks raise
+        size = _size(payload) + _size(local) + _size(tensors)
+
+        def agreed(phase: Any) -> None:
+            """``phase`` on this rank, then whether it went well everywhere (the collective that also
+            orders the phases); a failure (a full disk) raises on every rank, nothing left behind."""
+            failure = None
+            try:
+                phase()
+            except OSError as e:
+                failure = e
+            if not self._all(failure is None):
+                if self.rank == 0:
+                    shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, the space back
+                raise self._save_failed(step, failure, size) from failure
+
+        def prepare() -> None:
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
-            self._barrier()
+
+        def write() -> None:
             _write(local, tmp / f"rank-{self.rank}.pt")
             if self.rank == 0:
                 _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
-            if tensors and self.shards is not None:  # every rank alike: the same state is sharded everywhere
+
+        def write_shards() -> None:  # every rank alike: the same state is sharded everywhere
+            if tensors and self.shards is not None:
                 self.shards.save(tensors, tmp)
-            self._barrier()
+
+        def sync() -> None:
             if self.rank == 0:
                 if tensors:
                     _fsync_dir(tmp / SUBDIR)
                 _fsync_dir(tmp)
-        except OSError as e:
-            failure = e
-        if not self._all(failure is None):
-            if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, and the space back
-            raise self._save_failed(step, failure, _size(payload) + _size(local) + _size(tensors)) from failure
+
+        for phase in (prepare, write, write_shards, sync):
+            agreed(phase)
         if self.rank == 0:
             old = self.dir / f".step-{step:09d}.old"
             if final.exists():  # saved at this step before (a skipped update): keep it until replaced
