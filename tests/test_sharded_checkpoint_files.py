@@ -5,6 +5,7 @@ its folder refused. One process with a process group of one: FSDP2 gives it DTen
 import errno
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,42 @@ def test_shard_metadata_that_points_outside_its_folder_is_refused(group, tmp_pat
     metadata.write_bytes(pickle.dumps(loaded))
     with pytest.raises(ValueError, match=r"outside .*shards"):
         ct.load_checkpoint(sharded_state(), final)
+
+
+@pytest.mark.parametrize("name", [".metadata", "data"])
+def test_a_fifo_among_the_shards_is_never_opened(group, tmp_path, name):
+    final = save(tmp_path / "run", sharded_state())
+    shards = final / "shards"
+    fifo = shards / ".metadata" if name == ".metadata" else next(shards.glob("*.distcp"))
+    fifo.unlink()
+    os.mkfifo(fifo)
+    outcome = []
+
+    def load():
+        try:
+            ct.load_checkpoint(sharded_state(), final)
+        except ValueError as e:
+            outcome.append(str(e))
+
+    loading = threading.Thread(target=load, daemon=True)
+    loading.start()
+    loading.join(30)
+    if loading.is_alive():  # opened the FIFO and waits for a writer: give it one, and fail
+        with open(os.open(fifo, os.O_WRONLY), "wb"):
+            pass
+        loading.join(30)
+        pytest.fail(f"load_checkpoint opened the FIFO {fifo.name} and waited for a writer")
+    assert outcome and f"{fifo.name} is a FIFO, not a regular file" in outcome[0], outcome
+
+
+def test_load_checkpoint_expands_the_home_folder(group, tmp_path, monkeypatch):
+    state = sharded_state()
+    save(tmp_path / "run", state)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    other = sharded_state()
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.zero_()
+    ct.load_checkpoint(other, "~/run/step-000000001")
+    for (k, a), b in zip(state.model.state_dict().items(), other.model.state_dict().values(), strict=True):
+        assert torch.equal(a.full_tensor(), b.full_tensor()), k
