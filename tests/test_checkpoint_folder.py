@@ -77,7 +77,7 @@ def test_a_killed_holder_releases_the_folder(tmp_path):
     assert code == 0 and "DONE" in out, out
 
 
-def test_ranks_own_lock_files_are_told_apart_and_a_temporary_folder_is_kept_while_locked(tmp_path):
+def test_a_refused_run_deletes_no_temporary_folder_of_the_live_one(tmp_path):
     """A live run's temporary save folder is never deleted by a run that is refused."""
     holder = checkpoints(tmp_path)
     live = tmp_path / ".step-000000007.tmp"
