@@ -271,3 +271,31 @@ def test_state_is_untouched_by_a_refused_run(tmp_path):
         holder.close()
     assert all(torch.equal(v, before[k]) for k, v in state.model.state_dict().items())
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs (root only; skipped where mounting is not allowed)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_really_full_disk_says_so_and_leaves_the_previous_checkpoint(tiny_disk):
+    found = checkpoints(tiny_disk)
+    try:
+        small = {"state": {"w": torch.zeros(1000, dtype=torch.float64)}}
+        found.save(1, small, {"window": []})
+        big = {"state": {"w": torch.zeros(200_000, dtype=torch.float64)}}  # 1.5 MiB: more than the disk
+        with pytest.raises(OSError, match=r"run: no space left in .* for checkpoint step 2 \(writing about 1.5 MB"):
+            found.save(2, big, {"window": []})
+    finally:
+        found.close()
+    assert sorted(p.name for p in tiny_disk.iterdir() if "step" in p.name) == ["step-000000001"]
+    assert torch.equal(torch.load(tiny_disk / "step-000000001" / "state.pt")["state"]["w"], small["state"]["w"])
+    assert os.statvfs(tiny_disk).f_bfree * os.statvfs(tiny_disk).f_frsize > 900_000  # the space is back

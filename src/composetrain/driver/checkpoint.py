@@ -223,15 +223,18 @@ class Checkpoints:
         def agreed(phase: Any) -> None:
             """``phase`` on this rank, then whether it went well everywhere (the collective that also
             orders the phases); a failure (a full disk) raises on every rank, nothing left behind."""
-            failure = None
+            failure: Exception | None = None
             try:
                 phase()
-            except OSError as e:
+            except Exception as e:  # torch.save reports a full disk as a RuntimeError caused by the OSError
                 failure = e
             if not self._all(failure is None):
                 if self.rank == 0:
                     shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, the space back
-                raise self._save_failed(step, failure, size) from failure
+                cause = _os_error(failure)
+                if failure is not None and cause is None:
+                    raise failure  # not the disk: as it came (every other rank says the step was not saved)
+                raise self._save_failed(step, cause, size) from failure
 
         def prepare() -> None:
             if self.rank == 0:
@@ -390,6 +393,17 @@ def _unplain(value: Any, where: str) -> str | None:
     if type(value) in (list, tuple, set):
         return next(filter(None, (_unplain(v, f"{where}[{i}]") for i, v in enumerate(value))), None)
     return f"{where} is {show(value)}"
+
+
+def _os_error(error: BaseException | None) -> OSError | None:
+    """The OSError that ``error`` is or was caused by (torch wraps a failed write in a RuntimeError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _ours(path: Path) -> bool:
