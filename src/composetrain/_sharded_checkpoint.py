@@ -229,7 +229,7 @@ class SafeReader(FileSystemReader):
     """DCP's FileSystemReader, but its metadata is unpickled from an allow-list and must list tensors only."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        from composetrain.driver.checkpoint import not_regular
+        from composetrain.driver.folder import not_regular
 
         folder = Path(self.path)
         problem = not_regular(folder / ".metadata")
@@ -277,7 +277,8 @@ def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
         >>> ct.load_checkpoint(state, "runs/a/step-000000800")
         >>> torch.save(state.model.state_dict(), "model.pt")
     """
-    from composetrain.driver.checkpoint import SHARED, _load, _shared_problem, step_of
+    from composetrain.driver.checkpoint import SHARED, _load, _shared_problem
+    from composetrain.driver.folder import step_of
 
     folder = Path(checkpoint).expanduser()
     step = step_of(folder.name)  # a folder renamed by hand: its name says nothing

@@ -18,14 +18,10 @@ is left where it is, with a warning. Files that are not regular files are never 
 from __future__ import annotations
 
 import errno
-import fcntl
 import io
 import os
 import pickle
-import re
 import shutil
-import socket
-import stat
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -36,6 +32,17 @@ import torch.distributed as dist
 
 from composetrain._sharded_checkpoint import SUBDIR, ShardFiles, split
 from composetrain._util import show
+from composetrain.driver.folder import (
+    LEFTOVER,
+    foreign,
+    human,
+    is_checkpoint,
+    not_regular,
+    os_error,
+    size_of,
+    step_of,
+    take_lock,
+)
 from composetrain.driver.rng import capture_rng, generators_problem, restore_rng, rng_problem
 
 __all__ = ["Checkpoints", "capture_rng", "restore_rng"]
@@ -48,34 +55,6 @@ SHARED = {"format": int, "world_size": int, "state": dict, "settings": dict, "ep
 LOCAL = {"rng": dict, "window": list, "order": (dict, type(None)), "generators": list}
 # what decides a given DataLoader's order for an epoch (data.epoch_order)
 ORDER = {"rng": dict, "generators": list, "sampler_seed": (int, type(None))}
-
-
-_NAME = re.compile(r"step-([0-9]{9,})")  # as save() names it: ASCII digits, at least 9, no spare zero
-_LEFTOVER = re.compile(r"\.step-[0-9]{9,}\.(tmp|old)")  # what an interrupted save() leaves
-
-
-def step_of(name: str) -> int | None:
-    """The step of a checkpoint folder's ``name``, or None if ``save`` would never name a folder so."""
-    match = _NAME.fullmatch(name)
-    return int(match[1]) if match and name == f"step-{int(match[1]):09d}" else None
-
-
-def _size(value: Any) -> int:
-    """Bytes of tensor data in ``value`` (what a save writes, give or take the plain values)."""
-    if isinstance(value, torch.Tensor):
-        return value.nelement() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_size(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_size(v) for v in value)
-    return 0
-
-
-def _human(n: int) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -135,7 +114,7 @@ class Checkpoints:
             raise PermissionError(
                 f"{who}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
             )
-        holder = self._take_lock()  # every rank its own file: ranks of one run never exclude each other
+        self._lock, holder = take_lock(self.dir, rank)  # every rank its own file
         if not self._all(holder is None):
             self.close()
             raise RuntimeError(
@@ -145,32 +124,9 @@ class Checkpoints:
             )
         if rank == 0:  # the folder is ours alone now: what an interrupted save left is no live run's
             for stale in self.dir.iterdir():
-                if _LEFTOVER.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+                if LEFTOVER.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
                     shutil.rmtree(stale, ignore_errors=True)
         self._barrier()
-
-    def _take_lock(self) -> str | None:
-        """Hold this rank's lock file; None, or who holds it (pid and host, as its holder wrote them)."""
-        path = self.dir / f".lock-rank-{self.rank}"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            return f"its lock file {path} cannot be opened: {e.strerror or e}"
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                return f"its lock file {path} is not a regular file; remove it"
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            who = os.pread(fd, 200, 0).decode(errors="replace").strip()
-            os.close(fd)
-            return f"{who or 'a process'} holds {path}"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        self._lock = os.fdopen(fd, "r+b", buffering=0)  # a file object: closed (and released) if dropped
-        return None
 
     def close(self) -> None:
         """Let the folder go (the kernel does it too when this process ends, however it ends)."""
@@ -212,13 +168,13 @@ class Checkpoints:
             )
         final = self.dir / f"step-{step:09d}"
         tmp = self.dir / f".step-{step:09d}.tmp"
-        taken = self.rank == 0 and os.path.lexists(final) and not _ours(final)
+        taken = self.rank == 0 and os.path.lexists(final) and not is_checkpoint(final)
         if not self._all(not taken):  # before anything is written: the user's folder stays as it is
             raise FileExistsError(
                 f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint (it holds "
                 "no state.pt), so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
             )
-        size = _size(payload) + _size(local) + _size(tensors)
+        size = size_of(payload) + size_of(local) + size_of(tensors)
 
         def agreed(phase: Any) -> None:
             """``phase`` on this rank, then whether it went well everywhere (the collective that also
@@ -231,7 +187,7 @@ class Checkpoints:
             if not self._all(failure is None):
                 if self.rank == 0:
                     shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, the space back
-                cause = _os_error(failure)
+                cause = os_error(failure)
                 if failure is not None and cause is None:
                     raise failure  # not the disk: as it came (every other rank says the step was not saved)
                 raise self._save_failed(step, cause, size) from failure
@@ -284,7 +240,7 @@ class Checkpoints:
             return OSError(
                 failure.errno,
                 f"{self.who}: no space left in {self.dir} for checkpoint step {step} (writing about "
-                f"{_human(size)}; {cause}); {intact} and nothing of step {step} was left behind; free some space, "
+                f"{human(size)}; {cause}); {intact} and nothing of step {step} was left behind; free some space, "
                 "lower keep_checkpoints, or point checkpoint_dir at a larger disk",
             )
         return OSError(
@@ -296,22 +252,8 @@ class Checkpoints:
     def _steps(self) -> list[Path]:
         """This run's checkpoints, newest first: folders named as ``save`` names them, holding a state.pt."""
         found = [(step_of(p.name), p) for p in self.dir.iterdir()]
-        ours = [(n, p) for n, p in found if n is not None and _ours(p)]
+        ours = [(n, p) for n, p in found if n is not None and is_checkpoint(p)]
         return [p for _, p in sorted(ours, key=lambda np_: np_[0], reverse=True)]
-
-    def _foreign(self) -> list[str]:
-        """What in the folder looks like a checkpoint, is none, and is left alone: one line each."""
-        lines = []
-        for p in sorted(self.dir.iterdir()):
-            if step_of(p.name) is not None and not _ours(p):
-                kind = "it holds no state.pt" if p.is_dir() and not p.is_symlink() else "it is not a folder"
-                lines.append(f"leaving {p} alone: {kind}, so ct.run did not write it")
-            elif p.name.startswith("step-") and step_of(p.name) is None:
-                lines.append(
-                    f"ignoring {p}: not a checkpoint name (ct.run names them step-<step as 9 or more ASCII digits>, "
-                    "e.g. step-000000005); rename it so to resume from it"
-                )
-        return lines
 
     def _check_fits(self, path: Path, payload: dict[str, Any]) -> None:
         """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
@@ -338,7 +280,7 @@ class Checkpoints:
         so that it never shadows the good ones again.
         """
         if self.rank == 0:
-            for line in self._foreign():
+            for line in foreign(self.dir):
                 warnings.warn(f"{self.who}: {line}", stacklevel=2)
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
@@ -395,22 +337,6 @@ def _unplain(value: Any, where: str) -> str | None:
     return f"{where} is {show(value)}"
 
 
-def _os_error(error: BaseException | None) -> OSError | None:
-    """The OSError that ``error`` is or was caused by (torch wraps a failed write in a RuntimeError)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, OSError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
-
-
-def _ours(path: Path) -> bool:
-    """Whether ``path`` is a folder (not a link) holding a ``state.pt`` entry: one ct.run wrote."""
-    return path.is_dir() and not path.is_symlink() and os.path.lexists(path / "state.pt")
-
-
 def _free(directory: Path, name: str) -> Path:
     """``directory/name``, or ``name-2``, ``name-3``...: the first that does not exist (a step can
     be corrupted again after a rerun saved it anew)."""
@@ -435,20 +361,6 @@ def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | Non
         return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     problem = _shape_problem(value, schema) or deep(value)
     return (None, problem) if problem else (value, None)
-
-
-def not_regular(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a file (missing, or a FIFO, socket, device, folder), or None."""
-    try:
-        mode = os.stat(path).st_mode  # a link is followed: what it points to must be a file
-    except OSError as e:
-        return f"{path.name}: {e.strerror or e}"
-    if stat.S_ISREG(mode):
-        return None
-    kinds = [(stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
-             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]  # fmt: skip
-    kind = next((name for test, name in kinds if test(mode)), "not a file")
-    return f"{path.name} is {kind}, not a regular file, so it was not opened"
 
 
 def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
