@@ -1,7 +1,7 @@
 """A training job for ct.run's process-level tests: resumable, killable, launchable by torchrun.
 
 python tests/run_script.py --dir CKPT --epochs 3 --out final.pt [--checkpoint-every 3]
-    [--max-steps N] [--slow-save K] [--step-delay S]
+    [--max-steps N] [--slow-save K] [--step-delay S] [--hold FILE]
 """
 
 import argparse
@@ -52,6 +52,7 @@ def main():
     p.add_argument("--checkpoint-every", type=int, default=None)
     p.add_argument("--slow-save", type=int, default=0, help="hang inside the Kth save, after its first file")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep in every step")
+    p.add_argument("--hold", default=None, help="every step waits while this file exists")
     args = p.parse_args()
     torch.set_num_threads(1)
 
@@ -70,6 +71,8 @@ def main():
 
     def delayed(model, batch):
         time.sleep(args.step_delay)
+        while args.hold and os.path.exists(args.hold):
+            time.sleep(0.05)
         return step(model, batch)
 
     s = state()

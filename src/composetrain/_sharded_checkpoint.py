@@ -84,8 +84,18 @@ class ShardFiles:
         self.state = state
 
     def save(self, tensors: dict[str, torch.Tensor], folder: Path) -> None:
-        """Every rank writes its own shards (a collective); files are fsynced."""
-        dcp_save(tensors, storage_writer=FileSystemWriter(folder / SUBDIR, sync_files=True))
+        """Every rank writes its own shards (a collective); files are fsynced. A failure on any rank
+        (a full disk) raises an ``OSError`` on every rank, with the first failing rank's cause."""
+        try:
+            dcp_save(tensors, storage_writer=FileSystemWriter(folder / SUBDIR, sync_files=True))
+        except CheckpointException as e:  # a BaseException: made an ordinary error, with its cause
+            rank, cause = _first_failure(e)
+            error = cause if isinstance(cause, OSError) else None
+            raise OSError(
+                error.errno if error else None,
+                f"DCP could not write the shards (rank {rank}: {cause})",
+                error.filename if error else str(folder / SUBDIR),
+            ) from (cause if isinstance(cause, BaseException) else None)
 
     def load(self, folder: Path, payload: dict[str, Any], at: Path_ = ("state",)) -> dict[str, Any]:
         """``payload`` with its placeholders filled from ``folder``'s shards, and its whole tensors
@@ -106,8 +116,8 @@ class ShardFiles:
             try:
                 dcp_load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=False))
             except CheckpointException as e:  # a BaseException: made an ordinary error, with its first cause
-                rank, cause = next(iter(sorted(e.failures.items(), key=lambda kv: kv[0])))
-                detail = str(getattr(cause, "exc", cause)).strip().splitlines()
+                rank, cause = _first_failure(e)
+                detail = str(cause).strip().splitlines()
                 raise ValueError(
                     f"DCP could not read the shards (rank {rank}: {detail[-1] if detail else cause})"
                 ) from None
@@ -144,6 +154,14 @@ class ShardFiles:
             return value
 
         return _replace(payload, at, walk(state, ()))
+
+
+def _first_failure(e: CheckpointException) -> tuple[int, Any]:
+    """The lowest failing rank and its exception (DCP wraps each in a ``_WrappedException``)."""
+    rank, cause = min(e.failures.items(), key=lambda kv: kv[0])
+    if isinstance(cause, tuple) and cause and isinstance(cause[0], BaseException):  # (exception, its frames)
+        cause = cause[0]
+    return rank, getattr(cause, "exc", cause)
 
 
 def _live_like(path: Path_, live: Any, params: list[torch.Tensor]) -> Any:
@@ -211,13 +229,33 @@ class SafeReader(FileSystemReader):
     """DCP's FileSystemReader, but its metadata is unpickled from an allow-list and must list tensors only."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        data = Path(self.path, ".metadata").read_bytes()
+        from composetrain.driver.folder import not_regular
+
+        folder = Path(self.path)
+        problem = not_regular(folder / ".metadata")
+        if problem:  # a FIFO would block the read forever
+            raise ValueError(f"the shard metadata: {problem}")
+        data = (folder / ".metadata").read_bytes()
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"the shard metadata holds a {type(metadata).__name__}, not DCP Metadata")
         entries = metadata.state_dict_metadata
         if not all(isinstance(v, TensorStorageMetadata) for v in entries.values()):
             raise ValueError("the shard metadata lists entries that are not tensors; ct.run writes tensors only")
+        inside = folder.resolve()
+        for info in (metadata.storage_data or {}).values():  # the files DCP will open: each in this folder
+            relative = getattr(info, "relative_path", None)
+            if not isinstance(relative, str):
+                raise ValueError(f"the shard metadata names a file as {relative!r}, not a relative path")
+            target = (folder / relative).resolve()
+            if target.parent != inside:
+                raise ValueError(
+                    f"the shard metadata names {relative!r}, outside the checkpoint's shards folder {inside}; "
+                    "ct.run writes every shard file inside it"
+                )
+            problem = not_regular(target)
+            if problem:
+                raise ValueError(f"the shard file {problem}")
         storage = metadata.storage_meta if metadata.storage_meta is not None else StorageMeta()
         storage.load_id = self.load_id  # what FileSystemReader.read_metadata adds after unpickling
         metadata.storage_meta = storage
@@ -240,10 +278,10 @@ def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
         >>> torch.save(state.model.state_dict(), "model.pt")
     """
     from composetrain.driver.checkpoint import SHARED, _load, _shared_problem
+    from composetrain.driver.folder import step_of
 
-    folder = Path(checkpoint)
-    number = folder.name.removeprefix("step-")
-    step = int(number) if number.isdigit() else None  # a folder renamed by hand: its name says nothing
+    folder = Path(checkpoint).expanduser()
+    step = step_of(folder.name)  # a folder renamed by hand: its name says nothing
     payload, problem = _load(folder / "state.pt", SHARED, lambda v: _shared_problem(v, step))
     if payload is None:
         raise ValueError(f"load_checkpoint: {folder} is not a readable ct.run checkpoint: {problem}")

@@ -7,10 +7,18 @@ It is written under a hidden temporary name in the same folder, every file
 fsynced, then renamed into place and the folder fsynced: a crash mid-save leaves
 the previous checkpoint as the latest valid one. Files hold tensors and plain types
 only and load with ``weights_only=True``: resuming never runs code from the folder.
+
+One run at a time: every process that writes holds ``.lock-rank-<rank>`` in the folder
+(``fcntl.flock``, released by the kernel when its holder ends, even by SIGKILL), so a
+second run on the same folder is refused before it touches anything. Only folders named
+exactly as ``save`` names them are checkpoints, ordered by their number; anything else
+is left where it is, with a warning. Files that are not regular files are never opened.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import pickle
 import shutil
@@ -24,6 +32,17 @@ import torch.distributed as dist
 
 from composetrain._sharded_checkpoint import SUBDIR, ShardFiles, split
 from composetrain._util import show
+from composetrain.driver.folder import (
+    LEFTOVER,
+    foreign,
+    human,
+    is_checkpoint,
+    not_regular,
+    os_error,
+    size_of,
+    step_of,
+    take_lock,
+)
 from composetrain.driver.rng import capture_rng, generators_problem, restore_rng, rng_problem
 
 __all__ = ["Checkpoints", "capture_rng", "restore_rng"]
@@ -78,8 +97,9 @@ class Checkpoints:
         shards: ShardFiles | None = None,
     ) -> None:
         self.shards = shards
-        self.dir = Path(directory)
+        self.dir = Path(directory).expanduser()
         self.rank, self.world_size, self.keep, self.who = rank, world_size, keep, who
+        self._lock: io.FileIO | None = None
         problem = None
         if rank == 0:
             try:
@@ -87,8 +107,6 @@ class Checkpoints:
                 probe = self.dir / f".write-test-{os.getpid()}"
                 probe.write_bytes(b"")
                 probe.unlink()
-                for stale in self.dir.glob(".step-*"):  # a save that a crash interrupted
-                    shutil.rmtree(stale, ignore_errors=True)
             except OSError as e:
                 problem = e.strerror or str(e)
         problem = self._shared(problem)
@@ -96,6 +114,25 @@ class Checkpoints:
             raise PermissionError(
                 f"{who}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
             )
+        self._lock, holder = take_lock(self.dir, rank)  # every rank its own file
+        if not self._all(holder is None):
+            self.close()
+            raise RuntimeError(
+                f"{who}: checkpoint_dir {str(self.dir)!r} is in use by another run ({holder or 'seen by another rank'}"
+                "); two runs in one folder would overwrite each other's checkpoints and metrics: wait for that run "
+                "to end (its lock goes with it), or give this one another checkpoint_dir"
+            )
+        if rank == 0:  # the folder is ours alone now: what an interrupted save left is no live run's
+            for stale in self.dir.iterdir():
+                if LEFTOVER.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale, ignore_errors=True)
+        self._barrier()
+
+    def close(self) -> None:
+        """Let the folder go (the kernel does it too when this process ends, however it ends)."""
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.close()  # closing the only descriptor releases the flock
 
     def _shared(self, value: Any) -> Any:
         """Rank 0's ``value``, on every rank."""
@@ -131,34 +168,92 @@ class Checkpoints:
             )
         final = self.dir / f"step-{step:09d}"
         tmp = self.dir / f".step-{step:09d}.tmp"
+        taken = self.rank == 0 and os.path.lexists(final) and not is_checkpoint(final)
+        if not self._all(not taken):  # before anything is written: the user's folder stays as it is
+            raise FileExistsError(
+                f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint (it holds "
+                "no state.pt), so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
+            )
+        size = size_of(payload) + size_of(local) + size_of(tensors)
+
+        def agreed(phase: Any) -> None:
+            """``phase`` on this rank, then whether it went well everywhere (the collective that also
+            orders the phases); a failure (a full disk) raises on every rank, nothing left behind."""
+            failure: Exception | None = None
+            try:
+                phase()
+            except Exception as e:  # torch.save reports a full disk as a RuntimeError caused by the OSError
+                failure = e
+            if not self._all(failure is None):
+                if self.rank == 0:
+                    shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, the space back
+                cause = os_error(failure)
+                if failure is not None and cause is None:
+                    raise failure  # not the disk: as it came (every other rank says the step was not saved)
+                raise self._save_failed(step, cause, size) from failure
+
+        def prepare() -> None:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+
+        def write() -> None:
+            _write(local, tmp / f"rank-{self.rank}.pt")
+            if self.rank == 0:
+                _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
+
+        def write_shards() -> None:  # every rank alike: the same state is sharded everywhere
+            if tensors and self.shards is not None:
+                self.shards.save(tensors, tmp)
+
+        def sync() -> None:
+            if self.rank == 0:
+                if tensors:
+                    _fsync_dir(tmp / SUBDIR)
+                _fsync_dir(tmp)
+
+        for phase in (prepare, write, write_shards, sync):
+            agreed(phase)
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-        self._barrier()
-        _write(local, tmp / f"rank-{self.rank}.pt")
-        if self.rank == 0:
-            _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
-        if tensors and self.shards is not None:  # every rank alike: the same state is sharded everywhere
-            self.shards.save(tensors, tmp)
-        self._barrier()
-        if self.rank == 0:
-            if tensors:
-                _fsync_dir(tmp / SUBDIR)
-            _fsync_dir(tmp)
             old = self.dir / f".step-{step:09d}.old"
             if final.exists():  # saved at this step before (a skipped update): keep it until replaced
                 os.replace(final, old)
             os.replace(tmp, final)
             _fsync_dir(self.dir)
             shutil.rmtree(old, ignore_errors=True)
-            older = [p for p in self._steps() if p.name < final.name]
+            older = [p for p in self._steps() if step_of(p.name) < step]  # type: ignore[operator]
             for stale in older[self.keep - 1 :]:
                 shutil.rmtree(stale, ignore_errors=True)
         self._barrier()
         return final
 
+    def _save_failed(self, step: int, failure: OSError | None, size: int) -> OSError:
+        """The error a failed save raises: what failed, where, and that the previous checkpoint is intact."""
+        previous = next(iter(self._steps()), None)
+        intact = f"the previous checkpoint {previous.name} is intact" if previous else "there is no previous checkpoint"
+        if failure is None:
+            return OSError(
+                f"{self.who}: checkpoint step {step} was not saved: another rank could not write its part; {intact}"
+            )
+        cause = f"{failure.strerror or failure}" + (f": {failure.filename}" if failure.filename else "")
+        if failure.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(
+                failure.errno,
+                f"{self.who}: no space left in {self.dir} for checkpoint step {step} (writing about "
+                f"{human(size)}; {cause}); {intact} and nothing of step {step} was left behind; free some space, "
+                "lower keep_checkpoints, or point checkpoint_dir at a larger disk",
+            )
+        return OSError(
+            failure.errno,
+            f"{self.who}: checkpoint step {step} could not be written in {self.dir} ({cause}); {intact} and "
+            f"nothing of step {step} was left behind",
+        )
+
     def _steps(self) -> list[Path]:
-        return sorted((p for p in self.dir.glob("step-*") if p.is_dir() and p.name[5:].isdigit()), reverse=True)
+        """This run's checkpoints, newest first: folders named as ``save`` names them, holding a state.pt."""
+        found = [(step_of(p.name), p) for p in self.dir.iterdir()]
+        ours = [(n, p) for n, p in found if n is not None and is_checkpoint(p)]
+        return [p for _, p in sorted(ours, key=lambda np_: np_[0], reverse=True)]
 
     def _check_fits(self, path: Path, payload: dict[str, Any]) -> None:
         """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
@@ -184,9 +279,12 @@ class Checkpoints:
         One that does not pass is skipped with a warning and moved aside (``corrupt-step-...``),
         so that it never shadows the good ones again.
         """
+        if self.rank == 0:
+            for line in foreign(self.dir):
+                warnings.warn(f"{self.who}: {line}", stacklevel=2)
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
-            step = int(name.rpartition("-")[2])  # step-000001234, as save() names it
+            step = step_of(name)
             payload, problem = _load(path / "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
             local = None
             if self._all(payload is not None):
@@ -251,6 +349,9 @@ def _free(directory: Path, name: str) -> Path:
 
 def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
     """The dict in ``path`` if it loads without running code and has the ``schema``; else why not."""
+    problem = not_regular(path)
+    if problem:  # a FIFO would block the open forever, a device would be read without end
+        return None, problem
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code

@@ -175,7 +175,13 @@ def run(
     )  # fmt: skip
     seed = int(seed)  # a NumPy integer too: the checkpoint keeps plain types
     batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
-    log_path = Path(log_file) if log_file else Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir else None
+    log_path = (
+        Path(log_file).expanduser()
+        if log_file
+        else Path(checkpoint_dir).expanduser() / "metrics.jsonl"
+        if checkpoint_dir
+        else None
+    )
     board = _tensorboard_dir(tensorboard, log_path, who)
     with rendezvous(timeout=timeout) as proc:
         d = _Driver(
@@ -263,7 +269,7 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path 
             f"{who}: tensorboard={tensorboard!r} names no folder (it would write into the working directory); "
             "give a folder: tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
         )
-    folder = Path(tensorboard)
+    folder = Path(tensorboard).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ValueError(
             f"{who}: tensorboard={str(folder)!r} is a file, not a folder; give a folder for its event files: "
@@ -328,16 +334,21 @@ class _Driver:
             "seed": seed,
         }
         self.checkpoints = None
-        if checkpoint_dir is not None:
+        if checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
             self.checkpoints = Checkpoints(
                 checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who, shards=ShardFiles(state)
             )
-        self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
-        self.saved_at: Path | None = None  # the last checkpoint written
-        self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
-        # last, so that nothing above can fail with the model set up; before resuming: e.g. a
-        # checkpoint's shards load straight into the shards
-        step_fn.setup(state)
+        try:
+            self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
+            self.saved_at: Path | None = None  # the last checkpoint written
+            self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
+            # last, so that nothing above can fail with the model set up; before resuming: e.g. a
+            # checkpoint's shards load straight into the shards
+            step_fn.setup(state)
+        except BaseException:
+            if self.checkpoints is not None:
+                self.checkpoints.close()  # the folder's lock goes with the failed start
+            raise
 
     def resume(self, schedule: Schedule, seed: int) -> Progress:
         """The latest valid checkpoint restored into the state and a given DataLoader's generators, or a
@@ -434,7 +445,11 @@ class _Driver:
         if self.stop is not None:
             self.stop.restore()
             self.bar.close()
-        self.log.close()
+        try:
+            self.log.close()
+        finally:
+            if self.checkpoints is not None:
+                self.checkpoints.close()  # the folder is free for the next run, whatever failed above
         if isinstance(
             self.loader, Reader
         ):  # ct.run's own loaders: their workers end with the run (a given one is yours)

@@ -1,0 +1,121 @@
+"""The checkpoint folder's files: which names are checkpoints, what is left alone, the lock that keeps
+one run per folder, and the checks that keep a read from blocking (internal to ``checkpoint.py``).
+
+A checkpoint is a folder named as ``Checkpoints.save`` names it, ``step-`` and the step in at least
+9 ASCII digits (``step-000001234``), holding a ``state.pt``; checkpoints are ordered by that number.
+Anything else is the user's: never renamed, pruned or deleted.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import os
+import re
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["LEFTOVER", "foreign", "human", "is_checkpoint", "not_regular", "os_error", "size_of", "step_of",
+           "take_lock"]  # fmt: skip
+
+_NAME = re.compile(r"step-([0-9]{9,})")  # as save() names it: ASCII digits, at least 9, no spare zero
+LEFTOVER = re.compile(r"\.step-[0-9]{9,}\.(tmp|old)")  # what an interrupted save() leaves
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint folder's ``name``, or None if ``save`` would never name a folder so."""
+    match = _NAME.fullmatch(name)
+    return int(match[1]) if match and name == f"step-{int(match[1]):09d}" else None
+
+
+def size_of(value: Any) -> int:
+    """Bytes of tensor data in ``value`` (what a save writes, give or take the plain values)."""
+    if isinstance(value, torch.Tensor):
+        return value.nelement() * value.element_size()
+    if isinstance(value, dict):
+        return sum(size_of(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(size_of(v) for v in value)
+    return 0
+
+
+def human(n: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def take_lock(directory: Path, rank: int) -> tuple[io.FileIO | None, str | None]:
+    """Hold ``rank``'s lock file in ``directory`` (``fcntl.flock``: the kernel releases it when its holder
+    ends, however it ends): (the open lock, None), or (None, who holds it: pid and host, as the holder
+    wrote them). Ranks of one run lock files of their own, so they never exclude each other."""
+    path = directory / f".lock-rank-{rank}"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        return None, f"its lock file {path} cannot be opened: {e.strerror or e}"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None, f"its lock file {path} is not a regular file; remove it"
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        who = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        os.close(fd)
+        return None, f"{who or 'a process'} holds {path}"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return os.fdopen(fd, "r+b", buffering=0), None  # a file object: closed (and released) if dropped
+
+
+def foreign(directory: Path) -> list[str]:
+    """What in the folder looks like a checkpoint, is none, and is left alone: one line each."""
+    lines = []
+    for p in sorted(directory.iterdir()):
+        if step_of(p.name) is not None and not is_checkpoint(p):
+            kind = "it holds no state.pt" if p.is_dir() and not p.is_symlink() else "it is not a folder"
+            lines.append(f"leaving {p} alone: {kind}, so ct.run did not write it")
+        elif p.name.startswith("step-") and step_of(p.name) is None:
+            lines.append(
+                f"ignoring {p}: not a checkpoint name (ct.run names them step-<step as 9 or more ASCII digits>, "
+                "e.g. step-000000005); rename it so to resume from it"
+            )
+    return lines
+
+
+def os_error(error: BaseException | None) -> OSError | None:
+    """The OSError that ``error`` is or was caused by (torch wraps a failed write in a RuntimeError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a folder (not a link) holding a ``state.pt`` entry: one ct.run wrote."""
+    return path.is_dir() and not path.is_symlink() and os.path.lexists(path / "state.pt")
+
+
+def not_regular(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file (missing, or a FIFO, socket, device, folder), or None."""
+    try:
+        mode = os.stat(path).st_mode  # a link is followed: what it points to must be a file
+    except OSError as e:
+        return f"{path.name}: {e.strerror or e}"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = [(stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]  # fmt: skip
+    kind = next((name for test, name in kinds if test(mode)), "not a file")
+    return f"{path.name} is {kind}, not a regular file, so it was not opened"

@@ -1,0 +1,301 @@
+"""The checkpoint folder: one run at a time (a lock that dies with its holder), only canonical
+``step-<9 digits>`` folders are checkpoints (ordered by number), foreign files are left alone, files
+that are not regular files are never opened, a full disk says so, ``~`` is expanded, and a
+checkpoint of another number of processes is refused and kept."""
+
+import errno
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+import warnings
+
+import pytest
+import run_script
+import torch
+from dist_pool import Pool
+from helpers import assert_states_equal
+from test_run import finish, launch, train, wait_for
+
+import composetrain as ct
+from composetrain.driver import checkpoint
+
+
+def checkpoints(directory, **options):
+    return checkpoint.Checkpoints(directory, rank=0, world_size=1, keep=2, who="run", **options)
+
+
+def latest(directory):
+    found = checkpoints(directory)
+    try:
+        return found.latest()
+    finally:
+        found.close()
+
+
+# -- one run at a time --------------------------------------------------------------------------
+def test_a_second_holder_of_the_folder_is_refused_until_the_first_closes(tmp_path):
+    first = checkpoints(tmp_path)
+    with pytest.raises(RuntimeError, match=rf"run: checkpoint_dir '{tmp_path}' is in use by another run \(pid "):
+        checkpoints(tmp_path)
+    first.close()
+    checkpoints(tmp_path).close()  # released: the next run may start
+
+
+def test_a_second_run_is_refused_quickly_and_the_first_finishes_untouched(tmp_path):
+    straight, _ = train(tmp_path / "straight", epochs=3)
+    job = ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3"]
+    metrics, hold = tmp_path / "job" / "metrics.jsonl", tmp_path / "hold"
+    with launch(*job, "--hold", str(hold)) as first:
+        wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0)  # training began
+        hold.touch()  # the first run waits in its next step until the second was refused
+        started = time.monotonic()
+        code, out = finish(launch(*job, "--checkpoint-every", "1"))
+        assert code != 0 and "is in use by another run (pid " in out, out
+        assert time.monotonic() - started < 60
+        assert first.poll() is None, "the first run had ended before the second was refused: nothing was tested"
+        hold.unlink()
+        code, out = finish(first)
+    assert code == 0 and "DONE" in out, out
+    saved = torch.load(tmp_path / "job-rank0.pt", weights_only=False)
+    for k, v in saved["state"]["model"].items():
+        assert torch.equal(v, straight.state_dict()["model"][k]), k
+    assert len(metrics.read_text().splitlines()) == 3 * 8 // 4  # logged every 4 updates, by one run only
+    assert sorted(p.name for p in (tmp_path / "job").glob("*step-*")) == ["step-000000016", "step-000000024"]
+
+
+def test_a_killed_holder_releases_the_folder(tmp_path):
+    job = ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3"]
+    metrics = tmp_path / "job" / "metrics.jsonl"
+    with launch(*job, "--step-delay", "0.1") as first:
+        wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    code, out = finish(launch(*job))
+    assert code == 0 and "DONE" in out, out
+
+
+def test_a_refused_run_deletes_no_temporary_folder_of_the_live_one(tmp_path):
+    """A live run's temporary save folder is never deleted by a run that is refused."""
+    holder = checkpoints(tmp_path)
+    live = tmp_path / ".step-000000007.tmp"
+    live.mkdir()
+    with pytest.raises(RuntimeError, match="in use by another run"):
+        checkpoints(tmp_path)
+    assert live.is_dir()
+    holder.close()
+    checkpoints(tmp_path).close()  # the folder's own run: a crashed save's leftover goes
+    assert not live.exists()
+
+
+# -- canonical names ------------------------------------------------------------------------------
+def test_a_folder_named_by_hand_is_ignored_with_a_message_and_never_loaded(tmp_path):
+    straight, _ = train(tmp_path / "straight", epochs=3)
+    run = tmp_path / "run"
+    train(run, max_steps=5)
+    shutil.copytree(run / "step-000000005", run / "step-5")  # a copy the user made and named
+    shutil.copytree(run / "step-000000005", run / "step-00000005")  # 8 digits
+    shutil.copytree(run / "step-000000005", run / "step-\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0665")
+    train(run, epochs=2)
+    with pytest.warns(UserWarning, match=r"run: ignoring .*step-5.*not a checkpoint name"):
+        resumed, result = train(run, epochs=3)
+    assert_states_equal(resumed, straight)
+    assert result.steps == 24
+    for name in ("step-5", "step-00000005"):
+        assert (run / name / "state.pt").is_file()  # left as it was, never renamed
+
+
+def test_checkpoints_are_ordered_by_number(tmp_path):
+    train(tmp_path, max_steps=3)
+    found = latest(tmp_path)
+    assert found is not None and found[0].name == "step-000000003"
+    # a step past 999,999,999 has 10 digits: canonical, and newer than any 9-digit one
+    for step in (999999999, 1000000000):
+        folder = tmp_path / f"step-{step:09d}"
+        shutil.copytree(tmp_path / "step-000000003", folder)
+        saved = torch.load(folder / "state.pt", weights_only=False)
+        saved["state"]["step"] = step
+        torch.save(saved, folder / "state.pt")
+    found = latest(tmp_path)
+    assert found is not None and found[0].name == "step-1000000000"
+
+
+def test_foreign_files_named_like_checkpoints_are_left_alone(tmp_path):
+    mine = tmp_path / "step-000000009"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    (tmp_path / "step-000000007").write_text("a file")
+    (tmp_path / ".step-notes").write_text("hidden")
+    with pytest.warns(UserWarning, match=r"run: leaving .*step-000000009 alone: it holds no state.pt"):
+        train(tmp_path, max_steps=6, checkpoint_every=1, keep_checkpoints=1)
+    assert (mine / "notes.txt").read_text() == "my notes"  # neither renamed, nor pruned
+    assert (tmp_path / "step-000000007").read_text() == "a file"
+    assert (tmp_path / ".step-notes").read_text() == "hidden"
+    assert not list(tmp_path.glob("corrupt-*"))
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000006", "step-000000007", "step-000000009"]
+
+
+def test_a_save_onto_a_foreign_folder_is_refused_and_the_folder_kept(tmp_path):
+    mine = tmp_path / "step-000000002"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    expected = r"run: cannot save checkpoint step 2: .*step-000000002 exists and is not a checkpoint"
+    with pytest.warns(UserWarning, match="leaving"), pytest.raises(FileExistsError, match=expected):
+        train(tmp_path, max_steps=6, checkpoint_every=1)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "my notes"
+    assert not list(tmp_path.glob(".step-*")) and not list(tmp_path.glob("corrupt-*"))
+
+
+# -- files that cannot be read ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["state.pt", "rank-0.pt"])
+def test_a_fifo_in_place_of_a_file_is_never_opened(tmp_path, name):
+    train(tmp_path, max_steps=3)
+    train(tmp_path, max_steps=6)
+    fifo = tmp_path / "step-000000006" / name
+    fifo.unlink()
+    os.mkfifo(fifo)
+    found = []
+
+    def look():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found.append((latest(tmp_path), [str(w.message) for w in caught]))
+
+    looking = threading.Thread(target=look, daemon=True)
+    looking.start()
+    looking.join(30)
+    if looking.is_alive():  # opened the FIFO and waits for a writer: give it one, and fail
+        with open(os.open(fifo, os.O_WRONLY), "wb"):
+            pass
+        looking.join(30)
+        pytest.fail(f"latest() opened the FIFO {name} and waited for a writer")
+    (path, _, _), messages = found[0]
+    assert path.name == "step-000000003"
+    assert any(f"{name} is a FIFO, not a regular file" in m for m in messages), messages
+
+
+# -- a full disk ---------------------------------------------------------------------------------
+def test_a_full_disk_during_a_save_says_so_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    train(tmp_path, max_steps=3)
+    real = torch.save
+
+    def full(obj, f, *args, **kwargs):
+        if hasattr(f, "write") and str(tmp_path) in str(getattr(f, "name", "")):
+            f.write(b"PK\x03\x04 part of it")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match=r"run: no space left .* checkpoint step 6 .*") as caught:
+        train(tmp_path, max_steps=6)
+    monkeypatch.undo()
+    message = str(caught.value)
+    assert caught.value.errno == errno.ENOSPC
+    size = re.search(r"writing about (\d+(?:\.\d)?) (bytes|KB|MB|GB)", message)
+    assert str(tmp_path) in message and size, message
+    weights = sum(v.nelement() * v.element_size() for v in run_script.state().model.state_dict().values())
+    scale = {"bytes": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}[size[2]]
+    assert 2 * weights <= float(size[1]) * scale < 100 * weights, message  # weights and momentum, at least
+    assert "step-000000003 is intact" in message, message
+    assert sorted(p.name for p in tmp_path.iterdir() if "step" in p.name) == ["step-000000003"]
+    found = latest(tmp_path)
+    assert found is not None and found[0].name == "step-000000003"
+
+
+# -- the folder's name -------------------------------------------------------------------------------
+def test_a_home_relative_folder_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    train("~/run", max_steps=2)
+    assert (tmp_path / "home" / "run" / "step-000000002" / "state.pt").is_file()
+    assert (tmp_path / "home" / "run" / "metrics.jsonl").is_file()
+    assert not (tmp_path / "cwd" / "~").exists()
+
+
+# -- another number of processes --------------------------------------------------------------------
+def test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept(tmp_path):
+    train(tmp_path, epochs=1)
+    step = tmp_path / "step-000000008"
+    saved = torch.load(step / "state.pt", weights_only=False)
+    torch.save({**saved, "world_size": 2}, step / "state.pt")  # as 2 processes write it
+    shutil.copy(step / "rank-0.pt", step / "rank-1.pt")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with pytest.raises(
+        ValueError, match=r"run: checkpoint .*step-000000008 was saved by 2 process\(es\), this run has 1"
+    ):
+        train(tmp_path, epochs=2)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = Pool(2)
+    yield p
+    p.close()
+
+
+def test_two_ranks_share_the_folder_and_are_refused_together(pool, tmp_path):
+    """Ranks of one run hold their own lock files; when another run holds rank 0's, every rank is
+    refused (none waits in a collective for the refused one)."""
+    assert pool.run("checkpoint_folder_cases", "run_in", str(tmp_path / "a"), timeout=120) == ["no error"] * 2
+    holder = checkpoints(tmp_path / "a")
+    try:
+        messages = pool.run("checkpoint_folder_cases", "run_in", str(tmp_path / "a"), timeout=120)
+    finally:
+        holder.close()
+    assert "in use by another run (pid " in messages[0], messages
+    assert "in use by another run (seen by another rank)" in messages[1], messages
+
+
+def test_a_checkpoint_of_one_process_is_refused_on_two_and_kept(pool, tmp_path):
+    train(tmp_path, max_steps=3)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name)
+    messages = pool.run("checkpoint_folder_cases", "run_in", str(tmp_path), timeout=120)
+    expected = "checkpoint .*step-000000003 was saved by 1 process\\(es\\), this run has 2"
+    assert all(re.search(expected, m) for m in messages), messages
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name) == before
+
+
+def test_state_is_untouched_by_a_refused_run(tmp_path):
+    holder = checkpoints(tmp_path)
+    state = run_script.state()
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    try:
+        with pytest.raises(RuntimeError, match="in use by another run"):
+            ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
+                   checkpoint_dir=tmp_path)  # fmt: skip
+    finally:
+        holder.close()
+    assert all(torch.equal(v, before[k]) for k, v in state.model.state_dict().items())
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs (root only; skipped where mounting is not allowed)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_really_full_disk_says_so_and_leaves_the_previous_checkpoint(tiny_disk):
+    found = checkpoints(tiny_disk)
+    try:
+        small = {"state": {"w": torch.zeros(1000, dtype=torch.float64)}}
+        found.save(1, small, {"window": []})
+        big = {"state": {"w": torch.zeros(200_000, dtype=torch.float64)}}  # 1.5 MiB: more than the disk
+        with pytest.raises(OSError, match=r"run: no space left in .* for checkpoint step 2 \(writing about 1.5 MB"):
+            found.save(2, big, {"window": []})
+    finally:
+        found.close()
+    assert sorted(p.name for p in tiny_disk.iterdir() if "step" in p.name) == ["step-000000001"]
+    assert torch.equal(torch.load(tiny_disk / "step-000000001" / "state.pt")["state"]["w"], small["state"]["w"])
+    assert os.statvfs(tiny_disk).f_bfree * os.statvfs(tiny_disk).f_frsize > 900_000  # the space is back
