@@ -94,6 +94,7 @@ class _Sharding(RuntimeState):
     def __init__(self) -> None:
         self.group: Any = None
         self.model: nn.Module | None = None
+        self.replicated: list[nn.Parameter] = []  # 0-dim parameters, left whole on every rank (see shard)
 
     def release(self) -> None:
         # ct.run calls this just before it destroys its process group. The sharded model stays the
@@ -151,10 +152,11 @@ class _Sharded(TrainStep):
         per_rank = float(counts[:, 0].sum()) / world
         shard(self, state)  # before the passes: the inner steps see the sharded model
         ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
-        model, every = state.model, self.sync_every
+        model, every, group = state.model, self.sync_every, self.group
+        replicated = state.transform_state(self.role, _Sharding).replicated
 
         def sync_unless_more_follow(c: Context) -> contextlib.AbstractContextManager[Any]:
-            return _gradient_sync(model, every or c.last_backward)
+            return _gradient_sync(model, every or c.last_backward, replicated if c.last_backward else [], group, world)
 
         return ctx._replace(around_pass=(*ctx.around_pass, sync_unless_more_follow))
 
@@ -169,7 +171,9 @@ class _Sharded(TrainStep):
 
 
 @contextlib.contextmanager
-def _gradient_sync(model: nn.Module, on: bool) -> Iterator[None]:
+def _gradient_sync(
+    model: nn.Module, on: bool, replicated: list[nn.Parameter], group: Any, world: int
+) -> Iterator[None]:
     # FSDP2's no_sync: set for the pass's forward and backward; back on afterwards, also on an error
     model.set_requires_gradient_sync(on)  # type: ignore[operator]
     try:
@@ -177,6 +181,24 @@ def _gradient_sync(model: nn.Module, on: bool) -> Iterator[None]:
     finally:
         if not on:
             model.set_requires_gradient_sync(True)  # type: ignore[operator]
+    if replicated:  # after the update's last backward only (not after a pass that raised)
+        _average_gradients(replicated, group, world)
+
+
+def _average_gradients(params: list[nn.Parameter], group: Any, world: int) -> None:
+    """Average the gradients of the parameters FSDP2 ignores (0-dim ones) over the ranks, as FSDP2 averages
+    the others', in one all-reduce: the sum of what every backward of the update added, once. A gradient
+    that is None on some ranks counts as zero there; None on every rank stays None (the optimizer skips it)."""
+    live = [p for p in params if p.requires_grad]
+    if not live:
+        return
+    zero = torch.zeros((), dtype=torch.float64, device=live[0].device)
+    values = [zero if p.grad is None else p.grad.detach().to(torch.float64).reshape(()) for p in live]
+    present = [zero + (p.grad is not None) for p in live]
+    summed = torch.stack(values + present)
+    dist.all_reduce(summed, group=group)
+    for p, total, count in zip(live, summed[: len(live)], summed[len(live) :], strict=True):
+        p.grad = (total / world).to(p.dtype) if count > 0 else None
 
 
 def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:
@@ -200,6 +222,8 @@ def shard(step: _Sharded, state: TrainState) -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    if state.unusable is not None:
+        raise RuntimeError(f"{step!r}: {state.unusable}")
     group: Any = step.group if step.group is not None else dist.group.WORLD
     sharding = state.transform_state(step.role, _Sharding)
     model = state.model
@@ -211,13 +235,7 @@ def shard(step: _Sharded, state: TrainState) -> None:
                 "move to a new group: build a fresh TrainState and load a checkpoint into it"
             )
         return
-    if state.optimizer.state:
-        raise ValueError(
-            f"{step!r}: the optimizer already holds state (momentum, moments) for {len(state.optimizer.state)} "
-            "unsharded parameter(s); sharding replaces the parameters, so that state would be lost: build the "
-            "TrainState on a fresh optimizer, and resume through ct.run (or ct.apply_sharding, then "
-            "TrainState.load_state_dict), which shards before loading"
-        )
+    initial = _only_initial_state(step, state.optimizer)  # raises if it holds state that training made
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     held = [p for g in state.optimizer.param_groups for p in g["params"]]
     foreign = [i for i, p in enumerate(held) if id(p) not in names]
@@ -236,19 +254,85 @@ def shard(step: _Sharded, state: TrainState) -> None:
             "GPU (proc.device) first"
         )
     units = select_units(model, step.units, repr(step))  # every check done: now change things
+    # FSDP2 cannot shard a 0-dim parameter (CLIP's logit_scale) and checks that only when it reaches it, at
+    # the root after the units (pitfall 32): such parameters stay whole on every rank, ignored by FSDP2,
+    # their gradients averaged by _average_gradients after the update's last backward
+    scalars = [p for p in model.parameters() if p.dim() == 0]
     with torch.no_grad():  # replicas start identical, rank 0's, as under DDP (pitfall 14)
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t, src=dist.get_global_rank(group, 0), group=step.group)
     mesh = DeviceMesh.from_group(group, devices[0])
-    for _, unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=step.reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=step.reshard_after_forward)
+    done = 0
+    try:
+        for _, unit in units:
+            fully_shard(unit, mesh=mesh, reshard_after_forward=step.reshard_after_forward, ignored_params=set(scalars))
+            done += 1
+        fully_shard(model, mesh=mesh, reshard_after_forward=step.reshard_after_forward, ignored_params=set(scalars))
+    except Exception as e:
+        if not any(isinstance(m, FSDPModule) for m in model.modules()):
+            raise  # it failed before changing anything: the state is as it was
+        # torch has no way back: say so on every later use, rather than let torch fail with puzzles there
+        where = "the root module" if done == len(units) else f"unit {units[done][0]!r}"
+        state.unusable = (
+            f"fully_shard failed on {where} after {done} unit(s) were sharded ({type(e).__name__}: {e}); the "
+            "TrainState's model is half-sharded and its optimizer holds parameters the model no longer has, "
+            "which cannot be undone: build a fresh model, optimizer and TrainState (and load a checkpoint into "
+            "them to continue)"
+        )
+        raise RuntimeError(f"{step!r}: {state.unusable}") from e
     now = dict(model.named_parameters(remove_duplicate=False))
     new = {id(p): now[n] for p in held for n in [names[id(p)]]}
     for g in state.optimizer.param_groups:
         g["params"] = [new[id(p)] for p in g["params"]]
+    if initial:  # the state the optimizer's __init__ made (Adagrad's sums), made again for the shards
+        remade = _rebuilt(state.optimizer)
+        state.optimizer.state.clear()
+        state.optimizer.state.update(remade.state)
     state._unheld = [now[names[id(p)]] for p in state._unheld]
-    sharding.group, sharding.model = group, model
+    sharding.group, sharding.model, sharding.replicated = group, model, scalars
+
+
+def _rebuilt(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """A new optimizer of the same class, settings and groups over the same parameters: the state its
+    ``__init__`` makes."""
+    groups = [dict(g) for g in optimizer.param_groups]
+    return type(optimizer)(groups, **optimizer.defaults)
+
+
+def _only_initial_state(step: _Sharded, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer holds state, all of it what its ``__init__`` made (Adagrad's sums and step 0),
+    which sharding makes again for the sharded parameters; a ValueError if it holds any other state."""
+    if not optimizer.state:
+        return False
+    try:
+        fresh = _rebuilt(optimizer).state
+    except Exception:  # an optimizer whose settings do not rebuild it: compare with nothing
+        fresh = {}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if all(_same(optimizer.state.get(p, {}), fresh.get(p, {})) for p in params):
+        return True
+    raise ValueError(
+        f"{step!r}: the optimizer already holds state (momentum, moments) for {len(optimizer.state)} unsharded "
+        "parameter(s); sharding replaces the parameters, so that state would be lost: build the TrainState on a "
+        "fresh optimizer, and resume through ct.run (or ct.apply_sharding, then TrainState.load_state_dict), "
+        "which shards before loading (the state an optimizer's __init__ makes, such as Adagrad's, is fine: "
+        "sharding makes it again for the shards)"
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
+            if not (isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor)):
+                return False
+            if v.dtype != w.dtype or v.shape != w.shape or not torch.equal(v, w):
+                return False
+        elif v != w:
+            return False
+    return True
 
 
 def _let_go_of_group(model: nn.Module) -> None:

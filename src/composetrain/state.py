@@ -115,6 +115,8 @@ class TrainState:
         self._unheld = [p for p in model.parameters() if id(p) not in held_ids]
         self._transforms: dict[str, Any] = {}  # state owned by transforms (loss scale, ...), by key
         self._pending: dict[str, Any] = {}  # loaded from a checkpoint, not yet claimed by its transform
+        # why the state cannot train any more (a transform failed half-way through changing it), or None
+        self.unusable: str | None = None
 
     def transform_state(self, key: str, create: Callable[[], T]) -> T:
         """The state a transform keeps here under ``key``, created on first use.
