@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import dist_cases
+import shard_cases
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import shard_cases
 from shard_cases import full
 from torch import nn
 
@@ -201,3 +201,20 @@ def resume_in_optimizer_order(rank: int, world: int, folder: str) -> dict[str, A
         "loaded": record(loaded.model, loaded.optimizer),
         "steps": [straight.step, resumed.step, loaded.step],
     }
+
+
+def gathered_after_the_group_is_gone(rank: int, world: int) -> dict[str, str]:
+    """full_state_dict of a model sharded over a group that was destroyed since: what it says."""
+    group = dist.new_group(list(range(world)))
+    state = shard_cases.make_state("classify", 0, torch.float64)
+    step = ct.sharded(dist_cases.classify, process_group=group)
+    step(state, batches(rank, world)[0])
+    found = {"alive": str(sorted(ct.full_state_dict(state.model)) == sorted(state.model.state_dict()) or rank)}
+    state.release_runtime()
+    dist.destroy_process_group(group)
+    try:
+        ct.full_state_dict(state.model)
+        found["gone"] = "no error"
+    except Exception as e:
+        found["gone"] = f"{type(e).__name__}: {e}"
+    return found
