@@ -53,6 +53,8 @@ class TrainState:
 
     Attributes:
         step: optimizer updates applied so far (skipped updates do not count).
+        unusable: None, or why this state cannot train any more (a transform that failed half-way
+            through changing it, which torch cannot undo, says so here; every step then refuses it).
 
     Example:
         >>> model = nn.Linear(4, 2)
