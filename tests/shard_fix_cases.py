@@ -218,3 +218,17 @@ def gathered_after_the_group_is_gone(rank: int, world: int) -> dict[str, str]:
     except Exception as e:
         found["gone"] = f"{type(e).__name__}: {e}"
     return found
+
+
+def trained_adagrad(rank: int, world: int) -> dict[str, str]:
+    """Adagrad after one plain update (its sums no longer the initial ones): refused, the state untouched."""
+    model = clip_like(0)
+    state = ct.TrainState(model, make_optimizer("adagrad", model))
+    ct.train_step(dist_cases.classify)(state, batches(rank, world)[0])
+    try:
+        ct.sharded(dist_cases.classify)(state, batches(rank, world)[1])
+        found = {"error": "no error"}
+    except Exception as e:
+        found = {"error": f"{type(e).__name__}: {e}"}
+    found["untouched"] = str(not any(type(p).__name__ == "DTensor" for p in state.model.parameters()))
+    return found

@@ -86,3 +86,13 @@ def test_full_state_dict_without_its_group_points_at_load_checkpoint(pool):
         assert r["alive"] in ("True", "1")  # rank 0 gets the whole state dict, the others an empty one
         assert r["gone"].startswith("RuntimeError: full_state_dict: the model is sharded over a process group "), r
         assert "ct.load_checkpoint(" in r["gone"], r
+
+
+def test_adagrad_state_made_by_training_is_refused_before_sharding(pool):
+    for r in pool.run("shard_fix_cases", "trained_adagrad"):
+        assert r["error"].startswith(
+            "ValueError: sharded(classify): the optimizer already holds state (momentum, moments) for 11 unsharded "
+            "parameter(s); sharding replaces the parameters"
+        ), r
+        assert "(the state an optimizer's __init__ makes, such as Adagrad's, is fine" in r["error"]
+        assert r["untouched"] == "True"
