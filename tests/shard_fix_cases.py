@@ -204,19 +204,26 @@ def resume_in_optimizer_order(rank: int, world: int, folder: str) -> dict[str, A
 
 
 def gathered_after_the_group_is_gone(rank: int, world: int) -> dict[str, str]:
-    """full_state_dict of a model sharded over a group that was destroyed since: what it says."""
-    group = dist.new_group(list(range(world)))
+    """full_state_dict of a sharded model whose group was destroyed since (as ct.run used to): what it says.
+    The pool's group is then made again."""
+    from dist_pool import free_port
+
     state = shard_cases.make_state("classify", 0, torch.float64)
-    step = ct.sharded(dist_cases.classify, process_group=group)
-    step(state, batches(rank, world)[0])
+    ct.sharded(dist_cases.classify)(state, batches(rank, world)[0])
     found = {"alive": str(sorted(ct.full_state_dict(state.model)) == sorted(state.model.state_dict()) or rank)}
+    found["kinds"] = str(sorted({type(p).__name__ for p in state.model.parameters()}))
     state.release_runtime()
-    dist.destroy_process_group(group)
+    port = torch.tensor(free_port() if rank == 0 else 0)
+    dist.broadcast(port, src=0)
+    dist.destroy_process_group()
     try:
         ct.full_state_dict(state.model)
         found["gone"] = "no error"
     except Exception as e:
         found["gone"] = f"{type(e).__name__}: {e}"
+    finally:
+        store = dist.TCPStore("127.0.0.1", int(port), world, is_master=rank == 0, wait_for_workers=True)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     return found
 
 

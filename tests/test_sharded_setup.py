@@ -84,6 +84,7 @@ def test_resume_and_load_are_bit_exact_with_the_optimizer_in_another_order(pool,
 def test_full_state_dict_without_its_group_points_at_load_checkpoint(pool):
     for r in pool.run("shard_fix_cases", "gathered_after_the_group_is_gone"):
         assert r["alive"] in ("True", "1")  # rank 0 gets the whole state dict, the others an empty one
+        assert r["kinds"] == "['DTensor']"
         assert r["gone"].startswith("RuntimeError: full_state_dict: the model is sharded over a process group "), r
         assert "ct.load_checkpoint(" in r["gone"], r
 
