@@ -39,7 +39,8 @@ def assert_same(a, b):
 @pytest.mark.parametrize("optimizer", ["adamw", "adagrad"])
 def test_zero_dim_parameters_and_adagrad_give_the_plain_update(pool, optimizer):
     """CLIP's 0-dim logit_scale (and 0-dim gates inside the units) stay whole, replicated, with their
-    gradients averaged over the ranks; Adagrad's state made in __init__ is made again for the shards.
+    gradients averaged over the ranks (one that only some ranks' batches use, too); Adagrad's state made in
+    __init__ is made again for the shards.
     float64, clipping, accumulate(2), ranks starting from different weights: the plain loop's update."""
     reference = shard_fix_cases.plain_loop(optimizer, 2)
     results = pool.run("shard_fix_cases", "scalar_parameters", optimizer)
@@ -47,7 +48,7 @@ def test_zero_dim_parameters_and_adagrad_give_the_plain_update(pool, optimizer):
         assert_close_to(r, reference)
         assert_same(r, results[0])  # every rank holds the same whole parameters
         scalars = {n for n, p in reference["params"].items() if p.dim() == 0}
-        assert scalars == {"logit_scale", "blocks.0.gate", "blocks.1.gate"}
+        assert scalars == {"logit_scale", "rare", "blocks.0.gate", "blocks.1.gate"}
         assert {n: k for n, k in r["kinds"].items() if n in scalars} == dict.fromkeys(scalars, "Parameter")
         assert {k for n, k in r["kinds"].items() if n not in scalars} == {"DTensor"}
 
