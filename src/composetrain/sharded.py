@@ -97,7 +97,8 @@ class _Sharding(RuntimeState):
         self.replicated: list[nn.Parameter] = []  # 0-dim parameters, left whole on every rank (see shard)
 
     def release(self) -> None:
-        # ct.run calls this just before it destroys its process group. The sharded model stays the
+        # Called just before the process group is destroyed (for a group ct.run created: when the process
+        # exits, since the trained model needs it to gather until then). The sharded model stays the
         # state's (its local shards readable), but it must stop holding the group: FSDP2 keeps it
         # in each unit's mesh info and in the mesh's registry, so the group, its gloo threads and
         # its store would outlive destroy_process_group into the interpreter's exit, which a gloo
@@ -231,8 +232,8 @@ def shard(step: _Sharded, state: TrainState) -> None:
         if sharding.group is not group:
             raise RuntimeError(
                 f"{step!r}: the TrainState's model was sharded over a process group that is gone, released "
-                "(TrainState.release_runtime, which ct.run calls at its end) or another one; a sharded model cannot "
-                "move to a new group: build a fresh TrainState and load a checkpoint into it"
+                "(TrainState.release_runtime, which ct.run calls when the process exits) or another one; a sharded "
+                "model cannot move to a new group: build a fresh TrainState and load a checkpoint into it"
             )
         return
     initial = _only_initial_state(step, state.optimizer)  # raises if it holds state that training made

@@ -150,7 +150,8 @@ class TrainState:
         """Let transforms drop what is bound to the process group: the DDP wrapper, FSDP2's hold on it.
 
         A DDP wrapper, or a model sharded by FSDP2, keeps its process group alive: call this
-        before ``destroy_process_group`` (``ct.run`` does, for a group it created), or the
+        before ``destroy_process_group`` (``ct.run`` does, for a group it created: at its end, or when
+        the process exits if the model is sharded, which needs the group to gather), or the
         group's threads outlive it and may crash the interpreter's exit. The next step
         rebuilds what it needs; a stateful communication hook (PowerSGD's error
         feedback, kept per bucket) then starts again with the new wrapper's buckets. A
