@@ -93,7 +93,7 @@ def test_full_state_dict_without_its_group_points_at_load_checkpoint(pool):
 def test_adagrad_state_made_by_training_is_refused_before_sharding(pool):
     for r in pool.run("shard_fix_cases", "trained_adagrad"):
         assert r["error"].startswith(
-            "ValueError: sharded(classify): the optimizer already holds state (momentum, moments) for 11 unsharded "
+            "ValueError: sharded(classify): the optimizer already holds state (momentum, moments) for 12 unsharded "
             "parameter(s); sharding replaces the parameters"
         ), r
         assert "(the state an optimizer's __init__ makes, such as Adagrad's, is fine" in r["error"]

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from composetrain._shard_optimizer import only_initial_state, remake_initial_state
 from composetrain._shard_units import Units, check_units_argument, describe_units, select_units
 from composetrain._util import check_bool, show
 from composetrain.batching import samples
@@ -236,7 +237,7 @@ def shard(step: _Sharded, state: TrainState) -> None:
                 "model cannot move to a new group: build a fresh TrainState and load a checkpoint into it"
             )
         return
-    initial = _only_initial_state(step, state.optimizer)  # raises if it holds state that training made
+    initial = only_initial_state(step, state.optimizer)  # raises if it holds state that training made
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     held = [p for g in state.optimizer.param_groups for p in g["params"]]
     foreign = [i for i, p in enumerate(held) if id(p) not in names]
@@ -286,54 +287,9 @@ def shard(step: _Sharded, state: TrainState) -> None:
     for g in state.optimizer.param_groups:
         g["params"] = [new[id(p)] for p in g["params"]]
     if initial:  # the state the optimizer's __init__ made (Adagrad's sums), made again for the shards
-        remade = _rebuilt(state.optimizer)
-        state.optimizer.state.clear()
-        state.optimizer.state.update(remade.state)
+        remake_initial_state(state.optimizer)
     state._unheld = [now[names[id(p)]] for p in state._unheld]
     sharding.group, sharding.model, sharding.replicated = group, model, scalars
-
-
-def _rebuilt(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """A new optimizer of the same class, settings and groups over the same parameters: the state its
-    ``__init__`` makes."""
-    groups = [dict(g) for g in optimizer.param_groups]
-    return type(optimizer)(groups, **optimizer.defaults)
-
-
-def _only_initial_state(step: _Sharded, optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer holds state, all of it what its ``__init__`` made (Adagrad's sums and step 0),
-    which sharding makes again for the sharded parameters; a ValueError if it holds any other state."""
-    if not optimizer.state:
-        return False
-    try:
-        fresh = _rebuilt(optimizer).state
-    except Exception:  # an optimizer whose settings do not rebuild it: compare with nothing
-        fresh = {}
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    if all(_same(optimizer.state.get(p, {}), fresh.get(p, {})) for p in params):
-        return True
-    raise ValueError(
-        f"{step!r}: the optimizer already holds state (momentum, moments) for {len(optimizer.state)} unsharded "
-        "parameter(s); sharding replaces the parameters, so that state would be lost: build the TrainState on a "
-        "fresh optimizer, and resume through ct.run (or ct.apply_sharding, then TrainState.load_state_dict), "
-        "which shards before loading (the state an optimizer's __init__ makes, such as Adagrad's, is fine: "
-        "sharding makes it again for the shards)"
-    )
-
-
-def _same(a: Any, b: Any) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for k, v in a.items():
-        w = b[k]
-        if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
-            if not (isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor)):
-                return False
-            if v.dtype != w.dtype or v.shape != w.shape or not torch.equal(v, w):
-                return False
-        elif v != w:
-            return False
-    return True
 
 
 def _let_go_of_group(model: nn.Module) -> None:
