@@ -46,6 +46,11 @@ def sharded(
     make exactly the update of one process on B, and with one process (or no process
     group) it is the plain step.
 
+    0-dim parameters (CLIP's ``logit_scale``), which FSDP2 cannot shard, stay whole on every rank
+    (``fully_shard(..., ignored_params=...)``), their gradients averaged in one all-reduce after the
+    update's last backward. An optimizer holding only the state its ``__init__`` makes (Adagrad) gets
+    that state made again for the sharded parameters; any other state is refused.
+
     Under ``accumulate``, gradients are reduced once per update by default: earlier
     micro-batches keep the unsharded gradients on every rank (full-gradient memory)
     and the last backward reduce-scatters their sum. ``sync_every_micro_batch=True``
