@@ -247,3 +247,26 @@ def trained_adagrad(rank: int, world: int) -> dict[str, str]:
         found = {"error": f"{type(e).__name__}: {e}"}
     found["untouched"] = str(not any(type(p).__name__ == "DTensor" for p in state.model.parameters()))
     return found
+
+
+def fp16_with_scalars(rank: int, world: int) -> str:
+    """fp16 loss scaling with 0-dim parameters beside DTensors, which GradScaler cannot unscale: what it says."""
+    model = clip_like(0).float()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = batches(rank, world)[0]
+    try:
+        ct.sharded(ct.mixed_precision(dtype="fp16")(dist_cases.classify))(state, (x.float(), y))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def bf16_with_scalars(rank: int | None, world: int) -> dict[str, Any]:
+    """sharded(mixed_precision(bf16)(clip(accumulate(2)))) with 0-dim parameters; rank None: one process."""
+    model = clip_like(rank or 0).float()
+    state = ct.TrainState(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    inner = ct.mixed_precision(dtype="bf16")(ct.clip_grad_norm(0.5)(ct.accumulate(2)(dist_cases.classify)))
+    step = inner if rank is None else ct.sharded(inner)
+    for x, y in batches(rank, world):
+        step(state, (x.float(), y))
+    return {n: full(p) for n, p in state.model.named_parameters()}

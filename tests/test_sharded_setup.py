@@ -98,3 +98,21 @@ def test_adagrad_state_made_by_training_is_refused_before_sharding(pool):
         ), r
         assert "(the state an optimizer's __init__ makes, such as Adagrad's, is fine" in r["error"]
         assert r["untouched"] == "True"
+
+
+def test_fp16_loss_scaling_with_zero_dim_parameters_is_refused_with_the_fix(pool):
+    for said in pool.run("shard_fix_cases", "fp16_with_scalars"):
+        assert said.startswith(
+            "ValueError: sharded(mixed_precision(dtype='fp16')(classify)): fp16 loss scaling with the 0-dim "
+            "parameters ['blocks.0.gate', 'blocks.1.gate', 'logit_scale', 'rare']"
+        ), said
+        assert "use mixed_precision(dtype='bf16')" in said, said
+
+
+def test_bf16_with_zero_dim_parameters_tracks_one_process(pool):
+    reference = shard_fix_cases.bf16_with_scalars(None, 2)
+    results = pool.run("shard_fix_cases", "bf16_with_scalars")
+    for r in results:
+        assert all(torch.equal(r[n], results[0][n]) for n in r)
+        for n, p in reference.items():
+            torch.testing.assert_close(r[n], p, rtol=2e-2, atol=2e-3, msg=n)

@@ -161,6 +161,13 @@ class _Sharded(TrainStep):
         ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
         model, every, group = state.model, self.sync_every, self.group
         replicated = state.transform_state(self.role, _Sharding).replicated
+        if ctx.scale_loss and replicated:  # before any pass; the model is sharded, and stays usable
+            whole = sorted(n for n, p in model.named_parameters() if any(p is r for r in replicated))
+            raise ValueError(
+                f"{self!r}: fp16 loss scaling with the 0-dim parameters {whole}, which stay whole beside FSDP2's "
+                "DTensors: torch's GradScaler.unscale_ takes every gradient for a DTensor then, and fails; use "
+                "mixed_precision(dtype='bf16'), or give those parameters shape (1,)"
+            )
 
         def sync_unless_more_follow(c: Context) -> contextlib.AbstractContextManager[Any]:
             return _gradient_sync(model, every or c.last_backward, replicated if c.last_backward else [], group, world)
