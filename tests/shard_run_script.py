@@ -9,6 +9,7 @@ import os
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from helpers import process_group_threads  # the script's folder is on sys.path
 from torch import nn
@@ -68,9 +69,15 @@ def main():
         max_steps=args.max_steps, num_workers=0, checkpoint_dir=args.dir, log_every=4, progress=False, seed=5,
     )  # fmt: skip
     rank = int(os.environ.get("RANK", "0"))
+    kept = dist.is_initialized()  # ct.run leaves its group to the sharded model, until the process exits
+    params = {n: local(p) for n, p in s.model.named_parameters()}
+    if kept:  # ended early, as the README says: release the state's hold on it, then destroy it
+        s.release_runtime()
+        dist.destroy_process_group()
     torch.save(
         {
-            "params": {n: local(p) for n, p in s.model.named_parameters()},
+            "params": params,
+            "kept": kept,
             "optimizer": {k: {n: local(v) for n, v in e.items()} for k, e in s.optimizer.state_dict()["state"].items()},
             "step": s.step,
             "history": result.history,

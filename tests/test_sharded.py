@@ -240,7 +240,7 @@ def test_a_released_state_holds_no_reference_to_its_group_and_refuses_the_next_s
         assert r["held_before"] and not r["held_after"]  # FSDP2 held it; ct.run destroys it next
         assert r["next_step"].startswith(
             "RuntimeError: sharded(classify): the TrainState's model was sharded over a process group that is "
-            "gone, released (TrainState.release_runtime, which ct.run calls at its end) or another one"
+            "gone, released (TrainState.release_runtime, which ct.run calls when the process exits) or another one"
         )
         assert r["untouched"]
         assert math.isfinite(r["fresh_loss"])  # the group itself was not harmed

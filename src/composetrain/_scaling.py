@@ -91,17 +91,19 @@ class LossScaling:
 
     def _check_finite(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """GradScaler.unscale_'s check at scale 1: one flag per device, set if a gradient is not finite."""
-        grads: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        # DTensor gradients apart from plain ones (ct.sharded's whole 0-dim parameters): torch's DTensor
+        # handler of this kernel takes every tensor of its list for a DTensor
+        grads: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 g = p.grad
                 if g is not None:
                     g = g._values() if g.is_sparse else g
-                    grads.setdefault((g.device, g.dtype), []).append(g)
+                    grads.setdefault((g.device, g.dtype, hasattr(g, "placements")), []).append(g)
         found: dict[torch.device, torch.Tensor] = {}
         with torch.no_grad():
             # float32 whatever torch's default dtype: the fused kernel refuses any other (PITFALLS 30)
-            for (device, _), tensors in grads.items():
+            for (device, _, _), tensors in grads.items():
                 if device not in found:
                     found[device] = torch.zeros(1, dtype=torch.float32, device=device)
                 if device not in self._ones:

@@ -301,5 +301,29 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     if not any(isinstance(p, DTensor) for p in model.parameters()):
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    gone = _group_gone(model)
+    if gone is not None:
+        raise RuntimeError(
+            f"full_state_dict: the model is sharded over a process group that is gone ({gone}), and gathering "
+            "its shards needs that group on every rank: call it inside the job, before the group is destroyed "
+            "(ct.run keeps a group it created until the process exits when the model is sharded), or load a "
+            "checkpoint whole in one process: ct.load_checkpoint(ct.TrainState(fresh_model, optimizer), folder), "
+            "then fresh_model.state_dict()"
+        )
     whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v for k, v in whole.items() if isinstance(v, torch.Tensor)}
+
+
+def _group_gone(model: torch.nn.Module) -> str | None:
+    """Why the process group of the model's DTensors cannot be reached, or None."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return "no process group is initialised"
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            try:
+                p.device_mesh.get_group()
+            except (RuntimeError, ValueError, KeyError) as e:
+                return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None

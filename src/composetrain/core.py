@@ -296,6 +296,8 @@ class TrainStep:
                 f"{self!r}: state must be a ct.TrainState, got {show(state)}; "
                 "build one with ct.TrainState(model, optimizer)"
             )
+        if state.unusable is not None:
+            raise RuntimeError(f"{self!r}: {state.unusable}")
         who = self  # formatted only if an error needs it
         if self.weight is None:
             units = float(samples(batch, who))

@@ -22,6 +22,7 @@ the SLURM job to requeue (``SLURM_JOB_ID``). No other module reads launcher vari
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import hashlib
@@ -29,7 +30,7 @@ import importlib
 import numbers
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -335,11 +336,33 @@ class Process:
             dist.destroy_process_group()
             self.owns_group = False
 
+    def keep_until_exit(self, release: Callable[[], None]) -> None:
+        """Leave the process group alive past ``close()``, for tensors that still need it: a model sharded
+        over it, whose DTensors find their group by name whenever they gather (``ct.full_state_dict``, an
+        evaluation, a save). It is destroyed when the interpreter exits instead, after ``release``, before
+        Python tears its threads down; ``release`` (and what it is bound to) is kept until then, since torch's
+        DTensor caches keep the model's meshes, and through them the group, even once the model is gone.
+        ``close()`` then leaves the group alone; to end it earlier, call ``release`` and
+        ``torch.distributed.destroy_process_group()`` yourself."""
+        if not (self.owns_group and dist.is_initialized()):
+            return
+        # the group by its id: a reference held by atexit's list would keep it, and its threads, to the very end
+        atexit.register(_destroy_at_exit, id(dist.group.WORLD), release)
+        self.owns_group = False
+
     def __enter__(self) -> Process:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _destroy_at_exit(group: int, release: Callable[[], None]) -> None:
+    """What ``close()`` would have done, at the interpreter's exit: unless the group was ended meanwhile."""
+    if not (dist.is_initialized() and id(dist.group.WORLD) == group):
+        return
+    release()  # drop what holds the group (FSDP2's references), or its threads outlive it
+    dist.destroy_process_group()
 
 
 def rendezvous(

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from composetrain._shard_optimizer import only_initial_state, remake_initial_state
 from composetrain._shard_units import Units, check_units_argument, describe_units, select_units
 from composetrain._util import check_bool, show
 from composetrain.batching import samples
@@ -44,6 +45,11 @@ def sharded(
     of the global batch (one small all-reduce per update), so W ranks with batches B/W
     make exactly the update of one process on B, and with one process (or no process
     group) it is the plain step.
+
+    0-dim parameters (CLIP's ``logit_scale``), which FSDP2 cannot shard, stay whole on every rank
+    (``fully_shard(..., ignored_params=...)``), their gradients averaged in one all-reduce after the
+    update's last backward. An optimizer holding only the state its ``__init__`` makes (Adagrad) gets
+    that state made again for the sharded parameters; any other state is refused.
 
     Under ``accumulate``, gradients are reduced once per update by default: earlier
     micro-batches keep the unsharded gradients on every rank (full-gradient memory)
@@ -94,9 +100,11 @@ class _Sharding(RuntimeState):
     def __init__(self) -> None:
         self.group: Any = None
         self.model: nn.Module | None = None
+        self.replicated: list[nn.Parameter] = []  # 0-dim parameters, left whole on every rank (see shard)
 
     def release(self) -> None:
-        # ct.run calls this just before it destroys its process group. The sharded model stays the
+        # Called just before the process group is destroyed (for a group ct.run created: when the process
+        # exits, since the trained model needs it to gather until then). The sharded model stays the
         # state's (its local shards readable), but it must stop holding the group: FSDP2 keeps it
         # in each unit's mesh info and in the mesh's registry, so the group, its gloo threads and
         # its store would outlive destroy_process_group into the interpreter's exit, which a gloo
@@ -151,10 +159,18 @@ class _Sharded(TrainStep):
         per_rank = float(counts[:, 0].sum()) / world
         shard(self, state)  # before the passes: the inner steps see the sharded model
         ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
-        model, every = state.model, self.sync_every
+        model, every, group = state.model, self.sync_every, self.group
+        replicated = state.transform_state(self.role, _Sharding).replicated
+        if ctx.scale_loss and replicated:  # before any pass; the model is sharded, and stays usable
+            whole = sorted(n for n, p in model.named_parameters() if any(p is r for r in replicated))
+            raise ValueError(
+                f"{self!r}: fp16 loss scaling with the 0-dim parameters {whole}, which stay whole beside FSDP2's "
+                "DTensors: torch's GradScaler.unscale_ takes every gradient for a DTensor then, and fails; use "
+                "mixed_precision(dtype='bf16'), or give those parameters shape (1,)"
+            )
 
         def sync_unless_more_follow(c: Context) -> contextlib.AbstractContextManager[Any]:
-            return _gradient_sync(model, every or c.last_backward)
+            return _gradient_sync(model, every or c.last_backward, replicated if c.last_backward else [], group, world)
 
         return ctx._replace(around_pass=(*ctx.around_pass, sync_unless_more_follow))
 
@@ -169,7 +185,9 @@ class _Sharded(TrainStep):
 
 
 @contextlib.contextmanager
-def _gradient_sync(model: nn.Module, on: bool) -> Iterator[None]:
+def _gradient_sync(
+    model: nn.Module, on: bool, replicated: list[nn.Parameter], group: Any, world: int
+) -> Iterator[None]:
     # FSDP2's no_sync: set for the pass's forward and backward; back on afterwards, also on an error
     model.set_requires_gradient_sync(on)  # type: ignore[operator]
     try:
@@ -177,6 +195,24 @@ def _gradient_sync(model: nn.Module, on: bool) -> Iterator[None]:
     finally:
         if not on:
             model.set_requires_gradient_sync(True)  # type: ignore[operator]
+    if replicated:  # after the update's last backward only (not after a pass that raised)
+        _average_gradients(replicated, group, world)
+
+
+def _average_gradients(params: list[nn.Parameter], group: Any, world: int) -> None:
+    """Average the gradients of the parameters FSDP2 ignores (0-dim ones) over the ranks, as FSDP2 averages
+    the others', in one all-reduce: the sum of what every backward of the update added, once. A gradient
+    that is None on some ranks counts as zero there; None on every rank stays None (the optimizer skips it)."""
+    live = [p for p in params if p.requires_grad]
+    if not live:
+        return
+    zero = torch.zeros((), dtype=torch.float64, device=live[0].device)
+    values = [zero if p.grad is None else p.grad.detach().to(torch.float64).reshape(()) for p in live]
+    present = [zero + (p.grad is not None) for p in live]
+    summed = torch.stack(values + present)
+    dist.all_reduce(summed, group=group)
+    for p, total, count in zip(live, summed[: len(live)], summed[len(live) :], strict=True):
+        p.grad = (total / world).to(p.dtype) if count > 0 else None
 
 
 def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:
@@ -200,6 +236,8 @@ def shard(step: _Sharded, state: TrainState) -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    if state.unusable is not None:
+        raise RuntimeError(f"{step!r}: {state.unusable}")
     group: Any = step.group if step.group is not None else dist.group.WORLD
     sharding = state.transform_state(step.role, _Sharding)
     model = state.model
@@ -207,17 +245,11 @@ def shard(step: _Sharded, state: TrainState) -> None:
         if sharding.group is not group:
             raise RuntimeError(
                 f"{step!r}: the TrainState's model was sharded over a process group that is gone, released "
-                "(TrainState.release_runtime, which ct.run calls at its end) or another one; a sharded model cannot "
-                "move to a new group: build a fresh TrainState and load a checkpoint into it"
+                "(TrainState.release_runtime, which ct.run calls when the process exits) or another one; a sharded "
+                "model cannot move to a new group: build a fresh TrainState and load a checkpoint into it"
             )
         return
-    if state.optimizer.state:
-        raise ValueError(
-            f"{step!r}: the optimizer already holds state (momentum, moments) for {len(state.optimizer.state)} "
-            "unsharded parameter(s); sharding replaces the parameters, so that state would be lost: build the "
-            "TrainState on a fresh optimizer, and resume through ct.run (or ct.apply_sharding, then "
-            "TrainState.load_state_dict), which shards before loading"
-        )
+    initial = only_initial_state(step, state.optimizer)  # raises if it holds state that training made
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     held = [p for g in state.optimizer.param_groups for p in g["params"]]
     foreign = [i for i, p in enumerate(held) if id(p) not in names]
@@ -236,19 +268,40 @@ def shard(step: _Sharded, state: TrainState) -> None:
             "GPU (proc.device) first"
         )
     units = select_units(model, step.units, repr(step))  # every check done: now change things
+    # FSDP2 cannot shard a 0-dim parameter (CLIP's logit_scale) and checks that only when it reaches it, at
+    # the root after the units (pitfall 32): such parameters stay whole on every rank, ignored by FSDP2,
+    # their gradients averaged by _average_gradients after the update's last backward
+    scalars = [p for p in model.parameters() if p.dim() == 0]
     with torch.no_grad():  # replicas start identical, rank 0's, as under DDP (pitfall 14)
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t, src=dist.get_global_rank(group, 0), group=step.group)
     mesh = DeviceMesh.from_group(group, devices[0])
-    for _, unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=step.reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=step.reshard_after_forward)
+    done = 0
+    try:
+        for _, unit in units:
+            fully_shard(unit, mesh=mesh, reshard_after_forward=step.reshard_after_forward, ignored_params=set(scalars))
+            done += 1
+        fully_shard(model, mesh=mesh, reshard_after_forward=step.reshard_after_forward, ignored_params=set(scalars))
+    except Exception as e:
+        if not any(isinstance(m, FSDPModule) for m in model.modules()):
+            raise  # it failed before changing anything: the state is as it was
+        # torch has no way back: say so on every later use, rather than let torch fail with puzzles there
+        where = "the root module" if done == len(units) else f"unit {units[done][0]!r}"
+        state.unusable = (
+            f"fully_shard failed on {where} after {done} unit(s) were sharded ({type(e).__name__}: {e}); the "
+            "TrainState's model is half-sharded and its optimizer holds parameters the model no longer has, "
+            "which cannot be undone: build a fresh model, optimizer and TrainState (and load a checkpoint into "
+            "them to continue)"
+        )
+        raise RuntimeError(f"{step!r}: {state.unusable}") from e
     now = dict(model.named_parameters(remove_duplicate=False))
     new = {id(p): now[n] for p in held for n in [names[id(p)]]}
     for g in state.optimizer.param_groups:
         g["params"] = [new[id(p)] for p in g["params"]]
+    if initial:  # the state the optimizer's __init__ made (Adagrad's sums), made again for the shards
+        remake_initial_state(state.optimizer)
     state._unheld = [now[names[id(p)]] for p in state._unheld]
-    sharding.group, sharding.model = group, model
+    sharding.group, sharding.model, sharding.replicated = group, model, scalars
 
 
 def _let_go_of_group(model: nn.Module) -> None:

@@ -53,6 +53,8 @@ class TrainState:
 
     Attributes:
         step: optimizer updates applied so far (skipped updates do not count).
+        unusable: None, or why this state cannot train any more (a transform that failed half-way
+            through changing it, which torch cannot undo, says so here; every step then refuses it).
 
     Example:
         >>> model = nn.Linear(4, 2)
@@ -115,6 +117,8 @@ class TrainState:
         self._unheld = [p for p in model.parameters() if id(p) not in held_ids]
         self._transforms: dict[str, Any] = {}  # state owned by transforms (loss scale, ...), by key
         self._pending: dict[str, Any] = {}  # loaded from a checkpoint, not yet claimed by its transform
+        # why the state cannot train any more (a transform failed half-way through changing it), or None
+        self.unusable: str | None = None
 
     def transform_state(self, key: str, create: Callable[[], T]) -> T:
         """The state a transform keeps here under ``key``, created on first use.
@@ -146,7 +150,8 @@ class TrainState:
         """Let transforms drop what is bound to the process group: the DDP wrapper, FSDP2's hold on it.
 
         A DDP wrapper, or a model sharded by FSDP2, keeps its process group alive: call this
-        before ``destroy_process_group`` (``ct.run`` does, for a group it created), or the
+        before ``destroy_process_group`` (``ct.run`` does, for a group it created: at its end, or when
+        the process exits if the model is sharded, which needs the group to gather), or the
         group's threads outlive it and may crash the interpreter's exit. The next step
         rebuilds what it needs; a stateful communication hook (PowerSGD's error
         feedback, kept per bucket) then starts again with the new wrapper's buckets. A

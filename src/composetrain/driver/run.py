@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 from composetrain._sharded_checkpoint import ShardFiles
@@ -102,8 +103,9 @@ def run(
     """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
 
     Under torchrun or SLURM it joins the job (``ct.rendezvous``) and leaves it at the
-    end; alone it needs no setup. ``epochs`` and ``max_steps`` are totals, so after an
-    interruption the same command resumes from the latest valid checkpoint and
+    end, but for a model it leaves sharded (``ct.sharded``), which needs the group to gather:
+    that group stays until the process exits; alone it needs no setup. ``epochs`` and
+    ``max_steps`` are totals, so after an interruption the same command resumes from the latest valid checkpoint and
     finishes the same training, bit for bit on the CPU.
 
     Args:
@@ -440,7 +442,11 @@ class _Driver:
 
     def close(self) -> None:
         """Undo what was set up, whatever happened, and however far ``start`` got."""
-        if self.proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
+        if self.proc.owns_group and any(isinstance(p, DTensor) for p in self.state.model.parameters()):
+            # a sharded model needs the group whenever it gathers (full_state_dict, evaluation, a save): the
+            # trained model must stay usable after the run, so the group lives until the process exits
+            self.proc.keep_until_exit(self.state.release_runtime)
+        elif self.proc.owns_group:  # the DDP wrapper would keep the group (and its threads) past its destruction
             self.state.release_runtime()
         if self.stop is not None:
             self.stop.restore()
