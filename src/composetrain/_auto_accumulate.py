@@ -163,8 +163,9 @@ class _Undo:
         self.py_rng = random.getstate()
         numpy = sys.modules.get("numpy")  # a step that never imported NumPy cannot have drawn from it
         self.np_rng = (numpy, numpy.random.get_state()) if numpy is not None else None
-        # every module's buffer table (a forward may rebind a buffer, not only write into it), and the values
-        self.tables = [(m, dict(m._buffers)) for m in model.modules() if m._buffers]
+        # every module's buffer table (a forward may rebind a buffer, not only write into it, or register one on
+        # a module that had none: so the empty tables too), and the values
+        self.tables = [(m, dict(m._buffers)) for m in model.modules()]
         self.buffers = [b for _, table in self.tables for b in table.values() if b is not None]
         with torch.no_grad():
             self.values = [b.clone() for b in self.buffers]
