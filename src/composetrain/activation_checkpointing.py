@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from composetrain._recompute import Replay, keep_running_stats
 from composetrain._recompute import running_stats as _running_stats  # also _auto_accumulate's
-from composetrain._shard_units import predicate_mismatch
+from composetrain._shard_units import chosen_by, predicate_mismatch
 from composetrain._util import name, show
 from composetrain.core import Context, Pass, TrainStep
 from composetrain.state import RuntimeState, TrainState
@@ -174,8 +174,10 @@ def _choose(model: nn.Module, specs: tuple[Any, ...], who: object) -> list[nn.Mo
                 raise ValueError(f"{who!r}: {type(model).__name__} has no submodule {spec!r}; {hint}")
             found = [(spec, named[spec])]
         else:
-            test = (lambda m, cls=spec: isinstance(m, cls)) if isinstance(spec, type) else spec
-            found = [(k, m) for k, m in named.items() if k and test(m)]
+            if isinstance(spec, type):
+                found = [(k, m) for k, m in named.items() if k and isinstance(m, spec)]
+            else:
+                found = [(k, named[k]) for k in chosen_by(spec, named, who)]
             if not found:
                 raise ValueError(
                     f"{who!r}: no submodule of {type(model).__name__} is selected by {_show_spec(spec)}; "
