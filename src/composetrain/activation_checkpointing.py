@@ -166,13 +166,14 @@ def _choose(model: nn.Module, specs: tuple[Any, ...], who: object) -> list[nn.Mo
     chosen: dict[int, tuple[str, nn.Module, Any]] = {}
     for spec in specs:
         if isinstance(spec, str):
-            if spec not in named:
+            module = named[spec] if spec in named else _shared_name(model, spec)  # a shared one is listed once
+            if module is None:
                 close = difflib.get_close_matches(spec, [k for k in named if k], n=3)
                 hint = (
                     f"did you mean {', '.join(map(repr, close))}?" if close else "list them with model.named_modules()"
                 )
                 raise ValueError(f"{who!r}: {type(model).__name__} has no submodule {spec!r}; {hint}")
-            found = [(spec, named[spec])]
+            found = [(spec, module)]
         else:
             if isinstance(spec, type):
                 found = [(k, m) for k, m in named.items() if k and isinstance(m, spec)]
@@ -191,13 +192,22 @@ def _choose(model: nn.Module, specs: tuple[Any, ...], who: object) -> list[nn.Mo
                     f"{_show_spec(spec)}); choose each submodule once"
                 )
             chosen[id(module)] = (key, module, spec)
-    keys = sorted(key for key, _, _ in chosen.values())
-    for outer, inner in itertools.pairwise(keys):
-        if inner.startswith(outer + "."):
-            raise ValueError(
-                f"{who!r}: {inner!r} lies inside {outer!r}, which is checkpointed whole; choose one of them"
-            )
+    # by identity, not by name: a submodule registered under two names may sit inside another chosen one
+    for outer, module, _ in sorted(chosen.values(), key=lambda c: c[0]):
+        for sub in itertools.islice(module.modules(), 1, None):
+            if id(sub) in chosen:
+                inner = chosen[id(sub)][0]
+                raise ValueError(
+                    f"{who!r}: {inner!r} lies inside {outer!r}, which is checkpointed whole; choose one of them"
+                )
     return [module for _, module, _ in chosen.values()]
+
+
+def _shared_name(model: nn.Module, spec: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(spec)
+    except AttributeError:
+        return None
 
 
 @contextlib.contextmanager
