@@ -230,7 +230,8 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
                 module.forward = own
 
 
-def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
+def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], /, *args: Any, **kwargs: Any) -> Any:
+    # forward and stats positional-only: a module keyword of either name is the module's (stats=, forward=)
     if not torch.is_grad_enabled():  # nothing is kept for backward anyway
         return forward(*args, **kwargs)
     # Every keyword is the module's: checkpoint would take early_stop=, debug=, use_reentrant=... as its own
