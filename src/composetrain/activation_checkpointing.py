@@ -130,6 +130,7 @@ class _Chosen(RuntimeState):
 
     def __init__(self) -> None:
         self.model: nn.Module | None = None
+        self.specs: tuple[Any, ...] = ()  # whose choice it is: two steps may share one TrainState
         self.modules: list[nn.Module] = []
 
 
@@ -150,9 +151,9 @@ class _CheckpointActivations(TrainStep):
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         chosen = state.transform_state(self.role, _Chosen)
-        if chosen.model is not state.model:
+        if chosen.model is not state.model or chosen.specs != self.specs:
             chosen.modules = _choose(state.model, self.specs, self)
-            chosen.model = state.model
+            chosen.model, chosen.specs = state.model, self.specs
         with _checkpointed(chosen.modules):
             return self._inner().grads(state, batch, ctx)
 
