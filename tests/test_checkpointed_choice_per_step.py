@@ -53,3 +53,19 @@ def test_each_step_checkpoints_its_own_choice_on_a_shared_state():
         seen.clear()
         steps[key](state, batch)
         assert sorted(seen) == sorted([("first", key == "first"), ("second", key == "second")]), key
+
+
+def test_the_choice_is_made_once_per_model_and_step():
+    """The submodules are chosen at the first update, not searched again at every one."""
+    asked = []
+
+    def is_block(module):
+        asked.append(module)
+        return isinstance(module, Block)
+
+    model = Net()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    train = ct.checkpoint_activations(is_block)(step)
+    for _ in range(3):
+        train(state, (torch.randn(4, 5), torch.randint(0, 3, (4,))))
+    assert len(asked) == len(list(model.modules())) - 1  # every submodule once, the root never
