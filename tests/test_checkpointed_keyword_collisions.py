@@ -19,8 +19,8 @@ class Block(nn.Module):
         super().__init__()
         self.lin = nn.Linear(4, 4)
 
-    def forward(self, x, forward=1.0, stats=1.0):
-        return torch.tanh(self.lin(x)) * forward + stats
+    def forward(self, x, forward=1.0, stats=1.0, module=1.0):
+        return torch.tanh(self.lin(x)) * forward * module + stats
 
 
 class Net(nn.Module):
@@ -40,7 +40,7 @@ def step(model, batch):
     return F.cross_entropy(model(x), y)
 
 
-@pytest.mark.parametrize("name", ["forward", "stats"])
+@pytest.mark.parametrize("name", ["forward", "stats", "module"])
 def test_a_keyword_named_like_the_wrappers_parameters_reaches_the_module(name):
     g = torch.Generator().manual_seed(0)
     batch = (torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g))
@@ -60,7 +60,7 @@ def step_with_a_look(model, batch):
     return step(model, batch)
 
 
-@pytest.mark.parametrize("name", ["forward", "stats"])
+@pytest.mark.parametrize("name", ["forward", "stats", "module"])
 def test_the_keyword_reaches_the_module_without_gradients_too(name):
     model = Net(name)
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from composetrain._recompute import Replay, keep_running_stats
-from composetrain._recompute import running_stats as _running_stats  # also _auto_accumulate's
+from composetrain._recompute import Replay
 from composetrain._shard_units import chosen_by, predicate_mismatch
 from composetrain._util import name, show
 from composetrain.core import Context, Pass, TrainStep
@@ -44,10 +43,12 @@ def checkpoint_activations(modules: Selector | Sequence[str | type[nn.Module]]) 
     steps on the same model are unaffected. Costs about one extra forward of the
     chosen submodules per update, in exchange for their activation memory.
 
-    BatchNorm (and other layers with running statistics) inside a chosen submodule
-    would update their statistics a second time when recomputed; their running
-    statistics are restored after each recomputation, so buffers too end exactly as
-    without checkpointing. Other buffers a forward changes in place are changed again.
+    Buffers a chosen submodule's forward changes in place (BatchNorm's running
+    statistics, a counter, an average) would be changed a second time when recomputed,
+    and read changed; the recomputation computes with their values at the forward's
+    start on copies, so buffers and gradients end exactly as without checkpointing
+    (one copy of the chosen submodules' buffers per call, kept past the forward for
+    those it changed).
 
     Args:
         modules: which submodules: a qualified name (``"blocks.0"``), a module class
@@ -219,8 +220,7 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
         for module in modules:
             own = module.__dict__.get("forward")  # an instance-level forward someone set: kept, and restored
             original = own if own is not None else module.forward
-            stats = functools.partial(keep_running_stats, _running_stats(module))
-            module.forward = functools.partial(_run_checkpointed, original, stats)
+            module.forward = functools.partial(_run_checkpointed, original, module)
             patched.append((module, own))
         yield
     finally:
@@ -231,8 +231,8 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
                 module.forward = own
 
 
-def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], /, *args: Any, **kwargs: Any) -> Any:
-    # forward and stats positional-only: a module keyword of either name is the module's (stats=, forward=)
+def _run_checkpointed(forward: Callable[..., Any], module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+    # forward and module positional-only: a module keyword of either name is the module's (module=, forward=)
     if not torch.is_grad_enabled():  # nothing is kept for backward anyway
         return forward(*args, **kwargs)
     # Every keyword is the module's: checkpoint would take early_stop=, debug=, use_reentrant=... as its own
@@ -245,7 +245,7 @@ def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], /, 
         return forward(*values[:count], **dict(zip(names, values[count:], strict=True)))
 
     def contexts() -> tuple[Any, Any]:
-        replay = Replay(stats)
+        replay = Replay(module)
         return replay.original(), replay
 
     return checkpoint(run, *args, *kwargs.values(), use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
