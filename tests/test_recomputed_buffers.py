@@ -87,3 +87,46 @@ def test_a_buffer_changed_in_place_and_read_trains_as_the_plain_step(block, spli
         assert torch.equal(mine[key], theirs[key]), key
     assert all(torch.equal(a, b) for a, b in zip(my_losses, their_losses, strict=True))
     assert my_streams == their_streams
+
+
+def looks_first(model, batch):
+    """Differentiates the loss once itself (retain_graph) before the update's backward: two recomputations."""
+    loss = step(model, batch)
+    torch.autograd.grad(loss, list(model.blocks.parameters()), retain_graph=True)
+    return loss
+
+
+def test_a_graph_recomputed_twice_starts_from_the_same_buffers_twice():
+    plain = train(Ramp, lambda s: ct.train_step(looks_first))
+    checkpointed = train(Ramp, lambda s: ct.checkpoint_activations(Ramp)(ct.train_step(looks_first)))
+    for key in plain[0]:
+        assert torch.equal(checkpointed[0][key], plain[0][key]), key
+    assert all(torch.equal(a, b) for a, b in zip(checkpointed[1], plain[1], strict=True))
+
+
+class Twice(nn.Module):
+    """One counter tensor registered on the block and on its layer: changed once per call through either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6, dtype=torch.float64)  # float64 already: .double() keeps the one tensor
+        self.register_buffer("calls", torch.zeros((), dtype=torch.float64))
+        self.lin.register_buffer("calls", self.calls)
+
+    def forward(self, x):
+        self.lin.calls.add_(1)
+        return x + torch.tanh(self.lin(x)) * self.calls
+
+
+def test_the_live_buffers_stay_the_same_tensors_and_one_tensor_registered_twice_stays_one():
+    torch.manual_seed(0)
+    model = Net(Twice).double()
+    before = {k: b for k, b in model.named_buffers(remove_duplicate=False)}
+    plain = train(Twice, ct.accumulate(1))
+    checkpointed = train(Twice, ct.checkpoint_activations(Twice))
+    for key in plain[0]:
+        assert torch.equal(checkpointed[0][key], plain[0][key]), key
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ct.checkpoint_activations(Twice)(step)(state, (torch.randn(4, 5, dtype=torch.float64), torch.randint(0, 3, (4,))))
+    assert all(b is before[k] for k, b in model.named_buffers(remove_duplicate=False))  # references others hold
+    assert model.blocks[0].calls is model.blocks[0].lin.calls
