@@ -157,7 +157,10 @@ class _Undo:
         self.state = state
         model = state.model
         # gradients from before the call: a copy, since backward may add into them in place
-        self.grads = [(p, p.grad.clone()) for p in model.parameters() if p.grad is not None]
+        # (of the model's parameters and of those the optimizer holds outside it: state.zero_grad() clears both)
+        held = [p for group in state.optimizer.param_groups for p in group["params"]]
+        params = {id(p): p for p in (*model.parameters(), *held)}.values()
+        self.grads = [(p, p.grad.clone()) for p in params if p.grad is not None]
         self.rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self.py_rng = random.getstate()

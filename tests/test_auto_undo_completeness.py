@@ -1,4 +1,5 @@
-"""accumulate("auto"): a buffer that a failed attempt registers is gone when the retry starts.
+"""accumulate("auto"): what the rollback of a failed attempt must also cover (a buffer it registered, the
+gradient of a parameter only the optimizer holds).
 
 Found by the adversarial pass: the rollback kept the buffer tables of the modules that had buffers
 before the call only, so a buffer that the failed attempt registered on a module without any (a lazily
@@ -56,3 +57,29 @@ def test_a_buffer_registered_by_a_failed_attempt_is_removed(on_root):
     assert auto.keys() == split.keys()
     for key in split:
         assert torch.equal(auto[key], split[key]), key
+
+
+def test_the_gradient_of_a_parameter_only_the_optimizer_holds_survives_a_retry():
+    """Found by the adversarial pass: the gradients from before the call were kept for the model's
+    parameters only, so a parameter the optimizer holds outside the model (a learnable temperature of
+    the loss) lost its gradient on a retry, and the update differed from accumulate(n)'s."""
+    results = []
+    for train, limit in ((ct.accumulate("auto"), 3), (ct.accumulate(4), 99)):
+        torch.manual_seed(0)
+        model = nn.Linear(5, 3).double()
+        temperature = nn.Parameter(torch.ones((), dtype=torch.float64))
+        state = ct.TrainState(model, torch.optim.SGD([*model.parameters(), temperature], lr=0.1))
+        for p in (*model.parameters(), temperature):
+            p.grad = torch.full_like(p, 0.5)
+
+        def step(model, batch, limit=limit, temperature=temperature):
+            x, y = batch
+            loss = F.cross_entropy(model(x) / temperature, y)
+            if x.shape[0] > limit:
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            return loss
+
+        train(step)(state, make_batch(12))
+        results.append([temperature.detach().clone(), *(p.detach().clone() for p in model.parameters())])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
