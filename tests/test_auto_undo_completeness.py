@@ -83,3 +83,23 @@ def test_the_gradient_of_a_parameter_only_the_optimizer_holds_survives_a_retry()
         results.append([temperature.detach().clone(), *(p.detach().clone() for p in model.parameters())])
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_gradient_of_a_model_parameter_the_optimizer_does_not_hold_survives_a_retry():
+    """A parameter of the model left out of the optimizer keeps its gradient from before the call too:
+    the attempt that fits sees it as the first attempt did (a step may read it)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    state = ct.TrainState(model, torch.optim.SGD(model[2].parameters(), lr=0.1))  # model[0] not held
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    inner, seen = out_of_memory_above(3), []
+
+    def step(model, batch):
+        seen.append(model[0].weight.grad.clone())
+        return inner(model, batch)
+
+    ct.accumulate("auto")(step)(state, make_batch(12))
+    assert [len(seen), *seen[0].shape] == [6, 8, 5]  # 1 x 12 and 2 x 6 fail in their first pass, then 4 x 3
+    for grad in seen[:3]:  # each attempt starts from the gradients the call found
+        assert torch.equal(grad, torch.full_like(grad, 0.5))
