@@ -70,7 +70,7 @@ class Replay:
         self.exits.append(stack)
 
     def __exit__(self, *exc: Any) -> bool:
-        return self.exits.pop().__exit__(*exc)
+        return bool(self.exits.pop().__exit__(*exc))
 
 
 def _rebind(live: list[tuple[nn.Module, str, torch.Tensor | None]]) -> None:
