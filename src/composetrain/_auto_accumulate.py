@@ -157,14 +157,18 @@ class _Undo:
         self.state = state
         model = state.model
         # gradients from before the call: a copy, since backward may add into them in place
-        self.grads = [(p, p.grad.clone()) for p in model.parameters() if p.grad is not None]
+        # (of the model's parameters and of those the optimizer holds outside it: state.zero_grad() clears both)
+        held = [p for group in state.optimizer.param_groups for p in group["params"]]
+        params = {id(p): p for p in (*model.parameters(), *held)}.values()
+        self.grads = [(p, p.grad.clone()) for p in params if p.grad is not None]
         self.rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self.py_rng = random.getstate()
         numpy = sys.modules.get("numpy")  # a step that never imported NumPy cannot have drawn from it
         self.np_rng = (numpy, numpy.random.get_state()) if numpy is not None else None
-        # every module's buffer table (a forward may rebind a buffer, not only write into it), and the values
-        self.tables = [(m, dict(m._buffers)) for m in model.modules() if m._buffers]
+        # every module's buffer table (a forward may rebind a buffer, not only write into it, or register one on
+        # a module that had none: so the empty tables too), and the values
+        self.tables = [(m, dict(m._buffers)) for m in model.modules()]
         self.buffers = [b for _, table in self.tables for b in table.values() if b is not None]
         with torch.no_grad():
             self.values = [b.clone() for b in self.buffers]

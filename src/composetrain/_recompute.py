@@ -1,12 +1,13 @@
 """What a recomputation under activation checkpointing must give back (internal): the random numbers
-the original forward drew from Python's and NumPy's global generators, and BatchNorm's running
-statistics. torch's own generators are replayed by torch.utils.checkpoint (preserve_rng_state=True)."""
+the original forward drew from Python's and NumPy's global generators, and the buffers it found (a
+BatchNorm's running statistics, a counter, an average it changes in place). torch's own generators are
+replayed by torch.utils.checkpoint (preserve_rng_state=True)."""
 
 from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -18,39 +19,63 @@ try:  # NumPy's global stream is replayed when NumPy is there; torch does not re
 except ImportError:  # pragma: no cover - numpy comes with every usual torch install
     np = None  # type: ignore[assignment]
 
-__all__ = ["Replay", "keep_running_stats", "running_stats"]
+__all__ = ["Replay"]
 
 
 class Replay:
-    """Python's and NumPy's random streams for one checkpointed call; torch's own generators are stashed
-    and replayed by checkpoint itself (preserve_rng_state=True).
+    """Python's and NumPy's random streams, and the chosen module's buffers, for one checkpointed call;
+    torch's own generators are stashed and replayed by checkpoint itself (preserve_rng_state=True).
 
-    ``original()`` goes around the original forward and remembers where the streams start. The object
-    itself goes around each recomputation (re-enterable: a graph kept with retain_graph is recomputed at
-    every backward): the streams draw the forward's numbers again, then come out where they went in, so
-    the recomputation consumes nothing (as fork_rng does for torch's generators), and BatchNorm's running
-    statistics come out as they went in.
+    ``original()`` goes around the original forward and remembers where the streams start, and the
+    values of the buffers that forward changes in place (each buffer is copied before it, and the
+    copies of those it left unchanged are dropped after it; a change is seen by the tensor's version
+    counter, which torch's batch_norm kernels do not bump, so normalisation layers' buffers count as
+    changed). The object itself goes around each
+    recomputation (re-enterable: a graph kept with retain_graph is recomputed at every backward): the
+    streams draw the forward's numbers again, then come out where they went in, so the recomputation
+    consumes nothing (as fork_rng does for torch's generators); the buffers the forward changed are
+    replaced, for the recomputation only, by fresh copies of their values at its start, so it computes
+    with the values the forward saw and the live buffers stay as the forward left them. (Copied back in
+    place instead, a value the recomputed graph saved for backward would change under it.)
     """
 
-    def __init__(self, stats: Callable[[], Any]) -> None:
-        self.stats = stats
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
         self.start: tuple[Any, Any] = (None, None)
+        self.changed: list[tuple[nn.Module, str, int, torch.Tensor]] = []  # owner, name, which tensor, start
         self.exits: list[contextlib.ExitStack] = []
 
     @contextlib.contextmanager
     def original(self) -> Iterator[None]:
         self.start = _python_and_numpy_states()
+        found = [(m, n, b, b._version) for m in self.module.modules() for n, b in m._buffers.items() if b is not None]
+        with torch.no_grad():
+            starts = [b.clone() for _, _, b, _ in found]
         yield
+        self.changed = [
+            (m, n, id(b), s)
+            for (m, n, b, v), s in zip(found, starts, strict=True)
+            if b._version != v or isinstance(m, _NormBase)  # batch_norm updates its statistics unversioned
+        ]
 
     def __enter__(self) -> None:
         stack = contextlib.ExitStack()
         stack.callback(_set_python_and_numpy_states, _python_and_numpy_states())
         _set_python_and_numpy_states(self.start)
-        stack.enter_context(self.stats())
+        stack.callback(_rebind, [(m, n, m._buffers[n]) for m, n, _, _ in self.changed])
+        fresh: dict[int, torch.Tensor] = {}  # one copy per tensor: a buffer registered twice stays one
+        with torch.no_grad():
+            for m, n, which, start in self.changed:
+                m._buffers[n] = fresh[which] if which in fresh else fresh.setdefault(which, start.clone())
         self.exits.append(stack)
 
     def __exit__(self, *exc: Any) -> bool:
-        return self.exits.pop().__exit__(*exc)
+        return bool(self.exits.pop().__exit__(*exc))
+
+
+def _rebind(live: list[tuple[nn.Module, str, torch.Tensor | None]]) -> None:
+    for module, name, tensor in live:
+        module._buffers[name] = tensor
 
 
 def _python_and_numpy_states() -> tuple[Any, Any]:
@@ -62,27 +87,3 @@ def _set_python_and_numpy_states(states: tuple[Any, Any]) -> None:
     random.setstate(python)
     if np is not None:
         np.random.set_state(numpy)
-
-
-def running_stats(module: nn.Module) -> list[torch.Tensor]:
-    return [
-        buffer
-        for m in module.modules()
-        if isinstance(m, _NormBase) and m.track_running_stats
-        for buffer in m.buffers(recurse=False)
-    ]
-
-
-@contextlib.contextmanager
-def keep_running_stats(buffers: list[torch.Tensor]) -> Iterator[None]:
-    """Around a recomputation: BatchNorm's running statistics come out as they went in."""
-    if not buffers:
-        yield
-        return
-    with torch.no_grad():
-        saved = [b.clone() for b in buffers]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            torch._foreach_copy_(buffers, saved)

@@ -11,7 +11,7 @@ from torch import nn
 from composetrain._util import name as fn_name
 from composetrain._util import show
 
-__all__ = ["Units", "check_units_argument", "describe_units", "predicate_mismatch", "select_units"]
+__all__ = ["Units", "check_units_argument", "chosen_by", "describe_units", "predicate_mismatch", "select_units"]
 
 Units: TypeAlias = "str | Sequence[str] | type | tuple[type, ...] | Callable[[nn.Module], bool] | None"
 
@@ -35,6 +35,37 @@ def predicate_mismatch(fn: Callable[..., Any]) -> tuple[str, int] | None:
         required = [p for p in signature.parameters.values() if p.kind in positional and p.default is p.empty]
         return f"{fn_name(fn)}{signature}", len(required)
     return None
+
+
+def chosen_by(fn: Callable[[nn.Module], Any], named: dict[str, nn.Module], who: object) -> list[str]:
+    """The names of the submodules (the root left out) that predicate ``fn`` answers True for.
+
+    The answer must be a bool (NumPy's too): a predicate that forgot its ``return`` would otherwise choose
+    nothing, and a tensor's truth fails inside torch. Either failure, and an error the predicate raises,
+    names the caller, the predicate and the submodule.
+    """
+    chosen = []
+    for key, module in named.items():
+        if not key:
+            continue
+        try:
+            answer = fn(module)
+        except Exception as error:
+            raise RuntimeError(
+                f"{who}: the predicate {fn_name(fn)} raised {error!r} on submodule {key!r} "
+                f"({type(module).__name__}); it is called on every submodule: answer False for those it does "
+                "not know, e.g. lambda module: isinstance(module, Block) and module.depth > 2"
+            ) from error
+        kind = type(answer)
+        if not (kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"))):
+            raise TypeError(
+                f"{who}: the predicate {fn_name(fn)} answered {show(answer)} for submodule {key!r} "
+                f"({type(module).__name__}); a predicate returns True or False, e.g. "
+                "lambda module: isinstance(module, Block)"
+            )
+        if answer:
+            chosen.append(key)
+    return chosen
 
 
 def check_units_argument(modules: Any) -> Any:
@@ -115,7 +146,7 @@ def select_units(model: nn.Module, modules: Any, who: str) -> list[tuple[str, nn
         if not chosen:
             raise ValueError(f"{who}: modules={describe_units(modules)} matches no submodule of the model")
     else:
-        chosen = {n for n, m in named.items() if n and modules(m)}
+        chosen = set(chosen_by(modules, named, who))
         if not chosen:
             raise ValueError(f"{who}: modules={describe_units(modules)} selects no submodule of the model")
     units = [(n, named[n]) for n in reversed(list(named)) if n in chosen]  # post-order: children first

@@ -14,9 +14,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from composetrain._recompute import Replay, keep_running_stats
-from composetrain._recompute import running_stats as _running_stats  # also _auto_accumulate's
-from composetrain._shard_units import predicate_mismatch
+from composetrain._recompute import Replay
+from composetrain._shard_units import chosen_by, predicate_mismatch
 from composetrain._util import name, show
 from composetrain.core import Context, Pass, TrainStep
 from composetrain.state import RuntimeState, TrainState
@@ -44,10 +43,12 @@ def checkpoint_activations(modules: Selector | Sequence[str | type[nn.Module]]) 
     steps on the same model are unaffected. Costs about one extra forward of the
     chosen submodules per update, in exchange for their activation memory.
 
-    BatchNorm (and other layers with running statistics) inside a chosen submodule
-    would update their statistics a second time when recomputed; their running
-    statistics are restored after each recomputation, so buffers too end exactly as
-    without checkpointing. Other buffers a forward changes in place are changed again.
+    Buffers a chosen submodule's forward changes in place (BatchNorm's running
+    statistics, a counter, an average) would be changed a second time when recomputed,
+    and read changed; the recomputation computes with their values at the forward's
+    start on copies, so buffers and gradients end exactly as without checkpointing
+    (one copy of the chosen submodules' buffers per call, kept past the forward for
+    those it changed).
 
     Args:
         modules: which submodules: a qualified name (``"blocks.0"``), a module class
@@ -130,6 +131,7 @@ class _Chosen(RuntimeState):
 
     def __init__(self) -> None:
         self.model: nn.Module | None = None
+        self.specs: tuple[Any, ...] = ()  # whose choice it is: two steps may share one TrainState
         self.modules: list[nn.Module] = []
 
 
@@ -150,9 +152,9 @@ class _CheckpointActivations(TrainStep):
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         chosen = state.transform_state(self.role, _Chosen)
-        if chosen.model is not state.model:
+        if chosen.model is not state.model or chosen.specs != self.specs:
             chosen.modules = _choose(state.model, self.specs, self)
-            chosen.model = state.model
+            chosen.model, chosen.specs = state.model, self.specs
         with _checkpointed(chosen.modules):
             return self._inner().grads(state, batch, ctx)
 
@@ -166,16 +168,19 @@ def _choose(model: nn.Module, specs: tuple[Any, ...], who: object) -> list[nn.Mo
     chosen: dict[int, tuple[str, nn.Module, Any]] = {}
     for spec in specs:
         if isinstance(spec, str):
-            if spec not in named:
+            module = named[spec] if spec in named else _shared_name(model, spec)  # a shared one is listed once
+            if module is None:
                 close = difflib.get_close_matches(spec, [k for k in named if k], n=3)
                 hint = (
                     f"did you mean {', '.join(map(repr, close))}?" if close else "list them with model.named_modules()"
                 )
                 raise ValueError(f"{who!r}: {type(model).__name__} has no submodule {spec!r}; {hint}")
-            found = [(spec, named[spec])]
+            found = [(spec, module)]
         else:
-            test = (lambda m, cls=spec: isinstance(m, cls)) if isinstance(spec, type) else spec
-            found = [(k, m) for k, m in named.items() if k and test(m)]
+            if isinstance(spec, type):
+                found = [(k, m) for k, m in named.items() if k and isinstance(m, spec)]
+            else:
+                found = [(k, named[k]) for k in chosen_by(spec, named, who)]
             if not found:
                 raise ValueError(
                     f"{who!r}: no submodule of {type(model).__name__} is selected by {_show_spec(spec)}; "
@@ -189,13 +194,22 @@ def _choose(model: nn.Module, specs: tuple[Any, ...], who: object) -> list[nn.Mo
                     f"{_show_spec(spec)}); choose each submodule once"
                 )
             chosen[id(module)] = (key, module, spec)
-    keys = sorted(key for key, _, _ in chosen.values())
-    for outer, inner in itertools.pairwise(keys):
-        if inner.startswith(outer + "."):
-            raise ValueError(
-                f"{who!r}: {inner!r} lies inside {outer!r}, which is checkpointed whole; choose one of them"
-            )
+    # by identity, not by name: a submodule registered under two names may sit inside another chosen one
+    for outer, module, _ in sorted(chosen.values(), key=lambda c: c[0]):
+        for sub in itertools.islice(module.modules(), 1, None):
+            if id(sub) in chosen:
+                inner = chosen[id(sub)][0]
+                raise ValueError(
+                    f"{who!r}: {inner!r} lies inside {outer!r}, which is checkpointed whole; choose one of them"
+                )
     return [module for _, module, _ in chosen.values()]
+
+
+def _shared_name(model: nn.Module, spec: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(spec)
+    except AttributeError:
+        return None
 
 
 @contextlib.contextmanager
@@ -206,8 +220,7 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
         for module in modules:
             own = module.__dict__.get("forward")  # an instance-level forward someone set: kept, and restored
             original = own if own is not None else module.forward
-            stats = functools.partial(keep_running_stats, _running_stats(module))
-            module.forward = functools.partial(_run_checkpointed, original, stats)
+            module.forward = functools.partial(_run_checkpointed, original, module)
             patched.append((module, own))
         yield
     finally:
@@ -218,7 +231,8 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
                 module.forward = own
 
 
-def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
+def _run_checkpointed(forward: Callable[..., Any], module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+    # forward and module positional-only: a module keyword of either name is the module's (module=, forward=)
     if not torch.is_grad_enabled():  # nothing is kept for backward anyway
         return forward(*args, **kwargs)
     # Every keyword is the module's: checkpoint would take early_stop=, debug=, use_reentrant=... as its own
@@ -231,7 +245,7 @@ def _run_checkpointed(forward: Callable[..., Any], stats: Callable[[], Any], *ar
         return forward(*values[:count], **dict(zip(names, values[count:], strict=True)))
 
     def contexts() -> tuple[Any, Any]:
-        replay = Replay(stats)
+        replay = Replay(module)
         return replay.original(), replay
 
     return checkpoint(run, *args, *kwargs.values(), use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
