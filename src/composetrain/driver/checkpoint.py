@@ -114,13 +114,20 @@ class Checkpoints:
             raise PermissionError(
                 f"{who}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
             )
-        self._lock, holder = take_lock(self.dir, rank)  # every rank its own file
+        self._lock, holder, held = take_lock(self.dir, rank)  # every rank its own file
         if not self._all(holder is None):
             self.close()
+            if not self._all(not held):  # another run holds some rank's lock
+                seen = holder if held else "seen by another rank"
+                raise RuntimeError(
+                    f"{who}: checkpoint_dir {str(self.dir)!r} is in use by another run ({seen}); two runs in one "
+                    "folder would overwrite each other's checkpoints and metrics: wait for that run to end (its "
+                    "lock goes with it), or give this one another checkpoint_dir"
+                )
+            why = holder or "another rank could not take its lock file"
             raise RuntimeError(
-                f"{who}: checkpoint_dir {str(self.dir)!r} is in use by another run ({holder or 'seen by another rank'}"
-                "); two runs in one folder would overwrite each other's checkpoints and metrics: wait for that run "
-                "to end (its lock goes with it), or give this one another checkpoint_dir"
+                f"{who}: cannot lock checkpoint_dir {str(self.dir)!r} ({why}); the lock keeps a second run out of "
+                "the folder"
             )
         if rank == 0:  # the folder is ours alone now: what an interrupted save left is no live run's
             for stale in self.dir.iterdir():

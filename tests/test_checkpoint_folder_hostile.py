@@ -1,0 +1,40 @@
+"""The checkpoint folder against hostile or odd contents: a lock file that is a link (never followed,
+never written through), a lock file that cannot be used (not called "in use by another run")."""
+
+import os
+
+import pytest
+
+from composetrain.driver import checkpoint
+
+
+def checkpoints(directory):
+    return checkpoint.Checkpoints(directory, rank=0, world_size=1, keep=2, who="run")
+
+
+def test_a_lock_file_linked_to_a_file_elsewhere_is_never_written_through(tmp_path):
+    folder, victim = tmp_path / "run", tmp_path / "notes.txt"
+    folder.mkdir()
+    victim.write_text("precious")
+    os.symlink(victim, folder / ".lock-rank-0")
+    with pytest.raises(RuntimeError, match=r"run: cannot lock checkpoint_dir .*\.lock-rank-0 is a symbolic link"):
+        checkpoints(folder)
+    assert victim.read_text() == "precious"
+
+
+def test_a_dangling_lock_link_creates_nothing_where_it_points(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    os.symlink(tmp_path / "elsewhere", folder / ".lock-rank-0")
+    with pytest.raises(RuntimeError, match=r"run: cannot lock checkpoint_dir .*is a symbolic link; remove it"):
+        checkpoints(folder)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "device"])
+def test_an_unusable_lock_file_is_not_called_another_run(tmp_path, kind):
+    lock = tmp_path / ".lock-rank-0"
+    {"folder": lock.mkdir, "fifo": lambda: os.mkfifo(lock), "device": lambda: os.symlink("/dev/zero", lock)}[kind]()
+    with pytest.raises(RuntimeError, match=r"run: cannot lock checkpoint_dir .*\.lock-rank-0 .*remove it") as caught:
+        checkpoints(tmp_path)
+    assert "another run" not in str(caught.value)
