@@ -4,6 +4,7 @@ never written through), a lock file that cannot be used (not called "in use by a
 import os
 
 import pytest
+import torch
 
 from composetrain.driver import checkpoint
 
@@ -38,3 +39,32 @@ def test_an_unusable_lock_file_is_not_called_another_run(tmp_path, kind):
     with pytest.raises(RuntimeError, match=r"run: cannot lock checkpoint_dir .*\.lock-rank-0 .*remove it") as caught:
         checkpoints(tmp_path)
     assert "another run" not in str(caught.value)
+
+
+def test_a_crash_between_the_two_renames_of_a_resave_keeps_the_checkpoint(tmp_path, monkeypatch):
+    """A save at a step already saved (a skipped update) moves the old folder to ``.step-N.old`` before
+    renaming the new one into place; a crash between the two left only ``.old``, which the next run
+    deleted as a leftover: with keep_checkpoints=1 the run started over from scratch."""
+    found = checkpoints(tmp_path)
+    found.keep = 1
+    weights = {"state": {"w": torch.arange(4.0)}}
+    found.save(3, weights, {"window": []})
+    real = os.replace
+
+    def crash_after_first(src, dst):
+        real(src, dst)
+        if str(dst).endswith(".old"):
+            raise KeyboardInterrupt  # the process dies here (SIGKILL, a power cut)
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        found.save(3, {"state": {"w": torch.zeros(4)}}, {"window": []})
+    monkeypatch.undo()
+    found.close()
+    again = checkpoints(tmp_path)
+    try:
+        assert (tmp_path / "step-000000003" / "state.pt").is_file(), sorted(os.listdir(tmp_path))
+        assert torch.equal(torch.load(tmp_path / "step-000000003" / "state.pt")["state"]["w"], torch.arange(4.0))
+    finally:
+        again.close()
+    assert not list(tmp_path.glob(".step-*"))

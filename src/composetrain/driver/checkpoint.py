@@ -130,9 +130,14 @@ class Checkpoints:
                 "the folder"
             )
         if rank == 0:  # the folder is ours alone now: what an interrupted save left is no live run's
-            for stale in self.dir.iterdir():
+            for stale in sorted(self.dir.iterdir()):
                 if LEFTOVER.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
-                    shutil.rmtree(stale, ignore_errors=True)
+                    final = self.dir / stale.name[1:].rsplit(".", 1)[0]
+                    restore = stale.name.endswith(".old") and step_of(final.name) is not None
+                    if restore and not os.path.lexists(final) and is_checkpoint(stale):
+                        os.replace(stale, final)  # a re-save died between its two renames: this is the checkpoint
+                    else:
+                        shutil.rmtree(stale, ignore_errors=True)
         self._barrier()
 
     def close(self) -> None:
