@@ -68,3 +68,51 @@ def test_a_crash_between_the_two_renames_of_a_resave_keeps_the_checkpoint(tmp_pa
     finally:
         again.close()
     assert not list(tmp_path.glob(".step-*"))
+
+
+def _without_root_powers():
+    """Whether this process obeys file permissions (root does not, unless it dropped CAP_DAC_OVERRIDE)."""
+    import subprocess
+
+    return os.geteuid() != 0 or subprocess.run(["setpriv", "--version"], capture_output=True).returncode == 0
+
+
+SCRIPT = """
+import sys, warnings
+sys.path.insert(0, {tests!r})
+from test_run import train
+try:
+    train({folder!r}, epochs=1)
+    print("RESUMED OR RESTARTED")
+except PermissionError as e:
+    print("REFUSED", e)
+"""
+
+
+@pytest.mark.parametrize("what", ["state.pt", "rank-0.pt", "folder"])
+def test_a_checkpoint_this_user_cannot_read_is_refused_not_set_aside(tmp_path, what):
+    """A sound checkpoint that the run lacks the permission to read (a shared folder, files of another
+    user) was called corrupt and moved aside, or ignored as a folder with no state.pt: the run started
+    over. It is refused, and left as it was, until the permissions are fixed."""
+    import subprocess
+    import sys
+
+    if not _without_root_powers():
+        pytest.skip("needs setpriv to drop root's permission override")
+    from test_run import train
+
+    train(tmp_path, max_steps=3)
+    target = tmp_path / "step-000000003" / (what if what != "folder" else "")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    target.chmod(0)
+    try:
+        code = SCRIPT.format(tests=os.path.dirname(__file__), folder=str(tmp_path))
+        command = [sys.executable, "-c", code]
+        if os.geteuid() == 0:
+            command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--", *command]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env).stdout
+    finally:
+        target.chmod(0o755 if what == "folder" else 0o644)
+    assert "REFUSED" in out and "step-000000003" in out and "Permission denied" in out, out
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

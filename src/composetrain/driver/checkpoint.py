@@ -297,12 +297,12 @@ class Checkpoints:
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
             step = step_of(name)
-            payload, problem = _load(path / "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
+            payload, problem = self._read(path, "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
             local = None
             if self._all(payload is not None):
                 assert payload is not None
                 self._check_fits(path, payload)  # the same file on every rank: all raise alike
-                local, problem = _load(path / f"rank-{self.rank}.pt", LOCAL, _local_problem)
+                local, problem = self._read(path, f"rank-{self.rank}.pt", LOCAL, _local_problem)
             if self._all(local is not None) and self.shards is not None:
                 assert payload is not None
                 payload, problem = self._with_shards(path, payload)
@@ -320,6 +320,23 @@ class Checkpoints:
                 os.replace(path, aside)
             self._barrier()
         return None
+
+    def _read(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
+        """``_load`` of ``path/name``; a file this user may not read is no corrupt file: every rank
+        refuses the checkpoint, which is left as it is (setting it aside would start the run over)."""
+        denied: OSError | None = None
+        try:
+            value, problem = _load(path / name, schema, deep)
+        except PermissionError as e:
+            value, problem, denied = None, None, e
+        if not self._all(denied is None):
+            why = f"{denied.strerror or denied}: {denied.filename}" if denied else "on another rank"
+            raise PermissionError(
+                errno.EACCES,
+                f"{self.who}: cannot read checkpoint {path} ({why}); it is left as it is: give this run read access "
+                "to it (chmod, chown), or move it out of checkpoint_dir to resume from an older one",
+            )
+        return value, problem
 
     def _with_shards(self, path: Path, payload: dict[str, Any]) -> tuple[Any, str | None]:
         """The payload with its sharded tensors read (DCP: a collective whose errors reach every rank)."""
@@ -366,6 +383,8 @@ def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | Non
         return None, problem
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise  # not the file's fault: Checkpoints._read refuses it on every rank
     except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
         detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), str(e).splitlines()[0])
         return None, f"it holds objects other than tensors and plain types, so it was not loaded ({detail})"

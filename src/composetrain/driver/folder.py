@@ -108,13 +108,24 @@ def os_error(error: BaseException | None) -> OSError | None:
 
 def is_checkpoint(path: Path) -> bool:
     """Whether ``path`` is a folder (not a link) holding a ``state.pt`` entry: one ct.run wrote."""
-    return path.is_dir() and not path.is_symlink() and os.path.lexists(path / "state.pt")
+    if not path.is_dir() or path.is_symlink():
+        return False
+    try:
+        os.lstat(path / "state.pt")
+    except PermissionError:  # a folder this user cannot look into: reading it says why, it is never skipped
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def not_regular(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a file (missing, or a FIFO, socket, device, folder), or None."""
+    """Why ``path`` cannot be read as a file (missing, or a FIFO, socket, device, folder), or None;
+    PermissionError if this user may not look."""
     try:
         mode = os.stat(path).st_mode  # a link is followed: what it points to must be a file
+    except PermissionError:
+        raise  # not the file's fault: the caller says so, and sets nothing aside
     except OSError as e:
         return f"{path.name}: {e.strerror or e}"
     if stat.S_ISREG(mode):
