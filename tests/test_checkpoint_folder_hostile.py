@@ -1,6 +1,7 @@
 """The checkpoint folder against hostile or odd contents: a lock file that is a link (never followed,
 never written through), a lock file that cannot be used (not called "in use by another run")."""
 
+import errno
 import os
 
 import pytest
@@ -116,3 +117,25 @@ def test_a_checkpoint_this_user_cannot_read_is_refused_not_set_aside(tmp_path, w
         target.chmod(0o755 if what == "folder" else 0o644)
     assert "REFUSED" in out and "step-000000003" in out and "Permission denied" in out, out
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from dist_pool import Pool
+
+    p = Pool(2)
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES])
+def test_a_save_that_fails_on_one_rank_is_named_alike_on_every_rank(pool, tmp_path, code):
+    """Rank 1's full disk was, on rank 0 (whose output one reads), 'another rank could not write its
+    part' with no errno: a handler for ENOSPC missed it, and nobody learned why or where."""
+    replies = pool.run("checkpoint_hostile_cases", "save_fails_on", str(tmp_path), 1, code, timeout=120)
+    for rank, (message, number) in enumerate(replies):
+        assert number == code, (rank, replies)
+        assert "rank 1" in message and "refused" in message and str(tmp_path) in message, (rank, replies)
+        if code == errno.ENOSPC:
+            assert "no space left" in message, (rank, replies)
+    assert not list(tmp_path.glob("*step-*"))

@@ -200,9 +200,17 @@ class Checkpoints:
                 if self.rank == 0:
                     shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, the space back
                 cause = os_error(failure)
+                mine = None if cause is None else (cause.errno, cause.strerror, cause.filename)
+                # every rank learns which rank failed and why (a full disk is ENOSPC on all of them alike)
+                told = self._gathered((failure is not None, mine))
                 if failure is not None and cause is None:
                     raise failure  # not the disk: as it came (every other rank says the step was not saved)
-                raise self._save_failed(step, cause, size) from failure
+                rank = self.rank if failure is not None else next(r for r, (failed, _) in enumerate(told) if failed)
+                if cause is None:
+                    rank = next((r for r, (_, info) in enumerate(told) if info is not None), rank)
+                    info = told[rank][1]
+                    cause = None if info is None else OSError(info[0], info[1], info[2])
+                raise self._save_failed(step, cause, size, rank) from failure
 
         def prepare() -> None:
             if self.rank == 0:
@@ -239,15 +247,26 @@ class Checkpoints:
         self._barrier()
         return final
 
-    def _save_failed(self, step: int, failure: OSError | None, size: int) -> OSError:
-        """The error a failed save raises: what failed, where, and that the previous checkpoint is intact."""
+    def _gathered(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, by rank."""
+        if self.world_size == 1:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
+    def _save_failed(self, step: int, failure: OSError | None, size: int, rank: int) -> OSError:
+        """The error a failed save raises: what failed, on which rank, where, and that the previous
+        checkpoint is intact."""
         previous = next(iter(self._steps()), None)
         intact = f"the previous checkpoint {previous.name} is intact" if previous else "there is no previous checkpoint"
         if failure is None:
             return OSError(
-                f"{self.who}: checkpoint step {step} was not saved: another rank could not write its part; {intact}"
+                f"{self.who}: checkpoint step {step} was not saved: rank {rank} could not write its part (its own "
+                f"error says why); {intact}"
             )
         cause = f"{failure.strerror or failure}" + (f": {failure.filename}" if failure.filename else "")
+        cause += f", on rank {rank}" if self.world_size > 1 else ""
         if failure.errno in (errno.ENOSPC, errno.EDQUOT):
             return OSError(
                 failure.errno,
