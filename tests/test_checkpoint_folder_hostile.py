@@ -139,3 +139,18 @@ def test_a_save_that_fails_on_one_rank_is_named_alike_on_every_rank(pool, tmp_pa
         if code == errno.ENOSPC:
             assert "no space left" in message, (rank, replies)
     assert not list(tmp_path.glob("*step-*"))
+
+
+@pytest.mark.parametrize(("folder", "error"), [(b"/tmp/run", TypeError), ("", ValueError), (7, TypeError)])
+def test_a_checkpoint_dir_that_names_no_folder_is_refused_by_name(folder, error):
+    """bytes reached pathlib's bare TypeError; "" saved checkpoints in the working folder yet wrote no
+    metrics file (``if checkpoint_dir`` is False for it): refused before anything is made."""
+    import run_script
+
+    import composetrain as ct
+
+    state = run_script.state()
+    with pytest.raises(error, match=r"run: checkpoint_dir must be a non-empty str or os.PathLike, got "):
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
+               checkpoint_dir=folder)  # fmt: skip
+    assert state.step == 0
