@@ -14,6 +14,8 @@ def save_fails_on(rank, world, folder, bad_rank, code):
     real = checkpoint._write
 
     def failing(obj, path):
+        if rank == bad_rank and code is None:
+            raise RuntimeError("odd")
         if rank == bad_rank:
             raise OSError(code, "refused", str(path))
         return real(obj, path)
@@ -26,9 +28,36 @@ def save_fails_on(rank, world, folder, bad_rank, code):
         )  # fmt: skip
     except OSError as e:
         return str(e), e.errno
+    except RuntimeError as e:
+        return f"RuntimeError: {e}", None
     finally:
         checkpoint._write = real
     return "no error", None
 
 
-__all__ = ["errno", "save_fails_on"]
+def read_denied_on(rank, world, folder, bad_rank):
+    """ct.run twice on ``folder``; the second's ``bad_rank`` may not read its rank file: the error text."""
+    import torch
+
+    def run():
+        ct.run(
+            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
+            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
+        )  # fmt: skip
+
+    run()
+    real = torch.load
+
+    def denied(path, *args, **kwargs):
+        if rank == bad_rank and str(path).endswith(f"rank-{rank}.pt"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    torch.load = denied
+    try:
+        run()
+    except PermissionError as e:
+        return str(e)
+    finally:
+        torch.load = real
+    return "no error"

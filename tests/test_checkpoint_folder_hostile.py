@@ -3,6 +3,7 @@ never written through), a lock file that cannot be used (not called "in use by a
 
 import errno
 import os
+import shutil
 
 import pytest
 import torch
@@ -142,15 +143,51 @@ def test_a_save_that_fails_on_one_rank_is_named_alike_on_every_rank(pool, tmp_pa
 
 
 @pytest.mark.parametrize(("folder", "error"), [(b"/tmp/run", TypeError), ("", ValueError), (7, TypeError)])
-def test_a_checkpoint_dir_that_names_no_folder_is_refused_by_name(folder, error):
+def test_a_checkpoint_dir_that_names_no_folder_is_refused_by_name(folder, error, tmp_path, monkeypatch):
     """bytes reached pathlib's bare TypeError; "" saved checkpoints in the working folder yet wrote no
     metrics file (``if checkpoint_dir`` is False for it): refused before anything is made."""
     import run_script
 
     import composetrain as ct
 
+    monkeypatch.chdir(tmp_path)  # "" is the working folder: a regression writes there, not in the repository
     state = run_script.state()
     with pytest.raises(error, match=r"run: checkpoint_dir must be a non-empty str or os.PathLike, got "):
         ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
                checkpoint_dir=folder)  # fmt: skip
-    assert state.step == 0
+    assert state.step == 0 and not list(tmp_path.iterdir())
+
+
+def test_a_crash_after_the_second_rename_of_a_resave_keeps_the_new_checkpoint(tmp_path, monkeypatch):
+    """Both ``step-N`` (the new save) and ``.step-N.old`` are there: the old one goes, the new one stays."""
+    found = checkpoints(tmp_path)
+    found.save(3, {"state": {"w": torch.arange(4.0)}}, {"window": []})
+    real = shutil.rmtree
+
+    def crash_at_old(path, *args, **kwargs):
+        if str(path).endswith(".old"):
+            raise KeyboardInterrupt  # the process dies here
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", crash_at_old)
+    with pytest.raises(KeyboardInterrupt):
+        found.save(3, {"state": {"w": torch.zeros(4)}}, {"window": []})
+    monkeypatch.undo()
+    found.close()
+    assert (tmp_path / ".step-000000003.old").is_dir()
+    checkpoints(tmp_path).close()
+    assert not list(tmp_path.glob(".step-*"))
+    assert torch.equal(torch.load(tmp_path / "step-000000003" / "state.pt")["state"]["w"], torch.zeros(4))
+
+
+def test_a_checkpoint_one_rank_may_not_read_is_refused_on_every_rank(pool, tmp_path):
+    replies = pool.run("checkpoint_hostile_cases", "read_denied_on", str(tmp_path), 1, timeout=120)
+    assert "cannot read checkpoint" in replies[0] and "on another rank" in replies[0], replies
+    assert "cannot read checkpoint" in replies[1] and "rank-1.pt" in replies[1], replies
+    assert sorted(p.name for p in tmp_path.iterdir() if "step" in p.name) == ["step-000000002"]
+
+
+def test_a_save_that_fails_otherwise_on_one_rank_names_that_rank_on_the_others(pool, tmp_path):
+    replies = pool.run("checkpoint_hostile_cases", "save_fails_on", str(tmp_path), 1, None, timeout=120)
+    assert "checkpoint step 2 was not saved: rank 1 could not write its part" in replies[0][0], replies
+    assert replies[1][0] == "RuntimeError: odd", replies
