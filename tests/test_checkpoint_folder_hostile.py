@@ -191,3 +191,21 @@ def test_a_save_that_fails_otherwise_on_one_rank_names_that_rank_on_the_others(p
     replies = pool.run("checkpoint_hostile_cases", "save_fails_on", str(tmp_path), 1, None, timeout=120)
     assert "checkpoint step 2 was not saved: rank 1 could not write its part" in replies[0][0], replies
     assert replies[1][0] == "RuntimeError: odd", replies
+
+
+def test_a_save_onto_a_link_named_like_a_checkpoint_says_it_is_a_link(tmp_path):
+    """The refusal said 'it holds no state.pt' of a link to a folder that holds one."""
+    elsewhere = tmp_path / "elsewhere"
+    found = checkpoints(elsewhere)
+    found.save(4, {"state": {"w": torch.zeros(2)}}, {"window": []})
+    found.close()
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(elsewhere / "step-000000004", run / "step-000000004")
+    found = checkpoints(run)
+    try:
+        with pytest.raises(FileExistsError, match=r"step-000000004 exists and is not a checkpoint \(it is a link"):
+            found.save(4, {"state": {"w": torch.ones(2)}}, {"window": []})
+    finally:
+        found.close()
+    assert torch.equal(torch.load(elsewhere / "step-000000004" / "state.pt")["state"]["w"], torch.zeros(2))

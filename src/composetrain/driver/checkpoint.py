@@ -182,9 +182,12 @@ class Checkpoints:
         tmp = self.dir / f".step-{step:09d}.tmp"
         taken = self.rank == 0 and os.path.lexists(final) and not is_checkpoint(final)
         if not self._all(not taken):  # before anything is written: the user's folder stays as it is
+            what = (
+                "it is a link" if final.is_symlink() else "it holds no state.pt" if final.is_dir() else "it is a file"
+            ) if self.rank == 0 else "seen by rank 0"  # fmt: skip
             raise FileExistsError(
-                f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint (it holds "
-                "no state.pt), so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
+                f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint ({what}), "
+                "so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
             )
         size = size_of(payload) + size_of(local) + size_of(tensors)
 
