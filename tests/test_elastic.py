@@ -35,10 +35,8 @@ def test_a_rank_killed_anywhere_is_restarted_and_the_job_ends_bit_identical(
     assert max(int(r["restart"]) for r in results) == 1  # torchrun restarted the group once
     assert_bit_identical(results, uninterrupted_elastic_job)
     if "full" in kill:  # the full disk is named, and the other rank, told at once, says why it stops
-        assert re.search(
-            r"run: no space left in .* for checkpoint step \d+ .*No space left on device \(injected\)", printed
-        )
-        assert re.search(r"run: checkpoint step \d+ was not saved: another rank could not write its part", printed)
+        named = r"run: no space left in .* for checkpoint step \d+ .*left on device \(injected\).*, on rank 0\)"
+        assert len(re.findall(named, printed)) >= 2, printed  # rank 0's own error, and rank 1 told the same
 
 
 SWEEP = int(os.environ.get("CT_ELASTIC_SWEEP", "0"))

@@ -114,18 +114,30 @@ class Checkpoints:
             raise PermissionError(
                 f"{who}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
             )
-        self._lock, holder = take_lock(self.dir, rank)  # every rank its own file
+        self._lock, holder, held = take_lock(self.dir, rank)  # every rank its own file
         if not self._all(holder is None):
             self.close()
+            if not self._all(not held):  # another run holds some rank's lock
+                seen = holder if held else "seen by another rank"
+                raise RuntimeError(
+                    f"{who}: checkpoint_dir {str(self.dir)!r} is in use by another run ({seen}); two runs in one "
+                    "folder would overwrite each other's checkpoints and metrics: wait for that run to end (its "
+                    "lock goes with it), or give this one another checkpoint_dir"
+                )
+            why = holder or "another rank could not take its lock file"
             raise RuntimeError(
-                f"{who}: checkpoint_dir {str(self.dir)!r} is in use by another run ({holder or 'seen by another rank'}"
-                "); two runs in one folder would overwrite each other's checkpoints and metrics: wait for that run "
-                "to end (its lock goes with it), or give this one another checkpoint_dir"
+                f"{who}: cannot lock checkpoint_dir {str(self.dir)!r} ({why}); the lock keeps a second run out of "
+                "the folder"
             )
         if rank == 0:  # the folder is ours alone now: what an interrupted save left is no live run's
-            for stale in self.dir.iterdir():
+            for stale in sorted(self.dir.iterdir()):
                 if LEFTOVER.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
-                    shutil.rmtree(stale, ignore_errors=True)
+                    final = self.dir / stale.name[1:].rsplit(".", 1)[0]
+                    restore = stale.name.endswith(".old") and step_of(final.name) is not None
+                    if restore and not os.path.lexists(final) and is_checkpoint(stale):
+                        os.replace(stale, final)  # a re-save died between its two renames: this is the checkpoint
+                    else:
+                        shutil.rmtree(stale, ignore_errors=True)
         self._barrier()
 
     def close(self) -> None:
@@ -170,9 +182,12 @@ class Checkpoints:
         tmp = self.dir / f".step-{step:09d}.tmp"
         taken = self.rank == 0 and os.path.lexists(final) and not is_checkpoint(final)
         if not self._all(not taken):  # before anything is written: the user's folder stays as it is
+            what = (
+                "it is a link" if final.is_symlink() else "it holds no state.pt" if final.is_dir() else "it is a file"
+            ) if self.rank == 0 else "seen by rank 0"  # fmt: skip
             raise FileExistsError(
-                f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint (it holds "
-                "no state.pt), so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
+                f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint ({what}), "
+                "so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
             )
         size = size_of(payload) + size_of(local) + size_of(tensors)
 
@@ -188,9 +203,17 @@ class Checkpoints:
                 if self.rank == 0:
                     shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, the space back
                 cause = os_error(failure)
+                mine = None if cause is None else (cause.errno, cause.strerror, cause.filename)
+                # every rank learns which rank failed and why (a full disk is ENOSPC on all of them alike)
+                told = self._gathered((failure is not None, mine))
                 if failure is not None and cause is None:
                     raise failure  # not the disk: as it came (every other rank says the step was not saved)
-                raise self._save_failed(step, cause, size) from failure
+                rank = self.rank if failure is not None else next(r for r, (failed, _) in enumerate(told) if failed)
+                if cause is None:
+                    rank = next((r for r, (_, info) in enumerate(told) if info is not None), rank)
+                    info = told[rank][1]
+                    cause = None if info is None else OSError(info[0], info[1], info[2])
+                raise self._save_failed(step, cause, size, rank) from failure
 
         def prepare() -> None:
             if self.rank == 0:
@@ -227,15 +250,26 @@ class Checkpoints:
         self._barrier()
         return final
 
-    def _save_failed(self, step: int, failure: OSError | None, size: int) -> OSError:
-        """The error a failed save raises: what failed, where, and that the previous checkpoint is intact."""
+    def _gathered(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, by rank."""
+        if self.world_size == 1:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
+    def _save_failed(self, step: int, failure: OSError | None, size: int, rank: int) -> OSError:
+        """The error a failed save raises: what failed, on which rank, where, and that the previous
+        checkpoint is intact."""
         previous = next(iter(self._steps()), None)
         intact = f"the previous checkpoint {previous.name} is intact" if previous else "there is no previous checkpoint"
         if failure is None:
             return OSError(
-                f"{self.who}: checkpoint step {step} was not saved: another rank could not write its part; {intact}"
+                f"{self.who}: checkpoint step {step} was not saved: rank {rank} could not write its part (its own "
+                f"error says why); {intact}"
             )
         cause = f"{failure.strerror or failure}" + (f": {failure.filename}" if failure.filename else "")
+        cause += f", on rank {rank}" if self.world_size > 1 else ""
         if failure.errno in (errno.ENOSPC, errno.EDQUOT):
             return OSError(
                 failure.errno,
@@ -285,12 +319,12 @@ class Checkpoints:
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
             step = step_of(name)
-            payload, problem = _load(path / "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
+            payload, problem = self._read(path, "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
             local = None
             if self._all(payload is not None):
                 assert payload is not None
                 self._check_fits(path, payload)  # the same file on every rank: all raise alike
-                local, problem = _load(path / f"rank-{self.rank}.pt", LOCAL, _local_problem)
+                local, problem = self._read(path, f"rank-{self.rank}.pt", LOCAL, _local_problem)
             if self._all(local is not None) and self.shards is not None:
                 assert payload is not None
                 payload, problem = self._with_shards(path, payload)
@@ -308,6 +342,23 @@ class Checkpoints:
                 os.replace(path, aside)
             self._barrier()
         return None
+
+    def _read(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
+        """``_load`` of ``path/name``; a file this user may not read is no corrupt file: every rank
+        refuses the checkpoint, which is left as it is (setting it aside would start the run over)."""
+        denied: OSError | None = None
+        try:
+            value, problem = _load(path / name, schema, deep)
+        except PermissionError as e:
+            value, problem, denied = None, None, e
+        if not self._all(denied is None):
+            why = f"{denied.strerror or denied}: {denied.filename}" if denied else "on another rank"
+            raise PermissionError(
+                errno.EACCES,
+                f"{self.who}: cannot read checkpoint {path} ({why}); it is left as it is: give this run read access "
+                "to it (chmod, chown), or move it out of checkpoint_dir to resume from an older one",
+            )
+        return value, problem
 
     def _with_shards(self, path: Path, payload: dict[str, Any]) -> tuple[Any, str | None]:
         """The payload with its sharded tensors read (DCP: a collective whose errors reach every rank)."""
@@ -354,6 +405,8 @@ def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | Non
         return None, problem
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise  # not the file's fault: Checkpoints._read refuses it on every rank
     except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
         detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), str(e).splitlines()[0])
         return None, f"it holds objects other than tensors and plain types, so it was not loaded ({detail})"

@@ -3,6 +3,7 @@ silently ignored."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sized
 from typing import Any
 
@@ -52,6 +53,12 @@ def check_arguments(state: Any, who: str, **options: Any) -> None:
                 f"{who}: {name} must be True or False{' (or None: the default)' if optional else ''}, got "
                 f"{show(value)}; e.g. {name}=True"
             )
+    folder = options["checkpoint_dir"]
+    if folder is not None and (not isinstance(folder, (str, os.PathLike)) or os.fspath(folder) in ("", b"")):
+        raise (ValueError if folder in ("", b"") else TypeError)(
+            f"{who}: checkpoint_dir must be a non-empty str or os.PathLike, got {show(folder)}; "
+            'e.g. checkpoint_dir="runs/a", or None for no checkpoints'
+        )
     if options["checkpoint_every"] is not None and options["checkpoint_dir"] is None:
         raise ValueError(
             f"{who}: checkpoint_every={options['checkpoint_every']} but no checkpoint_dir to save in; give "

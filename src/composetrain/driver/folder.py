@@ -51,29 +51,33 @@ def human(n: int) -> str:
     return f"{n} bytes"
 
 
-def take_lock(directory: Path, rank: int) -> tuple[io.FileIO | None, str | None]:
+def take_lock(directory: Path, rank: int) -> tuple[io.FileIO | None, str | None, bool]:
     """Hold ``rank``'s lock file in ``directory`` (``fcntl.flock``: the kernel releases it when its holder
-    ends, however it ends): (the open lock, None), or (None, who holds it: pid and host, as the holder
-    wrote them). Ranks of one run lock files of their own, so they never exclude each other."""
+    ends, however it ends): (the open lock, None, False); (None, who holds it: pid and host, as the holder
+    wrote them, True); or (None, why the file cannot serve as a lock, False). Ranks of one run lock files
+    of their own, so they never exclude each other. A link is never followed: the pid written into the
+    lock would overwrite whatever file it points to."""
     path = directory / f".lock-rank-{rank}"
+    if os.path.islink(path):
+        return None, f"its lock file {path} is a symbolic link; remove it", False
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as e:
-        return None, f"its lock file {path} cannot be opened: {e.strerror or e}"
+        return None, f"its lock file {path} cannot be opened ({e.strerror or e}); remove it", False
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            return None, f"its lock file {path} is not a regular file; remove it"
+            return None, f"its lock file {path} is not a regular file; remove it", False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise
         who = os.pread(fd, 200, 0).decode(errors="replace").strip()
         os.close(fd)
-        return None, f"{who or 'a process'} holds {path}"
+        return None, f"{who or 'a process'} holds {path}", True
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    return os.fdopen(fd, "r+b", buffering=0), None  # a file object: closed (and released) if dropped
+    return os.fdopen(fd, "r+b", buffering=0), None, False  # a file object: closed (and released) if dropped
 
 
 def foreign(directory: Path) -> list[str]:
@@ -104,13 +108,24 @@ def os_error(error: BaseException | None) -> OSError | None:
 
 def is_checkpoint(path: Path) -> bool:
     """Whether ``path`` is a folder (not a link) holding a ``state.pt`` entry: one ct.run wrote."""
-    return path.is_dir() and not path.is_symlink() and os.path.lexists(path / "state.pt")
+    if not path.is_dir() or path.is_symlink():
+        return False
+    try:
+        os.lstat(path / "state.pt")
+    except PermissionError:  # a folder this user cannot look into: reading it says why, it is never skipped
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def not_regular(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a file (missing, or a FIFO, socket, device, folder), or None."""
+    """Why ``path`` cannot be read as a file (missing, or a FIFO, socket, device, folder), or None;
+    PermissionError if this user may not look."""
     try:
         mode = os.stat(path).st_mode  # a link is followed: what it points to must be a file
+    except PermissionError:
+        raise  # not the file's fault: the caller says so, and sets nothing aside
     except OSError as e:
         return f"{path.name}: {e.strerror or e}"
     if stat.S_ISREG(mode):
