@@ -246,7 +246,11 @@ class EvalOptions:
                 "eval_data, or leave eval_every out"
             )
         if (self.eval_step is None) != (self.eval_data is None):
-            raise ValueError(f"{RUN}: give eval_step and eval_data together")
+            given, missing = ("eval_step", "eval_data") if self.eval_data is None else ("eval_data", "eval_step")
+            raise ValueError(
+                f"{RUN}: {given}={show(getattr(self, given))} but {missing}=None; give eval_step and eval_data "
+                "together, or neither"
+            )
         _set(self, eval_every=every)
 
     @property

@@ -187,7 +187,7 @@ def run(
                 d.per_epoch, options.total_epochs, options.max_steps, log.log_every, options.eval.eval_every,
                 options.checkpoint.checkpoint_every,
             )  # fmt: skip
-            at = d.resume(schedule)
+            at = d.resume(schedule, options.loader.seed)
             d.log.start(at.history, at.evals, at.resumed, state.step)
             d.start(log.progress and proc.is_main, schedule.total_updates)  # bar, stop signal, phases
             if at.evaluation_missed(state.step):
@@ -302,14 +302,14 @@ class _Driver:
                 self.checkpoints.close()  # the folder's lock goes with the failed start
             raise
 
-    def resume(self, schedule: Schedule) -> Progress:
+    def resume(self, schedule: Schedule, seed: int) -> Progress:
         """The latest valid checkpoint restored into the state and a given DataLoader's generators, or a
         fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``;
         one of other data settings, order or model is refused before anything changes."""
         state, who = self.state, self.who
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None:
-            seed_everything(self.options.loader.seed * 1000003 + self.proc.rank)
+            seed_everything(seed * 1000003 + self.proc.rank)
             return Progress(schedule, start=state.step)
         path, saved, local = latest
         changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}
