@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from composetrain._util import show
 from composetrain.batching import leading_size, to_device
 from composetrain.driver.monitor import EVAL_FIELDS, metric_names
+from composetrain.driver.options import EvalOptions
 from composetrain.driver.reader import Reader, indexable
 from composetrain.rendezvous import Process
 
@@ -35,8 +36,7 @@ class Evaluate:
 
 
 def evaluator(
-    eval_step: EvalStep | None,
-    eval_data: Any,
+    options: EvalOptions,
     *,
     batch_size: int | None,
     collate_fn: Any,
@@ -45,11 +45,12 @@ def evaluator(
     who: str,
 ) -> Evaluate | None:
     """``evaluate(model) -> {name: mean}``: ``eval_step``'s batch means, weighted by batch size,
-    over all of ``eval_data`` (each rank a disjoint, unpadded share); None without eval data."""
-    if eval_step is None and eval_data is None:
+    over all of ``eval_data`` (each rank a disjoint, unpadded share); None without eval_step (the
+    options, checked when built, hold both or neither)."""
+    if not options.enabled:
         return None
-    if eval_step is None or eval_data is None:
-        raise ValueError(f"{who}: give eval_step and eval_data together")
+    eval_step, eval_data = options.eval_step, options.eval_data
+    assert eval_step is not None and eval_data is not None  # for the type checker: EvalOptions holds both
     loader: DataLoader[Any] | None = None  # a DataLoader given as is, or ct.run's own, built when first used
     built: list[Reader] = []
     if isinstance(eval_data, DataLoader):

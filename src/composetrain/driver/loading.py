@@ -9,18 +9,16 @@ from typing import Any
 import torch
 from torch.utils.data import (
     DataLoader,
-    Dataset,
     DistributedSampler,
-    IterableDataset,
 )  # fmt: skip
 
-from composetrain._util import check_int, show
+from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import Reader, ResumableSampler
 from composetrain.driver.rng import capture_rng, restore_rng, seed_everything
 
 __all__ = [
-    "ResumableSampler", "auto_workers", "epoch_batches", "epoch_order", "generator_states",
+    "ResumableSampler", "auto_workers", "build_loader", "epoch_batches", "epoch_order", "generator_states",
     "make_loader", "order_problem", "set_generator_states",
 ]  # fmt: skip
 
@@ -54,18 +52,25 @@ def make_loader(
     seed: int,
     who: str,
 ) -> tuple[DataLoader[Any] | Reader, ResumableSampler | None]:
-    """The loader of ``data``: a DataLoader given, used as given (no sampler), or ct.run's ``Reader``
-    over a Dataset, and its sampler (``num_workers``: an int, or "auto": chosen by measurement).
+    """``build_loader`` with the options given one by one (checked here, as ``LoaderOptions``)."""
+    options = LoaderOptions(data, batch_size, shuffle, drop_last, num_workers, collate_fn, seed)
+    return build_loader(
+        options, pin_memory=pin_memory, rank=rank, world_size=world_size, local_world_size=local_world_size, who=who
+    )
+
+
+def build_loader(
+    options: LoaderOptions, *, pin_memory: bool, rank: int, world_size: int, local_world_size: int, who: str
+) -> tuple[DataLoader[Any] | Reader, ResumableSampler | None]:
+    """The loader of ``options.data``: a DataLoader given, used as given (no sampler), or ct.run's ``Reader``
+    over a Dataset, and its sampler (``num_workers``: an int, or "auto": chosen by measurement). The options
+    were checked when built; what is checked here needs the job (its world size) or the data's length.
 
     Raises:
-        TypeError / ValueError: what ``data`` or the options cannot give, named.
+        TypeError / ValueError: what ``data`` cannot give this job, named.
     """
+    data = options.data
     if isinstance(data, DataLoader):
-        if isinstance(data.dataset, IterableDataset):
-            raise TypeError(
-                f"{who}: a DataLoader over an IterableDataset has no length, so epochs cannot hold the same "
-                "number of updates on every rank nor be resumed part-way; use a map-style Dataset"
-            )
         if world_size > 1 and not isinstance(data.sampler, DistributedSampler | ResumableSampler):
             raise ValueError(
                 f"{who}: the DataLoader given has a {type(data.sampler).__name__}, so every rank would see "
@@ -74,19 +79,8 @@ def make_loader(
             )
         _check_not_empty(data.dataset, who)
         return data, None
-    if not isinstance(data, Dataset) and not hasattr(data, "__getitem__"):
-        raise TypeError(f"{who}: data must be a torch Dataset or DataLoader, got {show(data)}")
-    if isinstance(data, IterableDataset):
-        raise TypeError(
-            f"{who}: an IterableDataset cannot be sharded or resumed by ct.run; wrap it in your own "
-            "DataLoader and pass that"
-        )
-    if batch_size is None:
-        raise ValueError(f"{who}: batch_size is required when data is a Dataset, e.g. batch_size=64")
-    batch_size = check_int(batch_size, who, "batch_size", example="batch_size=64")
-    auto = isinstance(num_workers, str) and num_workers == "auto"
-    if not auto:  # 'many', 2.0, -1: named, with both ways to say it right
-        num_workers = check_int(num_workers, who, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
+    batch_size, drop_last, seed, collate_fn = options.batch_size, options.drop_last, options.seed, options.collate_fn
+    assert batch_size is not None  # for the type checker: LoaderOptions requires it for a Dataset
     size = _check_not_empty(data, who)
     if drop_last and batch_size * world_size > size:
         raise ValueError(
@@ -95,7 +89,9 @@ def make_loader(
             "lower batch_size or set drop_last=False"
         )
     sampler = ResumableSampler(
-        DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        DistributedSampler(
+            data, num_replicas=world_size, rank=rank, shuffle=options.shuffle, seed=seed, drop_last=drop_last
+        )
     )
 
     def workers(n: int) -> DataLoader[Any]:
@@ -114,7 +110,7 @@ def make_loader(
             generator=torch.Generator().manual_seed(seed * 7919 + rank),
         )
 
-    workers_now = None if auto else int(num_workers)
+    workers_now = None if options.auto_workers else int(options.num_workers)
     reader = Reader(
         data, sampler, batch_size, drop_last, collate_fn, workers_now, workers, auto_workers(local_world_size)
     )

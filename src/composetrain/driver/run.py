@@ -19,20 +19,20 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 from composetrain._sharded_checkpoint import ShardFiles
-from composetrain._util import show
 from composetrain.core import TrainStep
 from composetrain.driver.checkpoint import Checkpoints
-from composetrain.driver.checks import check_arguments, loader_options
+from composetrain.driver.checks import check_state
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.loading import (
+    build_loader,
     epoch_batches,
     epoch_order,
     generator_states,
-    make_loader,
     order_problem,
     set_generator_states,
 )
 from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
+from composetrain.driver.options import RUN, RunOptions
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
@@ -166,39 +166,30 @@ def run(
         ...                 checkpoint_dir="runs/a")
         >>> result.history[-1]["loss"], result.bottleneck
     """
-    who = "run"
-    # -- set up: every argument checked before anything starts, then the job joined
+    who = RUN
+    # -- set up: every argument checked before anything starts (each option value checks itself when
+    # built), then the job joined
     step_fn = lift(train_step, who, "train_step")
-    check_arguments(
-        state, who, epochs=epochs, max_steps=max_steps, log_every=log_every, checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints, eval_every=eval_every, seed=seed, shuffle=shuffle, drop_last=drop_last,
-        progress=progress, requeue=requeue, timeout=timeout, checkpoint_dir=checkpoint_dir, eval_step=eval_step,
-        data=data, collate_fn=collate_fn, eval_data=eval_data,
+    check_state(state, who)
+    options = RunOptions.from_run_args(
+        data, epochs=epochs, max_steps=max_steps, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+        num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step, eval_data=eval_data,
+        eval_every=eval_every, log_every=log_every, log_file=log_file, progress=progress,
+        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+        seed=seed, requeue=requeue, timeout=timeout, tensorboard=tensorboard,
     )  # fmt: skip
-    seed = int(seed)  # a NumPy integer too: the checkpoint keeps plain types
-    batch_size, shuffle, drop_last = loader_options(data, batch_size, shuffle, drop_last, who)
-    log_path = (
-        Path(log_file).expanduser()
-        if log_file
-        else Path(checkpoint_dir).expanduser() / "metrics.jsonl"
-        if checkpoint_dir
-        else None
-    )
-    board = _tensorboard_dir(tensorboard, log_path, who)
-    with rendezvous(timeout=timeout) as proc:
-        d = _Driver(
-            step_fn, state, data, proc, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-            num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step, eval_data=eval_data,
-            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, log_path=log_path,
-            board=board, seed=seed, who=who,
-        )  # fmt: skip
+    log = options.log
+    with rendezvous(timeout=options.timeout) as proc:
+        d = _Driver(step_fn, state, proc, options)
         try:
             # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
-            total_epochs = epochs if epochs is not None else 1 if max_steps is None else None  # None: to max_steps
-            schedule = Schedule(d.per_epoch, total_epochs, max_steps, log_every, eval_every, checkpoint_every)
-            at = d.resume(schedule, seed)
+            schedule = Schedule(
+                d.per_epoch, options.total_epochs, options.max_steps, log.log_every, options.eval.eval_every,
+                options.checkpoint.checkpoint_every,
+            )  # fmt: skip
+            at = d.resume(schedule, options.loader.seed)
             d.log.start(at.history, at.evals, at.resumed, state.step)
-            d.start(progress and proc.is_main, schedule.total_updates, timeout)  # bar, stop signal, phases
+            d.start(log.progress and proc.is_main, schedule.total_updates)  # bar, stop signal, phases
             if at.evaluation_missed(state.step):
                 d.evaluate(at)  # saved before its evaluation, which failed or was cut short
             # -- train: one update per iteration, then what is due after it, always in this order
@@ -236,74 +227,30 @@ def run(
             d.close()
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
-        requeue_job(requeue, d.stop, proc, who)
+        requeue_job(options.requeue, d.stop, proc, who)
         result = RunResult(
             history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=d.stop.agreed,
             data_wait=d.meter.data_wait, bottleneck=d.meter.bottleneck(d.loader), checkpoint=d.saved_at,
         )  # fmt: skip
-        if proc.is_main and progress:
+        if proc.is_main and log.progress:
             print(f"{who}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
-
-
-def _tensorboard_dir(tensorboard: Any, log_path: Path | None, who: str) -> Path | None:
-    """Where TensorBoard's event files go, checked before anything runs (None: no TensorBoard)."""
-    if tensorboard is False:
-        return None
-    if not isinstance(tensorboard, (bool, str, os.PathLike)):
-        raise TypeError(f"{who}: tensorboard must be True, False or a folder, got {show(tensorboard)}")
-    if tensorboard is True and log_path is None:
-        raise ValueError(
-            f"{who}: tensorboard=True writes beside the metrics file, but there is none: give checkpoint_dir "
-            "or log_file, or a folder: tensorboard='runs/tb'"
-        )
-    try:
-        import torch.utils.tensorboard  # noqa: F401
-    except ImportError as e:
-        raise ImportError(
-            f"{who}: tensorboard={tensorboard!r} needs the tensorboard package: pip install tensorboard"
-        ) from e
-    if isinstance(tensorboard, bool):
-        assert log_path is not None  # for the type checker: refused above
-        return log_path.parent / "tensorboard"
-    if not os.fspath(tensorboard):
-        raise ValueError(
-            f"{who}: tensorboard={tensorboard!r} names no folder (it would write into the working directory); "
-            "give a folder: tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
-        )
-    folder = Path(tensorboard).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(
-            f"{who}: tensorboard={str(folder)!r} is a file, not a folder; give a folder for its event files: "
-            "tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
-        )
-    inside = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
-    if inside is not None:  # found now, not after the checkpoint folder and the metrics file are made
-        raise ValueError(
-            f"{who}: tensorboard={str(folder)!r} is inside {str(inside)!r}, a file, not a folder; give a folder "
-            "for its event files: tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
-        )
-    return folder
 
 
 class _Driver:
     """What ``run`` sets up before its loop, and the loop's actions: one update, the log, the agreement on
     stopping, the save and the evaluation, each written once (the loop decides when)."""
 
-    def __init__(
-        self, step_fn: TrainStep, state: TrainState, data: Any, proc: Process, *, batch_size: int | None,
-        shuffle: bool, drop_last: bool, num_workers: int | str, collate_fn: Any, eval_step: EvalStep | None,
-        eval_data: Any, checkpoint_dir: Any, keep_checkpoints: int, log_path: Path | None, board: Path | None,
-        seed: int, who: str,
-    ) -> None:  # fmt: skip
-        self.step_fn, self.state, self.proc, self.who = step_fn, state, proc, who
+    def __init__(self, step_fn: TrainStep, state: TrainState, proc: Process, options: RunOptions) -> None:
+        who = RUN
+        self.step_fn, self.state, self.proc, self.who, self.options = step_fn, state, proc, who, options
         can = step_fn.capabilities  # what the composition does that the driver must know, never its names
         if proc.world_size > 1 and not can.syncs_processes:
             raise ValueError(
                 f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
                 "wrap it: ct.distributed(...)"
             )
-        if proc.world_size > 1 and can.forward_needs_every_rank and eval_step is not None:
+        if proc.world_size > 1 and can.forward_needs_every_rank and options.eval.enabled:
             raise ValueError(
                 f"{who}: eval_step with {step_fn!r} on {proc.world_size} processes is not supported yet: each of "
                 "its forwards gathers from every rank (ct.sharded), and the ranks' shares of eval_data may hold "
@@ -311,15 +258,15 @@ class _Driver:
             )
         if not can.places_model:  # data_parallel, pipeline_split place the model themselves
             state.model.to(proc.device)
-        self.loader, self.sampler = loader, _ = make_loader(
-            data, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-            pin_memory=proc.device.type == "cuda", collate_fn=collate_fn, rank=proc.rank,
-            world_size=proc.world_size, local_world_size=proc.local_world_size, seed=seed, who=who,
+        chosen = options.loader
+        self.loader, self.sampler = loader, _ = build_loader(
+            chosen, pin_memory=proc.device.type == "cuda", rank=proc.rank, world_size=proc.world_size,
+            local_world_size=proc.local_world_size, who=who,
         )  # fmt: skip
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
         self.evaluator = evaluator(
-            eval_step, eval_data, batch_size=batch_size or self.loader.batch_size, collate_fn=collate_fn,
+            options.eval, batch_size=chosen.batch_size or self.loader.batch_size, collate_fn=chosen.collate_fn,
             num_workers=lambda: loader.num_workers, proc=proc, who=who,
         )  # fmt: skip
         # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
@@ -331,17 +278,20 @@ class _Driver:
             "batch_size": self.loader.batch_size,
             "samples": len(dataset) if isinstance(dataset, Sized) else None,
             "updates_per_epoch": self.per_epoch,
-            "shuffle": shuffle,
-            "drop_last": drop_last,
-            "seed": seed,
+            "shuffle": chosen.shuffle,
+            "drop_last": chosen.drop_last,
+            "seed": chosen.seed,
         }
         self.checkpoints = None
-        if checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
+        saving = options.checkpoint
+        if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
             self.checkpoints = Checkpoints(
-                checkpoint_dir, proc.rank, proc.world_size, keep_checkpoints, who, shards=ShardFiles(state)
-            )
+                saving.checkpoint_dir, proc.rank, proc.world_size, saving.keep_checkpoints, who,
+                shards=ShardFiles(state),
+            )  # fmt: skip
         try:
-            self.log = MetricsLog(log_path, proc, board)  # checked writable before anything is resumed
+            # checked writable before anything is resumed
+            self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard)
             self.saved_at: Path | None = None  # the last checkpoint written
             self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
             # last, so that nothing above can fail with the model set up; before resuming: e.g. a
@@ -385,12 +335,13 @@ class _Driver:
             set_generator_states(given, local["generators"])
         return Progress.from_checkpoint(saved, local, schedule, start=state.step)
 
-    def start(self, show_bar: bool, total: int, timeout: float) -> None:
+    def start(self, show_bar: bool, total: int) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
         self.meter = Meter(self.proc, self.state)
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)
-        self.waiting = Waiting(self.proc, timeout, self.who)  # names what a rank waited for when another stops
+        # names what a rank waited for when another stops
+        self.waiting = Waiting(self.proc, self.options.timeout, self.who)
 
     def epoch(self, at: Progress) -> Iterator[tuple[int, Any, float]]:
         """The current epoch's batches from where ``at`` stands: (batches done after this one, batch, wait)."""

@@ -1,0 +1,313 @@
+"""ct.run's options as typed values (internal): the loader's, the checkpoints', the log's and the
+evaluation's, each checked once, when it is built, and handed whole to the part that uses it.
+
+``from_run_args`` takes ``ct.run``'s arguments as the user gave them (None: the default), resolves
+the defaults and what can only be checked against ``data``; ``__post_init__`` checks the resolved
+value, so that no option value exists that was not checked. Nothing here touches a process group,
+a device or a folder: every refusal comes before anything is set up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sized
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from composetrain._util import check_int, check_real, show
+from composetrain.driver.checks import check_eval_data, check_flag, dataloader_settings
+
+__all__ = ["RUN", "CheckpointOptions", "EvalOptions", "LoaderOptions", "LogOptions", "RunOptions"]
+
+RUN = "run"  # how ct.run names itself in its messages
+
+
+def _optional_int(value: Any, name: str) -> int | None:
+    """None, or a positive int (the one rule for ints: a wrong kind TypeError, out of range ValueError)."""
+    return None if value is None else check_int(value, RUN, name, example=f"{name}=10 or None")
+
+
+def _set(options: Any, **normalised: Any) -> None:
+    """Store the checked form of fields (a NumPy integer as an int: the checkpoint keeps plain types)."""
+    for name, value in normalised.items():
+        object.__setattr__(options, name, value)
+
+
+def _not_tensors(data: Any, name: str) -> None:
+    """A dict or a tuple of tensors is no Dataset (a dict is Sized, and read by index fails with a bare KeyError)."""
+    if isinstance(data, Mapping) or (isinstance(data, tuple) and data and all(isinstance(t, Tensor) for t in data)):
+        raise TypeError(
+            f"{RUN}: {name} must be a Dataset or DataLoader, got {show(data)}; wrap tensors as "
+            "torch.utils.data.TensorDataset(x, y)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """How ct.run reads ``data``: a DataLoader given is used as given (batch_size None: its own)."""
+
+    data: Any
+    batch_size: int | None
+    shuffle: bool
+    drop_last: bool
+    num_workers: int | str
+    collate_fn: Callable[[list[Any]], Any] | None
+    seed: int
+
+    def __post_init__(self) -> None:
+        seed = check_int(self.seed, RUN, "seed", minimum=0, example="seed=0")
+        if seed >= 2**32:
+            raise ValueError(f"{RUN}: seed must be below 2**32, got {show(self.seed)}; e.g. seed=0")
+        if self.collate_fn is not None and not callable(self.collate_fn):
+            raise TypeError(f"{RUN}: collate_fn must be a function, got {show(self.collate_fn)}; or leave it out")
+        if self.collate_fn is not None and isinstance(self.data, DataLoader):
+            raise ValueError(
+                f"{RUN}: collate_fn is given but so is a DataLoader, which collates with its own; give the "
+                "DataLoader collate_fn=, or pass the Dataset"
+            )
+        _not_tensors(self.data, "data")
+        check_flag(self.shuffle, RUN, "shuffle")
+        check_flag(self.drop_last, RUN, "drop_last")
+        _set(self, seed=seed)
+        if isinstance(self.data, DataLoader):
+            if isinstance(self.data.dataset, IterableDataset):
+                raise TypeError(
+                    f"{RUN}: a DataLoader over an IterableDataset has no length, so epochs cannot hold the same "
+                    "number of updates on every rank nor be resumed part-way; use a map-style Dataset"
+                )
+            return  # batches, orders and reads by its own (checked against these by from_run_args)
+        if not isinstance(self.data, Dataset) and not hasattr(self.data, "__getitem__"):
+            raise TypeError(f"{RUN}: data must be a torch Dataset or DataLoader, got {show(self.data)}")
+        if isinstance(self.data, IterableDataset):
+            raise TypeError(
+                f"{RUN}: an IterableDataset cannot be sharded or resumed by ct.run; wrap it in your own "
+                "DataLoader and pass that"
+            )
+        if self.batch_size is None:
+            raise ValueError(f"{RUN}: batch_size is required when data is a Dataset, e.g. batch_size=64")
+        batch_size = check_int(self.batch_size, RUN, "batch_size", example="batch_size=64")
+        workers = self.num_workers
+        if not (isinstance(workers, str) and workers == "auto"):  # 'many', 2.0, -1: named, with both ways to say it
+            workers = check_int(workers, RUN, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
+        _set(self, batch_size=batch_size, num_workers=workers)
+
+    @property
+    def auto_workers(self) -> bool:
+        """Whether the number of workers is chosen by measurement (``num_workers="auto"``)."""
+        return isinstance(self.num_workers, str)
+
+    @classmethod
+    def from_run_args(
+        cls, data: Any, *, batch_size: Any, shuffle: Any, drop_last: Any, num_workers: Any, collate_fn: Any, seed: Any
+    ) -> LoaderOptions:
+        """shuffle (default True) and drop_last (default False) resolved; for a DataLoader given as is,
+        any of batch_size, shuffle and drop_last that says otherwise than it is refused, never ignored."""
+        check_flag(shuffle, RUN, "shuffle", optional=True)
+        check_flag(drop_last, RUN, "drop_last", optional=True)
+        if isinstance(data, DataLoader):
+            dataloader_settings(data, batch_size, shuffle, drop_last, RUN)
+        return cls(
+            data, batch_size, True if shuffle is None else shuffle, bool(drop_last), num_workers, collate_fn, seed
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+    """Where and how often ct.run saves (checkpoint_dir None: never), and how many saves it keeps."""
+
+    checkpoint_dir: str | os.PathLike[str] | None = None
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        every = _optional_int(self.checkpoint_every, "checkpoint_every")
+        keep = check_int(self.keep_checkpoints, RUN, "keep_checkpoints", example="keep_checkpoints=10")
+        folder = self.checkpoint_dir
+        if folder is not None and (not isinstance(folder, (str, os.PathLike)) or os.fspath(folder) in ("", b"")):
+            # bytes reach pathlib's bare TypeError; "" would save in the working folder and log nowhere
+            raise (TypeError if not isinstance(folder, (str, os.PathLike)) else ValueError)(
+                f"{RUN}: checkpoint_dir must be a non-empty str or os.PathLike, got {show(folder)}; "
+                'e.g. checkpoint_dir="runs/a", or None for no checkpoints'
+            )
+        if every is not None and self.checkpoint_dir is None:
+            raise ValueError(
+                f"{RUN}: checkpoint_every={self.checkpoint_every} but no checkpoint_dir to save in; give "
+                "checkpoint_dir, or leave checkpoint_every out"
+            )
+        _set(self, checkpoint_every=every, keep_checkpoints=keep)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogOptions:
+    """How often ct.run reads the metrics, and where they go: the resolved metrics file and
+    TensorBoard folder (None: none), and whether rank 0 shows a progress bar."""
+
+    log_every: int = 50
+    log_file: Path | None = None
+    tensorboard: Path | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        every = check_int(self.log_every, RUN, "log_every", example="log_every=10")
+        check_flag(self.progress, RUN, "progress")
+        for name in ("log_file", "tensorboard"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), Path):
+                raise TypeError(f"{RUN}: LogOptions.{name} is a resolved Path or None, got {show(getattr(self, name))}")
+        _set(self, log_every=every)
+
+    @classmethod
+    def from_run_args(
+        cls, *, log_every: Any, log_file: Any, tensorboard: Any, progress: Any, checkpoint_dir: Any
+    ) -> LogOptions:
+        """The metrics file (default ``checkpoint_dir/metrics.jsonl``) and the TensorBoard folder resolved."""
+        path = (
+            Path(log_file).expanduser()
+            if log_file
+            else Path(checkpoint_dir).expanduser() / "metrics.jsonl"
+            if checkpoint_dir
+            else None
+        )
+        return cls(log_every, path, _tensorboard_dir(tensorboard, path), progress)
+
+
+def _tensorboard_dir(tensorboard: Any, log_path: Path | None) -> Path | None:
+    """Where TensorBoard's event files go, checked before anything runs (None: no TensorBoard)."""
+    if tensorboard is False:
+        return None
+    if not isinstance(tensorboard, (bool, str, os.PathLike)):
+        raise TypeError(f"{RUN}: tensorboard must be True, False or a folder, got {show(tensorboard)}")
+    if tensorboard is True and log_path is None:
+        raise ValueError(
+            f"{RUN}: tensorboard=True writes beside the metrics file, but there is none: give checkpoint_dir "
+            "or log_file, or a folder: tensorboard='runs/tb'"
+        )
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"{RUN}: tensorboard={tensorboard!r} needs the tensorboard package: pip install tensorboard"
+        ) from e
+    if isinstance(tensorboard, bool):
+        assert log_path is not None  # for the type checker: refused above
+        return log_path.parent / "tensorboard"
+    if not os.fspath(tensorboard):
+        raise ValueError(
+            f"{RUN}: tensorboard={tensorboard!r} names no folder (it would write into the working directory); "
+            "give a folder: tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
+        )
+    folder = Path(tensorboard).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"{RUN}: tensorboard={str(folder)!r} is a file, not a folder; give a folder for its event files: "
+            "tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
+        )
+    inside = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+    if inside is not None:  # found now, not after the checkpoint folder and the metrics file are made
+        raise ValueError(
+            f"{RUN}: tensorboard={str(folder)!r} is inside {str(inside)!r}, a file, not a folder; give a folder "
+            "for its event files: tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
+        )
+    return folder
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """What ct.run evaluates with and on, and how often (eval_every None: at each epoch's end);
+    ``enabled`` is False without an eval_step."""
+
+    eval_step: Callable[..., Any] | None = None
+    eval_data: Any = None
+    eval_every: int | None = None
+
+    def __post_init__(self) -> None:
+        every = _optional_int(self.eval_every, "eval_every")
+        if self.eval_step is not None and not callable(self.eval_step):
+            raise TypeError(
+                f"{RUN}: eval_step must be a function, got {show(self.eval_step)}; "
+                "e.g. eval_step=lambda model, batch: {'acc': ...}"
+            )
+        if self.eval_data is not None and not isinstance(self.eval_data, DataLoader):
+            _not_tensors(self.eval_data, "eval_data")
+            if isinstance(self.eval_data, IterableDataset) or not isinstance(self.eval_data, Sized):
+                kind = (
+                    "an IterableDataset, without a length"
+                    if isinstance(self.eval_data, IterableDataset)
+                    else ("without a length")
+                )
+                raise TypeError(
+                    f"{RUN}: eval_data is a {type(self.eval_data).__name__} ({kind}), which ct.run cannot batch and "
+                    "split among processes; give a map-style Dataset, or a DataLoader that reads this process's "
+                    "share: eval_data=DataLoader(eval_data, batch_size=...)"
+                )
+        if every is not None and self.eval_step is None:
+            raise ValueError(
+                f"{RUN}: eval_every={self.eval_every} but no eval_step to evaluate with; give eval_step and "
+                "eval_data, or leave eval_every out"
+            )
+        if (self.eval_step is None) != (self.eval_data is None):
+            given, missing = ("eval_step", "eval_data") if self.eval_data is None else ("eval_data", "eval_step")
+            raise ValueError(
+                f"{RUN}: {given}={show(getattr(self, given))} but {missing}=None; give eval_step and eval_data "
+                "together, or neither"
+            )
+        _set(self, eval_every=every)
+
+    @property
+    def enabled(self) -> bool:
+        return self.eval_step is not None
+
+    @classmethod
+    def from_run_args(cls, data: Any, *, eval_step: Any, eval_data: Any, eval_every: Any) -> EvalOptions:
+        """Also refused: a Dataset for eval_data where the training DataLoader gives no batch size to batch it by."""
+        options = cls(eval_step, eval_data, eval_every)
+        check_eval_data(eval_data, data, RUN)
+        return options
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """All of ct.run's options: how long it runs (epochs None: as many as max_steps needs), what it
+    does on pre-emption, how long it waits for other processes, and the four parts' own."""
+
+    epochs: int | None
+    max_steps: int | None
+    requeue: bool
+    timeout: float
+    loader: LoaderOptions
+    checkpoint: CheckpointOptions
+    log: LogOptions
+    eval: EvalOptions
+
+    def __post_init__(self) -> None:
+        _set(self, epochs=_optional_int(self.epochs, "epochs"), max_steps=_optional_int(self.max_steps, "max_steps"))
+        check_flag(self.requeue, RUN, "requeue")
+        _set(self, timeout=check_real(self.timeout, RUN, "timeout", example="timeout=300 (seconds)"))
+
+    @property
+    def total_epochs(self) -> int | None:
+        """The epochs to run: 1 by default, None when ``max_steps`` alone decides."""
+        return self.epochs if self.epochs is not None else 1 if self.max_steps is None else None
+
+    @classmethod
+    def from_run_args(cls, data: Any, **args: Any) -> RunOptions:
+        """Every option of ``ct.run(train_step, state, data, **args)`` checked, before anything is set up."""
+        a = args
+        for name in ("epochs", "max_steps"):  # first, as the loop is what a reader reads first
+            _optional_int(a[name], name)
+        checkpoint = CheckpointOptions(a["checkpoint_dir"], a["checkpoint_every"], a["keep_checkpoints"])
+        log = LogOptions.from_run_args(
+            log_every=a["log_every"], log_file=a["log_file"], tensorboard=a["tensorboard"], progress=a["progress"],
+            checkpoint_dir=a["checkpoint_dir"],
+        )  # fmt: skip
+        evaluation = EvalOptions.from_run_args(
+            data, eval_step=a["eval_step"], eval_data=a["eval_data"], eval_every=a["eval_every"]
+        )
+        loader = LoaderOptions.from_run_args(
+            data, batch_size=a["batch_size"], shuffle=a["shuffle"], drop_last=a["drop_last"],
+            num_workers=a["num_workers"], collate_fn=a["collate_fn"], seed=a["seed"],
+        )  # fmt: skip
+        return cls(a["epochs"], a["max_steps"], a["requeue"], a["timeout"], loader, checkpoint, log, evaluation)
