@@ -206,13 +206,15 @@ def _average_gradients(params: list[nn.Parameter], group: Any, world: int) -> No
     live = [p for p in params if p.requires_grad]
     if not live:
         return
-    zero = torch.zeros((), dtype=torch.float64, device=live[0].device)
-    values = [zero if p.grad is None else p.grad.detach().to(torch.float64).reshape(()) for p in live]
+    # summed in float64, or complex128 when one is complex (float64 would drop its imaginary part)
+    wide = torch.complex128 if any(p.is_complex() for p in live) else torch.float64
+    zero = torch.zeros((), dtype=wide, device=live[0].device)
+    values = [zero if p.grad is None else p.grad.detach().to(wide).reshape(()) for p in live]
     present = [zero + (p.grad is not None) for p in live]
     summed = torch.stack(values + present)
     dist.all_reduce(summed, group=group)
     for p, total, count in zip(live, summed[: len(live)], summed[len(live) :], strict=True):
-        p.grad = (total / world).to(p.dtype) if count > 0 else None
+        p.grad = ((total if p.is_complex() else total.real) / world).to(p.dtype) if count.real > 0 else None
 
 
 def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:

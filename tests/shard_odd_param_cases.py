@@ -1,0 +1,53 @@
+"""Cases for test_sharded_odd_params.py, run on every rank of a dist_pool.Pool: parameters FSDP2 leaves
+whole or cannot take, each against one process on the global batch (float64 / complex128)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+import composetrain as ct
+
+
+class Phase(nn.Module):
+    """A complex 0-dim parameter (a learned phase or gain), kept whole beside a sharded Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+        self.z = nn.Parameter(torch.tensor(0.5 + 0.3j, dtype=torch.complex128))
+        self.k = nn.Parameter(torch.tensor(0.7, dtype=torch.float64))  # a real one beside it
+
+    def forward(self, x):
+        return (self.lin(x).to(torch.complex128) * self.z).abs() * self.k
+
+
+def _batch(i: int, size: int = 8) -> torch.Tensor:
+    return torch.randn(size, 3, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+
+
+def _loss(model, x):
+    return model(x).pow(2).mean()
+
+
+def complex_scalar_trains_as_one_process(rank: int, world: int) -> dict[str, Any]:
+    """Three SGD updates sharded (B/W each) and in one process (B): the parameters, whole."""
+    out = {}
+    for name, train in (("sharded", ct.sharded(ct.train_step(_loss))), ("plain", ct.train_step(_loss))):
+        torch.manual_seed(0 + (rank if name == "sharded" else 0))  # rank 0's initial weights are broadcast
+        model = Phase()
+        state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5))
+        for i in range(3):
+            x = _batch(i)
+            n = x.shape[0] // world
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # no "casting complex values to real" either
+                train(state, x[rank * n : (rank + 1) * n] if name == "sharded" else x)
+        out[name] = {
+            k: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for k, p in state.model.named_parameters()
+        }
+    return out
