@@ -51,3 +51,38 @@ def complex_scalar_trains_as_one_process(rank: int, world: int) -> dict[str, Any
             for k, p in state.model.named_parameters()
         }
     return out
+
+
+class Transposed(nn.Module):
+    """Two units; the first (sharded last) holds a transposed (non-contiguous) weight, which FSDP2 cannot shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(3, 3, dtype=torch.float64), nn.Linear(3, 3, dtype=torch.float64)])
+        self.blocks[0].weight = nn.Parameter(torch.randn(3, 3, dtype=torch.float64).t())
+
+    def forward(self, x):
+        return self.blocks[1](self.blocks[0](x).tanh())
+
+
+def non_contiguous_parameter(rank: int, world: int) -> dict[str, Any]:
+    """The error, and whether anything changed before it: sharded units, this rank's values, the state."""
+    from torch.distributed.fsdp import FSDPModule
+
+    torch.manual_seed(rank)  # ranks differ: a broadcast before the error would show
+    model = Transposed()
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    try:
+        ct.sharded(ct.train_step(_loss))(state, _batch(0, 4))
+        error = "none"
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    return {
+        "error": error,
+        "sharded_units": sum(isinstance(m, FSDPModule) for m in model.modules()),
+        "values_kept": all(
+            not hasattr(p, "full_tensor") and torch.equal(before[k], p) for k, p in model.named_parameters()
+        ),
+        "unusable": state.unusable,
+    }

@@ -269,6 +269,14 @@ def shard(step: _Sharded, state: TrainState) -> None:
             f"{step!r}: the process group uses nccl but the model is on {devices[0]}; move it to the process's "
             "GPU (proc.device) first"
         )
+    # FSDP2 checks contiguity only when it reaches a parameter's unit, after the units before it are sharded
+    strided = [n for n, p in model.named_parameters() if not p.is_contiguous()]
+    if strided:
+        raise ValueError(
+            f"{step!r}: parameters {strided} are not contiguous (a transposed or sliced view, such as "
+            "nn.Parameter(w.t())), which FSDP2 cannot shard; make them contiguous before building the optimizer: "
+            "module.weight = nn.Parameter(module.weight.detach().contiguous())"
+        )
     units = select_units(model, step.units, repr(step))  # every check done: now change things
     # FSDP2 cannot shard a 0-dim parameter (CLIP's logit_scale) and checks that only when it reaches it, at
     # the root after the units (pitfall 32): such parameters stay whole on every rank, ignored by FSDP2,
