@@ -86,3 +86,37 @@ def non_contiguous_parameter(rank: int, world: int) -> dict[str, Any]:
         ),
         "unusable": state.unusable,
     }
+
+
+class Scaled(nn.Module):
+    def __init__(self, extra: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(3, 3, dtype=torch.float64), nn.Linear(3, 3, dtype=torch.float64)])
+        if extra:
+            self.temperature = nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
+
+    def forward(self, x):
+        return self.blocks[1](self.blocks[0](x).tanh())
+
+
+def ranks_that_disagree(rank: int, world: int) -> dict[str, Any]:
+    """Ranks that would shard different things: each case's error on this rank, and whether the model
+    was left unsharded. They crashed the job (gloo abort), or refused on one rank while the others waited."""
+    from torch.distributed.fsdp import FSDPModule
+
+    last = rank == world - 1
+    cases = {
+        "modules": (Scaled(False), ["blocks.0"] if last else ["blocks.1"]),
+        "parameters": (Scaled(extra=last), None),
+        "one refuses": (Scaled(False), ["nope"] if last else None),
+    }
+    found = {}
+    for name, (model, modules) in cases.items():
+        state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        try:
+            ct.sharded(ct.train_step(_loss), modules=modules)(state, _batch(0, 4))
+            found[name] = "none"
+        except Exception as e:
+            found[name] = f"{type(e).__name__}: {e}"
+        found[name + " sharded"] = any(isinstance(m, FSDPModule) for m in model.modules())
+    return found

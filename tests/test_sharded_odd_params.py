@@ -27,3 +27,20 @@ def test_a_non_contiguous_parameter_is_refused_before_anything_is_sharded(pool):
         assert r["error"].startswith("ValueError: sharded(_loss): parameters ['blocks.0.weight']"), r
         assert "contiguous" in r["error"] and ".contiguous()" in r["error"], r
         assert r == {**r, "sharded_units": 0, "values_kept": True, "unusable": None}
+
+
+def test_ranks_that_would_shard_different_things_all_raise_before_sharding(pool):
+    results = pool.run("shard_odd_param_cases", "ranks_that_disagree")
+    for r in results:
+        assert not any(v for k, v in r.items() if k.endswith(" sharded")), r
+        assert (
+            r["modules"].startswith("ValueError: sharded(modules=[")
+            and "the ranks disagree on what to shard: " in r["modules"]
+        ), r
+        assert "rank 0 would shard the units ['blocks.1'], rank 1 ['blocks.0']" in r["modules"], r
+        assert (
+            "parameters differ: rank 0 only [], rank 1 only [\"('temperature', (), 'torch.float64')\"]"
+            in r["parameters"]
+        ), r
+    assert "modules names ['nope'], which the model does not have" in results[1]["one refuses"]
+    assert "the ranks disagree on what to shard: rank 1 refused its model (ValueError" in results[0]["one refuses"]
