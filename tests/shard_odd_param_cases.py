@@ -109,6 +109,10 @@ def ranks_that_disagree(rank: int, world: int) -> dict[str, Any]:
         "modules": (Scaled(False), ["blocks.0"] if last else ["blocks.1"]),
         "parameters": (Scaled(extra=last), None),
         "one refuses": (Scaled(False), ["nope"] if last else None),
+        "one predicate raises": (
+            Scaled(False),
+            (lambda m: {}["boom"]) if last else (lambda m: isinstance(m, nn.Linear)),
+        ),
     }
     found = {}
     for name, (model, modules) in cases.items():

@@ -44,3 +44,5 @@ def test_ranks_that_would_shard_different_things_all_raise_before_sharding(pool)
         ), r
     assert "modules names ['nope'], which the model does not have" in results[1]["one refuses"]
     assert "the ranks disagree on what to shard: rank 1 refused its model (ValueError" in results[0]["one refuses"]
+    assert results[1]["one predicate raises"] == "KeyError: 'boom'"
+    assert "rank 1 refused its model (KeyError" in results[0]["one predicate raises"]

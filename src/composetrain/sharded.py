@@ -255,7 +255,7 @@ def shard(step: _Sharded, state: TrainState) -> None:
     try:  # each rank checks its own model; the ranks then agree, so that none waits for one that raised
         initial, names, held, devices, units = _checked_plan(step, state)
         problem: Exception | None = None
-    except (ValueError, RuntimeError, TypeError) as e:
+    except Exception as e:  # a predicate of modules= may raise anything, on one rank only
         problem, units = e, []
     _agree(step, model, units, problem)  # every check done on every rank: now change things
     # FSDP2 cannot shard a 0-dim parameter (CLIP's logit_scale) and checks that only when it reaches it, at
