@@ -124,3 +124,38 @@ def ranks_that_disagree(rank: int, world: int) -> dict[str, Any]:
             found[name] = f"{type(e).__name__}: {e}"
         found[name + " sharded"] = any(isinstance(m, FSDPModule) for m in model.modules())
     return found
+
+
+class Sometimes(nn.Module):
+    """A 0-dim parameter never used (its gradient None on every rank: AdamW must skip it, no weight decay)
+    and one used only by batches holding a positive first feature (None on the ranks whose share has none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+        self.unused = nn.Parameter(torch.tensor(0.8, dtype=torch.float64))
+        self.sometimes = nn.Parameter(torch.tensor(0.6, dtype=torch.float64))
+
+    def forward(self, x):
+        out = self.lin(x)
+        mask = (x[:, :1] > 0).to(x.dtype)
+        return out + self.sometimes * mask if mask.any() else out
+
+
+def scalars_without_gradients_train_as_one_process(rank: int, world: int) -> dict[str, Any]:
+    """AdamW with weight decay, 3 updates; rank 0's shares hold positive first features, the others' none."""
+    out = {}
+    x = torch.randn(3, 8, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64).abs()
+    x[:, 4:, 0] *= -1  # the second half of each global batch: no positive first feature
+    for name, train in (("sharded", ct.sharded(ct.train_step(_loss))), ("plain", ct.train_step(_loss))):
+        torch.manual_seed(0 + (rank if name == "sharded" else 0))
+        model = Sometimes()
+        state = ct.TrainState(model, torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5))
+        for i in range(3):
+            n = x.shape[1] // world
+            train(state, x[i, rank * n : (rank + 1) * n] if name == "sharded" else x[i])
+        out[name] = {
+            k: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for k, p in state.model.named_parameters()
+        }
+    return out

@@ -46,3 +46,10 @@ def test_ranks_that_would_shard_different_things_all_raise_before_sharding(pool)
     assert "the ranks disagree on what to shard: rank 1 refused its model (ValueError" in results[0]["one refuses"]
     assert results[1]["one predicate raises"] == "KeyError: 'boom'"
     assert "rank 1 refused its model (KeyError" in results[0]["one predicate raises"]
+
+
+def test_0_dim_parameters_without_gradients_on_some_or_every_rank(pool):
+    for r in pool.run("shard_odd_param_cases", "scalars_without_gradients_train_as_one_process"):
+        assert torch.equal(r["sharded"]["unused"], torch.tensor(0.8, dtype=torch.float64))  # never decayed
+        for name, p in r["plain"].items():
+            torch.testing.assert_close(r["sharded"][name], p, rtol=1e-12, atol=1e-14, msg=name)
