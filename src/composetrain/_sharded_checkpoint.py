@@ -311,7 +311,17 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             "then fresh_model.state_dict()"
         )
     whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v for k, v in whole.items() if isinstance(v, torch.Tensor)}
+    # gathered DTensors come back as new tensors, but what FSDP2 leaves whole (buffers, the 0-dim
+    # parameters sharded keeps replicated) comes back as the live CPU tensor itself: copy those, or the
+    # export would go on changing as training goes on (the unsharded branch above copies too)
+    live = {
+        t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()] if not isinstance(t, DTensor)
+    }
+    return {
+        k: v.clone() if v.untyped_storage().data_ptr() in live else v
+        for k, v in whole.items()
+        if isinstance(v, torch.Tensor)
+    }
 
 
 def _group_gone(model: torch.nn.Module) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
@@ -206,13 +207,15 @@ def _average_gradients(params: list[nn.Parameter], group: Any, world: int) -> No
     live = [p for p in params if p.requires_grad]
     if not live:
         return
-    zero = torch.zeros((), dtype=torch.float64, device=live[0].device)
-    values = [zero if p.grad is None else p.grad.detach().to(torch.float64).reshape(()) for p in live]
+    # summed in float64, or complex128 when one is complex (float64 would drop its imaginary part)
+    wide = torch.complex128 if any(p.is_complex() for p in live) else torch.float64
+    zero = torch.zeros((), dtype=wide, device=live[0].device)
+    values = [zero if p.grad is None else p.grad.detach().to(wide).reshape(()) for p in live]
     present = [zero + (p.grad is not None) for p in live]
     summed = torch.stack(values + present)
     dist.all_reduce(summed, group=group)
     for p, total, count in zip(live, summed[: len(live)], summed[len(live) :], strict=True):
-        p.grad = (total / world).to(p.dtype) if count > 0 else None
+        p.grad = ((total if p.is_complex() else total.real) / world).to(p.dtype) if count.real > 0 else None
 
 
 def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:
@@ -249,25 +252,12 @@ def shard(step: _Sharded, state: TrainState) -> None:
                 "model cannot move to a new group: build a fresh TrainState and load a checkpoint into it"
             )
         return
-    initial = only_initial_state(step, state.optimizer)  # raises if it holds state that training made
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-    held = [p for g in state.optimizer.param_groups for p in g["params"]]
-    foreign = [i for i, p in enumerate(held) if id(p) not in names]
-    if foreign:
-        raise ValueError(
-            f"{step!r}: the optimizer holds {len(foreign)} parameter(s) that are not the model's (positions "
-            f"{foreign[:8]}); sharding re-points the optimizer at the sharded parameters by name: build it over "
-            "model.parameters()"
-        )
-    devices = sorted({p.device.type for p in model.parameters()} or {"cpu"})
-    if len(devices) != 1:
-        raise RuntimeError(f"{step!r}: the model has parameters on {devices}; move it to one device first")
-    if dist.get_backend(step.group) == "nccl" and devices[0] != "cuda":
-        raise RuntimeError(
-            f"{step!r}: the process group uses nccl but the model is on {devices[0]}; move it to the process's "
-            "GPU (proc.device) first"
-        )
-    units = select_units(model, step.units, repr(step))  # every check done: now change things
+    try:  # each rank checks its own model; the ranks then agree, so that none waits for one that raised
+        initial, names, held, devices, units = _checked_plan(step, state)
+        problem: Exception | None = None
+    except Exception as e:  # a predicate of modules= may raise anything, on one rank only
+        problem, units = e, []
+    _agree(step, model, units, problem)  # every check done on every rank: now change things
     # FSDP2 cannot shard a 0-dim parameter (CLIP's logit_scale) and checks that only when it reaches it, at
     # the root after the units (pitfall 32): such parameters stay whole on every rank, ignored by FSDP2,
     # their gradients averaged by _average_gradients after the update's last backward
@@ -302,6 +292,79 @@ def shard(step: _Sharded, state: TrainState) -> None:
         remake_initial_state(state.optimizer)
     state._unheld = [now[names[id(p)]] for p in state._unheld]
     sharding.group, sharding.model, sharding.replicated = group, model, scalars
+
+
+def _checked_plan(step: _Sharded, state: TrainState) -> tuple[bool, dict[int, str], list[Any], list[str], Any]:
+    """The checks ``shard`` makes before changing anything (each raises), and what it needs from them."""
+    model = state.model
+    initial = only_initial_state(step, state.optimizer)  # raises if it holds state that training made
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    held = [p for g in state.optimizer.param_groups for p in g["params"]]
+    foreign = [i for i, p in enumerate(held) if id(p) not in names]
+    if foreign:
+        raise ValueError(
+            f"{step!r}: the optimizer holds {len(foreign)} parameter(s) that are not the model's (positions "
+            f"{foreign[:8]}); sharding re-points the optimizer at the sharded parameters by name: build it over "
+            "model.parameters()"
+        )
+    devices = sorted({p.device.type for p in model.parameters()} or {"cpu"})
+    if len(devices) != 1:
+        raise RuntimeError(f"{step!r}: the model has parameters on {devices}; move it to one device first")
+    if dist.get_backend(step.group) == "nccl" and devices[0] != "cuda":
+        raise RuntimeError(
+            f"{step!r}: the process group uses nccl but the model is on {devices[0]}; move it to the process's "
+            "GPU (proc.device) first"
+        )
+    # FSDP2 checks contiguity only when it reaches a parameter's unit, after the units before it are sharded
+    strided = [n for n, p in model.named_parameters() if not p.is_contiguous()]
+    if strided:
+        raise ValueError(
+            f"{step!r}: parameters {strided} are not contiguous (a transposed or sliced view, such as "
+            "nn.Parameter(w.t())), which FSDP2 cannot shard; make them contiguous before building the optimizer: "
+            "module.weight = nn.Parameter(module.weight.detach().contiguous())"
+        )
+    units = select_units(model, step.units, repr(step))
+    return initial, names, held, devices, units
+
+
+def _agree(step: _Sharded, model: nn.Module, units: Any, problem: Exception | None) -> None:
+    """Raise ``problem``, or on every rank alike when the ranks would shard different models or units
+    (each rank's FSDP2 collectives would then not match: a crash or a hang, not an error)."""
+    plan = (
+        type(problem).__name__ if problem is not None else None,
+        [n for n, _ in units],
+        [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_parameters(remove_duplicate=False)],
+        [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_buffers()],
+    )
+    world, device = group_world(step.group, step)
+    digest = int.from_bytes(hashlib.blake2b(repr(plan).encode(), digest_size=7).digest(), "big")
+    bounds = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=step.group)  # one tiny collective; plans only if differ
+    every: list[Any] = [None] * world
+    if bounds[0].item() != -bounds[1].item():
+        dist.all_gather_object(every, plan, group=step.group)
+    if problem is not None:
+        raise problem
+    if every[0] is None:
+        return
+    refused = [(r, p[0]) for r, p in enumerate(every) if p[0] is not None]
+    rank, other = next((r, p) for r, p in enumerate(every) if p != every[0])
+    if refused:
+        why = f"rank {refused[0][0]} refused its model ({refused[0][1]}; see its error)"
+    elif other[1] != every[0][1]:
+        why = f"rank 0 would shard the units {every[0][1]}, rank {rank} {other[1]}"
+    else:
+        kinds = ("parameters", "buffers")
+        i = 2 if other[2] != every[0][2] else 3
+        mine, theirs = set(map(str, every[0][i])), set(map(str, other[i]))
+        why = (
+            f"their {kinds[i - 2]} differ: rank 0 only {sorted(mine - theirs)[:6]}, rank {rank} only "
+            f"{sorted(theirs - mine)[:6]}"
+        )
+    raise ValueError(
+        f"{step!r}: the ranks disagree on what to shard: {why}; every rank must build the same model "
+        "(names, shapes, dtypes) and give sharded the same modules="
+    )
 
 
 def _let_go_of_group(model: nn.Module) -> None:
