@@ -131,7 +131,7 @@ class CheckpointOptions:
             # bytes reach pathlib's bare TypeError; "" would save in the working folder and log nowhere
             raise (TypeError if not isinstance(folder, (str, os.PathLike)) else ValueError)(
                 f"{RUN}: checkpoint_dir must be a non-empty str or os.PathLike, got {show(folder)}; "
-                'e.g. checkpoint_dir="runs/a", or None for no checkpoints'
+                "e.g. checkpoint_dir='runs/a', or None for no checkpoints"
             )
         if every is not None and self.checkpoint_dir is None:
             raise ValueError(
