@@ -11,8 +11,8 @@ import torch
 from helpers import assert_states_equal
 from test_run import train
 
-from composetrain.driver import checkpoint
-from composetrain.driver.checkpoint import FORMAT, capture_rng, restore_rng
+from composetrain.checkpoint import files as checkpoint
+from composetrain.checkpoint.files import FORMAT, capture_rng, restore_rng
 
 
 def draws():

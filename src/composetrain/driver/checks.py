@@ -9,8 +9,8 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
-from composetrain._util import check_int, check_real, show
-from composetrain.state import TrainState
+from composetrain.core.state import TrainState
+from composetrain.core.util import check_int, check_real, show
 
 __all__ = ["check_arguments", "loader_options"]
 

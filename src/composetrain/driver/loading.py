@@ -14,10 +14,10 @@ from torch.utils.data import (
     IterableDataset,
 )  # fmt: skip
 
-from composetrain._util import check_int, show
+from composetrain.core.rng import capture_rng, restore_rng, seed_everything
+from composetrain.core.util import check_int, show
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import Reader, ResumableSampler
-from composetrain.driver.rng import capture_rng, restore_rng, seed_everything
 
 __all__ = [
     "ResumableSampler", "auto_workers", "epoch_batches", "epoch_order", "generator_states",

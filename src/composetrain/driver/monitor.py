@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composetrain._util import show
-from composetrain.core import StepOutput
+from composetrain.core.protocol import StepOutput
+from composetrain.core.state import TrainState
+from composetrain.core.util import show
 from composetrain.driver.loading import auto_workers
-from composetrain.rendezvous import Process
-from composetrain.state import TrainState
+from composetrain.launch.rendezvous import Process
 
 __all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from composetrain.core import StepOutput
+from composetrain.core.protocol import StepOutput
 
 __all__ = ["Due", "Progress", "Schedule"]
 

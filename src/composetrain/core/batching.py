@@ -24,10 +24,10 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from composetrain._util import check_int, show
+from composetrain.core.util import check_int, show
 
 if TYPE_CHECKING:  # core imports this module
-    from composetrain.core import Context
+    from composetrain.core.protocol import Context
 
 __all__ = [
     "check_weights",

@@ -17,10 +17,10 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
-from composetrain._state_checks import check_schedule_left
-from composetrain._util import name, show
-from composetrain.core import Context, Hook, Metric, Pass, TrainStep, Update
-from composetrain.state import TrainState
+from composetrain.core._state_checks import check_schedule_left
+from composetrain.core.protocol import Context, Hook, Metric, Pass, TrainStep, Update
+from composetrain.core.state import TrainState
+from composetrain.core.util import name, show
 
 __all__ = ["PlainStep", "Transform", "compose", "refuse_step", "train_step", "transform_factory"]
 

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from composetrain.state import TrainState
+from composetrain.core.state import TrainState
 
 __all__ = ["MARK", "SUBDIR", "ShardFiles", "full_state_dict", "load_checkpoint", "split"]
 
@@ -229,7 +229,7 @@ class SafeReader(FileSystemReader):
     """DCP's FileSystemReader, but its metadata is unpickled from an allow-list and must list tensors only."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        from composetrain.driver.folder import not_regular
+        from composetrain.checkpoint.folder import not_regular
 
         folder = Path(self.path)
         problem = not_regular(folder / ".metadata")
@@ -277,8 +277,8 @@ def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
         >>> ct.load_checkpoint(state, "runs/a/step-000000800")
         >>> torch.save(state.model.state_dict(), "model.pt")
     """
-    from composetrain.driver.checkpoint import SHARED, _load, _shared_problem
-    from composetrain.driver.folder import step_of
+    from composetrain.checkpoint.files import SHARED, _load, _shared_problem
+    from composetrain.checkpoint.folder import step_of
 
     folder = Path(checkpoint).expanduser()
     step = step_of(folder.name)  # a folder renamed by hand: its name says nothing

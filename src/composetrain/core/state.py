@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from composetrain._rollback import keep_model, keep_optimizer, keep_through_state_dict, undo_all
-from composetrain._state_checks import (
+from composetrain.core._rollback import keep_model, keep_optimizer, keep_through_state_dict, undo_all
+from composetrain.core._state_checks import (
     check_loaded_groups,
     check_model_state,
     check_optimizer_state,
@@ -18,7 +18,7 @@ from composetrain._state_checks import (
     needs_closure,
     qualified,
 )
-from composetrain._util import check_int, show
+from composetrain.core.util import check_int, show
 
 __all__ = ["RuntimeState", "TrainState"]
 

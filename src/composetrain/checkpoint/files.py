@@ -30,9 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composetrain._sharded_checkpoint import SUBDIR, ShardFiles, split
-from composetrain._util import show
-from composetrain.driver.folder import (
+from composetrain.checkpoint.folder import (
     LEFTOVER,
     foreign,
     human,
@@ -43,7 +41,9 @@ from composetrain.driver.folder import (
     step_of,
     take_lock,
 )
-from composetrain.driver.rng import capture_rng, generators_problem, restore_rng, rng_problem
+from composetrain.checkpoint.sharded import SUBDIR, ShardFiles, split
+from composetrain.core.rng import capture_rng, generators_problem, restore_rng, rng_problem
+from composetrain.core.util import show
 
 __all__ = ["Checkpoints", "capture_rng", "restore_rng"]
 
