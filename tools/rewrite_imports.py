@@ -47,7 +47,7 @@ def rewrite(text: str, moves: dict[str, str]) -> str:
 
     def from_import(match: re.Match[str]) -> str:
         indent, parent, names = match[1], match[2], match[3]
-        if "(" in names or parent in moves:
+        if "(" in names:
             return match[0]
         kept, lines = [], []
         for item in names.split(","):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 # curves without importing torch (seconds, and a plotting machine may not have it). Type checkers read
 # the same names from the imports below; at run time they come from ``_WHERE``.
 if TYPE_CHECKING:
-    from composetrain.checkpoint.sharded import full_state_dict, load_checkpoint
+    from composetrain.checkpoint.loading import full_state_dict, load_checkpoint
     from composetrain.core.batching import leading_size, samples, split_batch
     from composetrain.core.protocol import Capabilities, Context, Pass, StepOutput, TrainStep, Update
     from composetrain.core.state import RuntimeState, TrainState
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from composetrain.transforms.sharded import apply_sharding, sharded
 
 _WHERE = {
-    "full_state_dict": "composetrain.checkpoint.sharded",
-    "load_checkpoint": "composetrain.checkpoint.sharded",
+    "full_state_dict": "composetrain.checkpoint.loading",
+    "load_checkpoint": "composetrain.checkpoint.loading",
     "accumulate": "composetrain.transforms.accumulate",
     "checkpoint_activations": "composetrain.transforms.activation_checkpointing",
     "leading_size": "composetrain.core.batching",

@@ -14,6 +14,7 @@ from torch.utils.data import (
     IterableDataset,
 )  # fmt: skip
 
+from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, restore_rng, seed_everything
 from composetrain.core.util import check_int, show
 from composetrain.driver.prefetch import device_batches
@@ -139,7 +140,7 @@ def epoch_order(loader: DataLoader[Any] | Reader, sampler: ResumableSampler | No
     assert isinstance(loader, DataLoader)  # for the type checker: only ct.run's own has a sampler
     _start_workers(loader)
     seed = getattr(loader.sampler, "seed", None)
-    return {"rng": capture_rng(), "generators": generator_states(loader), "sampler_seed": seed}
+    return Order(capture_rng(), generator_states(loader), seed).to_file()
 
 
 def generator_states(loader: DataLoader[Any]) -> list[torch.Tensor]:
