@@ -23,8 +23,7 @@ from composetrain.checkpoint.sharded import ShardFiles
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import restore_rng, seed_everything
 from composetrain.core.state import TrainState
-from composetrain.core.steps import PlainStep
-from composetrain.core.steps import _lift as lift
+from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import show
 from composetrain.driver.checks import check_arguments, loader_options
 from composetrain.driver.evaluation import EvalStep, evaluator

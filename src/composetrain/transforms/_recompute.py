@@ -50,7 +50,7 @@ class Replay:
         self.exits.append(stack)
 
     def __exit__(self, *exc: Any) -> bool:
-        return self.exits.pop().__exit__(*exc)
+        return bool(self.exits.pop().__exit__(*exc))
 
 
 def _python_and_numpy_states() -> tuple[Any, Any]:

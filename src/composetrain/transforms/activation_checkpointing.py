@@ -18,8 +18,7 @@ from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
 from composetrain.core.util import name, show
-from composetrain.transforms._recompute import Replay, keep_running_stats
-from composetrain.transforms._recompute import running_stats as _running_stats  # also _auto_accumulate's
+from composetrain.transforms._recompute import Replay, keep_running_stats, running_stats
 from composetrain.transforms._shard_units import predicate_mismatch
 
 __all__ = ["checkpoint_activations"]
@@ -206,7 +205,7 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
         for module in modules:
             own = module.__dict__.get("forward")  # an instance-level forward someone set: kept, and restored
             original = own if own is not None else module.forward
-            stats = functools.partial(keep_running_stats, _running_stats(module))
+            stats = functools.partial(keep_running_stats, running_stats(module))
             module.forward = functools.partial(_run_checkpointed, original, stats)
             patched.append((module, own))
         yield
