@@ -85,3 +85,25 @@ def test_an_unlogged_step_of_another_shape_is_refused():
     _, local = parts()
     bad = {**local, "window": [{"loss": 1.0, "metrics": {}, "skipped": False}]}
     assert local_problem(bad) == window_problem(bad["window"][0]) is not None
+
+
+def test_only_exact_plain_types_are_saved():
+    """What ``torch.load(weights_only=True)`` reads back: a NumPy float is a float subclass and a named tuple a
+    tuple one, yet neither loads, so a save refuses them before writing."""
+    import collections
+
+    import numpy as np
+
+    from composetrain.checkpoint.format import unplain
+
+    assert unplain({"a": [1, 2.0, "x", None, torch.zeros(1)], "b": (True,)}, "state.pt") is None
+    assert unplain({"lr": np.float64(0.1)}, "state.pt").startswith("state.pt['lr'] is ")
+    assert unplain([collections.namedtuple("P", "x")(1)], "rank-0.pt").startswith("rank-0.pt[0] is ")
+
+
+def test_a_checkpoint_is_named_by_its_step_in_nine_or_more_digits_without_a_spare_zero():
+    from composetrain.checkpoint.folder import step_of
+
+    assert step_of("step-000000005") == 5 and step_of("step-1234567890") == 1234567890
+    for name in ("step-5", "step-0000000005", "step-00000000a", "step-000000005.tmp", "step-" + "\uff10" * 7 + "05"):
+        assert step_of(name) is None, name
