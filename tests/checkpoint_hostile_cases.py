@@ -6,7 +6,7 @@ from pathlib import Path
 import run_script
 
 import composetrain as ct
-from composetrain.driver import checkpoint
+from composetrain.checkpoint import files as checkpoint
 
 
 def save_fails_on(rank, world, folder, bad_rank, code):

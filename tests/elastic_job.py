@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import composetrain as ct
-import composetrain.driver.checkpoint as checkpoint
+import composetrain.checkpoint.files as checkpoint
 
 TIMED = ("updates_per_s", "data_wait")  # the history's timings differ from run to run
 
@@ -89,7 +89,7 @@ def main():
             os.kill(os.getpid(), signal.SIGSTOP if hang else signal.SIGKILL)
 
     if armed and where == "rendezvous":
-        import composetrain._attempts as attempts
+        import composetrain.launch.attempts as attempts
 
         original_wait = attempts._wait
 

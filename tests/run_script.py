@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import composetrain as ct
-import composetrain.driver.checkpoint as checkpoint
+import composetrain.checkpoint.files as checkpoint
 
 
 def dataset(n=96):

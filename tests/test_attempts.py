@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from composetrain._attempts import AttemptTimeout, join_attempt
+from composetrain.launch.attempts import AttemptTimeout, join_attempt
 
 RUN = "job"
 RUNS = itertools.count()  # every example its own job

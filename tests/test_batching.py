@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from composetrain import leading_size, split_batch
-from composetrain.batching import split_weighted
-from composetrain.core import Context
+from composetrain.core.batching import split_weighted
+from composetrain.core.protocol import Context
 
 
 @given(size=st.integers(1, 40), n=st.integers(1, 16), structure=st.sampled_from(STRUCTURES))

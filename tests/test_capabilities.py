@@ -7,7 +7,7 @@ import torch
 from dist_pool import Pool
 
 import composetrain as ct
-from composetrain.core import Capabilities
+from composetrain.core.protocol import Capabilities
 
 
 def test_the_built_in_transforms_state_their_capabilities():

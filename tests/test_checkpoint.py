@@ -2,7 +2,7 @@
 and which checkpoint latest() picks after a save was interrupted at any point.
 
 Observed through the system calls and the files, never the module's private functions: os.fsync,
-os.replace and os.rename are wrapped in the ``os`` module that composetrain.driver.checkpoint uses (pathlib
+os.replace and os.rename are wrapped in the ``os`` module that composetrain.checkpoint.files uses (pathlib
 and shutil call the same ones), and torch.save stands for the writes.
 """
 
@@ -17,7 +17,7 @@ import run_script
 import torch
 
 import composetrain as ct
-import composetrain.driver.checkpoint as checkpoint
+import composetrain.checkpoint.files as checkpoint
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc to name synced files")
 

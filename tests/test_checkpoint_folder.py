@@ -20,7 +20,7 @@ from helpers import assert_states_equal
 from test_run import finish, launch, train, wait_for
 
 import composetrain as ct
-from composetrain.driver import checkpoint
+from composetrain.checkpoint import files as checkpoint
 
 
 def checkpoints(directory, **options):

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from composetrain.driver import checkpoint
+from composetrain.checkpoint import files as checkpoint
 
 
 def checkpoints(directory):

@@ -11,8 +11,8 @@ import torch
 from helpers import assert_states_equal
 from test_run import train
 
-from composetrain.driver import checkpoint
-from composetrain.driver.checkpoint import FORMAT, capture_rng, restore_rng
+from composetrain.checkpoint.format import FORMAT
+from composetrain.core.rng import capture_rng, restore_rng, rng_problem
 
 
 def draws():
@@ -144,8 +144,8 @@ def test_with_every_checkpoint_corrupt_the_run_starts_afresh(tmp_path):
     ids=["none", "empty", "python-none", "cuda-float"],
 )
 def test_rng_problem_names_what_is_wrong(states):
-    assert checkpoint.rng_problem(states) is not None
-    assert checkpoint.rng_problem(capture_rng()) is None
+    assert rng_problem(states) is not None
+    assert rng_problem(capture_rng()) is None
 
 
 def test_a_checkpoint_of_another_format_is_refused_and_kept(tmp_path):

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import composetrain as ct
-from composetrain._util import show
-from composetrain.core import StepOutput
+from composetrain.core.protocol import StepOutput
+from composetrain.core.util import show
 
 
 # -- numeric and flag arguments: one rule ----------------------------------------------------------

@@ -14,13 +14,13 @@ from hypothesis import example, given, settings
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 import composetrain as ct
-from composetrain.batching import to_device
+from composetrain.core.batching import to_device
+from composetrain.core.rng import seed_everything
 from composetrain.driver import loading as ct_data
 from composetrain.driver import reader as ct_reader
 from composetrain.driver.loading import epoch_batches, make_loader
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import ResumableSampler, choose_workers
-from composetrain.driver.rng import seed_everything
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -17,7 +17,7 @@ from helpers import make_batch
 from torch import nn
 
 import composetrain as ct
-from composetrain._scaling import LossScaling
+from composetrain.transforms._scaling import LossScaling
 
 
 def settable(dtype):

@@ -94,7 +94,7 @@ def test_only_errors_that_say_a_rank_was_lost_are_reworded():
     import torch
 
     from composetrain.driver.waiting import Waiting
-    from composetrain.rendezvous import Cluster, Process
+    from composetrain.launch.rendezvous import Cluster, Process
 
     def waiting(world):
         proc = Process(Cluster(1, world, 1, "127.0.0.1", 1, "explicit"), torch.device("cpu"), "gloo", False)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import composetrain as ct
-from composetrain.hostlist import nodelist_summary
+from composetrain.launch.hostlist import nodelist_summary
 
 
 def slurm(**overrides):

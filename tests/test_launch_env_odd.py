@@ -7,8 +7,8 @@ import re
 import pytest
 
 import composetrain as ct
-from composetrain.hostlist import nodelist_summary
-from composetrain.rendezvous import unjoined_launch
+from composetrain.launch.hostlist import nodelist_summary
+from composetrain.launch.rendezvous import unjoined_launch
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
 

@@ -25,7 +25,8 @@ def run(script: str) -> str:
 
 def test_a_submodule_imported_first_does_not_hide_the_function_of_its_name():
     out = run(
-        "import composetrain.rendezvous, composetrain.accumulate, composetrain.distributed, composetrain.sharded\n"
+        "import composetrain.launch.rendezvous, composetrain.transforms.accumulate\n"
+        "import composetrain.transforms.distributed, composetrain.transforms.sharded\n"
         "import composetrain as ct\n"
         "from composetrain import distributed\n"
         "print(type(ct.rendezvous).__name__, type(ct.accumulate).__name__, type(distributed).__name__,\n"

@@ -15,4 +15,4 @@ def test_a_name_assigned_before_the_first_lookup_is_kept():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["patched", "patched", "composetrain.accumulate"]
+    assert done.stdout.split() == ["patched", "patched", "composetrain.transforms.accumulate"]

@@ -96,7 +96,7 @@ def test_str_subclass_names_are_logged_saved_and_resumed_as_plain_str(tmp_path, 
 
 def test_a_checkpoint_window_with_names_that_are_not_plain_str_is_set_aside(tmp_path):
     """At load the rule is the same as at save: exact str keys."""
-    from composetrain.driver.checkpoint import _window_problem
+    from composetrain.checkpoint.format import window_problem as _window_problem
 
     good = {"loss": torch.tensor(1.0), "metrics": {"acc": torch.tensor(0.5)}, "skipped": False}
     assert _window_problem(good) is None

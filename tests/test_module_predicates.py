@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import composetrain as ct
-from composetrain._shard_units import check_units_argument, select_units
+from composetrain.transforms._shard_units import check_units_argument, select_units
 
 
 class Block(nn.Module):

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import composetrain as ct
-from composetrain._placement import check_placement
-from composetrain.batching import map_tensors
+from composetrain.core.batching import map_tensors
+from composetrain.transforms._placement import check_placement
 
 
 class EncoderDecoder(nn.Module):
@@ -90,7 +90,7 @@ def test_the_batch_goes_to_the_last_stage_and_each_stage_gets_its_inputs_on_its_
     """'cpu:0' and 'cpu:1' are two labels of this machine's one CPU: distinct devices to the placement.
     A spy on the pipeline's moves gives every tensor it moves a fresh identity, tagged with the
     device it was sent to; the step and each stage then show where their inputs were sent."""
-    pipeline = importlib.import_module("composetrain.pipeline")
+    pipeline = importlib.import_module("composetrain.transforms.pipeline")
     first, last = torch.device("cpu:0"), torch.device("cpu:1")
     sent_to, kept = {}, []  # id(tensor) -> device; kept alive so that no id is reused
 

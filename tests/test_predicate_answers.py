@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import composetrain as ct
-from composetrain._shard_units import select_units
+from composetrain.transforms._shard_units import select_units
 
 
 class Block(nn.Module):

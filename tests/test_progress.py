@@ -7,9 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from composetrain.core import StepOutput
+from composetrain.core.protocol import StepOutput
+from composetrain.core.rng import seed_everything
 from composetrain.driver.progress import Due, Progress, Schedule
-from composetrain.driver.rng import seed_everything
 
 
 def schedule(**kw):

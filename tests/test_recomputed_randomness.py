@@ -160,7 +160,7 @@ def test_without_numpy_python_draws_are_still_replayed():
         import torch, torch.nn.functional as F
         from torch import nn
         import composetrain as ct
-        from composetrain import _recompute
+        from composetrain.transforms import _recompute
         assert _recompute.np is None
 
         class Drop(nn.Module):

@@ -248,7 +248,7 @@ def test_srun_style_environment_without_torchrun_trains_like_one_process(tmp_pat
 def test_transforms_that_sync_processes_learn_of_a_launch_without_a_group_from_rendezvous(monkeypatch, transform):
     from helpers import classify, make_batch, make_state
 
-    from composetrain.rendezvous import unjoined_launch
+    from composetrain.launch.rendezvous import unjoined_launch
 
     assert unjoined_launch({"WORLD_SIZE": "1"}) is None and unjoined_launch({}) is None
     assert "RANK is not" in unjoined_launch({"WORLD_SIZE": "2"})

@@ -9,8 +9,8 @@ import run_script
 import torch
 
 import composetrain as ct
+from composetrain.core.rng import capture_rng, restore_rng
 from composetrain.driver import run as ct_run
-from composetrain.driver.rng import capture_rng, restore_rng
 
 
 def test_the_cached_gaussian_is_in_the_saved_state(tmp_path):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import composetrain as ct
-from composetrain._util import show
+from composetrain.core.util import show
 from composetrain.driver import run as ct_run
 from composetrain.driver.options import CheckpointOptions, EvalOptions, LoaderOptions, LogOptions, RunOptions
 

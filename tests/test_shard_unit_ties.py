@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from composetrain._shard_units import check_units_argument, select_units
+from composetrain.transforms._shard_units import check_units_argument, select_units
 
 
 class Layer(nn.Module):

@@ -15,8 +15,8 @@ from test_checkpoint import Syscalls
 from torch import nn
 
 import composetrain as ct
-from composetrain._sharded_checkpoint import ShardFiles
-from composetrain.driver import checkpoint
+from composetrain.checkpoint import files as checkpoint
+from composetrain.checkpoint.sharded import ShardFiles
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc to name synced files")
 

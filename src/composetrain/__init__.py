@@ -6,68 +6,66 @@
 """
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 # The public names load on first use (PEP 562), so that ``python -m composetrain.plot`` draws a run's
 # curves without importing torch (seconds, and a plotting machine may not have it). Type checkers read
 # the same names from the imports below; at run time they come from ``_WHERE``.
 if TYPE_CHECKING:
-    from composetrain._sharded_checkpoint import full_state_dict, load_checkpoint
-    from composetrain.accumulate import accumulate
-    from composetrain.activation_checkpointing import checkpoint_activations
-    from composetrain.batching import leading_size, samples, split_batch
-    from composetrain.clip import clip_grad_norm
-    from composetrain.core import Capabilities, Context, Pass, StepOutput, TrainStep, Update
-    from composetrain.data_parallel import data_parallel
-    from composetrain.distributed import distributed
+    from composetrain.checkpoint.loading import full_state_dict, load_checkpoint
+    from composetrain.core.batching import leading_size, samples, split_batch
+    from composetrain.core.protocol import Capabilities, Context, Pass, StepOutput, TrainStep, Update
+    from composetrain.core.state import RuntimeState, TrainState
+    from composetrain.core.steps import PlainStep, Transform, compose, train_step
     from composetrain.driver.run import RunResult, run
-    from composetrain.hostlist import parse_nodelist
-    from composetrain.lr_rules import scaled_lr, warmup
-    from composetrain.pipeline import pipeline_split
-    from composetrain.precision import mixed_precision
-    from composetrain.rendezvous import Cluster, Process, detect, rendezvous
-    from composetrain.sharded import apply_sharding, sharded
-    from composetrain.state import RuntimeState, TrainState
-    from composetrain.steps import PlainStep, Transform, compose, train_step
+    from composetrain.launch.hostlist import parse_nodelist
+    from composetrain.launch.rendezvous import Cluster, Process, detect, rendezvous
+    from composetrain.transforms.accumulate import accumulate
+    from composetrain.transforms.activation_checkpointing import checkpoint_activations
+    from composetrain.transforms.clip import clip_grad_norm
+    from composetrain.transforms.data_parallel import data_parallel
+    from composetrain.transforms.distributed import distributed
+    from composetrain.transforms.lr_rules import scaled_lr, warmup
+    from composetrain.transforms.pipeline import pipeline_split
+    from composetrain.transforms.precision import mixed_precision
+    from composetrain.transforms.sharded import apply_sharding, sharded
 
 _WHERE = {
-    "full_state_dict": "composetrain._sharded_checkpoint",
-    "load_checkpoint": "composetrain._sharded_checkpoint",
-    "accumulate": "composetrain.accumulate",
-    "checkpoint_activations": "composetrain.activation_checkpointing",
-    "leading_size": "composetrain.batching",
-    "samples": "composetrain.batching",
-    "split_batch": "composetrain.batching",
-    "clip_grad_norm": "composetrain.clip",
-    "Capabilities": "composetrain.core",
-    "Context": "composetrain.core",
-    "Pass": "composetrain.core",
-    "StepOutput": "composetrain.core",
-    "TrainStep": "composetrain.core",
-    "Update": "composetrain.core",
-    "data_parallel": "composetrain.data_parallel",
-    "distributed": "composetrain.distributed",
+    "full_state_dict": "composetrain.checkpoint.loading",
+    "load_checkpoint": "composetrain.checkpoint.loading",
+    "accumulate": "composetrain.transforms.accumulate",
+    "checkpoint_activations": "composetrain.transforms.activation_checkpointing",
+    "leading_size": "composetrain.core.batching",
+    "samples": "composetrain.core.batching",
+    "split_batch": "composetrain.core.batching",
+    "clip_grad_norm": "composetrain.transforms.clip",
+    "Capabilities": "composetrain.core.protocol",
+    "Context": "composetrain.core.protocol",
+    "Pass": "composetrain.core.protocol",
+    "StepOutput": "composetrain.core.protocol",
+    "TrainStep": "composetrain.core.protocol",
+    "Update": "composetrain.core.protocol",
+    "data_parallel": "composetrain.transforms.data_parallel",
+    "distributed": "composetrain.transforms.distributed",
     "RunResult": "composetrain.driver.run",
     "run": "composetrain.driver.run",
-    "parse_nodelist": "composetrain.hostlist",
-    "scaled_lr": "composetrain.lr_rules",
-    "warmup": "composetrain.lr_rules",
-    "pipeline_split": "composetrain.pipeline",
-    "mixed_precision": "composetrain.precision",
-    "Cluster": "composetrain.rendezvous",
-    "Process": "composetrain.rendezvous",
-    "detect": "composetrain.rendezvous",
-    "rendezvous": "composetrain.rendezvous",
-    "apply_sharding": "composetrain.sharded",
-    "sharded": "composetrain.sharded",
-    "RuntimeState": "composetrain.state",
-    "TrainState": "composetrain.state",
-    "PlainStep": "composetrain.steps",
-    "Transform": "composetrain.steps",
-    "compose": "composetrain.steps",
-    "train_step": "composetrain.steps",
+    "parse_nodelist": "composetrain.launch.hostlist",
+    "scaled_lr": "composetrain.transforms.lr_rules",
+    "warmup": "composetrain.transforms.lr_rules",
+    "pipeline_split": "composetrain.transforms.pipeline",
+    "mixed_precision": "composetrain.transforms.precision",
+    "Cluster": "composetrain.launch.rendezvous",
+    "Process": "composetrain.launch.rendezvous",
+    "detect": "composetrain.launch.rendezvous",
+    "rendezvous": "composetrain.launch.rendezvous",
+    "apply_sharding": "composetrain.transforms.sharded",
+    "sharded": "composetrain.transforms.sharded",
+    "RuntimeState": "composetrain.core.state",
+    "TrainState": "composetrain.core.state",
+    "PlainStep": "composetrain.core.steps",
+    "Transform": "composetrain.core.steps",
+    "compose": "composetrain.core.steps",
+    "train_step": "composetrain.core.steps",
 }
 
 
@@ -83,18 +81,6 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_WHERE})
 
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        # importing a submodule binds it on its package; where a public function has the submodule's
-        # name (accumulate, distributed, rendezvous, ...) the function keeps the name, as it did when
-        # this file imported everything eagerly
-        if name in _WHERE and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "Capabilities",

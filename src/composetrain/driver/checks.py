@@ -7,8 +7,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
-from composetrain._util import show
-from composetrain.state import TrainState
+from composetrain.core.state import TrainState
+from composetrain.core.util import show
 
 __all__ = ["check_eval_data", "check_flag", "check_state", "dataloader_settings"]
 

@@ -9,12 +9,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from composetrain._util import show
-from composetrain.batching import leading_size, to_device
+from composetrain.core.batching import leading_size, to_device
+from composetrain.core.util import show
 from composetrain.driver.monitor import EVAL_FIELDS, metric_names
 from composetrain.driver.options import EvalOptions
 from composetrain.driver.reader import Reader, indexable
-from composetrain.rendezvous import Process
+from composetrain.launch.rendezvous import Process
 
 __all__ = ["EvalStep", "Evaluate", "evaluator"]
 

@@ -12,10 +12,11 @@ from torch.utils.data import (
     DistributedSampler,
 )  # fmt: skip
 
+from composetrain.checkpoint.format import Order
+from composetrain.core.rng import capture_rng, restore_rng, seed_everything
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import Reader, ResumableSampler
-from composetrain.driver.rng import capture_rng, restore_rng, seed_everything
 
 __all__ = [
     "ResumableSampler", "auto_workers", "build_loader", "epoch_batches", "epoch_order", "generator_states",
@@ -135,7 +136,7 @@ def epoch_order(loader: DataLoader[Any] | Reader, sampler: ResumableSampler | No
     assert isinstance(loader, DataLoader)  # for the type checker: only ct.run's own has a sampler
     _start_workers(loader)
     seed = getattr(loader.sampler, "seed", None)
-    return {"rng": capture_rng(), "generators": generator_states(loader), "sampler_seed": seed}
+    return Order(capture_rng(), generator_states(loader), seed).to_file()
 
 
 def generator_states(loader: DataLoader[Any]) -> list[torch.Tensor]:

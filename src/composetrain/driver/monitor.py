@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composetrain._util import show
-from composetrain.core import StepOutput
+from composetrain.core.protocol import StepOutput
+from composetrain.core.state import TrainState
+from composetrain.core.util import show
 from composetrain.driver.loading import auto_workers
-from composetrain.rendezvous import Process
-from composetrain.state import TrainState
+from composetrain.launch.rendezvous import Process
 
 __all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
 
@@ -40,7 +40,8 @@ def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str)
     becomes the plain ``str`` it holds; any other name, one UTF-8 cannot encode, one of the record's own
     ``fields``, or two names of the same text (a subclass with its own ``__hash__`` or ``__eq__`` is a key
     beside its text), is refused. ``whose``: "the step" or "eval_step"."""
-    plain, keys = {}, {}
+    plain: dict[str, Any] = {}
+    keys: dict[Any, Any] = {}
     for k, v in metrics.items():
         if not isinstance(k, str):
             raise TypeError(

@@ -18,7 +18,7 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from composetrain._util import check_int, check_real, show
+from composetrain.core.util import check_int, check_real, show
 from composetrain.driver.checks import check_eval_data, check_flag, dataloader_settings
 
 __all__ = ["RUN", "CheckpointOptions", "EvalOptions", "LoaderOptions", "LogOptions", "RunOptions"]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composetrain.rendezvous import Process
+from composetrain.launch.rendezvous import Process
 
 __all__ = ["StopSignal", "requeue"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from composetrain.batching import leaves, map_tensors, to_device
+from composetrain.core.batching import leaves, map_tensors, to_device
 
 __all__ = ["device_batches"]
 

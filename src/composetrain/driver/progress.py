@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from composetrain.core import StepOutput
+from composetrain.checkpoint.format import Local, Shared, UnloggedStep
+from composetrain.core.protocol import StepOutput
 
 __all__ = ["Due", "Progress", "Schedule"]
 
@@ -82,24 +83,23 @@ class Progress:
     order: dict[str, Any] | None = None
     marks: dict[str, int] = dataclasses.field(default_factory=dict)  # the multiple each cadence was last due at
 
-    # -- the checkpoint's schema (format 2) --------------------------------------------------------------
+    # -- in the checkpoint's format (checkpoint/format.py) ----------------------------------------------------------
     def to_checkpoint(
         self, state_dict: dict[str, Any], settings: dict[str, Any], generators: list[Any]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The payload every rank shares (rank 0 writes it) and this rank's own part, as ``Checkpoints.save``
         takes them: the window goes to the CPU (any device can resume) as plain dicts of tensors."""
-        shared = {"state": state_dict, "settings": settings, "epoch": self.epoch, "position": self.position,
-                  "history": self.history, "evals": self.evals}  # fmt: skip
+        shared = Shared(state_dict, settings, self.epoch, self.position, self.history, self.evals)
         window = [
-            {"loss": o.loss.cpu(), "metrics": {k: v.cpu() for k, v in o.metrics.items()}, "skipped": bool(o.skipped)}
+            UnloggedStep(o.loss.cpu(), {k: v.cpu() for k, v in o.metrics.items()}, bool(o.skipped)).to_file()
             for o in self.window
         ]
-        local = {
-            "window": window,
-            "order": self.order if self.position else None,  # replays the epoch's start on resume
-            "generators": generators,  # a given DataLoader's: its next epoch draws from them
-        }
-        return shared, local
+        local = Local(
+            window,
+            self.order if self.position else None,  # replays the epoch's start on resume
+            generators,  # a given DataLoader's: its next epoch draws from them
+        )
+        return shared.to_file(), local.to_file()
 
     @classmethod
     def from_checkpoint(cls, saved: dict[str, Any], local: dict[str, Any], schedule: Schedule, start: int) -> Progress:

@@ -18,9 +18,12 @@ from typing import Any
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
-from composetrain._sharded_checkpoint import ShardFiles
-from composetrain.core import TrainStep
-from composetrain.driver.checkpoint import Checkpoints
+from composetrain.checkpoint.files import Checkpoints
+from composetrain.checkpoint.sharded import ShardFiles
+from composetrain.core.protocol import TrainStep
+from composetrain.core.rng import restore_rng, seed_everything
+from composetrain.core.state import TrainState
+from composetrain.core.steps import PlainStep, lift
 from composetrain.driver.checks import check_state
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.loading import (
@@ -37,12 +40,8 @@ from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
 from composetrain.driver.reader import Reader
-from composetrain.driver.rng import restore_rng, seed_everything
 from composetrain.driver.waiting import Waiting
-from composetrain.rendezvous import Process, rendezvous
-from composetrain.state import TrainState
-from composetrain.steps import PlainStep
-from composetrain.steps import _lift as lift
+from composetrain.launch.rendezvous import Process, rendezvous
 
 __all__ = ["RunResult", "run"]
 

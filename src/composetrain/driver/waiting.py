@@ -9,7 +9,7 @@ an error and torchrun (``--max-restarts``) or SLURM (``--requeue``) can restart 
 
 from __future__ import annotations
 
-from composetrain.rendezvous import Process
+from composetrain.launch.rendezvous import Process
 
 __all__ = ["Waiting"]
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain._util import show
+from composetrain.core.util import show
 
 __all__ = ["check_placement", "parse_device", "parse_devices"]
 

@@ -14,12 +14,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from composetrain._recompute import Replay
-from composetrain._shard_units import chosen_by, predicate_mismatch
-from composetrain._util import name, show
-from composetrain.core import Context, Pass, TrainStep
-from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import Transform, refuse_step, transform_factory
+from composetrain.core.protocol import Context, Pass, TrainStep
+from composetrain.core.state import RuntimeState, TrainState
+from composetrain.core.steps import Transform, refuse_step, transform_factory
+from composetrain.core.util import name, show
+from composetrain.transforms._recompute import Replay
+from composetrain.transforms._shard_units import chosen_by, predicate_mismatch
 
 __all__ = ["checkpoint_activations"]
 

@@ -33,7 +33,7 @@ whichever order the transforms were nested in:
 - ``notes``: what a transform decided in ``prepare`` for its own later phases of
   this update, under its ``role`` (the context ``prepare`` returns reaches them all).
 - ``deferred_sync``: how to synchronise gradients later, for passes that must run
-  without any collective among them (``composetrain.deferred_sync``).
+  without any collective among them (``composetrain.transforms._deferred_sync``).
 
 The loss has exactly one owner of its normalisation: the innermost pass scales
 its mean loss by ``piece_weight / total_weight`` before ``backward``, so the
@@ -60,9 +60,9 @@ from typing import Any, ClassVar, NamedTuple, TypeAlias
 import torch
 from torch import nn
 
-from composetrain._util import name, show
-from composetrain.batching import check_weights, samples
-from composetrain.state import TrainState
+from composetrain.core.batching import check_weights, samples
+from composetrain.core.state import TrainState
+from composetrain.core.util import name, show
 
 __all__ = ["Capabilities", "Context", "Pass", "StepOutput", "TrainStep", "Update", "combine"]
 
@@ -108,7 +108,7 @@ class Context(NamedTuple):
         deferred_sync: set by a transform that synchronises gradients across processes
             (``distributed``), for a transform that must run its passes without any
             collective in between (``accumulate("auto")``): its ``begin()``, ``agree(values)``
-            and ``finish()`` are documented in ``composetrain.deferred_sync``. None alone.
+            and ``finish()`` are documented in ``composetrain.transforms._deferred_sync``. None alone.
     """
 
     model: nn.Module

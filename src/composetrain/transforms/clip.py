@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from composetrain._util import check_real
-from composetrain.core import Context, TrainStep, Update
-from composetrain.state import TrainState
-from composetrain.steps import Transform, refuse_step, transform_factory
+from composetrain.core.protocol import Context, TrainStep, Update
+from composetrain.core.state import TrainState
+from composetrain.core.steps import Transform, refuse_step, transform_factory
+from composetrain.core.util import check_real
 
 __all__ = ["clip_grad_norm"]
 

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composetrain._attempts import AttemptTimeout, join_attempt
-from composetrain._util import show
-from composetrain.hostlist import nodelist_summary
+from composetrain.core.util import show
+from composetrain.launch.attempts import AttemptTimeout, join_attempt
+from composetrain.launch.hostlist import nodelist_summary
 
 __all__ = ["Cluster", "Process", "detect", "rendezvous"]
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from composetrain._util import name, show
-from composetrain.batching import leading_size, split_weighted, warn_if_batchnorm
-from composetrain.core import Context, Pass, TrainStep, Update, WeightFn, combine
-from composetrain.state import TrainState
-from composetrain.steps import Transform
+from composetrain.core.batching import leading_size, split_weighted, warn_if_batchnorm
+from composetrain.core.protocol import Context, Pass, TrainStep, Update, WeightFn, combine
+from composetrain.core.state import TrainState
+from composetrain.core.steps import Transform
+from composetrain.core.util import name, show
 
 __all__ = ["auto_transform"]
 

@@ -6,7 +6,7 @@ import contextlib
 import math
 from collections.abc import Callable
 
-from composetrain._util import check_int, check_real, show
+from composetrain.core.util import check_int, check_real, show
 
 __all__ = ["scaled_lr", "warmup"]
 

@@ -18,16 +18,13 @@ import numbers
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from composetrain._util import check_int, show
-
-if TYPE_CHECKING:  # core imports this module
-    from composetrain.core import Context
+from composetrain.core.util import check_int, show
 
 __all__ = [
     "check_weights",
@@ -43,6 +40,17 @@ __all__ = [
 ]
 
 _Rebuild = Callable[[Iterator[Any]], Any]
+
+
+class Weighing(Protocol):
+    """What ``split_weighted`` reads of a step's ``Context`` (protocol.py, which builds on this module):
+    the composition's unit counter, and the units of the batch being split."""
+
+    @property
+    def weight(self) -> Callable[[Any], Any] | None: ...
+
+    @property
+    def piece_weight(self) -> float | torch.Tensor: ...
 
 
 def _flatten(obj: Any, leaves: list[torch.Tensor]) -> _Rebuild:
@@ -200,7 +208,7 @@ def _split(batch: Any, n: int, who: object, plural: str) -> tuple[list[Any], lis
     return [rebuild(iter([p[i] for p in pieces])) for i in range(k)], [size // k + (i < size % k) for i in range(k)]
 
 
-def split_weighted(batch: Any, n: int, ctx: Context, who: object, what: str) -> tuple[list[Any], list[float]]:
+def split_weighted(batch: Any, n: int, ctx: Weighing, who: object, what: str) -> tuple[list[Any], list[float]]:
     """Split a batch into at most ``n`` pieces and count each one's units: the one owner of
     splitting and weighting for the transforms that split (accumulate, data_parallel).
 

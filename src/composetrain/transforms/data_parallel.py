@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain._placement import parse_devices
-from composetrain.batching import split_weighted, to_device, warn_if_batchnorm
-from composetrain.core import Context, Pass, TrainStep, combine
-from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import Transform, refuse_step, transform_factory
+from composetrain.core.batching import split_weighted, to_device, warn_if_batchnorm
+from composetrain.core.protocol import Context, Pass, TrainStep, combine
+from composetrain.core.state import RuntimeState, TrainState
+from composetrain.core.steps import Transform, refuse_step, transform_factory
+from composetrain.transforms._placement import parse_devices
 
 __all__ = ["data_parallel"]
 

@@ -12,12 +12,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from composetrain._util import check_bool, check_real, name, show
-from composetrain.core import Context, TrainStep
-from composetrain.deferred_sync import DDPDeferredSync
-from composetrain.rendezvous import group_world
-from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import PlainStep, Transform, transform_factory
+from composetrain.core.protocol import Context, TrainStep
+from composetrain.core.state import RuntimeState, TrainState
+from composetrain.core.steps import PlainStep, Transform, transform_factory
+from composetrain.core.util import check_bool, check_real, name, show
+from composetrain.launch.rendezvous import group_world
+from composetrain.transforms._deferred_sync import DDPDeferredSync
 
 __all__ = ["distributed"]
 

@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from composetrain._rollback import keep_model, keep_optimizer, keep_through_state_dict, undo_all
-from composetrain._state_checks import (
+from composetrain.core._rollback import keep_model, keep_optimizer, keep_through_state_dict, undo_all
+from composetrain.core._state_checks import (
     check_loaded_groups,
     check_model_state,
     check_optimizer_state,
@@ -18,9 +18,13 @@ from composetrain._state_checks import (
     needs_closure,
     qualified,
 )
-from composetrain._util import check_int, show
+from composetrain.core.util import check_int, show
 
-__all__ = ["RuntimeState", "TrainState"]
+__all__ = ["KEYS", "RuntimeState", "TrainState"]
+
+# What TrainState.state_dict() always holds, so what load_state_dict and a checkpoint's reader require (it also
+# holds "optimizer_class" and "scheduler_class", which older checkpoints lack).
+KEYS = frozenset({"model", "optimizer", "scheduler", "step", "transforms"})
 
 T = TypeVar("T")
 
@@ -223,7 +227,7 @@ class TrainState:
         """Everything that can be checked before writing; returns the step and the transform state."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"{who}: state_dict must be a mapping from TrainState.state_dict(), got {show(state_dict)}")
-        missing = {"model", "optimizer", "scheduler", "step", "transforms"} - set(state_dict)
+        missing = KEYS - set(state_dict)
         if missing:
             raise ValueError(f"{who}: state_dict lacks {sorted(missing)}; pass what TrainState.state_dict() returned")
         classes = {k: state_dict.get(k) for k in ("optimizer_class", "scheduler_class")}  # older checkpoints lack them

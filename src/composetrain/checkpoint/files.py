@@ -18,43 +18,44 @@ is left where it is, with a warning. Files that are not regular files are never 
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
-import pickle
 import shutil
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from composetrain._sharded_checkpoint import SUBDIR, ShardFiles, split
-from composetrain._util import show
-from composetrain.driver.folder import (
+from composetrain.checkpoint.folder import (
     LEFTOVER,
+    SHARDS,
+    STATE_FILE,
     foreign,
     human,
     is_checkpoint,
-    not_regular,
     os_error,
+    rank_file,
     size_of,
     step_of,
     take_lock,
 )
-from composetrain.driver.rng import capture_rng, generators_problem, restore_rng, rng_problem
+from composetrain.checkpoint.format import (
+    LOCAL,
+    SHARED,
+    check_fits,
+    local_problem,
+    read,
+    shared_problem,
+    stamp_local,
+    stamp_shared,
+    unplain,
+)
+from composetrain.checkpoint.sharded import ShardFiles, split
 
-__all__ = ["Checkpoints", "capture_rng", "restore_rng"]
-
-FORMAT = 2  # 2: tensors and plain types only, loaded with weights_only=True
-
-# What ct.run writes, and so what a loadable checkpoint holds: anything else is corrupt.
-SHARED = {"format": int, "world_size": int, "state": dict, "settings": dict, "epoch": int, "position": int,
-          "history": list, "evals": list}  # fmt: skip
-LOCAL = {"rng": dict, "window": list, "order": (dict, type(None)), "generators": list}
-# what decides a given DataLoader's order for an epoch (data.epoch_order)
-ORDER = {"rng": dict, "generators": list, "sampler_seed": (int, type(None))}
+__all__ = ["Checkpoints"]
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -169,9 +170,9 @@ class Checkpoints:
     def save(self, step: int, payload: dict[str, Any], local: dict[str, Any]) -> Path:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
         ``step``, atomically; then drop all but the ``keep`` newest older ones."""
-        local = {**local, "rng": capture_rng()}
+        local = stamp_local(local)
         payload, tensors = split(payload) if self.shards is not None else (payload, {})  # sharded: placeholders
-        problem = _unplain(local, f"rank-{self.rank}.pt") or (_unplain(payload, "state.pt") if self.rank == 0 else None)
+        problem = unplain(local, rank_file(self.rank)) or (unplain(payload, STATE_FILE) if self.rank == 0 else None)
         if not self._all(problem is None):  # before anything is written, on every rank alike
             raise TypeError(
                 f"{self.who}: cannot checkpoint step {step}: {problem or 'another rank holds what it cannot save'}; "
@@ -221,9 +222,9 @@ class Checkpoints:
                 tmp.mkdir()
 
         def write() -> None:
-            _write(local, tmp / f"rank-{self.rank}.pt")
+            _write(local, tmp / rank_file(self.rank))
             if self.rank == 0:
-                _write({**payload, "format": FORMAT, "world_size": self.world_size}, tmp / "state.pt")
+                _write(stamp_shared(payload, self.world_size), tmp / STATE_FILE)
 
         def write_shards() -> None:  # every rank alike: the same state is sharded everywhere
             if tensors and self.shards is not None:
@@ -232,7 +233,7 @@ class Checkpoints:
         def sync() -> None:
             if self.rank == 0:
                 if tensors:
-                    _fsync_dir(tmp / SUBDIR)
+                    _fsync_dir(tmp / SHARDS)
                 _fsync_dir(tmp)
 
         for phase in (prepare, write, write_shards, sync):
@@ -284,25 +285,10 @@ class Checkpoints:
         )
 
     def _steps(self) -> list[Path]:
-        """This run's checkpoints, newest first: folders named as ``save`` names them, holding a state.pt."""
+        """This run's checkpoints, newest first: folders named as ``save`` names them, holding their state file."""
         found = [(step_of(p.name), p) for p in self.dir.iterdir()]
         ours = [(n, p) for n, p in found if n is not None and is_checkpoint(p)]
         return [p for _, p in sorted(ours, key=lambda np_: np_[0], reverse=True)]
-
-    def _check_fits(self, path: Path, payload: dict[str, Any]) -> None:
-        """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
-        if payload["format"] != FORMAT:
-            raise ValueError(
-                f"{self.who}: checkpoint {path} is in format {payload['format']}, this composetrain reads format "
-                f"{FORMAT} (tensors and plain types only, loaded with weights_only=True); finish that run with the "
-                "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
-            )
-        if payload["world_size"] != self.world_size:
-            raise ValueError(
-                f"{self.who}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
-                f"run has {self.world_size}; resume with the same number of processes (the data order "
-                "and random states are per rank)"
-            )
 
     def latest(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
         """The newest checkpoint that every rank can load: (path, payload, this rank's part).
@@ -319,12 +305,12 @@ class Checkpoints:
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
             step = step_of(name)
-            payload, problem = self._read(path, "state.pt", SHARED, lambda v, step=step: _shared_problem(v, step))
+            payload, problem = self._read(path, STATE_FILE, SHARED, functools.partial(shared_problem, step=step))
             local = None
             if self._all(payload is not None):
                 assert payload is not None
-                self._check_fits(path, payload)  # the same file on every rank: all raise alike
-                local, problem = self._read(path, f"rank-{self.rank}.pt", LOCAL, _local_problem)
+                check_fits(payload, self.world_size, path, self.who)  # the same file on every rank: all raise alike
+                local, problem = self._read(path, rank_file(self.rank), LOCAL, local_problem)
             if self._all(local is not None) and self.shards is not None:
                 assert payload is not None
                 payload, problem = self._with_shards(path, payload)
@@ -344,11 +330,11 @@ class Checkpoints:
         return None
 
     def _read(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
-        """``_load`` of ``path/name``; a file this user may not read is no corrupt file: every rank
+        """``format.read`` of ``path/name``; a file this user may not read is no corrupt file: every rank
         refuses the checkpoint, which is left as it is (setting it aside would start the run over)."""
         denied: OSError | None = None
         try:
-            value, problem = _load(path / name, schema, deep)
+            value, problem = read(path / name, schema, deep)
         except PermissionError as e:
             value, problem, denied = None, None, e
         if not self._all(denied is None):
@@ -369,25 +355,6 @@ class Checkpoints:
             return None, f"its shards: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-_PLAIN = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
-
-
-def _unplain(value: Any, where: str) -> str | None:
-    """Where in ``value`` something sits that ``torch.load(weights_only=True)`` would refuse, or None.
-    Exact types: a NumPy float is a float subclass, and a named tuple a tuple one, yet neither loads."""
-    if isinstance(value, torch.Tensor) or type(value) in _PLAIN:
-        return None
-    if type(value) in (dict, OrderedDict):
-        for k, v in value.items():
-            problem = _unplain(k, f"a key of {where}") or _unplain(v, f"{where}[{k!r}]")
-            if problem:
-                return problem
-        return None
-    if type(value) in (list, tuple, set):
-        return next(filter(None, (_unplain(v, f"{where}[{i}]") for i, v in enumerate(value))), None)
-    return f"{where} is {show(value)}"
-
-
 def _free(directory: Path, name: str) -> Path:
     """``directory/name``, or ``name-2``, ``name-3``...: the first that does not exist (a step can
     be corrupted again after a rerun saved it anew)."""
@@ -396,77 +363,3 @@ def _free(directory: Path, name: str) -> Path:
         n += 1
         candidate = directory / f"{name}-{n}"
     return candidate
-
-
-def _load(path: Path, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
-    """The dict in ``path`` if it loads without running code and has the ``schema``; else why not."""
-    problem = not_regular(path)
-    if problem:  # a FIFO would block the open forever, a device would be read without end
-        return None, problem
-    try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
-    except PermissionError:
-        raise  # not the file's fault: Checkpoints._read refuses it on every rank
-    except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
-        detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), str(e).splitlines()[0])
-        return None, f"it holds objects other than tensors and plain types, so it was not loaded ({detail})"
-    except Exception as e:
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    problem = _shape_problem(value, schema) or deep(value)
-    return (None, problem) if problem else (value, None)
-
-
-def _shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
-    if not isinstance(value, dict):
-        return f"it holds a {type(value).__name__}, not a dict of {sorted(schema)}"
-    missing = sorted(schema.keys() - value.keys())
-    if missing:
-        return f"it lacks {missing}"
-    for key, kind in schema.items():
-        if not isinstance(value[key], kind) or (kind is int and isinstance(value[key], bool)):
-            return f"its {key!r} is a {type(value[key]).__name__}"
-    return None
-
-
-def _shared_problem(payload: dict[str, Any], step: int | None = None) -> str | None:
-    """What is wrong with a ``state.pt`` payload, or None; ``step``: its folder's, when known."""
-    per_epoch = payload["settings"].get("updates_per_epoch")
-    if payload["world_size"] < 1 or payload["epoch"] < 0 or not 0 <= payload["position"] < (per_epoch or 1):
-        return (
-            f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']} "
-            f"of {per_epoch} updates per epoch"
-        )
-    state = payload["state"]
-    missing = sorted({"model", "optimizer", "scheduler", "step", "transforms"} - state.keys())
-    if missing:
-        return f"its TrainState lacks {missing}"
-    if type(state["step"]) is not int or (step is not None and state["step"] != step):
-        return f"its TrainState's step {state['step']!r} is not the step of its folder ({step})"
-    if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
-        return "its history and evals must be lists of dicts"
-    return None
-
-
-def _local_problem(local: dict[str, Any]) -> str | None:
-    order = local["order"]
-    if order is not None and _shape_problem(order, ORDER):
-        return f"its data order state: {_shape_problem(order, ORDER)}"
-    return (
-        rng_problem(local["rng"])
-        or generators_problem(local["generators"])
-        or (order and (rng_problem(order["rng"]) or generators_problem(order["generators"])))
-        or next(filter(None, map(_window_problem, local["window"])), None)
-    )
-
-
-def _window_problem(entry: Any) -> str | None:
-    """What is wrong with one saved step output (``Meter.window_on_cpu``), or None."""
-    if (
-        isinstance(entry, dict)
-        and isinstance(entry.get("loss"), torch.Tensor)
-        and isinstance(entry.get("metrics"), dict)
-        and all(type(k) is str and isinstance(v, torch.Tensor) for k, v in entry["metrics"].items())  # as saved
-        and isinstance(entry.get("skipped"), bool)
-    ):
-        return None
-    return "its unlogged step outputs must be dicts of loss, metrics and skipped"

@@ -5,12 +5,12 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Literal
 
-from composetrain._auto_accumulate import auto_transform
-from composetrain._util import check_int, name, show
-from composetrain.batching import split_weighted, warn_if_batchnorm
-from composetrain.core import Context, Pass, TrainStep, WeightFn, combine
-from composetrain.state import TrainState
-from composetrain.steps import Transform, refuse_step, transform_factory
+from composetrain.core.batching import split_weighted, warn_if_batchnorm
+from composetrain.core.protocol import Context, Pass, TrainStep, WeightFn, combine
+from composetrain.core.state import TrainState
+from composetrain.core.steps import Transform, refuse_step, transform_factory
+from composetrain.core.util import check_int, name, show
+from composetrain.transforms._auto_accumulate import auto_transform
 
 __all__ = ["accumulate"]
 
@@ -39,7 +39,7 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
     for the rest of the run, and its checkpoints; the update stays exact either way.
     ``out.metrics["micro_batch"]`` shows the size in use. Under ``distributed`` every
     process adopts the same size in one small all-reduce per attempt, and no pass runs
-    inside a gradient synchronisation (see ``composetrain.deferred_sync``), so an
+    inside a gradient synchronisation (see ``composetrain.transforms._deferred_sync``), so an
     out-of-memory error on one process neither hangs nor desynchronises the others. When
     a single sample does not fit, it raises ``torch.OutOfMemoryError`` with the state
     untouched.

@@ -30,12 +30,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from composetrain.state import TrainState
+from composetrain.checkpoint.folder import SHARDS, not_regular
+from composetrain.checkpoint.format import MARK
+from composetrain.core.state import TrainState
 
-__all__ = ["MARK", "SUBDIR", "ShardFiles", "full_state_dict", "load_checkpoint", "split"]
+__all__ = ["SafeReader", "ShardFiles", "split"]
 
-MARK = "__dcp_shard__"
-SUBDIR = "shards"
 Path_ = tuple[Any, ...]
 
 
@@ -87,14 +87,14 @@ class ShardFiles:
         """Every rank writes its own shards (a collective); files are fsynced. A failure on any rank
         (a full disk) raises an ``OSError`` on every rank, with the first failing rank's cause."""
         try:
-            dcp_save(tensors, storage_writer=FileSystemWriter(folder / SUBDIR, sync_files=True))
+            dcp_save(tensors, storage_writer=FileSystemWriter(folder / SHARDS, sync_files=True))
         except CheckpointException as e:  # a BaseException: made an ordinary error, with its cause
             rank, cause = _first_failure(e)
             error = cause if isinstance(cause, OSError) else None
             raise OSError(
                 error.errno if error else None,
                 f"DCP could not write the shards (rank {rank}: {cause})",
-                error.filename if error else str(folder / SUBDIR),
+                error.filename if error else str(folder / SHARDS),
             ) from (cause if isinstance(cause, BaseException) else None)
 
     def load(self, folder: Path, payload: dict[str, Any], at: Path_ = ("state",)) -> dict[str, Any]:
@@ -112,7 +112,7 @@ class ShardFiles:
             targets[key] = self._target(path[len(at) :], live, params, torch.Size(mark["shape"]), dtype)
             where[key] = path
         if targets:
-            reader = SafeReader(folder / SUBDIR)
+            reader = SafeReader(folder / SHARDS)
             try:
                 dcp_load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=False))
             except CheckpointException as e:  # a BaseException: made an ordinary error, with its first cause
@@ -158,7 +158,8 @@ class ShardFiles:
 
 def _first_failure(e: CheckpointException) -> tuple[int, Any]:
     """The lowest failing rank and its exception (DCP wraps each in a ``_WrappedException``)."""
-    rank, cause = min(e.failures.items(), key=lambda kv: kv[0])
+    rank, found = min(e.failures.items(), key=lambda kv: kv[0])
+    cause: Any = found
     if isinstance(cause, tuple) and cause and isinstance(cause[0], BaseException):  # (exception, its frames)
         cause = cause[0]
     return rank, getattr(cause, "exc", cause)
@@ -229,8 +230,6 @@ class SafeReader(FileSystemReader):
     """DCP's FileSystemReader, but its metadata is unpickled from an allow-list and must list tensors only."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        from composetrain.driver.folder import not_regular
-
         folder = Path(self.path)
         problem = not_regular(folder / ".metadata")
         if problem:  # a FIFO would block the read forever
@@ -260,80 +259,3 @@ class SafeReader(FileSystemReader):
         storage.load_id = self.load_id  # what FileSystemReader.read_metadata adds after unpickling
         metadata.storage_meta = storage
         return metadata
-
-
-def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
-    """Load the TrainState saved in a ``ct.run`` checkpoint folder into ``state``, on any number of ranks.
-
-    Model, optimizer, scheduler, step and transform state; not the loop's position or random
-    states, which are per rank (``ct.run`` itself resumes those, with the same number of
-    processes). Sharded tensors are read by DCP into the state's own layout: a checkpoint of
-    W ranks loads into a plain state in one process (whole tensors), or into a state sharded
-    over another number of ranks (shard it first: ``ct.apply_sharding(train_step, state)``);
-    under a process group, every rank calls it. Files load without running code.
-
-    Example:
-        >>> state = ct.TrainState(model, optimizer)          # one process, for inference or export
-        >>> ct.load_checkpoint(state, "runs/a/step-000000800")
-        >>> torch.save(state.model.state_dict(), "model.pt")
-    """
-    from composetrain.driver.checkpoint import SHARED, _load, _shared_problem
-    from composetrain.driver.folder import step_of
-
-    folder = Path(checkpoint).expanduser()
-    step = step_of(folder.name)  # a folder renamed by hand: its name says nothing
-    payload, problem = _load(folder / "state.pt", SHARED, lambda v: _shared_problem(v, step))
-    if payload is None:
-        raise ValueError(f"load_checkpoint: {folder} is not a readable ct.run checkpoint: {problem}")
-    state.load_state_dict(ShardFiles(state).load(folder, payload)["state"])
-
-
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's whole, unsharded state dict on CPU, for inference or export (a collective: call it
-    on every rank; rank 0 gets the tensors, the others an empty dict).
-
-    Example:
-        >>> weights = ct.full_state_dict(state.model)        # inside the job, every rank
-        >>> if proc.is_main:
-        ...     torch.save(weights, "model.pt")              # loads into the plain model
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    if not any(isinstance(p, DTensor) for p in model.parameters()):
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    gone = _group_gone(model)
-    if gone is not None:
-        raise RuntimeError(
-            f"full_state_dict: the model is sharded over a process group that is gone ({gone}), and gathering "
-            "its shards needs that group on every rank: call it inside the job, before the group is destroyed "
-            "(ct.run keeps a group it created until the process exits when the model is sharded), or load a "
-            "checkpoint whole in one process: ct.load_checkpoint(ct.TrainState(fresh_model, optimizer), folder), "
-            "then fresh_model.state_dict()"
-        )
-    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    # gathered DTensors come back as new tensors, but what FSDP2 leaves whole (buffers, the 0-dim
-    # parameters sharded keeps replicated) comes back as the live CPU tensor itself: copy those, or the
-    # export would go on changing as training goes on (the unsharded branch above copies too)
-    live = {
-        t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()] if not isinstance(t, DTensor)
-    }
-    return {
-        k: v.clone() if v.untyped_storage().data_ptr() in live else v
-        for k, v in whole.items()
-        if isinstance(v, torch.Tensor)
-    }
-
-
-def _group_gone(model: torch.nn.Module) -> str | None:
-    """Why the process group of the model's DTensors cannot be reached, or None."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return "no process group is initialised"
-    for p in model.parameters():
-        if isinstance(p, DTensor):
-            try:
-                p.device_mesh.get_group()
-            except (RuntimeError, ValueError, KeyError) as e:
-                return str(e).splitlines()[0] if str(e) else type(e).__name__
-    return None

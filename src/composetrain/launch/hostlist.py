@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from composetrain._util import show
+from composetrain.core.util import show
 
 __all__ = ["MAX_HOSTS", "nodelist_summary", "parse_nodelist"]
 

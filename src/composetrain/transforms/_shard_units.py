@@ -8,8 +8,8 @@ from typing import Any, TypeAlias
 
 from torch import nn
 
-from composetrain._util import name as fn_name
-from composetrain._util import show
+from composetrain.core.util import name as fn_name
+from composetrain.core.util import show
 
 __all__ = ["Units", "check_units_argument", "chosen_by", "describe_units", "predicate_mismatch", "select_units"]
 

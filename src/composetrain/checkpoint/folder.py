@@ -1,5 +1,5 @@
 """The checkpoint folder's files: which names are checkpoints, what is left alone, the lock that keeps
-one run per folder, and the checks that keep a read from blocking (internal to ``checkpoint.py``).
+one run per folder, and the checks that keep a read from blocking (internal to ``checkpoint/``).
 
 A checkpoint is a folder named as ``Checkpoints.save`` names it, ``step-`` and the step in at least
 9 ASCII digits (``step-000001234``), holding a ``state.pt``; checkpoints are ordered by that number.
@@ -20,8 +20,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["LEFTOVER", "foreign", "human", "is_checkpoint", "not_regular", "os_error", "size_of", "step_of",
-           "take_lock"]  # fmt: skip
+__all__ = ["LEFTOVER", "SHARDS", "STATE_FILE", "foreign", "human", "is_checkpoint", "not_regular", "os_error",
+           "rank_file", "size_of", "step_of", "take_lock"]  # fmt: skip
+
+STATE_FILE = "state.pt"  # rank 0's: the TrainState and the loop's position
+SHARDS = "shards"  # the sharded tensors' folder, written by DCP
+
+
+def rank_file(rank: int) -> str:
+    """The name of ``rank``'s own file in a checkpoint folder."""
+    return f"rank-{rank}.pt"
+
 
 _NAME = re.compile(r"step-([0-9]{9,})")  # as save() names it: ASCII digits, at least 9, no spare zero
 LEFTOVER = re.compile(r"\.step-[0-9]{9,}\.(tmp|old)")  # what an interrupted save() leaves
@@ -85,7 +94,7 @@ def foreign(directory: Path) -> list[str]:
     lines = []
     for p in sorted(directory.iterdir()):
         if step_of(p.name) is not None and not is_checkpoint(p):
-            kind = "it holds no state.pt" if p.is_dir() and not p.is_symlink() else "it is not a folder"
+            kind = f"it holds no {STATE_FILE}" if p.is_dir() and not p.is_symlink() else "it is not a folder"
             lines.append(f"leaving {p} alone: {kind}, so ct.run did not write it")
         elif p.name.startswith("step-") and step_of(p.name) is None:
             lines.append(
@@ -111,7 +120,7 @@ def is_checkpoint(path: Path) -> bool:
     if not path.is_dir() or path.is_symlink():
         return False
     try:
-        os.lstat(path / "state.pt")
+        os.lstat(path / STATE_FILE)
     except PermissionError:  # a folder this user cannot look into: reading it says why, it is never skipped
         return True
     except OSError:

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain._placement import check_placement, parse_device
-from composetrain._util import check_int, show
-from composetrain.batching import concat_batches, leading_size, leaves, split_batch, to_device, warn_if_batchnorm
-from composetrain.core import Context, Pass, TrainStep
-from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import Transform, refuse_step, transform_factory
+from composetrain.core.batching import concat_batches, leading_size, leaves, split_batch, to_device, warn_if_batchnorm
+from composetrain.core.protocol import Context, Pass, TrainStep
+from composetrain.core.state import RuntimeState, TrainState
+from composetrain.core.steps import Transform, refuse_step, transform_factory
+from composetrain.core.util import check_int, show
+from composetrain.transforms._placement import check_placement, parse_device
 
 __all__ = ["pipeline_split"]
 

@@ -17,12 +17,12 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
-from composetrain._state_checks import check_schedule_left
-from composetrain._util import name, show
-from composetrain.core import Context, Hook, Metric, Pass, TrainStep, Update
-from composetrain.state import TrainState
+from composetrain.core._state_checks import check_schedule_left
+from composetrain.core.protocol import Context, Hook, Metric, Pass, TrainStep, Update
+from composetrain.core.state import TrainState
+from composetrain.core.util import name, show
 
-__all__ = ["PlainStep", "Transform", "compose", "refuse_step", "train_step", "transform_factory"]
+__all__ = ["PlainStep", "Transform", "compose", "lift", "refuse_step", "train_step", "transform_factory"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -164,7 +164,7 @@ class Transform:
         self._build = build
 
     def __call__(self, step: PlainStep | TrainStep) -> TrainStep:
-        return self._build(_lift(step, self._label))
+        return self._build(lift(step, self._label))
 
     def __repr__(self) -> str:
         return self._label
@@ -190,7 +190,7 @@ def train_step(step: PlainStep | TrainStep) -> TrainStep:
         >>> out = ct.train_step(step)(state, (x, y))       # one update on the whole batch
         >>> out = ct.accumulate(4)(step)(state, (x, y))    # the same update, in 4 micro-batches
     """
-    return _lift(step, "train_step")
+    return lift(step, "train_step")
 
 
 def transform_factory(fn: F) -> F:
@@ -200,7 +200,7 @@ def transform_factory(fn: F) -> F:
     return fn
 
 
-def _lift(step: PlainStep | TrainStep, who: str, arg: str = "step") -> TrainStep:
+def lift(step: PlainStep | TrainStep, who: str, arg: str = "step") -> TrainStep:
     if isinstance(step, TrainStep):
         return step
     if isinstance(step, Transform):
@@ -244,7 +244,7 @@ def compose(*transforms: Callable[[TrainStep], TrainStep]) -> Transform:
 
     def build(step: TrainStep) -> TrainStep:
         for t in reversed(transforms):
-            step = _lift(t(step), repr(t))
+            step = lift(t(step), repr(t))
         return step
 
     return Transform(f"compose({', '.join(map(repr, transforms))})", build)

@@ -6,11 +6,11 @@ from typing import Any
 
 import torch
 
-from composetrain._scaling import LossScaling
-from composetrain._util import check_bool, check_int, check_real, show
-from composetrain.core import Context, Hook, Pass, TrainStep, Update
-from composetrain.state import TrainState
-from composetrain.steps import PlainStep, Transform, transform_factory
+from composetrain.core.protocol import Context, Hook, Pass, TrainStep, Update
+from composetrain.core.state import TrainState
+from composetrain.core.steps import PlainStep, Transform, transform_factory
+from composetrain.core.util import check_bool, check_int, check_real, show
+from composetrain.transforms._scaling import LossScaling
 
 __all__ = ["mixed_precision"]
 

@@ -12,14 +12,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from composetrain._shard_optimizer import only_initial_state, remake_initial_state
-from composetrain._shard_units import Units, check_units_argument, describe_units, select_units
-from composetrain._util import check_bool, show
-from composetrain.batching import samples
-from composetrain.core import Context, TrainStep
-from composetrain.rendezvous import group_world
-from composetrain.state import RuntimeState, TrainState
-from composetrain.steps import PlainStep, Transform, transform_factory
+from composetrain.core.batching import samples
+from composetrain.core.protocol import Context, TrainStep
+from composetrain.core.state import RuntimeState, TrainState
+from composetrain.core.steps import PlainStep, Transform, transform_factory
+from composetrain.core.util import check_bool, show
+from composetrain.launch.rendezvous import group_world
+from composetrain.transforms._shard_optimizer import only_initial_state, remake_initial_state
+from composetrain.transforms._shard_units import Units, check_units_argument, describe_units, select_units
 
 __all__ = ["apply_sharding", "sharded"]
 

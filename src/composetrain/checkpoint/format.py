@@ -1,0 +1,234 @@
+"""ct.run's checkpoint format, defined once: what each file holds, as small typed values, and the reader that
+loads a file without running code and checks it against them.
+
+A checkpoint folder (``folder.py`` names it) holds ``state.pt``, written by rank 0: a ``Shared`` part stamped
+with the format and the world size, and ``rank-<rank>.pt``, each rank's ``Local`` part stamped with its random
+states. The dataclasses below are the files' keys and value types; ``SHARED``, ``LOCAL`` and ``ORDER`` are the
+schemas read from them, and the TrainState inside comes with the keys ``TrainState.state_dict`` defines.
+"""
+
+import dataclasses
+import pickle
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from composetrain.checkpoint.folder import not_regular
+from composetrain.core.rng import capture_rng, generators_problem, rng_problem
+from composetrain.core.state import KEYS as STATE_KEYS
+from composetrain.core.util import show
+
+__all__ = [
+    "FORMAT",
+    "LOCAL",
+    "MARK",
+    "ORDER",
+    "SHARED",
+    "WINDOW",
+    "Local",
+    "Order",
+    "Shared",
+    "UnloggedStep",
+    "check_fits",
+    "local_problem",
+    "read",
+    "shape_problem",
+    "shared_problem",
+    "stamp_local",
+    "stamp_shared",
+    "unplain",
+    "window_problem",
+]  # fmt: skip
+
+FORMAT = 2  # 2: tensors and plain types only, loaded with weights_only=True
+MARK = "__dcp_shard__"  # a sharded tensor's placeholder in state.pt: {MARK: its DCP key, "shape", "dtype"}
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, the values as they are (``dataclasses.asdict`` would copy tensors)."""
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+def _schema(cls: type) -> dict[str, Any]:
+    return {f.name: f.type for f in dataclasses.fields(cls)}
+
+
+# No ``from __future__ import annotations`` here: the field types are the classes the reader checks.
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """What every rank resumes from (rank 0 writes it): the TrainState's ``state_dict()``, the run's settings
+    (a change is warned about), and where the loop stands."""
+
+    state: dict
+    settings: dict
+    epoch: int
+    position: int
+    history: list
+    evals: list
+
+    def to_file(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnloggedStep:
+    """One step output not yet logged (``Meter``'s window), on the CPU."""
+
+    loss: torch.Tensor
+    metrics: dict
+    skipped: bool
+
+    def to_file(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Local:
+    """One rank's own part: its unlogged step outputs, the epoch's data order (None when it needs no
+    replay), and a given DataLoader's generators."""
+
+    window: list
+    order: dict | None
+    generators: list
+
+    def to_file(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Order:
+    """What decides a given DataLoader's order for an epoch (``driver.loading.epoch_order``)."""
+
+    rng: dict
+    generators: list
+    sampler_seed: int | None
+
+    def to_file(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+# The schemas a loadable file has: anything else is corrupt.
+SHARED = {"format": int, "world_size": int, **_schema(Shared)}
+LOCAL = {"rng": dict, **_schema(Local)}
+ORDER = _schema(Order)
+WINDOW = _schema(UnloggedStep)
+
+
+def stamp_shared(shared: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """``state.pt``'s content: the shared part, with the format and the number of processes that wrote it."""
+    return {**shared, "format": FORMAT, "world_size": world_size}
+
+
+def stamp_local(local: dict[str, Any]) -> dict[str, Any]:
+    """``rank-<rank>.pt``'s content: this rank's part, with its random states taken now."""
+    return {**local, "rng": capture_rng()}
+
+
+def check_fits(payload: dict[str, Any], world_size: int, path: Path, who: str) -> None:
+    """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
+    if payload["format"] != FORMAT:
+        raise ValueError(
+            f"{who}: checkpoint {path} is in format {payload['format']}, this composetrain reads format "
+            f"{FORMAT} (tensors and plain types only, loaded with weights_only=True); finish that run with the "
+            "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
+        )
+    if payload["world_size"] != world_size:
+        raise ValueError(
+            f"{who}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
+            f"run has {world_size}; resume with the same number of processes (the data order "
+            "and random states are per rank)"
+        )
+
+
+def read(path: Path, schema: dict[str, Any], deep: Callable[[Any], str | None]) -> tuple[Any, str | None]:
+    """The dict in ``path`` if it loads without running code and has the ``schema``; else why not."""
+    problem = not_regular(path)
+    if problem:  # a FIFO would block the open forever, a device would be read without end
+        return None, problem
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise  # not the file's fault: Checkpoints._read refuses it on every rank
+    except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
+        detail = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), str(e).splitlines()[0])
+        return None, f"it holds objects other than tensors and plain types, so it was not loaded ({detail})"
+    except Exception as e:
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    problem = shape_problem(value, schema) or deep(value)
+    return (None, problem) if problem else (value, None)
+
+
+def shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
+    if not isinstance(value, dict):
+        return f"it holds a {type(value).__name__}, not a dict of {sorted(schema)}"
+    missing = sorted(schema.keys() - value.keys())
+    if missing:
+        return f"it lacks {missing}"
+    for key, kind in schema.items():
+        if not isinstance(value[key], kind) or (kind is int and isinstance(value[key], bool)):
+            return f"its {key!r} is a {type(value[key]).__name__}"
+    return None
+
+
+def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | None:
+    """What is wrong with a ``state.pt`` payload, or None; ``step``: its folder's, when known."""
+    per_epoch = payload["settings"].get("updates_per_epoch")
+    if payload["world_size"] < 1 or payload["epoch"] < 0 or not 0 <= payload["position"] < (per_epoch or 1):
+        return (
+            f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']} "
+            f"of {per_epoch} updates per epoch"
+        )
+    state = payload["state"]
+    missing = sorted(STATE_KEYS - state.keys())
+    if missing:
+        return f"its TrainState lacks {missing}"
+    if type(state["step"]) is not int or (step is not None and state["step"] != step):
+        return f"its TrainState's step {state['step']!r} is not the step of its folder ({step})"
+    if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
+        return "its history and evals must be lists of dicts"
+    return None
+
+
+def local_problem(local: dict[str, Any]) -> str | None:
+    """What is wrong with a ``rank-<rank>.pt`` payload, or None (random states tried on fresh generators)."""
+    order = local["order"]
+    if order is not None and shape_problem(order, ORDER):
+        return f"its data order state: {shape_problem(order, ORDER)}"
+    return (
+        rng_problem(local["rng"])
+        or generators_problem(local["generators"])
+        or (order and (rng_problem(order["rng"]) or generators_problem(order["generators"])))
+        or next(filter(None, map(window_problem, local["window"])), None)
+    )
+
+
+def window_problem(entry: Any) -> str | None:
+    """What is wrong with one saved step output (``UnloggedStep``), or None."""
+    if shape_problem(entry, WINDOW) is None and all(
+        type(k) is str and isinstance(v, torch.Tensor)
+        for k, v in entry["metrics"].items()  # exactly as saved
+    ):
+        return None
+    return "its unlogged step outputs must be dicts of loss, metrics and skipped"
+
+
+_PLAIN = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def unplain(value: Any, where: str) -> str | None:
+    """Where in ``value`` something sits that ``torch.load(weights_only=True)`` would refuse, or None.
+    Exact types: a NumPy float is a float subclass, and a named tuple a tuple one, yet neither loads."""
+    if isinstance(value, torch.Tensor) or type(value) in _PLAIN:
+        return None
+    if type(value) in (dict, OrderedDict):
+        for k, v in value.items():
+            problem = unplain(k, f"a key of {where}") or unplain(v, f"{where}[{k!r}]")
+            if problem:
+                return problem
+        return None
+    if type(value) in (list, tuple, set):
+        return next(filter(None, (unplain(v, f"{where}[{i}]") for i, v in enumerate(value))), None)
+    return f"{where} is {show(value)}"
