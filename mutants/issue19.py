@@ -54,7 +54,7 @@ MUTANTS = [
         "file": "src/composetrain/driver/folder.py",
         "find": 'return int(match[1]) if match and name == f"step-{int(match[1]):09d}" else None',
         "replace": "return int(match[1]) if match else None",
-        "tests": [f"{T_FOLDER}::test_a_folder_named_by_hand_is_ignored_with_a_message_and_never_loaded"],
+        "tests": [f"{T_FOLDER}::test_a_step_name_with_a_spare_leading_zero_is_the_users_and_never_pruned"],
         "why": "step-0000000005 (a spare zero, a copy named by hand) taken for a checkpoint",
     },
     {
