@@ -107,6 +107,17 @@ def test_a_folder_named_by_hand_is_ignored_with_a_message_and_never_loaded(tmp_p
         assert (run / name / "state.pt").is_file()  # left as it was, never renamed
 
 
+def test_a_step_name_with_a_spare_leading_zero_is_the_users_and_never_pruned(tmp_path):
+    """step-0000000005 (10 digits: save() names step 5 with 9) is no checkpoint: named in a warning, and
+    neither loaded nor pruned when newer checkpoints replace the one of step 5."""
+    train(tmp_path, max_steps=5)
+    shutil.copytree(tmp_path / "step-000000005", tmp_path / "step-0000000005")
+    with pytest.warns(UserWarning, match=r"run: ignoring .*step-0000000005.*not a checkpoint name"):
+        train(tmp_path, max_steps=8, checkpoint_every=1, keep_checkpoints=1)
+    assert {p.name for p in tmp_path.glob("step-*")} == {"step-000000008", "step-0000000005"}
+    assert (tmp_path / "step-0000000005" / "state.pt").is_file()
+
+
 def test_checkpoints_are_ordered_by_number(tmp_path):
     train(tmp_path, max_steps=3)
     found = latest(tmp_path)
