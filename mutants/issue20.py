@@ -2,7 +2,7 @@
 
 MUTANTS = [
     {
-        "file": "src/composetrain/sharded.py",
+        "file": "src/composetrain/transforms/sharded.py",
         "find": "state._unheld = [now[names[id(p)]] for p in state._unheld]",
         "replace": "state._unheld = list(state._unheld)",
         "tests": [
@@ -12,16 +12,16 @@ MUTANTS = [
         "why": "20.1: the parameters outside the optimizer still name the unsharded ones: their .grad is never cleared",
     },
     {
-        "file": "src/composetrain/_sharded_checkpoint.py",
-        "find": "FileSystemWriter(folder / SUBDIR, sync_files=True)",
-        "replace": "FileSystemWriter(folder / SUBDIR, sync_files=False)",
+        "file": "src/composetrain/checkpoint/sharded.py",
+        "find": "FileSystemWriter(folder / SHARDS, sync_files=True)",
+        "replace": "FileSystemWriter(folder / SHARDS, sync_files=False)",
         "tests": [
             "tests/test_sharded_checkpoint_files.py::test_shard_files_and_metadata_are_fsynced_before_the_rename"
         ],
         "why": "20.2: the shard files are not fsynced before the folder's rename",
     },
     {
-        "file": "src/composetrain/_sharded_checkpoint.py",
+        "file": "src/composetrain/checkpoint/sharded.py",
         "find": 'params = [p for g in self.state.optimizer.param_groups for p in g["params"]]',
         "replace": "params = list(self.state.model.parameters())",
         "tests": [
@@ -30,14 +30,14 @@ MUTANTS = [
         "why": "20.3: optimizer state numbered in model.parameters() order, not the optimizer's",
     },
     {
-        "file": "src/composetrain/_shard_units.py",
+        "file": "src/composetrain/transforms/_shard_units.py",
         "find": 'ordered = sorted(units, key=lambda n: -n.count("."))',
         "replace": 'ordered = sorted(units, key=lambda n: n.count("."))',
         "tests": ["tests/test_shard_unit_ties.py"],
         "why": "20.4: the outermost unit owns a parameter: a weight tied between nested units passes",
     },
     {
-        "file": "src/composetrain/_auto_accumulate.py",
+        "file": "src/composetrain/transforms/_auto_accumulate.py",
         "find": "            p.grad = grad.clone()\n",
         "replace": "            p.grad = grad\n",
         "tests": [
@@ -47,7 +47,7 @@ MUTANTS = [
         "why": "20.5: a retry gets the saved gradients themselves, which the next attempt's backward adds into",
     },
     {
-        "file": "src/composetrain/_auto_accumulate.py",
+        "file": "src/composetrain/transforms/_auto_accumulate.py",
         "find": "self.grads = [(p, p.grad.clone()) for p in params if p.grad is not None]",
         "replace": "self.grads = [(p, p.grad) for p in params if p.grad is not None]",
         "tests": [
@@ -57,14 +57,14 @@ MUTANTS = [
         "why": "20.5: the gradients from before the call kept as aliases, which the first attempt's backward adds into",
     },
     {
-        "file": "src/composetrain/deferred_sync.py",
+        "file": "src/composetrain/transforms/_deferred_sync.py",
         "find": "params = [p for p in self.ddp.module.parameters() if p.requires_grad and p.grad is not None]",
         "replace": "params = [p for p in self.ddp.module.parameters() if p.requires_grad]",
         "tests": ["tests/test_auto_unused_parameters.py"],
         "why": "20.6: the deferred sync gives a never-used parameter a zero gradient (momentum, decay move it)",
     },
     {
-        "file": "src/composetrain/_scaling.py",
+        "file": "src/composetrain/transforms/_scaling.py",
         "find": "carried = self.scaler.state_dict() if mode == self.mode else None",
         "replace": "carried = self.scaler.state_dict() if mode == self.mode and device == self.device else None",
         "tests": ["tests/test_loss_scale_moves.py"],
@@ -78,16 +78,16 @@ MUTANTS = [
         "why": "20.8: num_workers='auto' gives every process of the node the whole node's cores",
     },
     {
-        "file": "src/composetrain/driver/rng.py",
+        "file": "src/composetrain/core/rng.py",
         "find": '"gauss": gauss}',
         "replace": '"gauss": None}',
         "tests": ["tests/test_rng_streams.py::test_the_cached_gaussian_is_in_the_saved_state"],
         "why": "20.9: Python's cached Gaussian is dropped from the checkpoint",
     },
     {
-        "file": "src/composetrain/driver/checkpoint.py",
-        "find": 'if payload["world_size"] != self.world_size:',
-        "replace": 'if payload["world_size"] < self.world_size:',
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": 'if payload["world_size"] != world_size:',
+        "replace": 'if payload["world_size"] < world_size:',
         "tests": ["tests/test_checkpoint_folder.py::test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept"],
         "why": "20.10: a checkpoint of more processes than the run has is resumed",
     },
