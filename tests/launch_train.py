@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dist_cases
+import distributed_workers
 from helpers import process_group_threads
 
 import composetrain as ct
@@ -22,7 +22,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     out = Path(sys.argv[1])
     with ct.rendezvous(timeout=60) as proc:
-        result = dist_cases.train(CASE, proc.rank)
+        result = distributed_workers.train(CASE, proc.rank)
         result["cluster"] = proc.cluster
     result["threads_left"] = process_group_threads()
     torch.save(result, out / f"rank{proc.rank}.pt")

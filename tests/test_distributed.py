@@ -2,13 +2,13 @@
 
 import itertools
 
-import dist_cases
+import distributed_workers
 import pytest
 import torch
-from dist_pool import Pool
 from helpers import assert_states_equal, classify, make_batch, make_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from processes import Pool
 
 import composetrain as ct
 
@@ -22,7 +22,7 @@ def pool(request):
 
 def run(pool, **case):
     case.setdefault("seed", 0)
-    return pool.run("dist_cases", "run_case", case), dist_cases.train(case, rank=None)
+    return pool.run("distributed_workers", "run_case", case), distributed_workers.train(case, rank=None)
 
 
 def assert_matches_reference(results, reference, rtol=1e-10, atol=1e-12):
@@ -104,16 +104,16 @@ def test_a_new_default_group_gets_a_new_ddp_wrapper(pool):
 def test_one_gradient_sync_per_update_whatever_n(pool):
     """A counting DDP communication hook; buckets of one parameter each (4 of them) once DDP has
     rebuilt its buckets after its first iteration."""
-    one_backward = pool.run("dist_cases", "count_syncs", 1, 3)
+    one_backward = pool.run("distributed_workers", "count_syncs", 1, 3)
     assert one_backward == [[1, 4, 4]] * pool.world
     for n in (2, 4):
-        assert pool.run("dist_cases", "count_syncs", n, 3) == one_backward, n
+        assert pool.run("distributed_workers", "count_syncs", n, 3) == one_backward, n
     # the loop that forgets no_sync pays one sync per micro-batch
-    assert pool.run("dist_cases", "syncs_without_no_sync", 4) == [16] * pool.world
+    assert pool.run("distributed_workers", "syncs_without_no_sync", 4) == [16] * pool.world
 
 
 def test_ranks_agree_on_the_fewest_updates_so_uneven_data_cannot_hang(pool):
-    assert pool.run("dist_cases", "fewest") == [10] * pool.world
+    assert pool.run("distributed_workers", "fewest") == [10] * pool.world
     with ct.rendezvous(env={}) as alone:
         assert alone.fewest(7) == 7
 

@@ -4,12 +4,12 @@ import itertools
 import math
 
 import pytest
-import shard_cases
+import sharded_workers
 import torch
-from dist_pool import Pool
 from helpers import assert_states_equal, classify, make_batch, make_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from processes import Pool
 
 import composetrain as ct
 
@@ -23,7 +23,7 @@ def pool():
 
 def run(pool, **case):
     case.setdefault("seed", 0)
-    return pool.run("shard_cases", "run_case", case), shard_cases.train(case, rank=None)
+    return pool.run("sharded_workers", "run_case", case), sharded_workers.train(case, rank=None)
 
 
 def assert_matches_reference(results, reference, rtol=1e-10, atol=1e-12):
@@ -71,7 +71,7 @@ def test_token_weights_are_normalised_over_every_rank(pool, letters):
 
 
 def test_bf16_runs_the_forward_in_bf16_and_keeps_sharded_fp32_weights_and_gradients(pool):
-    for seen in pool.run("shard_cases", "dtypes_under_bf16"):
+    for seen in pool.run("sharded_workers", "dtypes_under_bf16"):
         assert seen == {
             "output": "torch.bfloat16",
             "params": ["torch.float32"],
@@ -98,7 +98,8 @@ def test_a_gradient_not_finite_on_one_rank_only_skips_the_update_on_every_rank(p
     """Each rank sees its own shard of the gradients: the skip decision must be the same on every rank
     (DTensor's unscale_ reduces GradScaler's found_inf flag over the mesh; this guards that it still does)."""
     assert (
-        pool.run("shard_cases", "found_inf_on_one_rank", dtype) == [{"skipped": True, "unchanged": True, "step": 1}] * 2
+        pool.run("sharded_workers", "found_inf_on_one_rank", dtype)
+        == [{"skipped": True, "unchanged": True, "step": 1}] * 2
     )
 
 
@@ -114,7 +115,7 @@ def test_fp16_dynamic_loss_scaling_is_the_textbook_fsdp2_loop_bit_for_bit(pool, 
     Bit for bit, not within a tolerance: both run the same kernels in the same order (the loss scaled after
     its micro-batch share, unscaled once after the last backward, DTensor's unscale_ reducing found_inf
     over the ranks)."""
-    results = pool.run("shard_cases", "fp16_both", letters, 1, 3, optimizer)
+    results = pool.run("sharded_workers", "fp16_both", letters, 1, 3, optimizer)
     for mine, theirs in results:
         assert [r["skipped"] for r in mine] == [r["skipped"] for r in theirs]
         assert [r["scale"] for r in mine] == [r["scale"] for r in theirs]
@@ -140,14 +141,14 @@ def test_fp16_dynamic_loss_scaling_is_the_textbook_fsdp2_loop_bit_for_bit(pool, 
 
 
 def test_each_rank_holds_half_the_parameters_gradients_and_optimizer_state(pool):
-    whole = shard_cases.local_bytes(0, 1, sharded=False)
-    for mine in pool.run("shard_cases", "local_bytes", True):
+    whole = sharded_workers.local_bytes(0, 1, sharded=False)
+    for mine in pool.run("sharded_workers", "local_bytes", True):
         for what in ("params", "grads", "optimizer"):
             assert mine[what] == whole[what] / 2, what  # 64 rows per layer split evenly over 2 ranks
 
 
 def test_bad_inputs_are_clear_errors_that_change_nothing(pool):
-    found = pool.run("shard_cases", "refusals")
+    found = pool.run("sharded_workers", "refusals")
     assert found[0] == found[1]
     found = found[0]
     assert found["unknown"].startswith(
@@ -220,10 +221,10 @@ def test_world_size_one_is_the_plain_step_bit_for_bit():
 def test_gradients_are_reduced_once_per_update_unless_asked_every_micro_batch(pool):
     """One reduce-scatter per unit for each backward that syncs; the others keep unsharded gradients."""
     units = 3  # blocks.0, blocks.1 and the root (inp, head)
-    assert pool.run("shard_cases", "reduce_scatters", 1, False) == [[units, units]] * 2
+    assert pool.run("sharded_workers", "reduce_scatters", 1, False) == [[units, units]] * 2
     for n in (2, 4):
-        assert pool.run("shard_cases", "reduce_scatters", n, False) == [[units, units]] * 2, n
-        assert pool.run("shard_cases", "reduce_scatters", n, True) == [[n * units, n * units]] * 2, n
+        assert pool.run("sharded_workers", "reduce_scatters", n, False) == [[units, units]] * 2, n
+        assert pool.run("sharded_workers", "reduce_scatters", n, True) == [[n * units, n * units]] * 2, n
 
 
 @pytest.mark.parametrize("letters", ["sk", "ks", "ska", "ask"])
@@ -234,7 +235,7 @@ def test_checkpoint_activations_composes(pool, letters):
 
 
 def test_a_released_state_holds_no_reference_to_its_group_and_refuses_the_next_step(pool):
-    found = pool.run("shard_cases", "released")
+    found = pool.run("sharded_workers", "released")
     assert found[0]["next_step"] == found[1]["next_step"]
     for r in found:
         assert r["held_before"] and not r["held_after"]  # FSDP2 held it; ct.run destroys it next

@@ -1,7 +1,9 @@
-"""accumulate("auto") and checkpoint_activations on every rank of a dist_pool.Pool, with references.
+"""accumulate("auto") and checkpoint_activations on every rank of a processes.Pool, with references.
 
 Out-of-memory errors are injected: the step raises ``torch.OutOfMemoryError`` when its
 micro-batch holds more samples than this rank's limit, so one rank can fail alone.
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from dist_cases import global_batch, make_state, shard
+from distributed_workers import global_batch, make_state, shard
 from torch import nn
 
 import composetrain as ct

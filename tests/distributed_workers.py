@@ -1,9 +1,11 @@
-"""Cases run on every rank of a dist_pool.Pool, and their single-process references.
+"""Cases run on every rank of a processes.Pool, and their single-process references.
 
 A case names a composition as letters, outermost first: ``d`` distributed, ``m``
 mixed_precision (bf16), ``a`` accumulate(n), ``c`` clip_grad_norm. The global
 batch of each update is the concatenation of the ranks' shards in rank order, so
 the reference is the composition without ``d`` on the global batch, in one process.
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def wrapper(state: ct.TrainState) -> Any:
 
 def regroup(rank: int) -> None:
     """Destroy the default process group and make a new one of the same ranks."""
-    from dist_pool import free_port
+    from processes import free_port
 
     world = dist.get_world_size()
     port = torch.tensor(free_port() if rank == 0 else 0)
