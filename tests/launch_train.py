@@ -16,7 +16,13 @@ from helpers import process_group_threads
 
 import composetrain as ct
 
-CASE = {"letters": "dma", "n": 2, "kind": "classify", "sizes": [[5, 7], [6, 6], [8, 3]], "seed": 3}
+CASE = {
+    "composition": "distributed(mixed_precision(dtype='bf16')(accumulate(n)(step)))",
+    "n": 2,
+    "kind": "classify",
+    "sizes": [[5, 7], [6, 6], [8, 3]],
+    "seed": 3,
+}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -1,10 +1,9 @@
 """Cases for ct.sharded run on every rank of a processes.Pool, and their single-process references.
 
-A case names a composition as letters, outermost first: ``s`` sharded, ``S`` sharded with
-sync_every_micro_batch, ``a`` accumulate(n), ``c`` clip_grad_norm, ``m`` mixed_precision (bf16),
-``k`` checkpoint_activations of every block.
-The global batch of each update is the ranks' shards concatenated in rank order; the reference
-is the composition without ``s`` on it, in one process.
+A case names its composition as the composed step prints (``step`` for the step, ``n`` for the case's
+accumulation count): ``"sharded(clip_grad_norm(0.5)(accumulate(n)(step)))"``; checkpoint_activations
+recomputes every block. The global batch of each update is the ranks' shards concatenated in rank order;
+the reference is the composition without ``sharded`` on it, in one process.
 
 A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
 """
@@ -16,6 +15,7 @@ from typing import Any
 import distributed_workers
 import torch
 import torch.distributed as dist
+from helpers import composed, without
 from torch import nn
 
 import composetrain as ct
@@ -61,18 +61,19 @@ def make_state(kind: str, seed: int, dtype: torch.dtype, optimizer: str = "sgd")
     return ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
 
 
-def build(letters: str, n: int, kind: str) -> ct.TrainStep:
+def build(printed: str, n: int, kind: str) -> ct.TrainStep:
+    """The composition ``printed`` (as the step prints: ``"sharded(accumulate(n)(step))"``)."""
     step = distributed_workers.token_step if kind == "tokens" else distributed_workers.classify
     weight = distributed_workers.real_tokens if kind == "tokens" else None
     parts = {
-        "s": ct.sharded,
-        "S": ct.sharded(sync_every_micro_batch=True),
-        "a": ct.accumulate(n, weight=weight),
-        "c": ct.clip_grad_norm(0.5),
-        "m": ct.mixed_precision(dtype="bf16"),
-        "k": ct.checkpoint_activations(nn.Sequential),  # every block recomputed in backward
+        "sharded": ct.sharded,
+        "sharded(sync_every_micro_batch=True)": ct.sharded(sync_every_micro_batch=True),
+        "accumulate(n)": ct.accumulate(n, weight=weight),
+        "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
+        "mixed_precision(dtype='bf16')": ct.mixed_precision(dtype="bf16"),
+        "checkpoint_activations(Sequential)": ct.checkpoint_activations(nn.Sequential),  # every block
     }
-    return ct.compose(*(parts[k] for k in letters))(step)
+    return composed(printed, parts, step)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -89,11 +90,15 @@ def optimizer_state(state: ct.TrainState) -> dict[int, dict[str, torch.Tensor]]:
 
 def train(case: dict[str, Any], rank: int | None) -> dict[str, Any]:
     """The case's updates; rank None is the single-process reference on the global batches."""
-    dtype = torch.float32 if "m" in case["letters"] else torch.float64
-    letters = case["letters"] if rank is not None else case["letters"].replace("s", "").replace("S", "")
+    dtype = torch.float32 if "mixed_precision" in case["composition"] else torch.float64
+    printed = (
+        case["composition"]
+        if rank is not None
+        else without(case["composition"], "sharded(sync_every_micro_batch=True)", "sharded")
+    )
     # ranks start from different weights: sharded must broadcast rank 0's, the reference's
     state = make_state(case["kind"], case["seed"] + (rank or 0), dtype, case.get("optimizer", "sgd"))
-    step = build(letters, case["n"], case["kind"])
+    step = build(printed, case["n"], case["kind"])
     losses, metrics = [], []
     for i, sizes in enumerate(case["sizes"]):
         batch = distributed_workers.global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
@@ -358,17 +363,18 @@ def fp16_record(model: nn.Module, optimizer: torch.optim.Optimizer, scale: float
 
 
 def fp16_composetrain(
-    rank: int, world: int, letters: str, growth_interval: int, poisoned: int, optimizer: str
+    rank: int, world: int, printed: str, growth_interval: int, poisoned: int, optimizer: str
 ) -> list[dict[str, Any]]:
-    """ct.sharded + ct.mixed_precision('fp16') + ct.accumulate(2) (+ clip_grad_norm(0.5) with ``c``),
-    nested as ``letters`` say (outermost first): one record per update."""
+    """ct.sharded + ct.mixed_precision('fp16') + ct.accumulate(2) (+ clip_grad_norm(0.5)), nested as
+    ``printed`` says (as the step prints: ``"sharded(mixed_precision(dtype='fp16')(accumulate(2)(step)))"``):
+    one record per update."""
     parts = {
-        "s": ct.sharded,
-        "m": ct.mixed_precision(dtype="fp16"),
-        "a": ct.accumulate(2),
-        "c": ct.clip_grad_norm(0.5),
+        "sharded": ct.sharded,
+        "mixed_precision(dtype='fp16')": ct.mixed_precision(dtype="fp16"),
+        "accumulate(2)": ct.accumulate(2),
+        "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
     }
-    train = ct.compose(*(parts[k] for k in letters))(distributed_workers.classify)
+    train = composed(printed, parts, distributed_workers.classify)
     state = fp16_state(optimizer)
     saved = state.state_dict()  # the scaler's growth interval arrives as a checkpoint would bring it
     state.load_state_dict({**saved, "transforms": {"mixed_precision": fp16_scaling(growth_interval)}})
@@ -433,9 +439,9 @@ def fp16_textbook(rank: int, world: int, clip: bool, growth_interval: int, poiso
 
 
 def fp16_both(
-    rank: int, world: int, letters: str, growth_interval: int = 1, poisoned: int = 3, optimizer: str = "sgd"
+    rank: int, world: int, printed: str, growth_interval: int = 1, poisoned: int = 3, optimizer: str = "sgd"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """composetrain's records and the textbook loop's, on the same rank batches from the same weights."""
-    mine = fp16_composetrain(rank, world, letters, growth_interval, poisoned, optimizer)
-    theirs = fp16_textbook(rank, world, "c" in letters, growth_interval, poisoned, optimizer)
+    mine = fp16_composetrain(rank, world, printed, growth_interval, poisoned, optimizer)
+    theirs = fp16_textbook(rank, world, "clip_grad_norm" in printed, growth_interval, poisoned, optimizer)
     return mine, theirs

@@ -15,6 +15,7 @@ from helpers import (
     make_batch,
     make_state,
     snapshot,
+    without,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -255,11 +256,19 @@ def assert_ranks_match_reference(results, reference):
         torch.testing.assert_close(torch.stack([r["losses"][i] for r in results]).mean(), ref, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("letters", ["du", "ud", "cdu", "dku"])
-def test_an_oom_on_one_rank_only_is_agreed_by_all_without_hanging(pool, letters):
+@pytest.mark.parametrize(
+    "composition",
+    [
+        "distributed(accumulate('auto')(step))",
+        "accumulate('auto')(distributed(step))",
+        "clip_grad_norm(0.5)(distributed(accumulate('auto')(step)))",
+        "distributed(checkpoint_activations('0')(accumulate('auto')(step)))",
+    ],
+)
+def test_an_oom_on_one_rank_only_is_agreed_by_all_without_hanging(pool, composition):
     """Rank 1 runs out of memory above 3 samples, rank 0 never: both adopt micro-batches of 3, in one agreement
     per attempt, and the updates equal one process on the global batch (a hang fails the pool's timeout)."""
-    case = {"letters": letters, "limits": [None, 3], "sizes": [[10, 10], [10, 10], [7, 7]], "seed": 3}
+    case = {"composition": composition, "limits": [None, 3], "sizes": [[10, 10], [10, 10], [7, 7]], "seed": 3}
     results = pool.run("auto_accumulate_workers", "run_auto", case, timeout=60)
     reference = auto_accumulate_workers.train_auto(None, 2, case)
     assert_ranks_match_reference(results, reference)
@@ -285,11 +294,19 @@ def test_one_gradient_sync_per_update_also_with_retries(pool):
     assert pool.run("auto_accumulate_workers", "count_syncs_auto", [None, 2], 3) == [[1, 4, 4]] * 2
 
 
-@pytest.mark.parametrize("letters", ["dka", "kda", "dak"])
-def test_checkpoint_activations_under_distributed_is_bit_identical(pool, letters):
-    with_k = pool.run("auto_accumulate_workers", "checkpointed", letters, 5, timeout=60)
-    without = pool.run("auto_accumulate_workers", "checkpointed", letters.replace("k", ""), 5, timeout=60)
-    for a, b in zip(with_k, without, strict=True):
+@pytest.mark.parametrize(
+    "composition",
+    [
+        "distributed(checkpoint_activations('0')(accumulate(2)(step)))",
+        "checkpoint_activations('0')(distributed(accumulate(2)(step)))",
+        "distributed(accumulate(2)(checkpoint_activations('0')(step)))",
+    ],
+)
+def test_checkpoint_activations_under_distributed_is_bit_identical(pool, composition):
+    with_k = pool.run("auto_accumulate_workers", "checkpointed", composition, 5, timeout=60)
+    plain = without(composition, "checkpoint_activations('0')")
+    without_k = pool.run("auto_accumulate_workers", "checkpointed", plain, 5, timeout=60)
+    for a, b in zip(with_k, without_k, strict=True):
         assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
 
 

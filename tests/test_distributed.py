@@ -43,40 +43,54 @@ rank_sizes = st.integers(1, 9)
 @settings(max_examples=12)
 @given(
     data=st.data(),
-    letters=st.sampled_from(["da", "ad", "dca", "adc"]),
+    composition=st.sampled_from(
+        [
+            "distributed(accumulate(n)(step))",
+            "accumulate(n)(distributed(step))",
+            "distributed(clip_grad_norm(0.5)(accumulate(n)(step)))",
+            "accumulate(n)(distributed(clip_grad_norm(0.5)(step)))",
+        ]
+    ),
     n=st.integers(1, 4),
     seed=st.integers(0, 999),
 )
-def test_distributed_accumulate_is_one_process_on_the_global_batch(pool, data, letters, n, seed):
+def test_distributed_accumulate_is_one_process_on_the_global_batch(pool, data, composition, n, seed):
     """float64, momentum SGD, a scheduler, 3 updates; ranks may hold different numbers of samples."""
     sizes = [data.draw(st.lists(rank_sizes, min_size=pool.world, max_size=pool.world)) for _ in range(3)]
-    results, reference = run(pool, letters=letters, n=n, kind="classify", sizes=sizes, seed=seed)
+    results, reference = run(pool, composition=composition, n=n, kind="classify", sizes=sizes, seed=seed)
     assert_matches_reference(results, reference)
 
 
 @settings(max_examples=8)
-@given(letters=st.sampled_from(["da", "ad"]), n=st.integers(1, 3), seed=st.integers(0, 999))
-def test_token_weighted_normalisation_is_global_across_ranks(pool, letters, n, seed):
+@given(
+    composition=st.sampled_from(["distributed(accumulate(n)(step))", "accumulate(n)(distributed(step))"]),
+    n=st.integers(1, 3),
+    seed=st.integers(0, 999),
+)
+def test_token_weighted_normalisation_is_global_across_ranks(pool, composition, n, seed):
     """Odd ranks hold sequences up to 9 tokens long, even ranks up to 3: the loss is still the
     mean over every real token of the global batch, not a mean of per-rank means."""
     sizes = [[4] * pool.world] * 3
-    results, reference = run(pool, letters=letters, n=n, kind="tokens", sizes=sizes, seed=seed)
+    results, reference = run(pool, composition=composition, n=n, kind="tokens", sizes=sizes, seed=seed)
     assert_matches_reference(results, reference)
 
 
 def test_ranks_with_very_different_batches_never_hang(pool):
     """One rank's batch is smaller than n: it runs fewer micro-batches, and still syncs once."""
     sizes = [[3] + [8] * (pool.world - 1), [1] + [5] * (pool.world - 1)]
-    results, reference = run(pool, letters="da", n=4, kind="classify", sizes=sizes)
+    results, reference = run(pool, composition="distributed(accumulate(n)(step))", n=4, kind="classify", sizes=sizes)
     assert_matches_reference(results, reference)
 
 
-MP_ORDERS = ["".join(p) for p in itertools.permutations("dma")]
+MP_ORDERS = [  # every nesting of distributed, mixed_precision and accumulate
+    "".join(p + "(" for p in order) + "step" + ")" * 3
+    for order in itertools.permutations(("distributed", "mixed_precision(dtype='bf16')", "accumulate(n)"))
+]
 
 
 def test_mixed_precision_in_every_order_agrees_and_tracks_one_process(pool):
     sizes = [[6] * pool.world] * 3
-    runs = {letters: run(pool, letters=letters, n=2, kind="classify", sizes=sizes) for letters in MP_ORDERS}
+    runs = {c: run(pool, composition=c, n=2, kind="classify", sizes=sizes) for c in MP_ORDERS}
     first = runs[MP_ORDERS[0]][0]
     for results, _ in runs.values():  # every order: bit for bit the same on every rank
         for r, f in zip(results, first, strict=True):
@@ -90,14 +104,23 @@ def test_mixed_precision_in_every_order_agrees_and_tracks_one_process(pool):
 def test_a_released_ddp_wrapper_is_rebuilt_and_training_continues_exactly(pool):
     sizes = [[3 + r for r in range(pool.world)]] * 4
     for release_after in (0, 2):
-        results, reference = run(pool, letters="da", n=2, kind="classify", sizes=sizes, release_after=release_after)
+        results, reference = run(
+            pool,
+            composition="distributed(accumulate(n)(step))",
+            n=2,
+            kind="classify",
+            sizes=sizes,
+            release_after=release_after,
+        )
         assert_matches_reference(results, reference)
 
 
 def test_a_new_default_group_gets_a_new_ddp_wrapper(pool):
     """The wrapper of a destroyed group is never reused: training goes on, exactly, in the new one."""
     sizes = [[3 + r for r in range(pool.world)]] * 3
-    results, reference = run(pool, letters="da", n=2, kind="classify", sizes=sizes, regroup_after=0)
+    results, reference = run(
+        pool, composition="distributed(accumulate(n)(step))", n=2, kind="classify", sizes=sizes, regroup_after=0
+    )
     assert_matches_reference(results, reference)
 
 
