@@ -20,7 +20,11 @@ def final(path):
     return torch.load(path.with_name(f"{path.stem}-rank0{path.suffix}"), weights_only=False)
 
 
-def straight_run(tmp_path):
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The job run straight through, launched once for every test here that compares a stopped and rerun job
+    with it (the job is deterministic: one launch serves them all)."""
+    tmp_path = tmp_path_factory.mktemp("straight")
     code, out = finish(
         launch("--dir", str(tmp_path / "straight"), "--out", str(tmp_path / "straight.pt"), "--epochs", "3")
     )
@@ -39,8 +43,7 @@ def job_args(tmp_path, *extra):
     return ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3", *extra]
 
 
-def test_sigkill_during_training_resumes_from_the_last_checkpoint_bit_identically(tmp_path):
-    straight = straight_run(tmp_path)
+def test_sigkill_during_training_resumes_from_the_last_checkpoint_bit_identically(tmp_path, straight):
     job = job_args(tmp_path, "--checkpoint-every", "3")
     with launch(*job, "--step-delay", "0.05") as proc:
         wait_for(lambda: len(list((tmp_path / "job").glob("step-*"))) >= 2)
@@ -51,8 +54,7 @@ def test_sigkill_during_training_resumes_from_the_last_checkpoint_bit_identicall
     assert_same_training(final(tmp_path / "job.pt"), straight)
 
 
-def test_sigkill_during_a_save_leaves_the_previous_checkpoint_valid(tmp_path):
-    straight = straight_run(tmp_path)
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint_valid(tmp_path, straight):
     job = job_args(tmp_path, "--checkpoint-every", "3")
     with launch(*job, "--slow-save", "3") as proc:  # hangs inside the second save, after its first file
         job_dir = tmp_path / "job"
@@ -71,8 +73,7 @@ def logged(path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_sigterm_saves_and_exits_cleanly_and_a_rerun_continues(tmp_path, sig):
-    straight = straight_run(tmp_path)
+def test_sigterm_saves_and_exits_cleanly_and_a_rerun_continues(tmp_path, sig, straight):
     job = job_args(tmp_path)
     with launch(*job, "--step-delay", "0.05") as proc:
         wait_for(lambda: logged(tmp_path / "job" / "metrics.jsonl"))  # training began: the handlers are in place
