@@ -83,7 +83,7 @@ def hopeless(rank: int, world: int) -> dict[str, Any]:
     """Rank 1 cannot fit one sample: every rank raises, with its state untouched, and the ranks stay usable."""
     state = make_state("classify", 0, torch.float64)
     before = [p.detach().clone() for p in state.model.parameters()]
-    step = build("du", limited(0 if rank == 1 else None))
+    step = build("distributed(accumulate('auto')(step))", limited(0 if rank == 1 else None))
     batch = shard(global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank)
     try:
         step(state, batch)
@@ -93,7 +93,7 @@ def hopeless(rank: int, world: int) -> dict[str, Any]:
     untouched = all(torch.equal(p, q) for p, q in zip(state.model.parameters(), before, strict=True))
     grads = [p.grad for p in state.model.parameters()]
     # the ranks are still in step: a normal update afterwards works and agrees
-    build("du", limited(None))(state, batch)
+    build("distributed(accumulate('auto')(step))", limited(None))(state, batch)
     after = [p.detach().clone() for p in state.model.parameters()]
     return {"error": error, "untouched": untouched, "grads": grads, "after": after, "step": state.step}
 
@@ -109,7 +109,7 @@ def count_syncs_auto(rank: int, world: int, limits: list[int], updates: int) -> 
         return allreduce_hook(state, bucket)
 
     state = make_state("classify", 0, torch.float64)
-    step = build("du", limited(limits[rank]), bucket_cap_mb=1e-6, comm_hook=counting)
+    step = build("distributed(accumulate('auto')(step))", limited(limits[rank]), bucket_cap_mb=1e-6, comm_hook=counting)
     per_update = []
     for i in range(updates):
         before = len(calls)
