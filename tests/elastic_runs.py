@@ -5,8 +5,7 @@ import sys
 from pathlib import Path
 
 import torch
-from dist_pool import free_port
-from launching import Job, wait_all
+from processes import Job, free_port, wait_all
 
 HERE = Path(__file__).resolve().parent
 JOB = str(HERE / "elastic_job.py")

@@ -134,3 +134,29 @@ def process_group_threads() -> list[str] | None:
         return None
     names = [(t / "comm").read_text().strip() for t in tasks.iterdir()]
     return [n for n in names if n.startswith(("pt_gloo", "gloo_", "pt_tcpstore"))]
+
+
+def composed(printed: str, parts: dict[str, Any], step: Any) -> Any:
+    """The composition written as the composed step prints, ``step`` standing for the step and ``n`` for the
+    accumulation count: ``composed("distributed(accumulate(n)(step))", parts, classify)``. Each transform's
+    printed prefix (``"distributed"``, ``"accumulate(n)"``) is a key of ``parts``, outermost first."""
+    transforms = []
+    rest = printed
+    while rest != "step":
+        fits = [k for k in parts if rest.startswith(k + "(") and rest.endswith(")")]
+        if not fits:
+            raise ValueError(f"composed: no transform of {sorted(parts)} begins {rest!r} (in {printed!r})")
+        name = max(fits, key=len)
+        transforms.append(parts[name])
+        rest = rest[len(name) + 1 : -1]
+    return ct.compose(*transforms)(step)
+
+
+def without(printed: str, *names: str) -> str:
+    """The printed composition with the transforms ``names`` left out (the single-process reference of a
+    distributed one): ``without("distributed(accumulate(n)(step))", "distributed") == "accumulate(n)(step)"``."""
+    for name in names:
+        while name + "(" in printed:
+            start = printed.index(name + "(")
+            printed = printed[:start] + printed[start + len(name) + 1 : -1]
+    return printed

@@ -11,18 +11,24 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dist_cases
+import distributed_workers
 from helpers import process_group_threads
 
 import composetrain as ct
 
-CASE = {"letters": "dma", "n": 2, "kind": "classify", "sizes": [[5, 7], [6, 6], [8, 3]], "seed": 3}
+CASE = {
+    "composition": "distributed(mixed_precision(dtype='bf16')(accumulate(n)(step)))",
+    "n": 2,
+    "kind": "classify",
+    "sizes": [[5, 7], [6, 6], [8, 3]],
+    "seed": 3,
+}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
     out = Path(sys.argv[1])
     with ct.rendezvous(timeout=60) as proc:
-        result = dist_cases.train(CASE, proc.rank)
+        result = distributed_workers.train(CASE, proc.rank)
         result["cluster"] = proc.cluster
     result["threads_left"] = process_group_threads()
     torch.save(result, out / f"rank{proc.rank}.pt")

@@ -1,4 +1,5 @@
-"""A training job for ct.run's process-level tests: resumable, killable, launchable by torchrun.
+"""The small ct.run job of the test_run_*.py files: in-process (``train``, ``state``, ``step``, ``dataset``), and
+as a script for the process-level tests (resumable, killable, launchable by torchrun):
 
 python tests/run_script.py --dir CKPT --epochs 3 --out final.pt [--checkpoint-every 3]
     [--max-steps N] [--slow-save K] [--step-delay S] [--hold FILE]
@@ -43,6 +44,37 @@ def state():
     return ct.TrainState(m, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7))
 
 
+def train(tmp=None, **options):
+    """``accumulate(2)(step)`` trained in this process by ct.run with these tests' options; its state and result."""
+    s = state()
+    options = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 4, **options}
+    result = ct.run(ct.accumulate(2)(step), s, dataset(), checkpoint_dir=tmp, **options)
+    return s, result
+
+
+def untimed(history):
+    return [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in history]
+
+
+def accuracy(model, batch):
+    x, y = batch
+    return {"acc": (model(x).argmax(-1) == y).double().mean()}
+
+
+def launch(*args, env=None):
+    """This script with ``args`` as a Job; use it in a ``with`` block (killed with all it started on the way out)."""
+    from processes import Job  # not at the top: the script itself never needs the harness
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return Job([sys.executable, __file__, *args], env)
+
+
+def finish(job, timeout=180):
+    """Its exit code and output; killed with all it started, and the test failed, past ``timeout``."""
+    with job:
+        return job.finish(timeout)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
@@ -76,9 +108,9 @@ def main():
         return step(model, batch)
 
     s = state()
-    train = ct.distributed(ct.accumulate(2)(delayed))
+    composed = ct.distributed(ct.accumulate(2)(delayed))
     result = ct.run(
-        train, s, dataset(), batch_size=12, epochs=args.epochs, max_steps=args.max_steps, num_workers=0,
+        composed, s, dataset(), batch_size=12, epochs=args.epochs, max_steps=args.max_steps, num_workers=0,
         checkpoint_dir=args.dir, checkpoint_every=args.checkpoint_every, log_every=4, progress=False, seed=5,
     )  # fmt: skip
     rank = int(os.environ.get("RANK", "0"))  # ct.run has left the process group by now

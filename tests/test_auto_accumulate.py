@@ -3,11 +3,10 @@
 import math
 import warnings
 
-import auto_cases
+import auto_accumulate_workers
 import pytest
 import torch
 import torch.nn.functional as F
-from dist_pool import Pool
 from helpers import (
     assert_states_close,
     assert_states_equal,
@@ -16,9 +15,11 @@ from helpers import (
     make_batch,
     make_state,
     snapshot,
+    without,
 )
 from hypothesis import given
 from hypothesis import strategies as st
+from processes import Pool
 from torch import nn
 
 import composetrain as ct
@@ -255,13 +256,21 @@ def assert_ranks_match_reference(results, reference):
         torch.testing.assert_close(torch.stack([r["losses"][i] for r in results]).mean(), ref, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("letters", ["du", "ud", "cdu", "dku"])
-def test_an_oom_on_one_rank_only_is_agreed_by_all_without_hanging(pool, letters):
+@pytest.mark.parametrize(
+    "composition",
+    [
+        "distributed(accumulate('auto')(step))",
+        "accumulate('auto')(distributed(step))",
+        "clip_grad_norm(0.5)(distributed(accumulate('auto')(step)))",
+        "distributed(checkpoint_activations('0')(accumulate('auto')(step)))",
+    ],
+)
+def test_an_oom_on_one_rank_only_is_agreed_by_all_without_hanging(pool, composition):
     """Rank 1 runs out of memory above 3 samples, rank 0 never: both adopt micro-batches of 3, in one agreement
     per attempt, and the updates equal one process on the global batch (a hang fails the pool's timeout)."""
-    case = {"letters": letters, "limits": [None, 3], "sizes": [[10, 10], [10, 10], [7, 7]], "seed": 3}
-    results = pool.run("auto_cases", "run_auto", case, timeout=60)
-    reference = auto_cases.train_auto(None, 2, case)
+    case = {"composition": composition, "limits": [None, 3], "sizes": [[10, 10], [10, 10], [7, 7]], "seed": 3}
+    results = pool.run("auto_accumulate_workers", "run_auto", case, timeout=60)
+    reference = auto_accumulate_workers.train_auto(None, 2, case)
     assert_ranks_match_reference(results, reference)
     assert results[0]["micro"] == [3.0, 3.0, 3.0] == results[1]["micro"]
     assert results[0]["saved"] == {"micro_batch": 3} == results[1]["saved"]
@@ -271,7 +280,7 @@ def test_an_oom_on_one_rank_only_is_agreed_by_all_without_hanging(pool, letters)
 
 
 def test_a_hopeless_rank_fails_every_rank_cleanly(pool):
-    results = pool.run("auto_cases", "hopeless", timeout=60)
+    results = pool.run("auto_accumulate_workers", "hopeless", timeout=60)
     for rank, r in enumerate(results):
         where = "here (OutOfMemoryError" if rank == 1 else "on another process"
         assert where in r["error"] and r["untouched"] and all(g is None for g in r["grads"])
@@ -281,15 +290,23 @@ def test_a_hopeless_rank_fails_every_rank_cleanly(pool):
 
 def test_one_gradient_sync_per_update_also_with_retries(pool):
     """Counted by a DDP communication hook with one bucket per parameter: the same as distributed(accumulate(n))."""
-    assert pool.run("auto_cases", "count_syncs_auto", [None, None], 3) == [[1, 4, 4]] * 2
-    assert pool.run("auto_cases", "count_syncs_auto", [None, 2], 3) == [[1, 4, 4]] * 2
+    assert pool.run("auto_accumulate_workers", "count_syncs_auto", [None, None], 3) == [[1, 4, 4]] * 2
+    assert pool.run("auto_accumulate_workers", "count_syncs_auto", [None, 2], 3) == [[1, 4, 4]] * 2
 
 
-@pytest.mark.parametrize("letters", ["dka", "kda", "dak"])
-def test_checkpoint_activations_under_distributed_is_bit_identical(pool, letters):
-    with_k = pool.run("auto_cases", "checkpointed", letters, 5, timeout=60)
-    without = pool.run("auto_cases", "checkpointed", letters.replace("k", ""), 5, timeout=60)
-    for a, b in zip(with_k, without, strict=True):
+@pytest.mark.parametrize(
+    "composition",
+    [
+        "distributed(checkpoint_activations('0')(accumulate(2)(step)))",
+        "checkpoint_activations('0')(distributed(accumulate(2)(step)))",
+        "distributed(accumulate(2)(checkpoint_activations('0')(step)))",
+    ],
+)
+def test_checkpoint_activations_under_distributed_is_bit_identical(pool, composition):
+    with_k = pool.run("auto_accumulate_workers", "checkpointed", composition, 5, timeout=60)
+    plain = without(composition, "checkpoint_activations('0')")
+    without_k = pool.run("auto_accumulate_workers", "checkpointed", plain, 5, timeout=60)
+    for a, b in zip(with_k, without_k, strict=True):
         assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
 
 

@@ -4,14 +4,14 @@ plain distributed. A zero gradient instead of None would let weight decay and mo
 
 import pytest
 import torch
-from dist_pool import Pool
+from processes import Pool
 
 
 @pytest.fixture(scope="module")
 def results():
     pool = Pool(2)
     try:
-        yield {inner: pool.run("auto_unused_cases", "train", inner, timeout=120) for inner in ("none", "auto")}
+        yield {inner: pool.run("auto_unused_workers", "train", inner, timeout=120) for inner in ("none", "auto")}
     finally:
         pool.close()
 

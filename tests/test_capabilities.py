@@ -4,7 +4,7 @@ a transform's name. A user-defined transform that states a capability is driven 
 import pytest
 import run_script
 import torch
-from dist_pool import Pool
+from processes import Pool
 
 import composetrain as ct
 from composetrain.core.protocol import Capabilities
@@ -90,8 +90,8 @@ def test_the_setup_hook_runs_once_before_resuming_outermost_first(tmp_path):
 def test_a_user_transform_that_syncs_the_processes_is_accepted_on_two_ranks():
     pool = Pool(2)
     try:
-        a, b = pool.run("capability_cases", "user_sync")
-        refused = pool.run("capability_cases", "user_no_sync")
+        a, b = pool.run("capability_workers", "user_sync")
+        refused = pool.run("capability_workers", "user_no_sync")
     finally:
         pool.close()
     assert a["steps"] == b["steps"] == 4  # 96 samples, 12 per rank per update

@@ -15,9 +15,9 @@ import warnings
 import pytest
 import run_script
 import torch
-from dist_pool import Pool
 from helpers import assert_states_equal
-from test_run import finish, launch, train, wait_for
+from processes import Pool, wait_for
+from run_script import finish, launch, train
 
 import composetrain as ct
 from composetrain.checkpoint import files as checkpoint
@@ -251,10 +251,10 @@ def pool():
 def test_two_ranks_share_the_folder_and_are_refused_together(pool, tmp_path):
     """Ranks of one run hold their own lock files; when another run holds rank 0's, every rank is
     refused (none waits in a collective for the refused one)."""
-    assert pool.run("checkpoint_folder_cases", "run_in", str(tmp_path / "a"), timeout=120) == ["no error"] * 2
+    assert pool.run("checkpoint_folder_workers", "run_in", str(tmp_path / "a"), timeout=120) == ["no error"] * 2
     holder = checkpoints(tmp_path / "a")
     try:
-        messages = pool.run("checkpoint_folder_cases", "run_in", str(tmp_path / "a"), timeout=120)
+        messages = pool.run("checkpoint_folder_workers", "run_in", str(tmp_path / "a"), timeout=120)
     finally:
         holder.close()
     assert "in use by another run (pid " in messages[0], messages
@@ -264,7 +264,7 @@ def test_two_ranks_share_the_folder_and_are_refused_together(pool, tmp_path):
 def test_a_checkpoint_of_one_process_is_refused_on_two_and_kept(pool, tmp_path):
     train(tmp_path, max_steps=3)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name)
-    messages = pool.run("checkpoint_folder_cases", "run_in", str(tmp_path), timeout=120)
+    messages = pool.run("checkpoint_folder_workers", "run_in", str(tmp_path), timeout=120)
     expected = "checkpoint .*step-000000003 was saved by 1 process\\(es\\), this run has 2"
     assert all(re.search(expected, m) for m in messages), messages
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name) == before

@@ -9,7 +9,7 @@ import pytest
 import run_script
 import torch
 from helpers import assert_states_equal
-from test_run import train
+from run_script import train
 
 from composetrain.checkpoint.format import FORMAT
 from composetrain.core.rng import capture_rng, restore_rng, rng_problem

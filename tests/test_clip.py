@@ -8,6 +8,7 @@ from helpers import (
     assert_states_equal,
     assert_untouched,
     classify,
+    composed,
     make_batch,
     make_state,
     snapshot,
@@ -57,14 +58,14 @@ def test_without_a_split_clipping_is_bit_exact():
     assert_states_equal(ours, theirs)
 
 
-ORDERS = {  # every nesting of clip, mixed_precision(fp16) and accumulate(3)
-    "".join(o): o for o in itertools.permutations("cma")
+PARTS = {
+    "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
+    "mixed_precision(dtype='fp16')": ct.mixed_precision(dtype="fp16"),
+    "accumulate(3)": ct.accumulate(3),
 }
-
-
-def build(order, step):
-    parts = {"c": ct.clip_grad_norm(0.5), "m": ct.mixed_precision(dtype="fp16"), "a": ct.accumulate(3)}
-    return ct.compose(*(parts[k] for k in order))(step)
+ORDERS = [  # every nesting of clip, mixed_precision(fp16) and accumulate(3), as the composed step prints
+    "".join(p + "(" for p in order) + "step" + ")" * 3 for order in itertools.permutations(PARTS)
+]
 
 
 @pytest.mark.parametrize("order", sorted(ORDERS))
@@ -72,7 +73,7 @@ def test_clipping_sees_unscaled_gradients_in_every_order(order):
     """Every nesting gives the same updates, norms and skips, bit for bit, overflows included."""
     bad = {3, 4, 5}  # the micro-batches of the second update
     reference, ours = state32(2, scheduler=False), state32(2, scheduler=False)
-    ref_step, our_step = build("cma", poisoned(bad)), build(order, poisoned(bad))
+    ref_step, our_step = composed(ORDERS[0], PARTS, poisoned(bad)), composed(order, PARTS, poisoned(bad))
     for i in range(4):
         batch = batch32(12, seed=i)
         expected, got = ref_step(reference, batch), our_step(ours, batch)

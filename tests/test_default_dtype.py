@@ -12,8 +12,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from dist_pool import Pool
 from helpers import make_batch
+from processes import Pool
 from torch import nn
 
 import composetrain as ct
@@ -151,12 +151,12 @@ def test_the_scaling_constants_are_float32_whatever_the_default(default):
 def test_distributed_mixed_precision_under_a_float64_default_matches_one_process():
     pool = Pool(2)
     try:
-        results = pool.run("default_dtype_cases", "train_float64_default", timeout=120)
+        results = pool.run("default_dtype_workers", "train_float64_default", timeout=120)
     finally:
         pool.close()
-    import default_dtype_cases
+    import default_dtype_workers
 
-    reference = default_dtype_cases.train_float64_default(None, 2)
+    reference = default_dtype_workers.train_float64_default(None, 2)
     for name, expected in reference.items():
         for r in results:
             assert r[name]["skipped"] == expected["skipped"] == [False] * 3, name

@@ -2,13 +2,13 @@
 
 import itertools
 
-import dist_cases
+import distributed_workers
 import pytest
 import torch
-from dist_pool import Pool
 from helpers import assert_states_equal, classify, make_batch, make_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from processes import Pool
 
 import composetrain as ct
 
@@ -22,7 +22,7 @@ def pool(request):
 
 def run(pool, **case):
     case.setdefault("seed", 0)
-    return pool.run("dist_cases", "run_case", case), dist_cases.train(case, rank=None)
+    return pool.run("distributed_workers", "run_case", case), distributed_workers.train(case, rank=None)
 
 
 def assert_matches_reference(results, reference, rtol=1e-10, atol=1e-12):
@@ -43,40 +43,54 @@ rank_sizes = st.integers(1, 9)
 @settings(max_examples=12)
 @given(
     data=st.data(),
-    letters=st.sampled_from(["da", "ad", "dca", "adc"]),
+    composition=st.sampled_from(
+        [
+            "distributed(accumulate(n)(step))",
+            "accumulate(n)(distributed(step))",
+            "distributed(clip_grad_norm(0.5)(accumulate(n)(step)))",
+            "accumulate(n)(distributed(clip_grad_norm(0.5)(step)))",
+        ]
+    ),
     n=st.integers(1, 4),
     seed=st.integers(0, 999),
 )
-def test_distributed_accumulate_is_one_process_on_the_global_batch(pool, data, letters, n, seed):
+def test_distributed_accumulate_is_one_process_on_the_global_batch(pool, data, composition, n, seed):
     """float64, momentum SGD, a scheduler, 3 updates; ranks may hold different numbers of samples."""
     sizes = [data.draw(st.lists(rank_sizes, min_size=pool.world, max_size=pool.world)) for _ in range(3)]
-    results, reference = run(pool, letters=letters, n=n, kind="classify", sizes=sizes, seed=seed)
+    results, reference = run(pool, composition=composition, n=n, kind="classify", sizes=sizes, seed=seed)
     assert_matches_reference(results, reference)
 
 
 @settings(max_examples=8)
-@given(letters=st.sampled_from(["da", "ad"]), n=st.integers(1, 3), seed=st.integers(0, 999))
-def test_token_weighted_normalisation_is_global_across_ranks(pool, letters, n, seed):
+@given(
+    composition=st.sampled_from(["distributed(accumulate(n)(step))", "accumulate(n)(distributed(step))"]),
+    n=st.integers(1, 3),
+    seed=st.integers(0, 999),
+)
+def test_token_weighted_normalisation_is_global_across_ranks(pool, composition, n, seed):
     """Odd ranks hold sequences up to 9 tokens long, even ranks up to 3: the loss is still the
     mean over every real token of the global batch, not a mean of per-rank means."""
     sizes = [[4] * pool.world] * 3
-    results, reference = run(pool, letters=letters, n=n, kind="tokens", sizes=sizes, seed=seed)
+    results, reference = run(pool, composition=composition, n=n, kind="tokens", sizes=sizes, seed=seed)
     assert_matches_reference(results, reference)
 
 
 def test_ranks_with_very_different_batches_never_hang(pool):
     """One rank's batch is smaller than n: it runs fewer micro-batches, and still syncs once."""
     sizes = [[3] + [8] * (pool.world - 1), [1] + [5] * (pool.world - 1)]
-    results, reference = run(pool, letters="da", n=4, kind="classify", sizes=sizes)
+    results, reference = run(pool, composition="distributed(accumulate(n)(step))", n=4, kind="classify", sizes=sizes)
     assert_matches_reference(results, reference)
 
 
-MP_ORDERS = ["".join(p) for p in itertools.permutations("dma")]
+MP_ORDERS = [  # every nesting of distributed, mixed_precision and accumulate
+    "".join(p + "(" for p in order) + "step" + ")" * 3
+    for order in itertools.permutations(("distributed", "mixed_precision(dtype='bf16')", "accumulate(n)"))
+]
 
 
 def test_mixed_precision_in_every_order_agrees_and_tracks_one_process(pool):
     sizes = [[6] * pool.world] * 3
-    runs = {letters: run(pool, letters=letters, n=2, kind="classify", sizes=sizes) for letters in MP_ORDERS}
+    runs = {c: run(pool, composition=c, n=2, kind="classify", sizes=sizes) for c in MP_ORDERS}
     first = runs[MP_ORDERS[0]][0]
     for results, _ in runs.values():  # every order: bit for bit the same on every rank
         for r, f in zip(results, first, strict=True):
@@ -90,30 +104,39 @@ def test_mixed_precision_in_every_order_agrees_and_tracks_one_process(pool):
 def test_a_released_ddp_wrapper_is_rebuilt_and_training_continues_exactly(pool):
     sizes = [[3 + r for r in range(pool.world)]] * 4
     for release_after in (0, 2):
-        results, reference = run(pool, letters="da", n=2, kind="classify", sizes=sizes, release_after=release_after)
+        results, reference = run(
+            pool,
+            composition="distributed(accumulate(n)(step))",
+            n=2,
+            kind="classify",
+            sizes=sizes,
+            release_after=release_after,
+        )
         assert_matches_reference(results, reference)
 
 
 def test_a_new_default_group_gets_a_new_ddp_wrapper(pool):
     """The wrapper of a destroyed group is never reused: training goes on, exactly, in the new one."""
     sizes = [[3 + r for r in range(pool.world)]] * 3
-    results, reference = run(pool, letters="da", n=2, kind="classify", sizes=sizes, regroup_after=0)
+    results, reference = run(
+        pool, composition="distributed(accumulate(n)(step))", n=2, kind="classify", sizes=sizes, regroup_after=0
+    )
     assert_matches_reference(results, reference)
 
 
 def test_one_gradient_sync_per_update_whatever_n(pool):
     """A counting DDP communication hook; buckets of one parameter each (4 of them) once DDP has
     rebuilt its buckets after its first iteration."""
-    one_backward = pool.run("dist_cases", "count_syncs", 1, 3)
+    one_backward = pool.run("distributed_workers", "count_syncs", 1, 3)
     assert one_backward == [[1, 4, 4]] * pool.world
     for n in (2, 4):
-        assert pool.run("dist_cases", "count_syncs", n, 3) == one_backward, n
+        assert pool.run("distributed_workers", "count_syncs", n, 3) == one_backward, n
     # the loop that forgets no_sync pays one sync per micro-batch
-    assert pool.run("dist_cases", "syncs_without_no_sync", 4) == [16] * pool.world
+    assert pool.run("distributed_workers", "syncs_without_no_sync", 4) == [16] * pool.world
 
 
 def test_ranks_agree_on_the_fewest_updates_so_uneven_data_cannot_hang(pool):
-    assert pool.run("dist_cases", "fewest") == [10] * pool.world
+    assert pool.run("distributed_workers", "fewest") == [10] * pool.world
     with ct.rendezvous(env={}) as alone:
         assert alone.fewest(7) == 7
 

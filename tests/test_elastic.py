@@ -12,9 +12,8 @@ import sys
 import time
 
 import pytest
-from dist_pool import free_port
 from elastic_runs import JOB, assert_bit_identical, environment, torchrun
-from launching import Job
+from processes import Job, free_port
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 import pytest
 import run_script
 from helpers import snapshot
-from run_cases import evaluate
+from run_workers import evaluate
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 import composetrain as ct

@@ -4,7 +4,7 @@ import re
 import sys
 from pathlib import Path
 
-import launching
+import processes
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_digits(*args: str) -> str:
     pytest.importorskip("sklearn")
     command = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "6", *args]
-    return launching.run(command, timeout=300)
+    return processes.run(command, timeout=300)
 
 
 def test_digits_example_trains_to_high_accuracy():
@@ -28,9 +28,9 @@ def test_digits_example_trains_to_high_accuracy():
 def test_the_run_example_trains_evaluates_and_resumes(tmp_path):
     pytest.importorskip("sklearn")
     command = [sys.executable, str(ROOT / "examples" / "run_digits.py"), "--checkpoint-dir", str(tmp_path)]
-    first = launching.run([*command, "--epochs", "3"], timeout=300)
+    first = processes.run([*command, "--epochs", "3"], timeout=300)
     assert first.count("test acc") == 3
-    again = launching.run([*command, "--epochs", "6"], timeout=300)
+    again = processes.run([*command, "--epochs", "6"], timeout=300)
     accuracies = [float(a) for a in re.findall(r"test acc (\d\.\d+)", again)]
     assert len(accuracies) == 6 and accuracies[-1] > 0.85  # the first three came from the checkpoint
     assert (tmp_path / "metrics.jsonl").exists()
@@ -46,7 +46,7 @@ def run_example(name: str, *args: str, torchrun: bool = False, timeout: float = 
     for module in ("sklearn", "torchvision", "einops"):
         pytest.importorskip(module)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"] if torchrun else [sys.executable]
-    return launching.run([*launcher, str(ROOT / "examples" / name), *args], timeout=timeout)
+    return processes.run([*launcher, str(ROOT / "examples" / name), *args], timeout=timeout)
 
 
 def test_the_image_classifier_trains_evaluates_resumes_and_draws_its_curves(tmp_path):

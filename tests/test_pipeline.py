@@ -5,10 +5,10 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
-from dist_pool import Pool
 from helpers import assert_states_close, assert_untouched, classify, get_xy, make_batch, make_state, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
+from processes import Pool
 from torch import nn
 
 import composetrain as ct
@@ -201,10 +201,10 @@ def test_mix_both_each_rank_splits_its_model():
     """distributed(pipeline_split(...)) over 2 gloo ranks equals one process on the global batch."""
     pool = Pool(2)
     try:
-        results = pool.run("pipeline_cases", "distributed_pipeline", 4)
+        results = pool.run("pipeline_workers", "distributed_pipeline", 4)
     finally:
         pool.close()
-    reference = __import__("pipeline_cases").distributed_pipeline(None, 2, 4)
+    reference = __import__("pipeline_workers").distributed_pipeline(None, 2, 4)
     for r in results:
         for p, q in zip(r, reference, strict=True):
             torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)

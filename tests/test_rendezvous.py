@@ -5,14 +5,13 @@ import sys
 import time
 from pathlib import Path
 
-import dist_cases
+import distributed_workers
 import pytest
 import torch
-from dist_pool import free_port
 from hypothesis import given
 from hypothesis import strategies as st
 from launch_train import CASE
-from launching import Job, wait_all
+from processes import Job, free_port, wait_all
 
 import composetrain as ct
 
@@ -197,7 +196,7 @@ def clean_env(**extra):
 
 
 def assert_trained_like_one_process(out: Path, world: int, source: str):
-    reference = dist_cases.train(CASE, rank=None)
+    reference = distributed_workers.train(CASE, rank=None)
     results = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
     assert [r["cluster"].source for r in results] == [source] * world
     assert sorted(r["cluster"].rank for r in results) == list(range(world))

@@ -77,11 +77,11 @@ def test_each_rank_draws_its_own_streams_on_a_fresh_start(monkeypatch):
 
 
 def test_two_real_ranks_draw_differently_and_keep_the_same_weights():
-    from dist_pool import Pool
+    from processes import Pool
 
     pool = Pool(2)
     try:
-        rank0, rank1 = pool.run("rng_cases", "first_draws", timeout=300)
+        rank0, rank1 = pool.run("rng_workers", "first_draws", timeout=300)
     finally:
         pool.close()
     assert all(a != b for a, b in zip(rank0[:3], rank1[:3], strict=True)), (rank0, rank1)

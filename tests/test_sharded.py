@@ -4,12 +4,12 @@ import itertools
 import math
 
 import pytest
-import shard_cases
+import sharded_workers
 import torch
-from dist_pool import Pool
 from helpers import assert_states_equal, classify, make_batch, make_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from processes import Pool
 
 import composetrain as ct
 
@@ -23,7 +23,7 @@ def pool():
 
 def run(pool, **case):
     case.setdefault("seed", 0)
-    return pool.run("shard_cases", "run_case", case), shard_cases.train(case, rank=None)
+    return pool.run("sharded_workers", "run_case", case), sharded_workers.train(case, rank=None)
 
 
 def assert_matches_reference(results, reference, rtol=1e-10, atol=1e-12):
@@ -50,28 +50,53 @@ def assert_matches_reference(results, reference, rtol=1e-10, atol=1e-12):
 @settings(max_examples=10, deadline=None)
 @given(
     data=st.data(),
-    letters=st.sampled_from(["sa", "as", "Sa", "aS", "sca", "acs", "csa", "s"]),
+    composition=st.sampled_from(
+        [
+            "sharded(accumulate(n)(step))",
+            "accumulate(n)(sharded(step))",
+            "sharded(sync_every_micro_batch=True)(accumulate(n)(step))",
+            "accumulate(n)(sharded(sync_every_micro_batch=True)(step))",
+            "sharded(clip_grad_norm(0.5)(accumulate(n)(step)))",
+            "accumulate(n)(clip_grad_norm(0.5)(sharded(step)))",
+            "clip_grad_norm(0.5)(sharded(accumulate(n)(step)))",
+            "sharded(step)",
+        ]
+    ),
     n=st.integers(1, 4),
     optimizer=st.sampled_from(["sgd", "adamw"]),
     seed=st.integers(0, 999),
 )
-def test_sharded_is_one_process_on_the_global_batch(pool, data, letters, n, optimizer, seed):
+def test_sharded_is_one_process_on_the_global_batch(pool, data, composition, n, optimizer, seed):
     """float64, a scheduler, 3 updates, batches of any size (also fewer samples than n); accumulate in
     both orders, gradients reduced once per update or every micro-batch, clipping."""
     sizes = [[size, size] for size in data.draw(st.lists(st.integers(1, 9), min_size=3, max_size=3))]
-    case = {"letters": letters, "n": n, "kind": "classify", "sizes": sizes, "seed": seed, "optimizer": optimizer}
+    case = {
+        "composition": composition,
+        "n": n,
+        "kind": "classify",
+        "sizes": sizes,
+        "seed": seed,
+        "optimizer": optimizer,
+    }
     assert_matches_reference(*run(pool, **case))
 
 
-@pytest.mark.parametrize("letters", ["sa", "as", "Sa"])
-def test_token_weights_are_normalised_over_every_rank(pool, letters):
+@pytest.mark.parametrize(
+    "composition",
+    [
+        "sharded(accumulate(n)(step))",
+        "accumulate(n)(sharded(step))",
+        "sharded(sync_every_micro_batch=True)(accumulate(n)(step))",
+    ],
+)
+def test_token_weights_are_normalised_over_every_rank(pool, composition):
     """Odd ranks hold sequences up to 9 tokens long, even ranks up to 3: the loss is the mean over
     every real token of the global batch, not a mean of per-rank means."""
-    assert_matches_reference(*run(pool, letters=letters, n=2, kind="tokens", sizes=[[4, 4]] * 3, seed=7))
+    assert_matches_reference(*run(pool, composition=composition, n=2, kind="tokens", sizes=[[4, 4]] * 3, seed=7))
 
 
 def test_bf16_runs_the_forward_in_bf16_and_keeps_sharded_fp32_weights_and_gradients(pool):
-    for seen in pool.run("shard_cases", "dtypes_under_bf16"):
+    for seen in pool.run("sharded_workers", "dtypes_under_bf16"):
         assert seen == {
             "output": "torch.bfloat16",
             "params": ["torch.float32"],
@@ -82,14 +107,18 @@ def test_bf16_runs_the_forward_in_bf16_and_keeps_sharded_fp32_weights_and_gradie
 
 def test_bf16_in_either_order_agrees_and_tracks_one_process(pool):
     runs = {
-        letters: run(pool, letters=letters, n=2, kind="classify", sizes=[[6, 6]] * 3)
-        for letters in ("sma", "msa", "asm")
+        c: run(pool, composition=c, n=2, kind="classify", sizes=[[6, 6]] * 3)
+        for c in (
+            "sharded(mixed_precision(dtype='bf16')(accumulate(n)(step)))",
+            "mixed_precision(dtype='bf16')(sharded(accumulate(n)(step)))",
+            "accumulate(n)(sharded(mixed_precision(dtype='bf16')(step)))",
+        )
     }
-    first = runs["sma"][0][0]["params"]
+    first = runs["sharded(mixed_precision(dtype='bf16')(accumulate(n)(step)))"][0][0]["params"]
     for results, _ in runs.values():
         for r in results:
             assert all(torch.equal(r["params"][k], first[k]) for k in first)
-    for k, p in runs["sma"][1]["params"].items():
+    for k, p in runs["sharded(mixed_precision(dtype='bf16')(accumulate(n)(step)))"][1]["params"].items():
         torch.testing.assert_close(first[k], p, rtol=2e-2, atol=2e-3)
 
 
@@ -98,12 +127,21 @@ def test_a_gradient_not_finite_on_one_rank_only_skips_the_update_on_every_rank(p
     """Each rank sees its own shard of the gradients: the skip decision must be the same on every rank
     (DTensor's unscale_ reduces GradScaler's found_inf flag over the mesh; this guards that it still does)."""
     assert (
-        pool.run("shard_cases", "found_inf_on_one_rank", dtype) == [{"skipped": True, "unchanged": True, "step": 1}] * 2
+        pool.run("sharded_workers", "found_inf_on_one_rank", dtype)
+        == [{"skipped": True, "unchanged": True, "step": 1}] * 2
     )
 
 
-@pytest.mark.parametrize(("letters", "optimizer"), [("sma", "sgd"), ("msa", "adamw"), ("sam", "sgd"), ("csma", "sgd")])
-def test_fp16_dynamic_loss_scaling_is_the_textbook_fsdp2_loop_bit_for_bit(pool, letters, optimizer):
+@pytest.mark.parametrize(
+    ("composition", "optimizer"),
+    [
+        ("sharded(mixed_precision(dtype='fp16')(accumulate(2)(step)))", "sgd"),
+        ("mixed_precision(dtype='fp16')(sharded(accumulate(2)(step)))", "adamw"),
+        ("sharded(accumulate(2)(mixed_precision(dtype='fp16')(step)))", "sgd"),
+        ("clip_grad_norm(0.5)(sharded(mixed_precision(dtype='fp16')(accumulate(2)(step))))", "sgd"),
+    ],
+)
+def test_fp16_dynamic_loss_scaling_is_the_textbook_fsdp2_loop_bit_for_bit(pool, composition, optimizer):
     """sharded + mixed_precision('fp16') + accumulate(2), mixed_precision inside or outside sharded or
     accumulate, and under clip_grad_norm, against fully_shard + autocast + GradScaler written by hand (no
     gradient sync but for the last micro-batch, unscale_ and clip, scaler.step, update, zero_grad): the same
@@ -114,7 +152,7 @@ def test_fp16_dynamic_loss_scaling_is_the_textbook_fsdp2_loop_bit_for_bit(pool, 
     Bit for bit, not within a tolerance: both run the same kernels in the same order (the loss scaled after
     its micro-batch share, unscaled once after the last backward, DTensor's unscale_ reducing found_inf
     over the ranks)."""
-    results = pool.run("shard_cases", "fp16_both", letters, 1, 3, optimizer)
+    results = pool.run("sharded_workers", "fp16_both", composition, 1, 3, optimizer)
     for mine, theirs in results:
         assert [r["skipped"] for r in mine] == [r["skipped"] for r in theirs]
         assert [r["scale"] for r in mine] == [r["scale"] for r in theirs]
@@ -140,14 +178,14 @@ def test_fp16_dynamic_loss_scaling_is_the_textbook_fsdp2_loop_bit_for_bit(pool, 
 
 
 def test_each_rank_holds_half_the_parameters_gradients_and_optimizer_state(pool):
-    whole = shard_cases.local_bytes(0, 1, sharded=False)
-    for mine in pool.run("shard_cases", "local_bytes", True):
+    whole = sharded_workers.local_bytes(0, 1, sharded=False)
+    for mine in pool.run("sharded_workers", "local_bytes", True):
         for what in ("params", "grads", "optimizer"):
             assert mine[what] == whole[what] / 2, what  # 64 rows per layer split evenly over 2 ranks
 
 
 def test_bad_inputs_are_clear_errors_that_change_nothing(pool):
-    found = pool.run("shard_cases", "refusals")
+    found = pool.run("sharded_workers", "refusals")
     assert found[0] == found[1]
     found = found[0]
     assert found["unknown"].startswith(
@@ -220,21 +258,29 @@ def test_world_size_one_is_the_plain_step_bit_for_bit():
 def test_gradients_are_reduced_once_per_update_unless_asked_every_micro_batch(pool):
     """One reduce-scatter per unit for each backward that syncs; the others keep unsharded gradients."""
     units = 3  # blocks.0, blocks.1 and the root (inp, head)
-    assert pool.run("shard_cases", "reduce_scatters", 1, False) == [[units, units]] * 2
+    assert pool.run("sharded_workers", "reduce_scatters", 1, False) == [[units, units]] * 2
     for n in (2, 4):
-        assert pool.run("shard_cases", "reduce_scatters", n, False) == [[units, units]] * 2, n
-        assert pool.run("shard_cases", "reduce_scatters", n, True) == [[n * units, n * units]] * 2, n
+        assert pool.run("sharded_workers", "reduce_scatters", n, False) == [[units, units]] * 2, n
+        assert pool.run("sharded_workers", "reduce_scatters", n, True) == [[n * units, n * units]] * 2, n
 
 
-@pytest.mark.parametrize("letters", ["sk", "ks", "ska", "ask"])
-def test_checkpoint_activations_composes(pool, letters):
+@pytest.mark.parametrize(
+    "composition",
+    [
+        "sharded(checkpoint_activations(Sequential)(step))",
+        "checkpoint_activations(Sequential)(sharded(step))",
+        "sharded(checkpoint_activations(Sequential)(accumulate(n)(step)))",
+        "accumulate(n)(sharded(checkpoint_activations(Sequential)(step)))",
+    ],
+)
+def test_checkpoint_activations_composes(pool, composition):
     """Blocks recomputed in backward under FSDP2, in either order and with accumulate: one process's update."""
     sizes = [[5, 5], [3, 3], [4, 4]]
-    assert_matches_reference(*run(pool, letters=letters, n=2, kind="classify", sizes=sizes, optimizer="sgd"))
+    assert_matches_reference(*run(pool, composition=composition, n=2, kind="classify", sizes=sizes, optimizer="sgd"))
 
 
 def test_a_released_state_holds_no_reference_to_its_group_and_refuses_the_next_step(pool):
-    found = pool.run("shard_cases", "released")
+    found = pool.run("sharded_workers", "released")
     assert found[0]["next_step"] == found[1]["next_step"]
     for r in found:
         assert r["held_before"] and not r["held_after"]  # FSDP2 held it; ct.run destroys it next

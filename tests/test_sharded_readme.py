@@ -6,8 +6,7 @@ import sys
 from pathlib import Path
 
 import torch
-from dist_pool import free_port
-from launching import Job
+from processes import Job, free_port
 
 SCRIPT = str(Path(__file__).resolve().parent / "readme_shard_script.py")
 

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import shard_run_script
 import torch
-from dist_pool import Pool, free_port
-from launching import Job
+from processes import Job, Pool, free_port
 
 import composetrain as ct
 
@@ -93,7 +92,7 @@ def test_a_checkpoint_of_one_process_loads_sharded_on_two_ranks(runs):
     alone = result(runs / "c.pt", 0)
     pool = Pool(2)
     try:
-        loaded = pool.run("shard_cases", "load_on_ranks", str(final))
+        loaded = pool.run("sharded_workers", "load_on_ranks", str(final))
     finally:
         pool.close()
     for r in loaded:

@@ -3,9 +3,9 @@ optimizer whose __init__ creates state, a failure half-way, a parameter outside 
 optimizer whose parameters are not in model order across a resume."""
 
 import pytest
-import shard_fix_cases
+import sharded_setup_workers
 import torch
-from dist_pool import Pool
+from processes import Pool
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,8 @@ def test_zero_dim_parameters_and_adagrad_give_the_plain_update(pool, optimizer):
     gradients averaged over the ranks (one that only some ranks' batches use, too); Adagrad's state made in
     __init__ is made again for the shards.
     float64, clipping, accumulate(2), ranks starting from different weights: the plain loop's update."""
-    reference = shard_fix_cases.plain_loop(optimizer, 2)
-    results = pool.run("shard_fix_cases", "scalar_parameters", optimizer)
+    reference = sharded_setup_workers.plain_loop(optimizer, 2)
+    results = pool.run("sharded_setup_workers", "scalar_parameters", optimizer)
     for r in results:
         assert_close_to(r, reference)
         assert_same(r, results[0])  # every rank holds the same whole parameters
@@ -54,7 +54,7 @@ def test_zero_dim_parameters_and_adagrad_give_the_plain_update(pool, optimizer):
 
 
 def test_a_failure_half_way_leaves_a_state_that_says_so(pool):
-    found = pool.run("shard_fix_cases", "half_sharded")
+    found = pool.run("sharded_setup_workers", "half_sharded")
     assert found[0] == found[1]
     found = found[0]
     assert found["first"].startswith(
@@ -67,14 +67,14 @@ def test_a_failure_half_way_leaves_a_state_that_says_so(pool):
 
 
 def test_a_parameter_outside_the_optimizer_unfrozen_later_has_its_gradient_cleared(pool):
-    for left in pool.run("shard_fix_cases", "unfrozen_outside_the_optimizer"):
+    for left in pool.run("sharded_setup_workers", "unfrozen_outside_the_optimizer"):
         assert left == [[], [], []]
 
 
 def test_resume_and_load_are_bit_exact_with_the_optimizer_in_another_order(pool, tmp_path):
     """AdamW with a no-decay group of biases first: ct.run stopped and resumed equals the straight run, and
     load_checkpoint after apply_sharding equals the state that saved the checkpoint, bit for bit."""
-    results = pool.run("shard_fix_cases", "resume_in_optimizer_order", str(tmp_path))
+    results = pool.run("sharded_setup_workers", "resume_in_optimizer_order", str(tmp_path))
     for r in results:
         assert r["steps"] == [4, 4, 2]
         assert_same(r["resumed"], r["straight"])
@@ -83,7 +83,7 @@ def test_resume_and_load_are_bit_exact_with_the_optimizer_in_another_order(pool,
 
 
 def test_full_state_dict_without_its_group_points_at_load_checkpoint(pool):
-    for r in pool.run("shard_fix_cases", "gathered_after_the_group_is_gone"):
+    for r in pool.run("sharded_setup_workers", "gathered_after_the_group_is_gone"):
         assert r["alive"] in ("True", "1")  # rank 0 gets the whole state dict, the others an empty one
         assert r["kinds"] == "['DTensor']"
         assert r["gone"].startswith("RuntimeError: full_state_dict: the model is sharded over a process group "), r
@@ -91,7 +91,7 @@ def test_full_state_dict_without_its_group_points_at_load_checkpoint(pool):
 
 
 def test_adagrad_state_made_by_training_is_refused_before_sharding(pool):
-    for r in pool.run("shard_fix_cases", "trained_adagrad"):
+    for r in pool.run("sharded_setup_workers", "trained_adagrad"):
         assert r["error"].startswith(
             "ValueError: sharded(classify): the optimizer already holds state (momentum, moments) for 12 unsharded "
             "parameter(s); sharding replaces the parameters"
@@ -101,7 +101,7 @@ def test_adagrad_state_made_by_training_is_refused_before_sharding(pool):
 
 
 def test_fp16_loss_scaling_with_zero_dim_parameters_is_refused_with_the_fix(pool):
-    for said in pool.run("shard_fix_cases", "fp16_with_scalars"):
+    for said in pool.run("sharded_setup_workers", "fp16_with_scalars"):
         assert said.startswith(
             "ValueError: sharded(mixed_precision(dtype='fp16')(classify)): fp16 loss scaling with the 0-dim "
             "parameters ['blocks.0.gate', 'blocks.1.gate', 'logit_scale', 'rare']"
@@ -110,8 +110,8 @@ def test_fp16_loss_scaling_with_zero_dim_parameters_is_refused_with_the_fix(pool
 
 
 def test_bf16_with_zero_dim_parameters_tracks_one_process(pool):
-    reference = shard_fix_cases.bf16_with_scalars(None, 2)
-    results = pool.run("shard_fix_cases", "bf16_with_scalars")
+    reference = sharded_setup_workers.bf16_with_scalars(None, 2)
+    results = pool.run("sharded_setup_workers", "bf16_with_scalars")
     for r in results:
         assert all(torch.equal(r[n], results[0][n]) for n in r)
         for n, p in reference.items():

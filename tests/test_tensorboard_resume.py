@@ -4,7 +4,7 @@ step once, as a straight run's do."""
 import pytest
 import run_script
 from helpers import snapshot
-from run_cases import evaluate
+from run_workers import evaluate
 
 import composetrain as ct
 

@@ -1,4 +1,7 @@
-"""ct.run on every rank of a dist_pool.Pool (its process group already up: ct.run reuses it)."""
+"""ct.run on every rank of a processes.Pool (its process group already up: ct.run reuses it).
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
+"""
 
 import run_script
 import torch

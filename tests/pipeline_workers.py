@@ -1,4 +1,7 @@
-"""distributed(pipeline_split(...)) on pool ranks, and its single-process reference (rank None)."""
+"""distributed(pipeline_split(...)) on pool ranks, and its single-process reference (rank None).
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
+"""
 
 from helpers import classify, make_batch, make_state
 from test_pipeline import PLACEMENTS, model_of

@@ -1,7 +1,9 @@
-"""distributed(mixed_precision(...)) under torch.set_default_dtype(torch.float64), on every rank of a dist_pool.Pool.
+"""distributed(mixed_precision(...)) under torch.set_default_dtype(torch.float64), on every rank of a processes.Pool.
 
 Rank None runs the reference: the same composition without distributed, in one process, on the global batches,
 split into the same micro-batches as the ranks'.
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from dist_cases import classify, global_batch, make_state, shard
+from distributed_workers import classify, global_batch, make_state, shard
 
 import composetrain as ct
 

@@ -1,9 +1,11 @@
-"""Cases run on every rank of a dist_pool.Pool, and their single-process references.
+"""Cases run on every rank of a processes.Pool, and their single-process references.
 
-A case names a composition as letters, outermost first: ``d`` distributed, ``m``
-mixed_precision (bf16), ``a`` accumulate(n), ``c`` clip_grad_norm. The global
+A case names its composition as the composed step prints (``step`` for the step, ``n`` for the case's
+accumulation count): ``"distributed(clip_grad_norm(0.5)(accumulate(n)(step)))"``. The global
 batch of each update is the concatenation of the ranks' shards in rank order, so
-the reference is the composition without ``d`` on the global batch, in one process.
+the reference is the composition without ``distributed`` on the global batch, in one process.
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from helpers import composed, without
 from torch import nn
 
 import composetrain as ct
@@ -35,16 +38,17 @@ def real_tokens(batch):
     return (batch["labels"] != PAD).sum()
 
 
-def build(letters: str, n: int, kind: str, **distributed_options: Any) -> ct.TrainStep:
+def build(printed: str, n: int, kind: str, **distributed_options: Any) -> ct.TrainStep:
+    """The composition ``printed`` (as the step prints: ``"distributed(accumulate(n)(step))"``)."""
     step = token_step if kind == "tokens" else classify
     weight = real_tokens if kind == "tokens" else None
     parts = {
-        "d": ct.distributed(**distributed_options),
-        "m": ct.mixed_precision(dtype="bf16"),
-        "a": ct.accumulate(n, weight=weight),
-        "c": ct.clip_grad_norm(0.5),
+        "distributed": ct.distributed(**distributed_options),
+        "mixed_precision(dtype='bf16')": ct.mixed_precision(dtype="bf16"),
+        "accumulate(n)": ct.accumulate(n, weight=weight),
+        "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
     }
-    return ct.compose(*(parts[k] for k in letters))(step)
+    return composed(printed, parts, step)
 
 
 def make_state(kind: str, seed: int, dtype: torch.dtype) -> ct.TrainState:
@@ -88,11 +92,11 @@ def shard(batch: Any, sizes: list[int], rank: int) -> Any:
 
 def train(case: dict[str, Any], rank: int | None, **distributed_options: Any) -> dict[str, Any]:
     """Run the case's updates; rank None is the single-process reference on the global batches."""
-    dtype = torch.float32 if "m" in case["letters"] else torch.float64
-    letters = case["letters"] if rank is not None else case["letters"].replace("d", "")
+    dtype = torch.float32 if "mixed_precision" in case["composition"] else torch.float64
+    printed = case["composition"] if rank is not None else without(case["composition"], "distributed")
     # ranks start from different weights: DDP must broadcast rank 0's, the reference's
     state = make_state(case["kind"], case["seed"] + (rank or 0), dtype)
-    step = build(letters, case["n"], case["kind"], **distributed_options)
+    step = build(printed, case["n"], case["kind"], **distributed_options)
     losses, skipped, released = [], [], None
     for i, sizes in enumerate(case["sizes"]):
         batch = global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
@@ -125,7 +129,7 @@ def wrapper(state: ct.TrainState) -> Any:
 
 def regroup(rank: int) -> None:
     """Destroy the default process group and make a new one of the same ranks."""
-    from dist_pool import free_port
+    from processes import free_port
 
     world = dist.get_world_size()
     port = torch.tensor(free_port() if rank == 0 else 0)
@@ -153,7 +157,7 @@ def count_syncs(rank: int, world: int, n: int, updates: int) -> list[int]:
         return allreduce_hook(state, bucket)
 
     state = make_state("classify", 0, torch.float64)
-    step = build("da", n, "classify", bucket_cap_mb=1e-6, comm_hook=counting)
+    step = build("distributed(accumulate(n)(step))", n, "classify", bucket_cap_mb=1e-6, comm_hook=counting)
     per_update = []
     for i in range(updates):
         before = len(calls)

@@ -1,5 +1,8 @@
 """A parameter the step never uses, under distributed(find_unused_parameters=True) with and without
-accumulate("auto"), on every rank of a dist_pool.Pool (tests/test_auto_unused_parameters.py)."""
+accumulate("auto"), on every rank of a processes.Pool (tests/test_auto_unused_parameters.py).
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from dist_cases import global_batch, shard
+from distributed_workers import global_batch, shard
 from torch import nn
 
 import composetrain as ct

@@ -1,25 +1,38 @@
-"""Processes the tests start, never left behind.
+"""The one harness for the tests' processes: launched jobs and pools of ranks, never left behind.
 
-A Job runs in a session of its own and writes to files (no pipe that fills up and blocks it). On a
-timeout, a failure, or leaving its ``with`` block, it is killed with everything it started: its
-session, and every descendant, also those in sessions of their own (torchrun starts each worker with
-``start_new_session=True``, so killing torchrun's session alone would leave the workers running).
+``Job`` runs a command (run_script.py, torchrun, srun-like launches) in a session of its own, writing to files
+(no pipe that fills up and blocks it). On a timeout, a failure, or leaving its ``with`` block, it is killed with
+everything it started: its session, and every descendant, also those in sessions of their own (torchrun starts
+each worker with ``start_new_session=True``, so killing torchrun's session alone would leave the workers
+running). ``wait_all`` waits for several jobs that depend on each other (the ranks of one launch).
+
+``Pool`` is ``world`` spawned ranks joined in one gloo group, reused across test cases: starting a process that
+imports torch takes seconds here, so the ranks start once per test module and then run many cases each
+(hypothesis examples included): the parent sends a case, by module and function name, to every rank and
+collects one result per rank. The modules the ranks import that way are the tests' ``*_workers.py``. A
+hanging pool is killed like a job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
+import queue
+import random
 import signal
+import socket
 import subprocess
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.multiprocessing as mp
 
-__all__ = ["Job", "alive", "kill_tree", "wait_all"]
+__all__ = ["Job", "Pool", "alive", "free_port", "kill_tree", "run", "wait_all", "wait_for"]
 
 
 def _processes() -> dict[int, tuple[int, int, str]]:
@@ -153,3 +166,94 @@ def wait_all(jobs: list[Job], timeout: float) -> None:
         printed = "\n-----\n".join(f"exit {j.returncode}:\n{j.output()[-3000:]}" for j in jobs)
         why = "a process failed, the others were killed" if failed else f"still running after {timeout}s, killed"
         pytest.fail(f"{why}; each printed:\n{printed}")
+
+
+def wait_for(condition: Any, timeout: float = 60) -> None:
+    """Polls ``condition()`` until it is true; TimeoutError past ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the condition never came true")
+        time.sleep(0.05)
+
+
+# -- a pool of ranks --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A free port below Linux's ephemeral range (32768+). A port from that range can be handed to a
+    client, retrying to connect before the server binds, as its own source port: it then connects to
+    itself, and the rendezvous fails now and then."""
+    while True:
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def _serve(rank: int, world: int, port: int, jobs: Any, results: Any) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)  # several ranks share two cores
+    import composetrain as ct
+
+    with ct.rendezvous(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, timeout=60):
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            module, function, args = job
+            try:
+                target = getattr(__import__(module), function)
+                results.put((rank, "ok", pickle.dumps(target(rank, world, *args))))
+            except BaseException:
+                results.put((rank, "error", traceback.format_exc()))
+
+
+class Pool:
+    """``world`` ranks in one gloo group; ``run(module, function, *args)`` calls
+    ``module.function(rank, world, *args)`` on every rank and returns the results by rank."""
+
+    def __init__(self, world: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.world = world
+        self.jobs = [ctx.Queue() for _ in range(world)]
+        self.results = ctx.Queue()
+        port = free_port()
+        self.procs = [
+            ctx.Process(target=_serve, args=(r, world, port, self.jobs[r], self.results), daemon=True)
+            for r in range(world)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def run(self, module: str, function: str, *args: Any, timeout: float = 120) -> list[Any]:
+        for q in self.jobs:
+            q.put((module, function, args))
+        try:
+            replies = [self.results.get(timeout=timeout) for _ in range(self.world)]  # every rank's, errors too
+        except queue.Empty:  # a rank hangs (in a collective, most likely): the pool is of no more use
+            self.kill()
+            who = f"{module}.{function}"
+            raise TimeoutError(f"{who}: some rank did not reply within {timeout}s; the pool was killed") from None
+        errors = [f"rank {rank} failed:\n{payload}" for rank, status, payload in sorted(replies) if status == "error"]
+        if errors:
+            raise RuntimeError("\n".join(errors))
+        out = {rank: pickle.loads(payload) for rank, _, payload in replies}
+        return [out[r] for r in range(self.world)]
+
+    def close(self) -> None:
+        for q in self.jobs:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
+        self.kill()  # those still running, and whatever any rank started
+
+    def kill(self) -> None:
+        for p in self.procs:
+            kill_tree(p.pid, reaped=p.exitcode is not None)
+            p.join()

@@ -1,4 +1,7 @@
-"""Run on each rank of a dist_pool.Pool: what a fresh ct.run's step first draws on that rank."""
+"""Run on each rank of a processes.Pool: what a fresh ct.run's step first draws on that rank.
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
+"""
 
 import random
 

@@ -1,19 +1,21 @@
-"""Cases for ct.sharded run on every rank of a dist_pool.Pool, and their single-process references.
+"""Cases for ct.sharded run on every rank of a processes.Pool, and their single-process references.
 
-A case names a composition as letters, outermost first: ``s`` sharded, ``S`` sharded with
-sync_every_micro_batch, ``a`` accumulate(n), ``c`` clip_grad_norm, ``m`` mixed_precision (bf16),
-``k`` checkpoint_activations of every block.
-The global batch of each update is the ranks' shards concatenated in rank order; the reference
-is the composition without ``s`` on it, in one process.
+A case names its composition as the composed step prints (``step`` for the step, ``n`` for the case's
+accumulation count): ``"sharded(clip_grad_norm(0.5)(accumulate(n)(step)))"``; checkpoint_activations
+recomputes every block. The global batch of each update is the ranks' shards concatenated in rank order;
+the reference is the composition without ``sharded`` on it, in one process.
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import dist_cases
+import distributed_workers
 import torch
 import torch.distributed as dist
+from helpers import composed, without
 from torch import nn
 
 import composetrain as ct
@@ -24,9 +26,9 @@ class Net(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.inp = nn.Linear(dist_cases.IN, 8)
+        self.inp = nn.Linear(distributed_workers.IN, 8)
         self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2))
-        self.head = nn.Linear(8, dist_cases.CLASSES)
+        self.head = nn.Linear(8, distributed_workers.CLASSES)
 
     def forward(self, x):
         x = self.inp(x).tanh()
@@ -38,9 +40,9 @@ class Net(nn.Module):
 class TokenNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.emb = nn.Embedding(dist_cases.VOCAB, 6)
+        self.emb = nn.Embedding(distributed_workers.VOCAB, 6)
         self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(6, 6), nn.Tanh())])
-        self.head = nn.Linear(6, dist_cases.VOCAB)
+        self.head = nn.Linear(6, distributed_workers.VOCAB)
 
     def forward(self, x):
         x = self.emb(x)
@@ -59,18 +61,19 @@ def make_state(kind: str, seed: int, dtype: torch.dtype, optimizer: str = "sgd")
     return ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
 
 
-def build(letters: str, n: int, kind: str) -> ct.TrainStep:
-    step = dist_cases.token_step if kind == "tokens" else dist_cases.classify
-    weight = dist_cases.real_tokens if kind == "tokens" else None
+def build(printed: str, n: int, kind: str) -> ct.TrainStep:
+    """The composition ``printed`` (as the step prints: ``"sharded(accumulate(n)(step))"``)."""
+    step = distributed_workers.token_step if kind == "tokens" else distributed_workers.classify
+    weight = distributed_workers.real_tokens if kind == "tokens" else None
     parts = {
-        "s": ct.sharded,
-        "S": ct.sharded(sync_every_micro_batch=True),
-        "a": ct.accumulate(n, weight=weight),
-        "c": ct.clip_grad_norm(0.5),
-        "m": ct.mixed_precision(dtype="bf16"),
-        "k": ct.checkpoint_activations(nn.Sequential),  # every block recomputed in backward
+        "sharded": ct.sharded,
+        "sharded(sync_every_micro_batch=True)": ct.sharded(sync_every_micro_batch=True),
+        "accumulate(n)": ct.accumulate(n, weight=weight),
+        "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
+        "mixed_precision(dtype='bf16')": ct.mixed_precision(dtype="bf16"),
+        "checkpoint_activations(Sequential)": ct.checkpoint_activations(nn.Sequential),  # every block
     }
-    return ct.compose(*(parts[k] for k in letters))(step)
+    return composed(printed, parts, step)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -87,15 +90,19 @@ def optimizer_state(state: ct.TrainState) -> dict[int, dict[str, torch.Tensor]]:
 
 def train(case: dict[str, Any], rank: int | None) -> dict[str, Any]:
     """The case's updates; rank None is the single-process reference on the global batches."""
-    dtype = torch.float32 if "m" in case["letters"] else torch.float64
-    letters = case["letters"] if rank is not None else case["letters"].replace("s", "").replace("S", "")
+    dtype = torch.float32 if "mixed_precision" in case["composition"] else torch.float64
+    printed = (
+        case["composition"]
+        if rank is not None
+        else without(case["composition"], "sharded(sync_every_micro_batch=True)", "sharded")
+    )
     # ranks start from different weights: sharded must broadcast rank 0's, the reference's
     state = make_state(case["kind"], case["seed"] + (rank or 0), dtype, case.get("optimizer", "sgd"))
-    step = build(letters, case["n"], case["kind"])
+    step = build(printed, case["n"], case["kind"])
     losses, metrics = [], []
     for i, sizes in enumerate(case["sizes"]):
-        batch = dist_cases.global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
-        out = step(state, batch if rank is None else dist_cases.shard(batch, sizes, rank))
+        batch = distributed_workers.global_batch(case["kind"], sizes, case["seed"] * 100 + i, dtype)
+        out = step(state, batch if rank is None else distributed_workers.shard(batch, sizes, rank))
         losses.append(out.loss)
         metrics.append({k: v.detach().clone() for k, v in out.metrics.items()})
     return {
@@ -131,7 +138,10 @@ def dtypes_under_bf16(rank: int, world: int) -> dict[str, Any]:
 
     state = make_state("classify", 0, torch.float32)
     ct.sharded(ct.mixed_precision(dtype="bf16")(Spy(ct.train_step(step))))(
-        state, dist_cases.shard(dist_cases.global_batch("classify", [4] * world, 0, torch.float32), [4] * world, rank)
+        state,
+        distributed_workers.shard(
+            distributed_workers.global_batch("classify", [4] * world, 0, torch.float32), [4] * world, rank
+        ),
     )
     seen["params"] = sorted({str(p.dtype) for p in state.model.parameters()})
     seen["output"] = str(seen["output"])
@@ -205,23 +215,29 @@ def refusals(rank: int, world: int) -> dict[str, str]:
             return f"{type(e).__name__}: {e}"
         return "no error"
 
-    batch = dist_cases.shard(dist_cases.global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank)
+    batch = distributed_workers.shard(
+        distributed_workers.global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank
+    )
     found = {}
     state = make_state("classify", 0, torch.float64)
-    found["unknown"] = outcome(lambda: ct.sharded(modules=["blocks.0", "block.7"])(dist_cases.classify)(state, batch))
+    found["unknown"] = outcome(
+        lambda: ct.sharded(modules=["blocks.0", "block.7"])(distributed_workers.classify)(state, batch)
+    )
     found["unknown_untouched"] = str(type(state.model).__name__ == "Net" and not state.optimizer.state)
-    found["class"] = outcome(lambda: ct.sharded(modules=nn.Conv2d)(dist_cases.classify)(state, batch))
+    found["class"] = outcome(lambda: ct.sharded(modules=nn.Conv2d)(distributed_workers.classify)(state, batch))
     trained = make_state("classify", 0, torch.float64)
-    ct.train_step(dist_cases.classify)(trained, batch)  # momentum exists for the unsharded parameters
-    found["optimizer"] = outcome(lambda: ct.sharded(dist_cases.classify)(trained, batch))
+    ct.train_step(distributed_workers.classify)(trained, batch)  # momentum exists for the unsharded parameters
+    found["optimizer"] = outcome(lambda: ct.sharded(distributed_workers.classify)(trained, batch))
     model = make_state("classify", 0, torch.float64).model
     model.blocks[1][0].weight = model.blocks[0][0].weight  # one tensor in two units
     tied = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    found["tied"] = outcome(lambda: ct.sharded(dist_cases.classify)(tied, batch))
-    found["tied_in_one_unit"] = outcome(lambda: ct.sharded(modules=["inp"])(dist_cases.classify)(tied, batch))
-    found["container"] = outcome(lambda: ct.sharded(modules=["blocks"])(dist_cases.classify)(state, batch))
-    uneven = dist_cases.shard(dist_cases.global_batch("classify", [4, 5], 0, torch.float64), [4, 5], rank)
-    found["unequal"] = outcome(lambda: ct.sharded(ct.accumulate(2)(dist_cases.classify))(state, uneven))
+    found["tied"] = outcome(lambda: ct.sharded(distributed_workers.classify)(tied, batch))
+    found["tied_in_one_unit"] = outcome(lambda: ct.sharded(modules=["inp"])(distributed_workers.classify)(tied, batch))
+    found["container"] = outcome(lambda: ct.sharded(modules=["blocks"])(distributed_workers.classify)(state, batch))
+    uneven = distributed_workers.shard(
+        distributed_workers.global_batch("classify", [4, 5], 0, torch.float64), [4, 5], rank
+    )
+    found["unequal"] = outcome(lambda: ct.sharded(ct.accumulate(2)(distributed_workers.classify))(state, uneven))
     return found
 
 
@@ -235,14 +251,14 @@ def reduce_scatters(rank: int, world: int, n: int, every: bool) -> list[int]:
         return original(*args, **kwargs)
 
     state = make_state("classify", 0, torch.float64)
-    step = ct.sharded(ct.accumulate(n)(dist_cases.classify), sync_every_micro_batch=every)
+    step = ct.sharded(ct.accumulate(n)(distributed_workers.classify), sync_every_micro_batch=every)
     dist.reduce_scatter_single = counting
     try:
         per_update = []
         for i in range(2):
             before = len(calls)
-            batch = dist_cases.global_batch("classify", [8] * world, i, torch.float64)
-            step(state, dist_cases.shard(batch, [8] * world, rank))
+            batch = distributed_workers.global_batch("classify", [8] * world, i, torch.float64)
+            step(state, distributed_workers.shard(batch, [8] * world, rank))
             per_update.append(len(calls) - before)
     finally:
         dist.reduce_scatter_single = original
@@ -294,9 +310,11 @@ def holds(root: Any, target: Any) -> bool:
 
 def released(rank: int, world: int) -> dict[str, Any]:
     """A sharded state whose runtime is released (as ct.run does before destroying its group)."""
-    batch = dist_cases.shard(dist_cases.global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank)
+    batch = distributed_workers.shard(
+        distributed_workers.global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank
+    )
     state = make_state("classify", 0, torch.float64)
-    step = ct.sharded(dist_cases.classify)
+    step = ct.sharded(distributed_workers.classify)
     step(state, batch)
     found: dict[str, Any] = {"held_before": holds(state, dist.group.WORLD)}
     state.release_runtime()
@@ -319,7 +337,9 @@ FP16_UPDATES = 8  # rank batches of 6, two micro-batches of 3 each
 def fp16_batch(rank: int, world: int, i: int, poisoned: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s batch of update ``i``; at update ``poisoned`` the last rank's inputs are too large
     for fp16 (inf once autocast casts them, NaN after the first layer): the update must be skipped."""
-    x, y = dist_cases.shard(dist_cases.global_batch("classify", [6] * world, 500 + i, torch.float32), [6] * world, rank)
+    x, y = distributed_workers.shard(
+        distributed_workers.global_batch("classify", [6] * world, 500 + i, torch.float32), [6] * world, rank
+    )
     return (x * 1e6 if i == poisoned and rank == world - 1 else x), y
 
 
@@ -343,17 +363,18 @@ def fp16_record(model: nn.Module, optimizer: torch.optim.Optimizer, scale: float
 
 
 def fp16_composetrain(
-    rank: int, world: int, letters: str, growth_interval: int, poisoned: int, optimizer: str
+    rank: int, world: int, printed: str, growth_interval: int, poisoned: int, optimizer: str
 ) -> list[dict[str, Any]]:
-    """ct.sharded + ct.mixed_precision('fp16') + ct.accumulate(2) (+ clip_grad_norm(0.5) with ``c``),
-    nested as ``letters`` say (outermost first): one record per update."""
+    """ct.sharded + ct.mixed_precision('fp16') + ct.accumulate(2) (+ clip_grad_norm(0.5)), nested as
+    ``printed`` says (as the step prints: ``"sharded(mixed_precision(dtype='fp16')(accumulate(2)(step)))"``):
+    one record per update."""
     parts = {
-        "s": ct.sharded,
-        "m": ct.mixed_precision(dtype="fp16"),
-        "a": ct.accumulate(2),
-        "c": ct.clip_grad_norm(0.5),
+        "sharded": ct.sharded,
+        "mixed_precision(dtype='fp16')": ct.mixed_precision(dtype="fp16"),
+        "accumulate(2)": ct.accumulate(2),
+        "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
     }
-    train = ct.compose(*(parts[k] for k in letters))(dist_cases.classify)
+    train = composed(printed, parts, distributed_workers.classify)
     state = fp16_state(optimizer)
     saved = state.state_dict()  # the scaler's growth interval arrives as a checkpoint would bring it
     state.load_state_dict({**saved, "transforms": {"mixed_precision": fp16_scaling(growth_interval)}})
@@ -400,7 +421,7 @@ def fp16_textbook(rank: int, world: int, clip: bool, growth_interval: int, poiso
         for j, (mx, my) in enumerate(micro):
             model.set_requires_gradient_sync(j == len(micro) - 1)  # reduce-scatter after the last backward only
             with torch.autocast("cpu", dtype=torch.float16):
-                loss, _ = dist_cases.classify(model, (mx, my))
+                loss, _ = distributed_workers.classify(model, (mx, my))
             share = loss * (len(mx) / len(x))
             scaler.scale(share).backward()
             shares.append(share.detach())
@@ -418,9 +439,9 @@ def fp16_textbook(rank: int, world: int, clip: bool, growth_interval: int, poiso
 
 
 def fp16_both(
-    rank: int, world: int, letters: str, growth_interval: int = 1, poisoned: int = 3, optimizer: str = "sgd"
+    rank: int, world: int, printed: str, growth_interval: int = 1, poisoned: int = 3, optimizer: str = "sgd"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """composetrain's records and the textbook loop's, on the same rank batches from the same weights."""
-    mine = fp16_composetrain(rank, world, letters, growth_interval, poisoned, optimizer)
-    theirs = fp16_textbook(rank, world, "c" in letters, growth_interval, poisoned, optimizer)
+    mine = fp16_composetrain(rank, world, printed, growth_interval, poisoned, optimizer)
+    theirs = fp16_textbook(rank, world, "clip_grad_norm" in printed, growth_interval, poisoned, optimizer)
     return mine, theirs

@@ -1,4 +1,7 @@
-"""ct.run with a user-defined transform that synchronises the processes itself (on every rank of a dist_pool.Pool)."""
+"""ct.run with a user-defined transform that synchronises the processes itself (on every rank of a processes.Pool).
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
+"""
 
 import run_script
 import torch.distributed as dist

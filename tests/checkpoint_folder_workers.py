@@ -1,4 +1,7 @@
-"""What each rank of a 2-process pool runs for test_checkpoint_folder.py (module name and function)."""
+"""What each rank of a 2-process pool runs for test_checkpoint_folder.py (module name and function).
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
+"""
 
 from pathlib import Path
 

@@ -1,6 +1,8 @@
-"""Cases for the sharded fixes of issues 19 and 20, run on every rank of a dist_pool.Pool.
+"""Cases for the sharded fixes of issues 19 and 20, run on every rank of a processes.Pool.
 
 Each case returns what the parent compares with a plain single-process loop on the global batch.
+
+A module of its own, not folded into its test file, because the spawned ranks of ``processes.Pool`` import it by name.
 """
 
 from __future__ import annotations
@@ -8,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import dist_cases
-import shard_cases
+import distributed_workers
+import sharded_workers
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from shard_cases import full
+from sharded_workers import full
 from torch import nn
 
 import composetrain as ct
@@ -36,9 +38,9 @@ class ClipLike(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.inp = nn.Linear(dist_cases.IN, 8)
+        self.inp = nn.Linear(distributed_workers.IN, 8)
         self.blocks = nn.ModuleList(Gated() for _ in range(2))
-        self.head = nn.Linear(8, dist_cases.CLASSES)
+        self.head = nn.Linear(8, distributed_workers.CLASSES)
         self.logit_scale = nn.Parameter(torch.tensor(0.5))
         self.rare = nn.Parameter(torch.tensor(0.2))  # used only by batches holding a rare sample
 
@@ -60,8 +62,8 @@ SIZES = [[6, 6], [4, 4]]  # two updates, each rank's batch of the global one
 def batches(rank: int | None, world: int) -> list[Any]:
     out = []
     for i, sizes in enumerate(SIZES):
-        batch = dist_cases.global_batch("classify", sizes[:1] * world, 40 + i, torch.float64)
-        out.append(batch if rank is None else dist_cases.shard(batch, sizes[:1] * world, rank))
+        batch = distributed_workers.global_batch("classify", sizes[:1] * world, 40 + i, torch.float64)
+        out.append(batch if rank is None else distributed_workers.shard(batch, sizes[:1] * world, rank))
     return out
 
 
@@ -109,7 +111,7 @@ def scalar_parameters(rank: int, world: int, kind: str) -> dict[str, Any]:
     """sharded(clip_grad_norm(accumulate(2))) on a model with 0-dim parameters, from rank-specific weights."""
     model = clip_like(rank)  # rank 0's weights must win, as under DDP
     state = ct.TrainState(model, make_optimizer(kind, model))
-    step = ct.sharded(ct.clip_grad_norm(0.5)(ct.accumulate(2)(dist_cases.classify)))
+    step = ct.sharded(ct.clip_grad_norm(0.5)(ct.accumulate(2)(distributed_workers.classify)))
     for batch in batches(rank, world):
         step(state, batch)
     return record(state.model, state.optimizer)
@@ -127,7 +129,7 @@ def half_sharded(rank: int, world: int) -> dict[str, str]:
         return "no error"
 
     batch = batches(rank, world)[0]
-    state = shard_cases.make_state("classify", 0, torch.float64)  # blocks (units), then the root
+    state = sharded_workers.make_state("classify", 0, torch.float64)  # blocks (units), then the root
     real = fsdp.fully_shard
 
     def failing_at_root(module, **kwargs):
@@ -137,24 +139,24 @@ def half_sharded(rank: int, world: int) -> dict[str, str]:
 
     fsdp.fully_shard = failing_at_root
     try:
-        found = {"first": outcome(lambda: ct.sharded(dist_cases.classify)(state, batch))}
+        found = {"first": outcome(lambda: ct.sharded(distributed_workers.classify)(state, batch))}
     finally:
         fsdp.fully_shard = real
-    found["retry"] = outcome(lambda: ct.sharded(dist_cases.classify)(state, batch))
-    found["distributed"] = outcome(lambda: ct.distributed(dist_cases.classify)(state, batch))
-    found["plain"] = outcome(lambda: ct.train_step(dist_cases.classify)(state, batch))
-    found["apply_sharding"] = outcome(lambda: ct.apply_sharding(ct.sharded(dist_cases.classify), state))
+    found["retry"] = outcome(lambda: ct.sharded(distributed_workers.classify)(state, batch))
+    found["distributed"] = outcome(lambda: ct.distributed(distributed_workers.classify)(state, batch))
+    found["plain"] = outcome(lambda: ct.train_step(distributed_workers.classify)(state, batch))
+    found["apply_sharding"] = outcome(lambda: ct.apply_sharding(ct.sharded(distributed_workers.classify), state))
     return found
 
 
 def unfrozen_outside_the_optimizer(rank: int, world: int) -> list[list[str]]:
     """A parameter frozen when the optimizer was built, unfrozen after: its .grad is cleared after each update
     like every other one (the names of parameters still holding a gradient after each of 3 updates)."""
-    model = shard_cases.make_state("classify", 0, torch.float64).model
+    model = sharded_workers.make_state("classify", 0, torch.float64).model
     frozen = model.head.weight
     frozen.requires_grad_(False)
     state = ct.TrainState(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1))
-    step = ct.sharded(dist_cases.classify)
+    step = ct.sharded(distributed_workers.classify)
     left = []
     for i in range(3):
         if i == 1:
@@ -175,18 +177,18 @@ def no_decay_first(model: nn.Module) -> torch.optim.Optimizer:
 def order_state() -> ct.TrainState:
     torch.manual_seed(3)
     model = nn.Sequential(
-        nn.Linear(dist_cases.IN, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
-        nn.Linear(8, dist_cases.CLASSES),
+        nn.Linear(distributed_workers.IN, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
+        nn.Linear(8, distributed_workers.CLASSES),
     ).double()  # fmt: skip
     return ct.TrainState(model, no_decay_first(model))
 
 
 def order_data(world: int) -> torch.utils.data.TensorDataset:
-    x, y = dist_cases.global_batch("classify", [24 * world], 9, torch.float64)
+    x, y = distributed_workers.global_batch("classify", [24 * world], 9, torch.float64)
     return torch.utils.data.TensorDataset(x, y)
 
 
-ORDER_STEP = ct.sharded(ct.accumulate(2)(dist_cases.classify), modules=nn.Linear)
+ORDER_STEP = ct.sharded(ct.accumulate(2)(distributed_workers.classify), modules=nn.Linear)
 
 
 def resume_in_optimizer_order(rank: int, world: int, folder: str) -> dict[str, Any]:
@@ -217,10 +219,10 @@ def resume_in_optimizer_order(rank: int, world: int, folder: str) -> dict[str, A
 def gathered_after_the_group_is_gone(rank: int, world: int) -> dict[str, str]:
     """full_state_dict of a sharded model whose group was destroyed since (as ct.run used to): what it says.
     The pool's group is then made again."""
-    from dist_pool import free_port
+    from processes import free_port
 
-    state = shard_cases.make_state("classify", 0, torch.float64)
-    ct.sharded(dist_cases.classify)(state, batches(rank, world)[0])
+    state = sharded_workers.make_state("classify", 0, torch.float64)
+    ct.sharded(distributed_workers.classify)(state, batches(rank, world)[0])
     found = {"alive": str(sorted(ct.full_state_dict(state.model)) == sorted(state.model.state_dict()) or rank)}
     found["kinds"] = str(sorted({type(p).__name__ for p in state.model.parameters()}))
     state.release_runtime()
@@ -242,9 +244,9 @@ def trained_adagrad(rank: int, world: int) -> dict[str, str]:
     """Adagrad after one plain update (its sums no longer the initial ones): refused, the state untouched."""
     model = clip_like(0)
     state = ct.TrainState(model, make_optimizer("adagrad", model))
-    ct.train_step(dist_cases.classify)(state, batches(rank, world)[0])
+    ct.train_step(distributed_workers.classify)(state, batches(rank, world)[0])
     try:
-        ct.sharded(dist_cases.classify)(state, batches(rank, world)[1])
+        ct.sharded(distributed_workers.classify)(state, batches(rank, world)[1])
         found = {"error": "no error"}
     except Exception as e:
         found = {"error": f"{type(e).__name__}: {e}"}
@@ -258,7 +260,7 @@ def fp16_with_scalars(rank: int, world: int) -> str:
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     x, y = batches(rank, world)[0]
     try:
-        ct.sharded(ct.mixed_precision(dtype="fp16")(dist_cases.classify))(state, (x.float(), y))
+        ct.sharded(ct.mixed_precision(dtype="fp16")(distributed_workers.classify))(state, (x.float(), y))
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
@@ -268,7 +270,7 @@ def bf16_with_scalars(rank: int | None, world: int) -> dict[str, Any]:
     """sharded(mixed_precision(bf16)(clip(accumulate(2)))) with 0-dim parameters; rank None: one process."""
     model = clip_like(rank or 0).float()
     state = ct.TrainState(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
-    inner = ct.mixed_precision(dtype="bf16")(ct.clip_grad_norm(0.5)(ct.accumulate(2)(dist_cases.classify)))
+    inner = ct.mixed_precision(dtype="bf16")(ct.clip_grad_norm(0.5)(ct.accumulate(2)(distributed_workers.classify)))
     step = inner if rank is None else ct.sharded(inner)
     for x, y in batches(rank, world):
         step(state, (x.float(), y))

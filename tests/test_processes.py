@@ -1,0 +1,70 @@
+"""The test harness itself (tests/processes.py): a launched job, a group of jobs and a rank pool that hangs are
+killed with everything they started.
+"""
+
+import contextlib
+import signal
+import sys
+import time
+
+import pytest
+from processes import Job, Pool, alive, wait_all, wait_for
+
+SLEEPER = """
+import os, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {worker.pid}")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ending", ["timeout", "error"])
+def test_a_launched_job_is_killed_with_everything_it_started(tmp_path, ending):
+    """A job that sleeps, with a worker in a session of its own (as torchrun starts its workers):
+    a timeout, or an error in the test while it runs, leaves neither of them running."""
+    pids = tmp_path / "pids"
+    job = Job([sys.executable, "-c", SLEEPER, str(pids)])
+    if ending == "timeout":
+        with job:
+            wait_for(pids.exists)
+            with pytest.raises(pytest.fail.Exception, match=r"still running after 0.5s, killed"):
+                job.finish(timeout=0.5)
+    else:
+        with pytest.raises(TimeoutError), job:
+            wait_for(pids.exists)
+            wait_for(lambda: False, timeout=0.5)  # the test gives up while the job still runs
+    parent, worker = (int(p) for p in pids.read_text().split())
+    assert job.returncode == -signal.SIGKILL
+    for pid, who in ((parent, "the job"), (worker, "its worker")):
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda pid=pid: not alive(pid), timeout=5)  # SIGKILL is delivered asynchronously
+        assert not alive(pid), f"{who} (pid {pid}) is still running"  # killed: gone, or a zombie
+
+
+def test_waiting_for_several_jobs_kills_them_all_as_soon_as_one_fails(tmp_path):
+    """As a rank that crashes leaves the others waiting in the rendezvous: no waiting for the timeout."""
+    pids = tmp_path / "pids"
+    with Job([sys.executable, "-c", SLEEPER, str(pids)]) as waiting:
+        wait_for(pids.exists)
+        failing = Job([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+        start = time.monotonic()
+        expected = r"a process failed, the others were killed(?s:.)*exit 3:\nboom"
+        with pytest.raises(pytest.fail.Exception, match=expected):
+            wait_all([waiting, failing], timeout=120)
+        assert time.monotonic() - start < 60
+    for pid in (int(p) for p in pids.read_text().split()):
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda pid=pid: not alive(pid), timeout=5)
+        assert not alive(pid), f"pid {pid} is still running"
+
+
+def test_a_pool_whose_rank_hangs_is_killed_on_timeout():
+    hung = Pool(1)
+    try:
+        with pytest.raises(TimeoutError, match=r"run_workers.hang: some rank did not reply within 1s"):
+            hung.run("run_workers", "hang", timeout=1)
+        assert not any(alive(p.pid) for p in hung.procs)
+    finally:
+        hung.close()
