@@ -82,7 +82,7 @@ def _without_root_powers():
 SCRIPT = """
 import sys, warnings
 sys.path.insert(0, {tests!r})
-from test_run import train
+from run_script import train
 try:
     train({folder!r}, epochs=1)
     print("RESUMED OR RESTARTED")
@@ -101,7 +101,7 @@ def test_a_checkpoint_this_user_cannot_read_is_refused_not_set_aside(tmp_path, w
 
     if not _without_root_powers():
         pytest.skip("needs setpriv to drop root's permission override")
-    from test_run import train
+    from run_script import train
 
     train(tmp_path, max_steps=3)
     target = tmp_path / "step-000000003" / (what if what != "folder" else "")
@@ -122,7 +122,7 @@ def test_a_checkpoint_this_user_cannot_read_is_refused_not_set_aside(tmp_path, w
 
 @pytest.fixture(scope="module")
 def pool():
-    from dist_pool import Pool
+    from processes import Pool
 
     p = Pool(2)
     yield p
@@ -133,7 +133,7 @@ def pool():
 def test_a_save_that_fails_on_one_rank_is_named_alike_on_every_rank(pool, tmp_path, code):
     """Rank 1's full disk was, on rank 0 (whose output one reads), 'another rank could not write its
     part' with no errno: a handler for ENOSPC missed it, and nobody learned why or where."""
-    replies = pool.run("checkpoint_hostile_cases", "save_fails_on", str(tmp_path), 1, code, timeout=120)
+    replies = pool.run("checkpoint_hostile_workers", "save_fails_on", str(tmp_path), 1, code, timeout=120)
     for rank, (message, number) in enumerate(replies):
         assert number == code, (rank, replies)
         assert "rank 1" in message and "refused" in message and str(tmp_path) in message, (rank, replies)
@@ -181,14 +181,14 @@ def test_a_crash_after_the_second_rename_of_a_resave_keeps_the_new_checkpoint(tm
 
 
 def test_a_checkpoint_one_rank_may_not_read_is_refused_on_every_rank(pool, tmp_path):
-    replies = pool.run("checkpoint_hostile_cases", "read_denied_on", str(tmp_path), 1, timeout=120)
+    replies = pool.run("checkpoint_hostile_workers", "read_denied_on", str(tmp_path), 1, timeout=120)
     assert "cannot read checkpoint" in replies[0] and "on another rank" in replies[0], replies
     assert "cannot read checkpoint" in replies[1] and "rank-1.pt" in replies[1], replies
     assert sorted(p.name for p in tmp_path.iterdir() if "step" in p.name) == ["step-000000002"]
 
 
 def test_a_save_that_fails_otherwise_on_one_rank_names_that_rank_on_the_others(pool, tmp_path):
-    replies = pool.run("checkpoint_hostile_cases", "save_fails_on", str(tmp_path), 1, None, timeout=120)
+    replies = pool.run("checkpoint_hostile_workers", "save_fails_on", str(tmp_path), 1, None, timeout=120)
     assert "checkpoint step 2 was not saved: rank 1 could not write its part" in replies[0][0], replies
     assert replies[1][0] == "RuntimeError: odd", replies
 

@@ -1,7 +1,7 @@
 """What ct.full_state_dict returns for a sharded model is a snapshot, not a view of the live model."""
 
 import pytest
-from dist_pool import Pool
+from processes import Pool
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +14,7 @@ def pool():
 def test_full_state_dict_does_not_change_when_training_goes_on(pool):
     """0-dim parameters (kept whole beside FSDP2's shards) and buffers were returned as the live tensors
     themselves: the exported weights kept changing as training went on."""
-    first, other = pool.run("shard_snapshot_cases", "full_state_dict_is_a_copy")
+    first, other = pool.run("sharded_snapshot_workers", "full_state_dict_is_a_copy")
     assert first["keys"] == [
         "blocks.0.bias",
         "blocks.0.weight",

@@ -1,4 +1,4 @@
-"""Cases for test_sharded_odd_params.py, run on every rank of a dist_pool.Pool: parameters FSDP2 leaves
+"""Cases for test_sharded_odd_params.py, run on every rank of a processes.Pool: parameters FSDP2 leaves
 whole or cannot take, each against one process on the global batch (float64 / complex128)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cases for test_sharded_snapshots.py, run on every rank of a dist_pool.Pool (see its docstring)."""
+"""Cases for test_sharded_snapshots.py, run on every rank of a processes.Pool (see its docstring)."""
 
 from __future__ import annotations
 
