@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cli import at_least  # examples/cli.py, beside this script
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import Dataset
@@ -94,21 +95,6 @@ def evaluate(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict
 def cosine(total: int):
     """A cosine decay to zero over ``total`` updates, as a LambdaLR multiplier."""
     return lambda update: 0.5 * (1 + math.cos(math.pi * min(1.0, update / max(1, total))))
-
-
-def at_least(least: int):
-    """An argparse type: an int of at least ``least`` (a bad value is a usage error, not a torch traceback)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return parse
 
 
 def main(argv: list[str] | None = None) -> None:

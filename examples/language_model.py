@@ -25,6 +25,7 @@ from pathlib import Path
 import sklearn.datasets
 import torch
 import torch.nn.functional as F
+from cli import at_least  # examples/cli.py, beside this script
 from einops import rearrange
 from torch import nn
 from torch.utils.data import Dataset
@@ -123,21 +124,6 @@ def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Te
 
 def evaluate(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"loss": step(model, batch)}
-
-
-def at_least(least: int):
-    """An argparse type: an int of at least ``least`` (a bad value is a usage error, not a torch traceback)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return parse
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,6 +14,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from cli import at_least  # examples/cli.py, beside this script
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -30,21 +31,6 @@ def step(model, batch):
 def evaluate(model, batch):
     x, y = batch
     return {"acc": (model(x).argmax(-1) == y).float().mean()}
-
-
-def at_least(least: int):
-    """An argparse type: an int of at least ``least`` (a bad value is a usage error, not a torch traceback)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return parse
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from cli import at_least  # examples/cli.py, beside this script
 from sklearn.datasets import load_digits
 from torch import nn
 
@@ -35,21 +36,6 @@ def accuracy(model, x, y):
     acc = (model(x).argmax(-1) == y).float().mean().item()
     model.train()
     return acc
-
-
-def at_least(least: int):
-    """An argparse type: an int of at least ``least`` (a bad value is a usage error, not a torch traceback)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return parse
 
 
 def positive(text: str) -> float:

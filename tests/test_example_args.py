@@ -14,6 +14,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def load(name):
     for module in ("sklearn", "torchvision", "einops"):
         pytest.importorskip(module)
+    if str(EXAMPLES) not in sys.path:  # as when run as a script: examples/cli.py sits beside it
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
