@@ -46,8 +46,18 @@ def test_the_affinity_mask_wins_over_the_machines_count(monkeypatch):
 @pytest.mark.parametrize(("local", "spare"), [(1, 8), (4, 3), (16, 0)])
 def test_the_loader_offers_auto_its_share_of_the_cores(cores, local, spare):
     cores(16)
-    reader, _ = make_loader(run_script.dataset(), batch_size=12, shuffle=True, drop_last=False, num_workers="auto",
-                            pin_memory=False, collate_fn=None, rank=0, world_size=1, local_world_size=local, seed=0,
-                            who="run")  # fmt: skip
+    reader, _ = make_loader(
+        run_script.dataset(),
+        batch_size=12,
+        shuffle=True,
+        drop_last=False,
+        num_workers="auto",
+        pin_memory=False,
+        collate_fn=None,
+        rank=0,
+        world_size=1,
+        local_world_size=local,
+        seed=0,
+    )
     assert reader._spare == spare
     assert loading.auto_workers is auto_workers  # the one rule, not a copy

@@ -91,7 +91,7 @@ def latest(directory: Path) -> Path | None:
     """The checkpoint a resumed run would load, chosen without any warning (nothing to skip)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        found = checkpoint.Checkpoints(directory, rank=0, world_size=1, keep=2, who="run").latest()
+        found = checkpoint.Checkpoints(directory, rank=0, world_size=1, keep=2).latest()
     return None if found is None else found[0]
 
 

@@ -24,7 +24,7 @@ from composetrain.checkpoint import files as checkpoint
 
 
 def checkpoints(directory, **options):
-    return checkpoint.Checkpoints(directory, rank=0, world_size=1, keep=2, who="run", **options)
+    return checkpoint.Checkpoints(directory, rank=0, world_size=1, keep=2, **options)
 
 
 def latest(directory):

@@ -12,7 +12,7 @@ from composetrain.checkpoint import files as checkpoint
 
 
 def checkpoints(directory):
-    return checkpoint.Checkpoints(directory, rank=0, world_size=1, keep=2, who="run")
+    return checkpoint.Checkpoints(directory, rank=0, world_size=1, keep=2)
 
 
 def test_a_lock_file_linked_to_a_file_elsewhere_is_never_written_through(tmp_path):

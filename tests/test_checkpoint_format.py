@@ -74,11 +74,11 @@ def test_a_step_other_than_the_folders_and_a_missing_state_key_are_refused():
 
 def test_a_checkpoint_of_another_world_size_or_format_does_not_fit(tmp_path):
     shared, _ = parts()
-    check_fits(shared, 2, tmp_path, "run")
+    check_fits(shared, 2, tmp_path)
     with pytest.raises(ValueError, match="saved by 2 process"):
-        check_fits(shared, 3, tmp_path, "run")
+        check_fits(shared, 3, tmp_path)
     with pytest.raises(ValueError, match="in format 1"):
-        check_fits({**shared, "format": 1}, 2, tmp_path, "run")
+        check_fits({**shared, "format": 1}, 2, tmp_path)
 
 
 def test_an_unlogged_step_of_another_shape_is_refused():

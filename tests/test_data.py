@@ -29,7 +29,7 @@ def build(data, *, batch_size, shuffle=True, drop_last=False, workers=0, collate
     options = {"batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last, "num_workers": workers}
     return make_loader(
         data, **options, pin_memory=False, collate_fn=collate_fn, rank=rank, world_size=world,
-        local_world_size=1, seed=seed, who="run",
+        local_world_size=1, seed=seed,
     )  # fmt: skip
 
 

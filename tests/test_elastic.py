@@ -97,7 +97,7 @@ def test_only_errors_that_say_a_rank_was_lost_are_reworded():
 
     def waiting(world):
         proc = Process(Cluster(1, world, 1, "127.0.0.1", 1, "explicit"), torch.device("cpu"), "gloo", False)
-        w = Waiting(proc, 7, "run")
+        w = Waiting(proc, 7)
         w.now("the save of checkpoint step 4")
         return w
 

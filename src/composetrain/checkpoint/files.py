@@ -54,6 +54,7 @@ from composetrain.checkpoint.format import (
     unplain,
 )
 from composetrain.checkpoint.sharded import ShardFiles, split
+from composetrain.core.util import RUN
 
 __all__ = ["Checkpoints"]
 
@@ -74,7 +75,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 class Checkpoints:
-    """The checkpoints of one run in ``directory``, written and read by all ranks together.
+    """The checkpoints of one run in ``directory``, written and read by all ranks together (for ``ct.run``,
+    which its messages name).
 
     Every decision (the directory is writable, which checkpoint loads) is made once and
     shared, so that no rank raises while the others wait in a collective.
@@ -83,7 +85,6 @@ class Checkpoints:
         directory: where checkpoints live; created if missing, checked writable.
         rank, world_size: this process in the job.
         keep: how many of the newest checkpoints to keep.
-        who: the name in messages.
         shards: where a sharded TrainState's tensors go (``ct.sharded``): each rank writes its own
             through torch.distributed.checkpoint, into ``shards/``.
     """
@@ -94,12 +95,11 @@ class Checkpoints:
         rank: int,
         world_size: int,
         keep: int,
-        who: str,
         shards: ShardFiles | None = None,
     ) -> None:
         self.shards = shards
         self.dir = Path(directory).expanduser()
-        self.rank, self.world_size, self.keep, self.who = rank, world_size, keep, who
+        self.rank, self.world_size, self.keep = rank, world_size, keep
         self._lock: io.FileIO | None = None
         problem = None
         if rank == 0:
@@ -113,7 +113,7 @@ class Checkpoints:
         problem = self._shared(problem)
         if problem is not None:
             raise PermissionError(
-                f"{who}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
+                f"{RUN}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
             )
         self._lock, holder, held = take_lock(self.dir, rank)  # every rank its own file
         if not self._all(holder is None):
@@ -121,13 +121,13 @@ class Checkpoints:
             if not self._all(not held):  # another run holds some rank's lock
                 seen = holder if held else "seen by another rank"
                 raise RuntimeError(
-                    f"{who}: checkpoint_dir {str(self.dir)!r} is in use by another run ({seen}); two runs in one "
+                    f"{RUN}: checkpoint_dir {str(self.dir)!r} is in use by another run ({seen}); two runs in one "
                     "folder would overwrite each other's checkpoints and metrics: wait for that run to end (its "
                     "lock goes with it), or give this one another checkpoint_dir"
                 )
             why = holder or "another rank could not take its lock file"
             raise RuntimeError(
-                f"{who}: cannot lock checkpoint_dir {str(self.dir)!r} ({why}); the lock keeps a second run out of "
+                f"{RUN}: cannot lock checkpoint_dir {str(self.dir)!r} ({why}); the lock keeps a second run out of "
                 "the folder"
             )
         if rank == 0:  # the folder is ours alone now: what an interrupted save left is no live run's
@@ -175,7 +175,7 @@ class Checkpoints:
         problem = unplain(local, rank_file(self.rank)) or (unplain(payload, STATE_FILE) if self.rank == 0 else None)
         if not self._all(problem is None):  # before anything is written, on every rank alike
             raise TypeError(
-                f"{self.who}: cannot checkpoint step {step}: {problem or 'another rank holds what it cannot save'}; "
+                f"{RUN}: cannot checkpoint step {step}: {problem or 'another rank holds what it cannot save'}; "
                 "a checkpoint holds tensors and plain types only (dict, list, tuple, str, int, float, bool, None), "
                 "which load without running code: convert that value in its state_dict()"
             )
@@ -187,7 +187,7 @@ class Checkpoints:
                 "it is a link" if final.is_symlink() else "it holds no state.pt" if final.is_dir() else "it is a file"
             ) if self.rank == 0 else "seen by rank 0"  # fmt: skip
             raise FileExistsError(
-                f"{self.who}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint ({what}), "
+                f"{RUN}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint ({what}), "
                 "so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
             )
         size = size_of(payload) + size_of(local) + size_of(tensors)
@@ -266,7 +266,7 @@ class Checkpoints:
         intact = f"the previous checkpoint {previous.name} is intact" if previous else "there is no previous checkpoint"
         if failure is None:
             return OSError(
-                f"{self.who}: checkpoint step {step} was not saved: rank {rank} could not write its part (its own "
+                f"{RUN}: checkpoint step {step} was not saved: rank {rank} could not write its part (its own "
                 f"error says why); {intact}"
             )
         cause = f"{failure.strerror or failure}" + (f": {failure.filename}" if failure.filename else "")
@@ -274,13 +274,13 @@ class Checkpoints:
         if failure.errno in (errno.ENOSPC, errno.EDQUOT):
             return OSError(
                 failure.errno,
-                f"{self.who}: no space left in {self.dir} for checkpoint step {step} (writing about "
+                f"{RUN}: no space left in {self.dir} for checkpoint step {step} (writing about "
                 f"{human(size)}; {cause}); {intact} and nothing of step {step} was left behind; free some space, "
                 "lower keep_checkpoints, or point checkpoint_dir at a larger disk",
             )
         return OSError(
             failure.errno,
-            f"{self.who}: checkpoint step {step} could not be written in {self.dir} ({cause}); {intact} and "
+            f"{RUN}: checkpoint step {step} could not be written in {self.dir} ({cause}); {intact} and "
             f"nothing of step {step} was left behind",
         )
 
@@ -301,7 +301,7 @@ class Checkpoints:
         """
         if self.rank == 0:
             for line in foreign(self.dir):
-                warnings.warn(f"{self.who}: {line}", stacklevel=2)
+                warnings.warn(f"{RUN}: {line}", stacklevel=2)
         for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
             step = step_of(name)
@@ -309,7 +309,7 @@ class Checkpoints:
             local = None
             if self._all(payload is not None):
                 assert payload is not None
-                check_fits(payload, self.world_size, path, self.who)  # the same file on every rank: all raise alike
+                check_fits(payload, self.world_size, path)  # the same file on every rank: all raise alike
                 local, problem = self._read(path, rank_file(self.rank), LOCAL, local_problem)
             if self._all(local is not None) and self.shards is not None:
                 assert payload is not None
@@ -321,7 +321,7 @@ class Checkpoints:
             if self.rank == 0:
                 aside = _free(self.dir, f"corrupt-{name}")
                 warnings.warn(
-                    f"{self.who}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}; "
+                    f"{RUN}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}; "
                     f"moved to {aside.name}",
                     stacklevel=2,
                 )
@@ -341,7 +341,7 @@ class Checkpoints:
             why = f"{denied.strerror or denied}: {denied.filename}" if denied else "on another rank"
             raise PermissionError(
                 errno.EACCES,
-                f"{self.who}: cannot read checkpoint {path} ({why}); it is left as it is: give this run read access "
+                f"{RUN}: cannot read checkpoint {path} ({why}); it is left as it is: give this run read access "
                 "to it (chmod, chown), or move it out of checkpoint_dir to resume from an older one",
             )
         return value, problem

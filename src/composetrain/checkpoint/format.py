@@ -19,7 +19,7 @@ import torch
 from composetrain.checkpoint.folder import not_regular
 from composetrain.core.rng import capture_rng, generators_problem, rng_problem
 from composetrain.core.state import KEYS as STATE_KEYS
-from composetrain.core.util import show
+from composetrain.core.util import RUN, show
 
 __all__ = [
     "FORMAT",
@@ -127,17 +127,17 @@ def stamp_local(local: dict[str, Any]) -> dict[str, Any]:
     return {**local, "rng": capture_rng()}
 
 
-def check_fits(payload: dict[str, Any], world_size: int, path: Path, who: str) -> None:
+def check_fits(payload: dict[str, Any], world_size: int, path: Path) -> None:
     """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
     if payload["format"] != FORMAT:
         raise ValueError(
-            f"{who}: checkpoint {path} is in format {payload['format']}, this composetrain reads format "
+            f"{RUN}: checkpoint {path} is in format {payload['format']}, this composetrain reads format "
             f"{FORMAT} (tensors and plain types only, loaded with weights_only=True); finish that run with the "
             "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
         )
     if payload["world_size"] != world_size:
         raise ValueError(
-            f"{who}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
+            f"{RUN}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
             f"run has {world_size}; resume with the same number of processes (the data order "
             "and random states are per rank)"
         )

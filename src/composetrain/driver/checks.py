@@ -8,47 +8,47 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from composetrain.core.state import TrainState
-from composetrain.core.util import show
+from composetrain.core.util import RUN, show
 
 __all__ = ["check_eval_data", "check_flag", "check_state", "dataloader_settings"]
 
 
-def check_state(state: Any, who: str) -> None:
+def check_state(state: Any) -> None:
     if not isinstance(state, TrainState):
         raise TypeError(
-            f"{who}: state must be a ct.TrainState, got {show(state)}; build ct.TrainState(model, optimizer)"
+            f"{RUN}: state must be a ct.TrainState, got {show(state)}; build ct.TrainState(model, optimizer)"
         )
 
 
-def check_flag(value: Any, who: str, name: str, *, optional: bool = False) -> None:
+def check_flag(value: Any, name: str, *, optional: bool = False) -> None:
     """True or False (or None, the default, when ``optional``): 1, 'yes' and np.bool_ are refused."""
     if not isinstance(value, bool) and not (value is None and optional):
         raise TypeError(
-            f"{who}: {name} must be True or False{' (or None: the default)' if optional else ''}, got "
+            f"{RUN}: {name} must be True or False{' (or None: the default)' if optional else ''}, got "
             f"{show(value)}; e.g. {name}=True"
         )
 
 
 def dataloader_settings(
-    data: DataLoader[Any], batch_size: int | None, shuffle: bool | None, drop_last: bool | None, who: str
+    data: DataLoader[Any], batch_size: int | None, shuffle: bool | None, drop_last: bool | None
 ) -> None:
     """For a DataLoader given as is (its own batching and sampler decide): refuse any of batch_size, shuffle
     and drop_last that says otherwise, rather than ignore it."""
     fix = "leave it out (the DataLoader is used as given), or pass the Dataset and let ct.run build the loader"
     if batch_size is not None and batch_size != data.batch_size:
         by = data.batch_size if data.batch_size is not None else f"its {type(data.batch_sampler).__name__}"
-        raise ValueError(f"{who}: batch_size={batch_size} but the DataLoader given batches by {by}; {fix}")
+        raise ValueError(f"{RUN}: batch_size={batch_size} but the DataLoader given batches by {by}; {fix}")
     if drop_last is not None and drop_last != data.drop_last:
-        raise ValueError(f"{who}: drop_last={drop_last} but the DataLoader given has drop_last={data.drop_last}; {fix}")
+        raise ValueError(f"{RUN}: drop_last={drop_last} but the DataLoader given has drop_last={data.drop_last}; {fix}")
     own = _shuffles(data.sampler)
     if shuffle is not None and own is None:
         raise ValueError(
-            f"{who}: shuffle={shuffle} but the DataLoader given orders its data by its own "
+            f"{RUN}: shuffle={shuffle} but the DataLoader given orders its data by its own "
             f"{type(data.sampler).__name__}, which ct.run cannot change; {fix}"
         )
     if shuffle is not None and shuffle != own:
         raise ValueError(
-            f"{who}: shuffle={shuffle} but the DataLoader given has a {type(data.sampler).__name__} "
+            f"{RUN}: shuffle={shuffle} but the DataLoader given has a {type(data.sampler).__name__} "
             f"({'shuffled' if own else 'in order'}); {fix}"
         )
 
@@ -64,7 +64,7 @@ def _shuffles(sampler: Any) -> bool | None:
     return None
 
 
-def check_eval_data(eval_data: Any, data: Any, who: str) -> None:
+def check_eval_data(eval_data: Any, data: Any) -> None:
     """Refuse a Dataset for eval_data that ct.run could not batch: the DataLoader given as data has no batch size."""
     if eval_data is None or isinstance(eval_data, DataLoader):
         return
@@ -75,7 +75,7 @@ def check_eval_data(eval_data: Any, data: Any, who: str) -> None:
             else "batch_size=None: each item is a batch"
         )
         raise ValueError(
-            f"{who}: eval_data is a Dataset, which ct.run batches by the training loader's batch size, but the "
+            f"{RUN}: eval_data is a Dataset, which ct.run batches by the training loader's batch size, but the "
             f"DataLoader given as data has none ({by}); "
             "give eval_data as a DataLoader too: eval_data=DataLoader(eval_set, batch_size=256)"
         )

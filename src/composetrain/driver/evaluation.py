@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from composetrain.core.batching import leading_size, to_device
-from composetrain.core.util import show
+from composetrain.core.util import RUN, show
 from composetrain.driver.monitor import EVAL_FIELDS, metric_names
 from composetrain.driver.options import EvalOptions
 from composetrain.driver.reader import Reader, indexable
@@ -42,7 +42,6 @@ def evaluator(
     collate_fn: Any,
     num_workers: Callable[[], int],
     proc: Process,
-    who: str,
 ) -> Evaluate | None:
     """``evaluate(model) -> {name: mean}``: ``eval_step``'s batch means, weighted by batch size,
     over all of ``eval_data`` (each rank a disjoint, unpadded share); None without eval_step (the
@@ -57,10 +56,10 @@ def evaluator(
         loader = eval_data
     else:
         if batch_size is None:
-            raise ValueError(f"{who}: batch_size is required when eval_data is a Dataset")
+            raise ValueError(f"{RUN}: batch_size is required when eval_data is a Dataset")
         if len(eval_data) < proc.world_size:
             raise ValueError(
-                f"{who}: eval_data has {len(eval_data)} samples for {proc.world_size} processes; every "
+                f"{RUN}: eval_data has {len(eval_data)} samples for {proc.world_size} processes; every "
                 "process needs at least one"
             )
         mine = range(proc.rank, len(eval_data), proc.world_size)  # a disjoint, unpadded share per rank
@@ -93,20 +92,20 @@ def evaluator(
         count, failure = 0, None
         try:
             for i, batch in enumerate(loader if loader is not None else loader_now()):
-                metrics = _checked(eval_step(model, to_device(batch, proc.device)), sums, i, proc.device, who)
+                metrics = _checked(eval_step(model, to_device(batch, proc.device)), sums, i, proc.device)
                 n = leading_size(batch) or 1
                 for k, v in metrics.items():
                     sums[k] = sums[k] + v * n if k in sums else v * n
                 count += n
             if count == 0:
-                raise ValueError(f"{who}: eval_data gave rank {proc.rank} no batch; give every process some eval data")
+                raise ValueError(f"{RUN}: eval_data gave rank {proc.rank} no batch; give every process some eval data")
         except Exception as e:  # agreed below first: the other ranks must not wait for this one forever
             failure = e
         finally:
             for module, training in modes:
                 module.training = training
         names = sorted(sums)
-        _agree(proc, names, failure, who)
+        _agree(proc, names, failure)
         totals = torch.stack(
             [*(sums[k] for k in names), torch.tensor(float(count), dtype=torch.float64, device=proc.device)]
         )
@@ -118,26 +117,24 @@ def evaluator(
     return Evaluate(evaluate, built)
 
 
-def _checked(
-    metrics: Any, seen: Mapping[str, Any], index: int, device: torch.device, who: str
-) -> dict[str, torch.Tensor]:
+def _checked(metrics: Any, seen: Mapping[str, Any], index: int, device: torch.device) -> dict[str, torch.Tensor]:
     """One batch's metrics as float64 scalars, with the names of the batches before it (a metric
     missing from some batches has no exact mean over the eval data)."""
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"{who}: eval_step must return a mapping of names to scalars, got {show(metrics)}")
+        raise TypeError(f"{RUN}: eval_step must return a mapping of names to scalars, got {show(metrics)}")
     metrics = metric_names(metrics, EVAL_FIELDS, "eval_step")  # plain str, none of the record's own fields
     if index > 0 and metrics.keys() != seen.keys():
         extra, missing = sorted(metrics.keys() - seen.keys()), sorted(seen.keys() - metrics.keys())
         name, where, where_not = (extra[0], index + 1, 1) if extra else (missing[0], 1, index + 1)
         raise ValueError(
-            f"{who}: eval_step returned metric {name!r} for batch {where} but not for batch {where_not} (metrics "
+            f"{RUN}: eval_step returned metric {name!r} for batch {where} but not for batch {where_not} (metrics "
             f"{sorted(metrics)} against {sorted(seen)}); return the same metric names for every batch"
         )
     values = {}
     for k, v in metrics.items():
         if isinstance(v, complex) or (v.is_complex() if isinstance(v, torch.Tensor) else _kind(v) == "c"):
             raise TypeError(
-                f"{who}: eval_step's metric {k!r} is complex ({show(v)} for batch {index + 1}); a logged metric is "
+                f"{RUN}: eval_step's metric {k!r} is complex ({show(v)} for batch {index + 1}); a logged metric is "
                 f"a real number: return {k!r}: z.abs(), or z.real and z.imag as two metrics"
             )
         try:
@@ -147,7 +144,7 @@ def _checked(
         if value is None or value.numel() != 1:
             got = f"shape {tuple(value.shape)}" if value is not None else show(v)
             raise ValueError(
-                f"{who}: eval_step's metric {k!r} must be a scalar (the batch mean), got {got} for batch "
+                f"{RUN}: eval_step's metric {k!r} must be a scalar (the batch mean), got {got} for batch "
                 f"{index + 1}; reduce it, e.g. (pred == y).double().mean()"
             )
         values[k] = value.reshape(())
@@ -159,7 +156,7 @@ def _kind(value: Any) -> str | None:
     return getattr(getattr(value, "dtype", None), "kind", None)
 
 
-def _agree(proc: Process, names: list[str], failure: Exception | None, who: str) -> None:
+def _agree(proc: Process, names: list[str], failure: Exception | None) -> None:
     """Raise on every rank together, or on none: an evaluation that failed on some rank, or metric
     names that differ between ranks (their sums could not be added up name by name)."""
     everyone = proc.differing((names, None if failure is None else f"{type(failure).__name__}: {failure}"))
@@ -170,9 +167,9 @@ def _agree(proc: Process, names: list[str], failure: Exception | None, who: str)
     failed = [(rank, problem) for rank, (_, problem) in enumerate(everyone) if problem is not None]
     if failed:
         rank, problem = failed[0]
-        raise RuntimeError(f"{who}: evaluation failed on rank {rank}: {problem}")
+        raise RuntimeError(f"{RUN}: evaluation failed on rank {rank}: {problem}")
     listing = "; ".join(f"rank {rank}: {theirs}" for rank, (theirs, _) in enumerate(everyone))
     raise ValueError(
-        f"{who}: eval_step returned different metric names on different ranks ({listing}); return the same "
+        f"{RUN}: eval_step returned different metric names on different ranks ({listing}); return the same "
         "names on every rank"
     )

@@ -14,6 +14,7 @@ from torch.utils.data import (
 
 from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, restore_rng, seed_everything
+from composetrain.core.util import RUN
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import Reader, ResumableSampler
@@ -51,17 +52,16 @@ def make_loader(
     world_size: int,
     local_world_size: int,
     seed: int,
-    who: str,
 ) -> tuple[DataLoader[Any] | Reader, ResumableSampler | None]:
     """``build_loader`` with the options given one by one (checked here, as ``LoaderOptions``)."""
     options = LoaderOptions(data, batch_size, shuffle, drop_last, num_workers, collate_fn, seed)
     return build_loader(
-        options, pin_memory=pin_memory, rank=rank, world_size=world_size, local_world_size=local_world_size, who=who
+        options, pin_memory=pin_memory, rank=rank, world_size=world_size, local_world_size=local_world_size
     )
 
 
 def build_loader(
-    options: LoaderOptions, *, pin_memory: bool, rank: int, world_size: int, local_world_size: int, who: str
+    options: LoaderOptions, *, pin_memory: bool, rank: int, world_size: int, local_world_size: int
 ) -> tuple[DataLoader[Any] | Reader, ResumableSampler | None]:
     """The loader of ``options.data``: a DataLoader given, used as given (no sampler), or ct.run's ``Reader``
     over a Dataset, and its sampler (``num_workers``: an int, or "auto": chosen by measurement). The options
@@ -74,18 +74,18 @@ def build_loader(
     if isinstance(data, DataLoader):
         if world_size > 1 and not isinstance(data.sampler, DistributedSampler | ResumableSampler):
             raise ValueError(
-                f"{who}: the DataLoader given has a {type(data.sampler).__name__}, so every rank would see "
+                f"{RUN}: the DataLoader given has a {type(data.sampler).__name__}, so every rank would see "
                 "the same data; pass the Dataset (ct.run builds a loader with a DistributedSampler) or give "
                 "the DataLoader a DistributedSampler"
             )
-        _check_not_empty(data.dataset, who)
+        _check_not_empty(data.dataset)
         return data, None
     batch_size, drop_last, seed, collate_fn = options.batch_size, options.drop_last, options.seed, options.collate_fn
     assert batch_size is not None  # for the type checker: LoaderOptions requires it for a Dataset
-    size = _check_not_empty(data, who)
+    size = _check_not_empty(data)
     if drop_last and batch_size * world_size > size:
         raise ValueError(
-            f"{who}: batch_size={batch_size} on {world_size} process(es) needs {batch_size * world_size} "
+            f"{RUN}: batch_size={batch_size} on {world_size} process(es) needs {batch_size * world_size} "
             f"samples per update, but the dataset has {size} and drop_last=True would leave no batch; "
             "lower batch_size or set drop_last=False"
         )
@@ -118,12 +118,12 @@ def build_loader(
     return reader, sampler
 
 
-def _check_not_empty(dataset: Any, who: str) -> int:
+def _check_not_empty(dataset: Any) -> int:
     if not isinstance(dataset, Sized):
         return 1
     size = len(dataset)
     if size == 0:
-        raise ValueError(f"{who}: the dataset is empty: there is nothing to train on")
+        raise ValueError(f"{RUN}: the dataset is empty: there is nothing to train on")
     return size
 
 

@@ -19,13 +19,12 @@ import torch.distributed as dist
 
 from composetrain.core.protocol import StepOutput
 from composetrain.core.state import TrainState
-from composetrain.core.util import show
+from composetrain.core.util import RUN, show
 from composetrain.driver.loading import auto_workers
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
 
-WHO = "run"  # the name in messages: these serve ct.run
 # The fields ct.run writes in its records besides the metrics: a metric of the same name would overwrite one.
 # "eval" is the key that tells an evaluation record from a training one in the metrics file.
 TRAIN_FIELDS = frozenset(
@@ -45,7 +44,7 @@ def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str)
     for k, v in metrics.items():
         if not isinstance(k, str):
             raise TypeError(
-                f"{WHO}: {whose} returns metric {show(k)}; metric names must be str (they are keys of the log "
+                f"{RUN}: {whose} returns metric {show(k)}; metric names must be str (they are keys of the log "
                 f"records and of the checkpoint): name it, e.g. 'class_0' for 0, {{f'class_{{i}}': value}}"
             )
         name = k if type(k) is str else str.__str__(k)  # the text itself, whatever the subclass's __str__ says
@@ -53,19 +52,19 @@ def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str)
             name.encode()
         except UnicodeEncodeError:  # a lone surrogate (surrogateescape): TensorBoard's writer fails on it
             raise ValueError(
-                f"{WHO}: {whose} returns metric {name!r}, which UTF-8 cannot encode (a lone surrogate, from a "
+                f"{RUN}: {whose} returns metric {name!r}, which UTF-8 cannot encode (a lone surrogate, from a "
                 "byte string decoded with surrogateescape); name it in text: name.encode(errors='replace').decode()"
             ) from None
         if name in fields:
             kind = "training" if fields is TRAIN_FIELDS else "evaluation"
             raise ValueError(
-                f"{WHO}: {whose} returns metric {name!r}, a name ct.run's {kind} records use for their own field "
+                f"{RUN}: {whose} returns metric {name!r}, a name ct.run's {kind} records use for their own field "
                 f"(reserved: {sorted(fields)}); rename it in {'the step' if whose == 'the step' else whose}, "
                 f"e.g. {(('train_' if kind == 'training' else 'eval_') + name)!r}"
             )
         if name in plain:  # a subclass with its own __hash__ or __eq__: a dict holds it beside its text
             raise ValueError(
-                f"{WHO}: {whose} returns two metrics named {name!r} ({keys[name]!r} and {k!r}); one would overwrite "
+                f"{RUN}: {whose} returns two metrics named {name!r} ({keys[name]!r} and {k!r}); one would overwrite "
                 "the other in the records: give them different names"
             )
         plain[name], keys[name] = v, k
@@ -91,17 +90,17 @@ class Meter:
         for k, v in metrics.items():
             if v.is_complex():  # Meter.read's float() would keep the real part alone
                 raise TypeError(
-                    f"{WHO}: the step returns metric {k!r} as a complex tensor; a logged metric is a real number: "
+                    f"{RUN}: the step returns metric {k!r} as a complex tensor; a logged metric is a real number: "
                     f"return {k!r}: z.abs(), or z.real and z.imag as two metrics"
                 )
             if v.is_meta:  # Meter.read would fail to copy it at the log point, updates later
                 raise TypeError(
-                    f"{WHO}: the step returns metric {k!r} on the 'meta' device, which holds no value; compute it "
+                    f"{RUN}: the step returns metric {k!r} on the 'meta' device, which holds no value; compute it "
                     "from the batch's outputs, on their device"
                 )
         if self.first and window and sorted(metrics) != sorted(window[0].metrics):  # restored from a checkpoint
             raise ValueError(
-                f"{WHO}: the step's metrics changed across the resume: the checkpoint's {len(window)} update(s) "
+                f"{RUN}: the step's metrics changed across the resume: the checkpoint's {len(window)} update(s) "
                 f"not yet logged returned {sorted(window[0].metrics)}, and the step returns now {sorted(metrics)} "
                 "(a transform that reports metrics was added or removed, such as accumulate('auto'), which "
                 "reports 'micro_batch'); resume with the step that saved it, or start afresh in another "
@@ -154,7 +153,7 @@ class Meter:
                 extra, missing = sorted(o.metrics.keys() - set(names)), sorted(set(names) - o.metrics.keys())
                 name, where, where_not = (extra[0], i + 1, 1) if extra else (missing[0], 1, i + 1)
                 problem = (
-                    f"{WHO}: the step returned metric {name!r} for update {where} since the last log point but not "
+                    f"{RUN}: the step returned metric {name!r} for update {where} since the last log point but not "
                     f"for update {where_not} (metrics {sorted(o.metrics)} against {names}); return the same "
                     "metric names from every update"
                 )
@@ -169,7 +168,7 @@ class Meter:
                 raise ValueError(f"{theirs} (on rank {rank})")
         listing = "; ".join(f"rank {rank}: {theirs}" for rank, (theirs, _) in enumerate(everyone))
         raise ValueError(
-            f"{WHO}: the step returned different metric names on different ranks ({listing}); return the same "
+            f"{RUN}: the step returned different metric names on different ranks ({listing}); return the same "
             "names on every rank"
         )
 
@@ -234,7 +233,7 @@ class MetricsLog:
             if problem is not None:
                 where = path if arg == "log_file" else tensorboard
                 raise PermissionError(
-                    f"{WHO}: {arg} {str(where)!r} is not writable ({problem}); choose a "
+                    f"{RUN}: {arg} {str(where)!r} is not writable ({problem}); choose a "
                     f"{'file' if arg == 'log_file' else 'folder'} you can write to"
                 )
 
@@ -250,7 +249,7 @@ class MetricsLog:
             purge = step if resumed else 0 if any(self.tensorboard.glob("*tfevents*")) else None
             if purge == 0:
                 warnings.warn(
-                    f"{WHO}: tensorboard folder {str(self.tensorboard)!r} held event files of another run (or of "
+                    f"{RUN}: tensorboard folder {str(self.tensorboard)!r} held event files of another run (or of "
                     "one that started afresh); TensorBoard hides their steps from now on (its purge), the files "
                     "stay: give each run its own folder to compare runs",
                     stacklevel=3,
@@ -275,7 +274,7 @@ class MetricsLog:
             aside = next(p for p in names if not p.exists())
             os.replace(self.path, aside)
             warnings.warn(
-                f"{WHO}: log_file {str(self.path)!r} held {len(found.splitlines())} lines that are not this run's "
+                f"{RUN}: log_file {str(self.path)!r} held {len(found.splitlines())} lines that are not this run's "
                 f"(another run's, or one that started afresh); moved them to {str(aside)!r}",
                 stacklevel=3,
             )

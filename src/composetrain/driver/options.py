@@ -18,12 +18,10 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from composetrain.core.util import check_int, check_real, show
+from composetrain.core.util import RUN, check_int, check_real, show
 from composetrain.driver.checks import check_eval_data, check_flag, dataloader_settings
 
-__all__ = ["RUN", "CheckpointOptions", "EvalOptions", "LoaderOptions", "LogOptions", "RunOptions"]
-
-RUN = "run"  # how ct.run names itself in its messages
+__all__ = ["CheckpointOptions", "EvalOptions", "LoaderOptions", "LogOptions", "RunOptions"]
 
 
 def _optional_int(value: Any, name: str) -> int | None:
@@ -70,8 +68,8 @@ class LoaderOptions:
                 "DataLoader collate_fn=, or pass the Dataset"
             )
         _not_tensors(self.data, "data")
-        check_flag(self.shuffle, RUN, "shuffle")
-        check_flag(self.drop_last, RUN, "drop_last")
+        check_flag(self.shuffle, "shuffle")
+        check_flag(self.drop_last, "drop_last")
         _set(self, seed=seed)
         if isinstance(self.data, DataLoader):
             if isinstance(self.data.dataset, IterableDataset):
@@ -106,10 +104,10 @@ class LoaderOptions:
     ) -> LoaderOptions:
         """shuffle (default True) and drop_last (default False) resolved; for a DataLoader given as is,
         any of batch_size, shuffle and drop_last that says otherwise than it is refused, never ignored."""
-        check_flag(shuffle, RUN, "shuffle", optional=True)
-        check_flag(drop_last, RUN, "drop_last", optional=True)
+        check_flag(shuffle, "shuffle", optional=True)
+        check_flag(drop_last, "drop_last", optional=True)
         if isinstance(data, DataLoader):
-            dataloader_settings(data, batch_size, shuffle, drop_last, RUN)
+            dataloader_settings(data, batch_size, shuffle, drop_last)
         return cls(
             data, batch_size, True if shuffle is None else shuffle, bool(drop_last), num_workers, collate_fn, seed
         )
@@ -153,7 +151,7 @@ class LogOptions:
 
     def __post_init__(self) -> None:
         every = check_int(self.log_every, RUN, "log_every", example="log_every=10")
-        check_flag(self.progress, RUN, "progress")
+        check_flag(self.progress, "progress")
         for name in ("log_file", "tensorboard"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), Path):
                 raise TypeError(f"{RUN}: LogOptions.{name} is a resolved Path or None, got {show(getattr(self, name))}")
@@ -264,7 +262,7 @@ class EvalOptions:
     def from_run_args(cls, data: Any, *, eval_step: Any, eval_data: Any, eval_every: Any) -> EvalOptions:
         """Also refused: a Dataset for eval_data where the training DataLoader gives no batch size to batch it by."""
         options = cls(eval_step, eval_data, eval_every)
-        check_eval_data(eval_data, data, RUN)
+        check_eval_data(eval_data, data)
         return options
 
 
@@ -284,7 +282,7 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         _set(self, epochs=_optional_int(self.epochs, "epochs"), max_steps=_optional_int(self.max_steps, "max_steps"))
-        check_flag(self.requeue, RUN, "requeue")
+        check_flag(self.requeue, "requeue")
         _set(self, timeout=check_real(self.timeout, RUN, "timeout", example="timeout=300 (seconds)"))
 
     @property

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from composetrain.core.util import RUN
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["StopSignal", "requeue"]
@@ -57,13 +58,13 @@ class StopSignal:
             self.group = None
 
 
-def requeue(enabled: bool, stop: StopSignal, proc: Process, who: str) -> None:
+def requeue(enabled: bool, stop: StopSignal, proc: Process) -> None:
     """After a save on SIGUSR1 (pre-emption, not ``scancel``'s SIGTERM), requeue the SLURM job."""
     job = proc.cluster.job_id  # read by the rendezvous, the one module that reads launcher variables
     if not (enabled and job and proc.is_main and "SIGUSR1" in stop.received):
         return
     try:
         subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, text=True, timeout=60)
-        print(f"{who}: saved and requeued SLURM job {job}", file=sys.stderr)
+        print(f"{RUN}: saved and requeued SLURM job {job}", file=sys.stderr)
     except (OSError, subprocess.SubprocessError) as e:
-        print(f"{who}: saved, but could not requeue SLURM job {job}: {e}", file=sys.stderr)
+        print(f"{RUN}: saved, but could not requeue SLURM job {job}: {e}", file=sys.stderr)

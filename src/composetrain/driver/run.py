@@ -24,6 +24,7 @@ from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import restore_rng, seed_everything
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
+from composetrain.core.util import RUN
 from composetrain.driver.checks import check_state
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.loading import (
@@ -35,7 +36,7 @@ from composetrain.driver.loading import (
     set_generator_states,
 )
 from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
-from composetrain.driver.options import RUN, RunOptions
+from composetrain.driver.options import RunOptions
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
@@ -165,11 +166,10 @@ def run(
         ...                 checkpoint_dir="runs/a")
         >>> result.history[-1]["loss"], result.bottleneck
     """
-    who = RUN
     # -- set up: every argument checked before anything starts (each option value checks itself when
     # built), then the job joined
-    step_fn = lift(train_step, who, "train_step")
-    check_state(state, who)
+    step_fn = lift(train_step, RUN, "train_step")
+    check_state(state)
     options = RunOptions.from_run_args(
         data, epochs=epochs, max_steps=max_steps, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
         num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step, eval_data=eval_data,
@@ -226,13 +226,13 @@ def run(
             d.close()
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
-        requeue_job(options.requeue, d.stop, proc, who)
+        requeue_job(options.requeue, d.stop, proc)
         result = RunResult(
             history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=d.stop.agreed,
             data_wait=d.meter.data_wait, bottleneck=d.meter.bottleneck(d.loader), checkpoint=d.saved_at,
         )  # fmt: skip
         if proc.is_main and log.progress:
-            print(f"{who}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
+            print(f"{RUN}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
 
 
@@ -241,17 +241,16 @@ class _Driver:
     stopping, the save and the evaluation, each written once (the loop decides when)."""
 
     def __init__(self, step_fn: TrainStep, state: TrainState, proc: Process, options: RunOptions) -> None:
-        who = RUN
-        self.step_fn, self.state, self.proc, self.who, self.options = step_fn, state, proc, who, options
+        self.step_fn, self.state, self.proc, self.options = step_fn, state, proc, options
         can = step_fn.capabilities  # what the composition does that the driver must know, never its names
         if proc.world_size > 1 and not can.syncs_processes:
             raise ValueError(
-                f"{who}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
+                f"{RUN}: {proc.world_size} processes are running but {step_fn!r} does not synchronise them; "
                 "wrap it: ct.distributed(...)"
             )
         if proc.world_size > 1 and can.forward_needs_every_rank and options.eval.enabled:
             raise ValueError(
-                f"{who}: eval_step with {step_fn!r} on {proc.world_size} processes is not supported yet: each of "
+                f"{RUN}: eval_step with {step_fn!r} on {proc.world_size} processes is not supported yet: each of "
                 "its forwards gathers from every rank (ct.sharded), and the ranks' shares of eval_data may hold "
                 "different numbers of batches; evaluate after the run, or with ct.distributed"
             )
@@ -260,18 +259,18 @@ class _Driver:
         chosen = options.loader
         self.loader, self.sampler = loader, _ = build_loader(
             chosen, pin_memory=proc.device.type == "cuda", rank=proc.rank, world_size=proc.world_size,
-            local_world_size=proc.local_world_size, who=who,
+            local_world_size=proc.local_world_size,
         )  # fmt: skip
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
         self.evaluator = evaluator(
             options.eval, batch_size=chosen.batch_size or self.loader.batch_size, collate_fn=chosen.collate_fn,
-            num_workers=lambda: loader.num_workers, proc=proc, who=who,
+            num_workers=lambda: loader.num_workers, proc=proc,
         )  # fmt: skip
         # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
         self.per_epoch = proc.fewest(len(self.loader))
         if self.per_epoch == 0:
-            raise ValueError(f"{who}: some process has no batch in an epoch: use a smaller batch_size")
+            raise ValueError(f"{RUN}: some process has no batch in an epoch: use a smaller batch_size")
         dataset = self.loader.dataset
         self.settings = {
             "batch_size": self.loader.batch_size,
@@ -285,7 +284,7 @@ class _Driver:
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
             self.checkpoints = Checkpoints(
-                saving.checkpoint_dir, proc.rank, proc.world_size, saving.keep_checkpoints, who,
+                saving.checkpoint_dir, proc.rank, proc.world_size, saving.keep_checkpoints,
                 shards=ShardFiles(state),
             )  # fmt: skip
         try:
@@ -305,7 +304,7 @@ class _Driver:
         """The latest valid checkpoint restored into the state and a given DataLoader's generators, or a
         fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``;
         one of other data settings, order or model is refused before anything changes."""
-        state, who = self.state, self.who
+        state = self.state
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None:
             seed_everything(seed * 1000003 + self.proc.rank)
@@ -315,18 +314,18 @@ class _Driver:
         if changed:
             listing = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in changed.items())
             raise ValueError(
-                f"{who}: checkpoint {path} continues a run with other data settings ({listing}); resume with the "
+                f"{RUN}: checkpoint {path} continues a run with other data settings ({listing}); resume with the "
                 "same settings, or point checkpoint_dir elsewhere to start afresh"
             )
         given = self.given
         problem = order_problem(given, saved["position"], local["order"], local["generators"])
         if problem:
-            raise ValueError(f"{who}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
+            raise ValueError(f"{RUN}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
         try:
             state.load_state_dict(saved["state"])
         except (ValueError, TypeError) as e:
             raise ValueError(
-                f"{who}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
+                f"{RUN}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
                 "to start afresh"
             ) from e
         restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
@@ -340,7 +339,7 @@ class _Driver:
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)
         # names what a rank waited for when another stops
-        self.waiting = Waiting(self.proc, self.options.timeout, self.who)
+        self.waiting = Waiting(self.proc, self.options.timeout)
 
     def epoch(self, at: Progress) -> Iterator[tuple[int, Any, float]]:
         """The current epoch's batches from where ``at`` stands: (batches done after this one, batch, wait)."""

@@ -9,6 +9,7 @@ an error and torchrun (``--max-restarts``) or SLURM (``--requeue``) can restart 
 
 from __future__ import annotations
 
+from composetrain.core.util import RUN
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["Waiting"]
@@ -23,11 +24,10 @@ class Waiting:
     Args:
         proc: this process in its job.
         timeout: the collectives' timeout, in seconds.
-        who: the name in messages.
     """
 
-    def __init__(self, proc: Process, timeout: float, who: str) -> None:
-        self.proc, self.timeout, self.who = proc, timeout, who
+    def __init__(self, proc: Process, timeout: float) -> None:
+        self.proc, self.timeout = proc, timeout
         self.what = "starting"
 
     def now(self, what: str) -> None:
@@ -41,7 +41,7 @@ class Waiting:
             return None
         text = str(error)
         first = text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__
-        where = f"{self.who}: rank {self.proc.rank} of {self.proc.world_size}"
+        where = f"{RUN}: rank {self.proc.rank} of {self.proc.world_size}"
         then = (
             "this process fails so that the launcher can restart the job, which resumes from the latest "
             "checkpoint (torchrun --max-restarts, SLURM --requeue)"
