@@ -14,10 +14,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from composetrain.core.util import LOAD_STATE
+
 __all__ = ["keep_model", "keep_optimizer", "keep_through_state_dict", "undo_all"]
 
 
-def undo_all(undo: list[Callable[[], None]], error: BaseException, who: str) -> None:
+def undo_all(undo: list[Callable[[], None]], error: BaseException) -> None:
     """Run every undo, newest first, even if one fails: the others still restore their part."""
     failed = []
     for restore in reversed(undo):
@@ -27,8 +29,8 @@ def undo_all(undo: list[Callable[[], None]], error: BaseException, who: str) -> 
             failed.append(repr(e))
     if failed:
         raise RuntimeError(
-            f"{who}: loading failed ({error!r}), and undoing it failed too ({'; '.join(failed)}); this TrainState "
-            "is now partly loaded: rebuild it before loading again"
+            f"{LOAD_STATE}: loading failed ({error!r}), and undoing it failed too ({'; '.join(failed)}); "
+            "this TrainState is now partly loaded: rebuild it before loading again"
         ) from error
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain.core.util import show
+from composetrain.core.util import LOAD_STATE, show
 
 __all__ = [
     "check_loaded_groups",
@@ -78,10 +78,10 @@ def needs_closure(optimizer: torch.optim.Optimizer) -> list[str]:
     return [p.name for p in after_self if p.default is p.empty and p.kind not in variadic]
 
 
-def check_model_state(model: nn.Module, saved: Any, who: str) -> None:
+def check_model_state(model: nn.Module, saved: Any) -> None:
     """Same keys; every tensor entry a tensor of the same shape and dtype, so the copy cannot fail halfway."""
     if not isinstance(saved, Mapping):
-        raise TypeError(f"{who}: state_dict['model'] must be a mapping, got {show(saved)}")
+        raise TypeError(f"{LOAD_STATE}: state_dict['model'] must be a mapping, got {show(saved)}")
     own = model.state_dict()
     missing = sorted(own.keys() - saved.keys())
     unexpected = sorted(map(str, saved.keys() - own.keys()))
@@ -98,27 +98,31 @@ def check_model_state(model: nn.Module, saved: Any, who: str) -> None:
             wrong.append(f"{key}: {theirs.dtype} vs {value.dtype}")
     if missing or unexpected or wrong:
         raise ValueError(
-            f"{who}: the checkpoint's model does not match this model (missing keys {missing[:5]}, "
+            f"{LOAD_STATE}: the checkpoint's model does not match this model (missing keys {missing[:5]}, "
             f"unexpected keys {unexpected[:5]}, mismatched entries (checkpoint vs model) {wrong[:5]}); "
             "load a checkpoint saved from the same architecture, in the same dtype"
         )
 
 
 def check_optimizer_state(
-    optimizer: torch.optim.Optimizer, model: nn.Module, saved: Any, saved_class: str | None, who: str
+    optimizer: torch.optim.Optimizer, model: nn.Module, saved: Any, saved_class: str | None
 ) -> None:
     """The same optimizer class, parameter groups and hyperparameter names; state shaped like its parameters."""
     if not (isinstance(saved, Mapping) and isinstance(saved.get("param_groups"), list)):
-        raise TypeError(f"{who}: state_dict['optimizer'] must come from Optimizer.state_dict(), got {show(saved)}")
+        raise TypeError(
+            f"{LOAD_STATE}: state_dict['optimizer'] must come from Optimizer.state_dict(), got {show(saved)}"
+        )
     per_param, groups = saved.get("state"), saved["param_groups"]
     if not (isinstance(per_param, Mapping) and all(isinstance(g, Mapping) and "params" in g for g in groups)):
-        raise TypeError(f"{who}: state_dict['optimizer'] must come from Optimizer.state_dict(), got {show(saved)}")
-    _same_class("optimizer", saved_class, optimizer, who)
+        raise TypeError(
+            f"{LOAD_STATE}: state_dict['optimizer'] must come from Optimizer.state_dict(), got {show(saved)}"
+        )
+    _same_class("optimizer", saved_class, optimizer)
     own = [len(g["params"]) for g in optimizer.param_groups]
     theirs = [len(g["params"]) for g in groups]
     if own != theirs:
         raise ValueError(
-            f"{who}: the checkpoint's optimizer has parameter groups of sizes {theirs}, this one {own}; "
+            f"{LOAD_STATE}: the checkpoint's optimizer has parameter groups of sizes {theirs}, this one {own}; "
             "load a checkpoint saved with the same optimizer over the same parameters"
         )
     kind = type(optimizer).__name__
@@ -128,10 +132,10 @@ def check_optimizer_state(
         unexpected = sorted(map(str, hyperparameters(g_saved) - hyperparameters(g_own)))
         if saved_class is None and unexpected:
             raise ValueError(
-                f"{who}: parameter group {i} of the checkpoint's optimizer has hyperparameters {unexpected} that "
-                f"{kind} does not have (saved from another optimizer?); load a checkpoint saved with {kind}"
+                f"{LOAD_STATE}: parameter group {i} of the checkpoint's optimizer has hyperparameters {unexpected} "
+                f"that {kind} does not have (saved from another optimizer?); load a checkpoint saved with {kind}"
             )
-    _check_state_keys(optimizer, per_param, who)
+    _check_state_keys(optimizer, per_param)
     # parameters are matched by position, as Optimizer.load_state_dict does
     saved_ids = itertools.chain.from_iterable(g["params"] for g in groups)
     params = dict(zip(saved_ids, optimizer_params(optimizer), strict=True))
@@ -139,14 +143,14 @@ def check_optimizer_state(
     for index, entries in per_param.items():
         if index not in params or not isinstance(entries, Mapping):
             raise TypeError(
-                f"{who}: the checkpoint's optimizer state has {show(entries)} under {index!r}, which is not "
+                f"{LOAD_STATE}: the checkpoint's optimizer state has {show(entries)} under {index!r}, which is not "
                 "the state of a parameter in its groups; pass what Optimizer.state_dict() returned"
             )
         param = params[index]
         for key, value in entries.items():
             if isinstance(value, torch.Tensor) and not _fits(optimizer, param, key, value):
                 raise ValueError(
-                    f"{who}: the checkpoint's optimizer state {key!r} of parameter {index} has shape "
+                    f"{LOAD_STATE}: the checkpoint's optimizer state {key!r} of parameter {index} has shape "
                     f"{tuple(value.shape)}, but this optimizer's parameter {index} "
                     f"({names.get(id(param), 'not in the model')}) has shape {tuple(param.shape)}; the parameters "
                     "are in another order (layers defined or param groups listed in another order): build the "
@@ -158,7 +162,7 @@ def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in optimizer.param_groups for p in g["params"]]
 
 
-def _check_state_keys(optimizer: torch.optim.Optimizer, per_param: Mapping[Any, Any], who: str) -> None:
+def _check_state_keys(optimizer: torch.optim.Optimizer, per_param: Mapping[Any, Any]) -> None:
     """A torch.optim optimizer refuses per-parameter state it never keeps: another optimizer's."""
     allowed = _STATE_KEYS.get(type(optimizer).__name__) if _from_torch(optimizer) else None
     found = {k for entries in per_param.values() if isinstance(entries, Mapping) for k in entries}
@@ -167,7 +171,7 @@ def _check_state_keys(optimizer: torch.optim.Optimizer, per_param: Mapping[Any, 
     likely = [n for n, keys in _STATE_KEYS.items() if found <= keys]
     kind = type(optimizer).__name__
     raise ValueError(
-        f"{who}: the checkpoint's optimizer state holds {sorted(map(str, found))} per parameter, which {kind} "
+        f"{LOAD_STATE}: the checkpoint's optimizer state holds {sorted(map(str, found))} per parameter, which {kind} "
         f"never keeps (saved from {' or '.join(likely) or 'another optimizer'}?); load a checkpoint saved with {kind}"
     )
 
@@ -188,7 +192,7 @@ def _fits(optimizer: torch.optim.Optimizer, param: torch.Tensor, key: str, value
     return value.dim() == param.dim() and all(a in (b, 1) for a, b in zip(value.shape, param.shape, strict=True))
 
 
-def check_loaded_groups(optimizer: torch.optim.Optimizer, before: list[set[str]], who: str) -> None:
+def check_loaded_groups(optimizer: torch.optim.Optimizer, before: list[set[str]]) -> None:
     """After loading: every hyperparameter the optimizer had is still there.
 
     Checked after ``load_state_dict``, because optimizers fill in the hyperparameters an
@@ -199,30 +203,32 @@ def check_loaded_groups(optimizer: torch.optim.Optimizer, before: list[set[str]]
         missing = sorted(keys - hyperparameters(group))
         if missing:
             raise ValueError(
-                f"{who}: parameter group {i} of the checkpoint's optimizer lacks hyperparameters {missing} that "
+                f"{LOAD_STATE}: parameter group {i} of the checkpoint's optimizer lacks hyperparameters {missing} that "
                 f"{kind} needs (saved from another optimizer?); load a checkpoint saved with {kind}"
             )
 
 
-def check_scheduler_state(scheduler: Any, saved: Any, saved_class: str | None, who: str) -> None:
+def check_scheduler_state(scheduler: Any, saved: Any, saved_class: str | None) -> None:
     """A scheduler state from the same class; one saved without its class must not hold another's entries."""
     has, was = scheduler is not None, saved is not None
     if has != was:
         raise ValueError(
-            f"{who}: the checkpoint {'has' if was else 'has no'} scheduler state but this "
+            f"{LOAD_STATE}: the checkpoint {'has' if was else 'has no'} scheduler state but this "
             f"TrainState {'has' if has else 'has no'} scheduler; build the state the way it was saved"
         )
     if scheduler is None:
         return
     if not isinstance(saved, Mapping):
-        raise TypeError(f"{who}: state_dict['scheduler'] must come from a scheduler's state_dict(), got {show(saved)}")
-    _same_class("scheduler", saved_class, scheduler, who)
+        raise TypeError(
+            f"{LOAD_STATE}: state_dict['scheduler'] must come from a scheduler's state_dict(), got {show(saved)}"
+        )
+    _same_class("scheduler", saved_class, scheduler)
     unexpected = sorted(map(str, saved.keys() - scheduler.state_dict().keys()))
     if saved_class is None and unexpected:
         raise ValueError(
-            f"{who}: the checkpoint's scheduler state has entries {unexpected[:5]} that {type(scheduler).__name__} "
-            "does not keep (saved from another scheduler?); build the TrainState with the scheduler the "
-            "checkpoint was saved with"
+            f"{LOAD_STATE}: the checkpoint's scheduler state has entries {unexpected[:5]} that "
+            f"{type(scheduler).__name__} does not keep (saved from another scheduler?); build the TrainState with "
+            "the scheduler the checkpoint was saved with"
         )
 
 
@@ -241,11 +247,11 @@ def check_schedule_left(scheduler: Any, step: int, who: object) -> None:
         )
 
 
-def _same_class(what: str, saved_class: Any, live: object, who: str) -> None:
+def _same_class(what: str, saved_class: Any, live: object) -> None:
     """A checkpoint that names its optimizer's or scheduler's class must name this one's."""
     mine = qualified(live)
     if saved_class is not None and saved_class != mine:
         raise ValueError(
-            f"{who}: the checkpoint's {what} is {saved_class}, this TrainState's is {mine}; build the "
+            f"{LOAD_STATE}: the checkpoint's {what} is {saved_class}, this TrainState's is {mine}; build the "
             f"TrainState with the {what} the checkpoint was saved with"
         )

@@ -18,7 +18,7 @@ from composetrain.core._state_checks import (
     needs_closure,
     qualified,
 )
-from composetrain.core.util import check_int, show
+from composetrain.core.util import LOAD_STATE, check_int, show
 
 __all__ = ["KEYS", "RuntimeState", "TrainState"]
 
@@ -199,15 +199,14 @@ class TrainState:
         groups, hyperparameters, state shapes) or scheduler raises before anything is
         written, and should a write still fail, what was written is restored.
         """
-        who = "TrainState.load_state_dict"
-        step, transforms = self._check(state_dict, who)
+        step, transforms = self._check(state_dict)
         before = [hyperparameters(g) for g in self.optimizer.param_groups]
         undo: list[Callable[[], None]] = []  # restores what each write changed, should a later one fail
         try:
             # the model last: it is the one write that cannot be undone without a copy
             undo.append(keep_optimizer(self.optimizer))
             self.optimizer.load_state_dict(state_dict["optimizer"])
-            check_loaded_groups(self.optimizer, before, who)
+            check_loaded_groups(self.optimizer, before)
             if self.scheduler is not None:
                 undo.append(keep_through_state_dict(self.scheduler))
                 self.scheduler.load_state_dict(state_dict["scheduler"])
@@ -219,29 +218,35 @@ class TrainState:
             undo.append(keep_model(self.model))
             self.model.load_state_dict(state_dict["model"])
         except BaseException as error:
-            undo_all(undo, error, who)
+            undo_all(undo, error)
             raise
         self.step = step
 
-    def _check(self, state_dict: Any, who: str) -> tuple[int, Mapping[str, Any]]:
+    def _check(self, state_dict: Any) -> tuple[int, Mapping[str, Any]]:
         """Everything that can be checked before writing; returns the step and the transform state."""
         if not isinstance(state_dict, Mapping):
-            raise TypeError(f"{who}: state_dict must be a mapping from TrainState.state_dict(), got {show(state_dict)}")
+            raise TypeError(
+                f"{LOAD_STATE}: state_dict must be a mapping from TrainState.state_dict(), got {show(state_dict)}"
+            )
         missing = KEYS - set(state_dict)
         if missing:
-            raise ValueError(f"{who}: state_dict lacks {sorted(missing)}; pass what TrainState.state_dict() returned")
+            raise ValueError(
+                f"{LOAD_STATE}: state_dict lacks {sorted(missing)}; pass what TrainState.state_dict() returned"
+            )
         classes = {k: state_dict.get(k) for k in ("optimizer_class", "scheduler_class")}  # older checkpoints lack them
         for key, value in classes.items():
             if value is not None and not isinstance(value, str):
-                raise TypeError(f"{who}: state_dict[{key!r}] must be a class name (str), got {show(value)}")
-        check_model_state(self.model, state_dict["model"], who)
-        check_scheduler_state(self.scheduler, state_dict["scheduler"], classes["scheduler_class"], who)
-        check_optimizer_state(self.optimizer, self.model, state_dict["optimizer"], classes["optimizer_class"], who)
-        step = check_int(state_dict["step"], who, "step", minimum=0, example="the step TrainState.state_dict() saved")
+                raise TypeError(f"{LOAD_STATE}: state_dict[{key!r}] must be a class name (str), got {show(value)}")
+        check_model_state(self.model, state_dict["model"])
+        check_scheduler_state(self.scheduler, state_dict["scheduler"], classes["scheduler_class"])
+        check_optimizer_state(self.optimizer, self.model, state_dict["optimizer"], classes["optimizer_class"])
+        step = check_int(
+            state_dict["step"], LOAD_STATE, "step", minimum=0, example="the step TrainState.state_dict() saved"
+        )
         transforms = state_dict["transforms"]
         if not isinstance(transforms, Mapping) or not all(isinstance(k, str) for k in transforms):
             raise TypeError(
-                f"{who}: state_dict['transforms'] must map transform names (str) to their state, got "
+                f"{LOAD_STATE}: state_dict['transforms'] must map transform names (str) to their state, got "
                 f"{show(transforms)}; pass what TrainState.state_dict() returned"
             )
         return step, transforms

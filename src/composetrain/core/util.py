@@ -7,10 +7,11 @@ import numbers
 import operator
 from typing import Any
 
-__all__ = ["RUN", "check_bool", "check_int", "check_real", "name", "show"]
+__all__ = ["LOAD_STATE", "RUN", "check_bool", "check_int", "check_real", "name", "show"]
 
 # How public entry points name themselves in their messages, also in the parts below them that serve only them
 RUN = "run"  # ct.run: its options, loop, checkpoint files
+LOAD_STATE = "TrainState.load_state_dict"  # its checks and its rollback
 
 
 def show(value: Any) -> str:
