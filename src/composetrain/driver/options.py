@@ -35,6 +35,45 @@ def _set(options: Any, **normalised: Any) -> None:
         object.__setattr__(options, name, value)
 
 
+def _workers(value: Any) -> int | str:
+    """num_workers checked: 'auto', or a non-negative int ('many', 2.0, -1: named, with both ways to say it)."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    return check_int(value, RUN, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
+
+
+def _log_path(log_file: Any) -> Path | None:
+    """The metrics file given (None: none given), refused now if it cannot be one: before the checkpoint
+    folder is made (a bytes path, a number, "": which pathlib would refuse bare, or take as no file)."""
+    if log_file is None:
+        return None
+    if not isinstance(log_file, (str, os.PathLike)) or isinstance(os.fspath(log_file), bytes):
+        raise TypeError(
+            f"{RUN}: log_file must be a str or os.PathLike, got {show(log_file)}; e.g. "
+            "log_file='runs/a/metrics.jsonl', or None"
+        )
+    if not os.fspath(log_file):
+        raise ValueError(
+            f"{RUN}: log_file must name a file, got {show(log_file)}; e.g. log_file='runs/a/metrics.jsonl', or "
+            "None (the default: checkpoint_dir/metrics.jsonl)"
+        )
+    path = Path(log_file).expanduser()
+    inside = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    problem = (
+        "it is a folder"
+        if path.is_dir()
+        else f"it is inside {str(inside)!r}, a file, not a folder"
+        if inside is not None
+        else None
+    )
+    if problem is not None:  # as MetricsLog would find it, but before the checkpoint folder is made
+        raise PermissionError(
+            f"{RUN}: log_file {str(path)!r} is not writable ({problem}); choose a file you can write to, e.g. "
+            "log_file='runs/a/metrics.jsonl'"
+        )
+    return path
+
+
 def _not_tensors(data: Any, name: str) -> None:
     """A dict or a tuple of tensors is no Dataset (a dict is Sized, and read by index fails with a bare KeyError)."""
     if isinstance(data, Mapping) or (isinstance(data, tuple) and data and all(isinstance(t, Tensor) for t in data)):
@@ -88,10 +127,7 @@ class LoaderOptions:
         if self.batch_size is None:
             raise ValueError(f"{RUN}: batch_size is required when data is a Dataset, e.g. batch_size=64")
         batch_size = check_int(self.batch_size, RUN, "batch_size", example="batch_size=64")
-        workers = self.num_workers
-        if not (isinstance(workers, str) and workers == "auto"):  # 'many', 2.0, -1: named, with both ways to say it
-            workers = check_int(workers, RUN, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
-        _set(self, batch_size=batch_size, num_workers=workers)
+        _set(self, batch_size=batch_size, num_workers=_workers(self.num_workers))
 
     @property
     def auto_workers(self) -> bool:
@@ -107,7 +143,15 @@ class LoaderOptions:
         check_flag(shuffle, "shuffle", optional=True)
         check_flag(drop_last, "drop_last", optional=True)
         if isinstance(data, DataLoader):
-            dataloader_settings(data, batch_size, shuffle, drop_last)
+            # checked as for a Dataset first: True, 4.0 or "4" must not pass, nor be shown as 4, by comparison
+            size = None if batch_size is None else check_int(batch_size, RUN, "batch_size", example="batch_size=64")
+            workers = _workers(num_workers)
+            dataloader_settings(data, size, shuffle, drop_last)
+            if not isinstance(workers, str) and workers != data.num_workers:
+                raise ValueError(
+                    f"{RUN}: num_workers={workers} but the DataLoader given has num_workers={data.num_workers}; "
+                    "leave it out (the DataLoader is used as given), or give the DataLoader num_workers="
+                )
         return cls(
             data, batch_size, True if shuffle is None else shuffle, bool(drop_last), num_workers, collate_fn, seed
         )
@@ -162,13 +206,9 @@ class LogOptions:
         cls, *, log_every: Any, log_file: Any, tensorboard: Any, progress: Any, checkpoint_dir: Any
     ) -> LogOptions:
         """The metrics file (default ``checkpoint_dir/metrics.jsonl``) and the TensorBoard folder resolved."""
-        path = (
-            Path(log_file).expanduser()
-            if log_file
-            else Path(checkpoint_dir).expanduser() / "metrics.jsonl"
-            if checkpoint_dir
-            else None
-        )
+        path = _log_path(log_file)
+        if path is None and checkpoint_dir is not None:  # checked by CheckpointOptions
+            path = Path(checkpoint_dir).expanduser() / "metrics.jsonl"
         return cls(log_every, path, _tensorboard_dir(tensorboard, path), progress)
 
 
