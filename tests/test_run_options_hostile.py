@@ -119,3 +119,31 @@ def test_accepted_numpy_options_with_a_dataloader_train_as_a_plain_loop(tmp_path
             ref_opt.step()
     assert state.step == 6
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("name", ["checkpoint_dir", "log_file", "tensorboard"])
+def test_a_path_with_a_nul_byte_is_refused_naming_run_and_the_argument(tmp_path, name):
+    refused(tmp_path, DATA, ValueError, name, "null", batch_size=4, num_workers=0, **{name: str(tmp_path / "a\0b")})
+
+
+@pytest.mark.parametrize(
+    ("log_file", "checkpoint_dir", "tensorboard", "named"),
+    [("ck", "ck", False, "log_file"), ("m", "m/ck", False, "log_file"), ("m", None, "m", "tensorboard"),
+     ("m", None, "m/tb", "tensorboard")],
+)  # fmt: skip
+def test_paths_that_collide_are_refused_before_anything_is_made(tmp_path, log_file, checkpoint_dir, tensorboard, named):
+    refused(
+        tmp_path, DATA, ValueError, named, "e.g.",
+        batch_size=4, num_workers=0, log_file=tmp_path / log_file, tensorboard=tensorboard and tmp_path / tensorboard,
+        checkpoint_dir=checkpoint_dir and tmp_path / checkpoint_dir,
+    )  # fmt: skip
+
+
+class BytesPath:
+    def __fspath__(self):
+        return b"runs/a"
+
+
+@pytest.mark.parametrize("name", ["checkpoint_dir", "log_file", "tensorboard"])
+def test_a_pathlike_of_bytes_is_refused_naming_run_and_the_argument(tmp_path, name):
+    refused(tmp_path, DATA, TypeError, name, "BytesPath", "e.g.", batch_size=4, num_workers=0, **{name: BytesPath()})

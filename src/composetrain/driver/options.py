@@ -42,6 +42,26 @@ def _workers(value: Any) -> int | str:
     return check_int(value, RUN, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
 
 
+def _no_nul(value: Any, name: str) -> None:
+    """A path with a NUL byte, which the OS would refuse with a bare 'embedded null byte' at its first use."""
+    text = os.fspath(value)
+    if isinstance(text, bytes):  # a PathLike of bytes: pathlib's bare TypeError, or none at all
+        raise TypeError(
+            f"{RUN}: {name} must be a str or an os.PathLike of str, got {show(value)} (a path of bytes); "
+            f"e.g. {name}='runs/a'"
+        )
+    if "\0" in text:
+        raise ValueError(
+            f"{RUN}: {name} holds a null byte, which no path may hold, got {show(value)}; e.g. {name}='runs/a'"
+        )
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or lies inside it (as absolute paths, before either exists)."""
+    inner, outer = Path(os.path.abspath(inner)), Path(os.path.abspath(outer))
+    return inner == outer or outer in inner.parents
+
+
 def _log_path(log_file: Any) -> Path | None:
     """The metrics file given (None: none given), refused now if it cannot be one: before the checkpoint
     folder is made (a bytes path, a number, "": which pathlib would refuse bare, or take as no file)."""
@@ -57,6 +77,7 @@ def _log_path(log_file: Any) -> Path | None:
             f"{RUN}: log_file must name a file, got {show(log_file)}; e.g. log_file='runs/a/metrics.jsonl', or "
             "None (the default: checkpoint_dir/metrics.jsonl)"
         )
+    _no_nul(log_file, "log_file")
     path = Path(log_file).expanduser()
     inside = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     problem = (
@@ -175,6 +196,8 @@ class CheckpointOptions:
                 f"{RUN}: checkpoint_dir must be a non-empty str or os.PathLike, got {show(folder)}; "
                 "e.g. checkpoint_dir='runs/a', or None for no checkpoints"
             )
+        if folder is not None:
+            _no_nul(folder, "checkpoint_dir")
         if every is not None and self.checkpoint_dir is None:
             raise ValueError(
                 f"{RUN}: checkpoint_every={self.checkpoint_every} but no checkpoint_dir to save in; give "
@@ -207,9 +230,21 @@ class LogOptions:
     ) -> LogOptions:
         """The metrics file (default ``checkpoint_dir/metrics.jsonl``) and the TensorBoard folder resolved."""
         path = _log_path(log_file)
-        if path is None and checkpoint_dir is not None:  # checked by CheckpointOptions
-            path = Path(checkpoint_dir).expanduser() / "metrics.jsonl"
-        return cls(log_every, path, _tensorboard_dir(tensorboard, path), progress)
+        folder = None if checkpoint_dir is None else Path(checkpoint_dir).expanduser()  # checked by CheckpointOptions
+        if path is not None and folder is not None and _within(folder, path):
+            raise ValueError(
+                f"{RUN}: log_file={str(path)!r} is checkpoint_dir or a folder above it, {str(folder)!r}: it cannot "
+                "be both a file and a folder; e.g. log_file='runs/a/metrics.jsonl' (the default), or leave it out"
+            )
+        if path is None and folder is not None:
+            path = folder / "metrics.jsonl"
+        board = _tensorboard_dir(tensorboard, path)
+        if board is not None and path is not None and _within(board, path):
+            raise ValueError(
+                f"{RUN}: tensorboard={str(board)!r} is the metrics file {str(path)!r} or inside it: it cannot be "
+                "both a file and a folder; e.g. tensorboard=True (a tensorboard/ folder beside the metrics file)"
+            )
+        return cls(log_every, path, board, progress)
 
 
 def _tensorboard_dir(tensorboard: Any, log_path: Path | None) -> Path | None:
@@ -232,6 +267,7 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None) -> Path | None:
     if isinstance(tensorboard, bool):
         assert log_path is not None  # for the type checker: refused above
         return log_path.parent / "tensorboard"
+    _no_nul(tensorboard, "tensorboard")
     if not os.fspath(tensorboard):
         raise ValueError(
             f"{RUN}: tensorboard={tensorboard!r} names no folder (it would write into the working directory); "
