@@ -67,17 +67,17 @@ def _log_path(log_file: Any) -> Path | None:
     folder is made (a bytes path, a number, "": which pathlib would refuse bare, or take as no file)."""
     if log_file is None:
         return None
-    if not isinstance(log_file, (str, os.PathLike)) or isinstance(os.fspath(log_file), bytes):
+    if not isinstance(log_file, (str, os.PathLike)):
         raise TypeError(
             f"{RUN}: log_file must be a str or os.PathLike, got {show(log_file)}; e.g. "
             "log_file='runs/a/metrics.jsonl', or None"
         )
+    _no_nul(log_file, "log_file")  # and an os.PathLike of bytes
     if not os.fspath(log_file):
         raise ValueError(
             f"{RUN}: log_file must name a file, got {show(log_file)}; e.g. log_file='runs/a/metrics.jsonl', or "
             "None (the default: checkpoint_dir/metrics.jsonl)"
         )
-    _no_nul(log_file, "log_file")
     path = Path(log_file).expanduser()
     inside = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     problem = (
