@@ -36,7 +36,13 @@ def dataloader_settings(
     and drop_last that says otherwise, rather than ignore it."""
     fix = "leave it out (the DataLoader is used as given), or pass the Dataset and let ct.run build the loader"
     if batch_size is not None and batch_size != data.batch_size:
-        by = data.batch_size if data.batch_size is not None else f"its {type(data.batch_sampler).__name__}"
+        by = (
+            data.batch_size
+            if data.batch_size is not None
+            else f"its {type(data.batch_sampler).__name__}"
+            if data.batch_sampler is not None
+            else "none (batch_size=None: each item is a batch)"
+        )
         raise ValueError(f"{RUN}: batch_size={batch_size} but the DataLoader given batches by {by}; {fix}")
     if drop_last is not None and drop_last != data.drop_last:
         raise ValueError(f"{RUN}: drop_last={drop_last} but the DataLoader given has drop_last={data.drop_last}; {fix}")

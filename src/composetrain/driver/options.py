@@ -35,6 +35,66 @@ def _set(options: Any, **normalised: Any) -> None:
         object.__setattr__(options, name, value)
 
 
+def _workers(value: Any) -> int | str:
+    """num_workers checked: 'auto', or a non-negative int ('many', 2.0, -1: named, with both ways to say it)."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    return check_int(value, RUN, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
+
+
+def _no_nul(value: Any, name: str) -> None:
+    """A path with a NUL byte, which the OS would refuse with a bare 'embedded null byte' at its first use."""
+    text = os.fspath(value)
+    if isinstance(text, bytes):  # a PathLike of bytes: pathlib's bare TypeError, or none at all
+        raise TypeError(
+            f"{RUN}: {name} must be a str or an os.PathLike of str, got {show(value)} (a path of bytes); "
+            f"e.g. {name}='runs/a'"
+        )
+    if "\0" in text:
+        raise ValueError(
+            f"{RUN}: {name} holds a null byte, which no path may hold, got {show(value)}; e.g. {name}='runs/a'"
+        )
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or lies inside it (as absolute paths, before either exists)."""
+    inner, outer = Path(os.path.abspath(inner)), Path(os.path.abspath(outer))
+    return inner == outer or outer in inner.parents
+
+
+def _log_path(log_file: Any) -> Path | None:
+    """The metrics file given (None: none given), refused now if it cannot be one: before the checkpoint
+    folder is made (a bytes path, a number, "": which pathlib would refuse bare, or take as no file)."""
+    if log_file is None:
+        return None
+    if not isinstance(log_file, (str, os.PathLike)):
+        raise TypeError(
+            f"{RUN}: log_file must be a str or os.PathLike, got {show(log_file)}; e.g. "
+            "log_file='runs/a/metrics.jsonl', or None"
+        )
+    _no_nul(log_file, "log_file")  # and an os.PathLike of bytes
+    if not os.fspath(log_file):
+        raise ValueError(
+            f"{RUN}: log_file must name a file, got {show(log_file)}; e.g. log_file='runs/a/metrics.jsonl', or "
+            "None (the default: checkpoint_dir/metrics.jsonl)"
+        )
+    path = Path(log_file).expanduser()
+    inside = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    problem = (
+        "it is a folder"
+        if path.is_dir()
+        else f"it is inside {str(inside)!r}, a file, not a folder"
+        if inside is not None
+        else None
+    )
+    if problem is not None:  # as MetricsLog would find it, but before the checkpoint folder is made
+        raise PermissionError(
+            f"{RUN}: log_file {str(path)!r} is not writable ({problem}); choose a file you can write to, e.g. "
+            "log_file='runs/a/metrics.jsonl'"
+        )
+    return path
+
+
 def _not_tensors(data: Any, name: str) -> None:
     """A dict or a tuple of tensors is no Dataset (a dict is Sized, and read by index fails with a bare KeyError)."""
     if isinstance(data, Mapping) or (isinstance(data, tuple) and data and all(isinstance(t, Tensor) for t in data)):
@@ -88,10 +148,7 @@ class LoaderOptions:
         if self.batch_size is None:
             raise ValueError(f"{RUN}: batch_size is required when data is a Dataset, e.g. batch_size=64")
         batch_size = check_int(self.batch_size, RUN, "batch_size", example="batch_size=64")
-        workers = self.num_workers
-        if not (isinstance(workers, str) and workers == "auto"):  # 'many', 2.0, -1: named, with both ways to say it
-            workers = check_int(workers, RUN, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
-        _set(self, batch_size=batch_size, num_workers=workers)
+        _set(self, batch_size=batch_size, num_workers=_workers(self.num_workers))
 
     @property
     def auto_workers(self) -> bool:
@@ -107,7 +164,15 @@ class LoaderOptions:
         check_flag(shuffle, "shuffle", optional=True)
         check_flag(drop_last, "drop_last", optional=True)
         if isinstance(data, DataLoader):
-            dataloader_settings(data, batch_size, shuffle, drop_last)
+            # checked as for a Dataset first: True, 4.0 or "4" must not pass, nor be shown as 4, by comparison
+            size = None if batch_size is None else check_int(batch_size, RUN, "batch_size", example="batch_size=64")
+            workers = _workers(num_workers)
+            dataloader_settings(data, size, shuffle, drop_last)
+            if not isinstance(workers, str) and workers != data.num_workers:
+                raise ValueError(
+                    f"{RUN}: num_workers={workers} but the DataLoader given has num_workers={data.num_workers}; "
+                    "leave it out (the DataLoader is used as given), or give the DataLoader num_workers="
+                )
         return cls(
             data, batch_size, True if shuffle is None else shuffle, bool(drop_last), num_workers, collate_fn, seed
         )
@@ -131,6 +196,8 @@ class CheckpointOptions:
                 f"{RUN}: checkpoint_dir must be a non-empty str or os.PathLike, got {show(folder)}; "
                 "e.g. checkpoint_dir='runs/a', or None for no checkpoints"
             )
+        if folder is not None:
+            _no_nul(folder, "checkpoint_dir")
         if every is not None and self.checkpoint_dir is None:
             raise ValueError(
                 f"{RUN}: checkpoint_every={self.checkpoint_every} but no checkpoint_dir to save in; give "
@@ -162,14 +229,22 @@ class LogOptions:
         cls, *, log_every: Any, log_file: Any, tensorboard: Any, progress: Any, checkpoint_dir: Any
     ) -> LogOptions:
         """The metrics file (default ``checkpoint_dir/metrics.jsonl``) and the TensorBoard folder resolved."""
-        path = (
-            Path(log_file).expanduser()
-            if log_file
-            else Path(checkpoint_dir).expanduser() / "metrics.jsonl"
-            if checkpoint_dir
-            else None
-        )
-        return cls(log_every, path, _tensorboard_dir(tensorboard, path), progress)
+        path = _log_path(log_file)
+        folder = None if checkpoint_dir is None else Path(checkpoint_dir).expanduser()  # checked by CheckpointOptions
+        if path is not None and folder is not None and _within(folder, path):
+            raise ValueError(
+                f"{RUN}: log_file={str(path)!r} is checkpoint_dir or a folder above it, {str(folder)!r}: it cannot "
+                "be both a file and a folder; e.g. log_file='runs/a/metrics.jsonl' (the default), or leave it out"
+            )
+        if path is None and folder is not None:
+            path = folder / "metrics.jsonl"
+        board = _tensorboard_dir(tensorboard, path)
+        if board is not None and path is not None and _within(board, path):
+            raise ValueError(
+                f"{RUN}: tensorboard={str(board)!r} is the metrics file {str(path)!r} or inside it: it cannot be "
+                "both a file and a folder; e.g. tensorboard=True (a tensorboard/ folder beside the metrics file)"
+            )
+        return cls(log_every, path, board, progress)
 
 
 def _tensorboard_dir(tensorboard: Any, log_path: Path | None) -> Path | None:
@@ -192,6 +267,7 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None) -> Path | None:
     if isinstance(tensorboard, bool):
         assert log_path is not None  # for the type checker: refused above
         return log_path.parent / "tensorboard"
+    _no_nul(tensorboard, "tensorboard")
     if not os.fspath(tensorboard):
         raise ValueError(
             f"{RUN}: tensorboard={tensorboard!r} names no folder (it would write into the working directory); "

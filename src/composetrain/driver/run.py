@@ -127,7 +127,8 @@ def run(
             and workers start only if reading is a large share of the update and cores are spare
             (``RunResult.bottleneck`` says what it chose and why). A dataset that draws random numbers per
             sample (augmentation) resumes exactly with num_workers=0 only, on the CPU: auto's choice depends on
-            timing, and on CUDA the next batch is read ahead.
+            timing, and on CUDA the next batch is read ahead. A DataLoader reads with its own: a differing
+            int is refused.
         collate_fn: the loader's collate function.
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
             ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks. Names are ``str``
