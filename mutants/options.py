@@ -24,8 +24,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/options.py",
-        "find": 'workers = check_int(workers, RUN, "num_workers", minimum=0,',
-        "replace": 'workers = check_int(workers, RUN, "num_workers", minimum=1,',
+        "find": 'return check_int(value, RUN, "num_workers", minimum=0,',
+        "replace": 'return check_int(value, RUN, "num_workers", minimum=1,',
         "tests": ["tests/test_run_options.py"],
         "why": "num_workers minimum 1",
     },
@@ -73,7 +73,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/options.py",
-        "find": "        check_eval_data(eval_data, data, RUN)\n",
+        "find": "        check_eval_data(eval_data, data)\n",
         "replace": "",
         "tests": ["tests/test_run_options.py"],
         "why": "eval_data vs data check dropped",
@@ -94,7 +94,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/options.py",
-        "find": "            dataloader_settings(data, batch_size, shuffle, drop_last, RUN)\n",
+        "find": "            dataloader_settings(data, size, shuffle, drop_last)\n",
         "replace": "            pass\n",
         "tests": ["tests/test_run_options.py"],
         "why": "DataLoader settings not compared",

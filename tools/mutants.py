@@ -91,6 +91,7 @@ def run(mutants: list[Mutant], timeout: float) -> list[tuple[Mutant, str, float]
             why = problem(m, copy)
             if why is not None:
                 results.append((m, f"NOT APPLIED: {why}", 0.0))
+                print(f"{m.name:28} {results[-1][1]}", flush=True)
                 continue
             path = copy / m.file
             original = path.read_text()
