@@ -47,10 +47,10 @@ def test_a_second_holder_of_the_folder_is_refused_until_the_first_closes(tmp_pat
 def test_a_second_run_is_refused_quickly_and_the_first_finishes_untouched(tmp_path):
     straight, _ = train(tmp_path / "straight", epochs=3)
     job = ["--dir", str(tmp_path / "job"), "--out", str(tmp_path / "job.pt"), "--epochs", "3"]
-    metrics, hold = tmp_path / "job" / "metrics.jsonl", tmp_path / "hold"
+    metrics, hold, lock = tmp_path / "job" / "metrics.jsonl", tmp_path / "hold", tmp_path / "job" / ".lock-rank-0"
+    hold.touch()  # the first run waits in its first step until the second was refused (it could end first)
     with launch(*job, "--hold", str(hold)) as first:
-        wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0)  # training began
-        hold.touch()  # the first run waits in its next step until the second was refused
+        wait_for(lambda: lock.exists() and lock.read_text().startswith("pid "))  # it holds the folder
         started = time.monotonic()
         code, out = finish(launch(*job, "--checkpoint-every", "1"))
         assert code != 0 and "is in use by another run (pid " in out, out
