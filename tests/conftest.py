@@ -19,3 +19,14 @@ def uninterrupted_elastic_job(tmp_path_factory):
 
     results, _, _ = torchrun(tmp_path_factory.mktemp("reference"), "reference")
     return results
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """Two gloo ranks for a test file's multi-rank checks (``pool.run(module, function, *args)``); one per
+    file, so that a pool killed by one file's failure cannot fail the next file."""
+    from processes import Pool
+
+    p = Pool(2)
+    yield p
+    p.close()

@@ -19,7 +19,6 @@ from helpers import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
-from processes import Pool
 from torch import nn
 
 import composetrain as ct
@@ -239,13 +238,6 @@ def test_token_weights_stay_exact_under_retries():
 
 
 # -- two gloo ranks, one of which runs out of memory ---------------------------------------------------
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool(2)
-    yield p
-    p.close()
-
-
 def assert_ranks_match_reference(results, reference):
     for r in results:
         assert all(torch.equal(p, q) for p, q in zip(r["params"], results[0]["params"], strict=True))

@@ -16,7 +16,7 @@ import pytest
 import run_script
 import torch
 from helpers import assert_states_equal
-from processes import Pool, wait_for
+from processes import wait_for
 from run_script import finish, launch, train
 
 import composetrain as ct
@@ -239,13 +239,6 @@ def test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept(tmp_path):
     ):
         train(tmp_path, epochs=2)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool(2)
-    yield p
-    p.close()
 
 
 def test_two_ranks_share_the_folder_and_are_refused_together(pool, tmp_path):

@@ -120,15 +120,6 @@ def test_a_checkpoint_this_user_cannot_read_is_refused_not_set_aside(tmp_path, w
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-@pytest.fixture(scope="module")
-def pool():
-    from processes import Pool
-
-    p = Pool(2)
-    yield p
-    p.close()
-
-
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES])
 def test_a_save_that_fails_on_one_rank_is_named_alike_on_every_rank(pool, tmp_path, code):
     """Rank 1's full disk was, on rank 0 (whose output one reads), 'another rank could not write its

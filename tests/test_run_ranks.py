@@ -5,15 +5,7 @@ mismatch on one rank (metric names, evaluation, an unwritable folder) failing ev
 
 import pytest
 import torch
-from processes import Pool
 from run_script import untimed
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool(2)
-    yield p
-    p.close()
 
 
 def test_two_ranks_in_the_pool(pool):

@@ -9,16 +9,8 @@ import torch
 from helpers import assert_states_equal, classify, make_batch, make_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from processes import Pool
 
 import composetrain as ct
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool(2)
-    yield p
-    p.close()
 
 
 def run(pool, **case):

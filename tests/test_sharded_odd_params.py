@@ -1,15 +1,6 @@
 """ct.sharded with parameters FSDP2 leaves whole or cannot take, against one process on the global batch."""
 
-import pytest
 import torch
-from processes import Pool
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool(2)
-    yield p
-    p.close()
 
 
 def test_a_complex_0_dim_parameter_is_averaged_whole(pool):

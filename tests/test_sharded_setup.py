@@ -5,14 +5,6 @@ optimizer whose parameters are not in model order across a resume."""
 import pytest
 import sharded_setup_workers
 import torch
-from processes import Pool
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool(2)
-    yield p
-    p.close()
 
 
 def assert_close_to(mine, reference):

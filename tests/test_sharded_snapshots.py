@@ -1,15 +1,5 @@
 """What ct.full_state_dict returns for a sharded model is a snapshot, not a view of the live model."""
 
-import pytest
-from processes import Pool
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool(2)
-    yield p
-    p.close()
-
 
 def test_full_state_dict_does_not_change_when_training_goes_on(pool):
     """0-dim parameters (kept whole beside FSDP2's shards) and buffers were returned as the live tensors
