@@ -184,13 +184,14 @@ class Checkpoints:
         taken = self.rank == 0 and os.path.lexists(final) and not is_checkpoint(final)
         if not self._all(not taken):  # before anything is written: the user's folder stays as it is
             what = (
-                "it is a link" if final.is_symlink() else "it holds no state.pt" if final.is_dir() else "it is a file"
+                "it is a link" if final.is_symlink()
+                else f"it holds no {STATE_FILE}" if final.is_dir()
+                else "it is a file"
             ) if self.rank == 0 else "seen by rank 0"  # fmt: skip
             raise FileExistsError(
                 f"{RUN}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint ({what}), "
                 "so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
             )
-        size = size_of(payload) + size_of(local) + size_of(tensors)
 
         def agreed(phase: Any) -> None:
             """``phase`` on this rank, then whether it went well everywhere (the collective that also
@@ -214,6 +215,7 @@ class Checkpoints:
                     rank = next((r for r, (_, info) in enumerate(told) if info is not None), rank)
                     info = told[rank][1]
                     cause = None if info is None else OSError(info[0], info[1], info[2])
+                size = size_of(payload) + size_of(local) + size_of(tensors)  # only for the message
                 raise self._save_failed(step, cause, size, rank) from failure
 
         def prepare() -> None:

@@ -47,9 +47,12 @@ FORMAT = 2  # 2: tensors and plain types only, loaded with weights_only=True
 MARK = "__dcp_shard__"  # a sharded tensor's placeholder in state.pt: {MARK: its DCP key, "shape", "dtype"}
 
 
-def _plain(value: Any) -> dict[str, Any]:
-    """A dataclass's fields as a dict, the values as they are (``dataclasses.asdict`` would copy tensors)."""
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+class _Part:
+    """A part of a checkpoint file: a dataclass whose fields are the file's keys."""
+
+    def to_file(self) -> dict[str, Any]:
+        """The fields as a dict, the values as they are (``dataclasses.asdict`` would copy tensors)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
 
 def _schema(cls: type) -> dict[str, Any]:
@@ -58,7 +61,7 @@ def _schema(cls: type) -> dict[str, Any]:
 
 # No ``from __future__ import annotations`` here: the field types are the classes the reader checks.
 @dataclasses.dataclass(frozen=True)
-class Shared:
+class Shared(_Part):
     """What every rank resumes from (rank 0 writes it): the TrainState's ``state_dict()``, the run's settings
     (a change is warned about), and where the loop stands."""
 
@@ -69,24 +72,18 @@ class Shared:
     history: list
     evals: list
 
-    def to_file(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclasses.dataclass(frozen=True)
-class UnloggedStep:
+class UnloggedStep(_Part):
     """One step output not yet logged (``Meter``'s window), on the CPU."""
 
     loss: torch.Tensor
     metrics: dict
     skipped: bool
 
-    def to_file(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclasses.dataclass(frozen=True)
-class Local:
+class Local(_Part):
     """One rank's own part: its unlogged step outputs, the epoch's data order (None when it needs no
     replay), and a given DataLoader's generators."""
 
@@ -94,20 +91,14 @@ class Local:
     order: dict | None
     generators: list
 
-    def to_file(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclasses.dataclass(frozen=True)
-class Order:
+class Order(_Part):
     """What decides a given DataLoader's order for an epoch (``driver.loading.epoch_order``)."""
 
     rng: dict
     generators: list
     sampler_seed: int | None
-
-    def to_file(self) -> dict[str, Any]:
-        return _plain(self)
 
 
 # The schemas a loadable file has: anything else is corrupt.
@@ -195,8 +186,8 @@ def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | No
 def local_problem(local: dict[str, Any]) -> str | None:
     """What is wrong with a ``rank-<rank>.pt`` payload, or None (random states tried on fresh generators)."""
     order = local["order"]
-    if order is not None and shape_problem(order, ORDER):
-        return f"its data order state: {shape_problem(order, ORDER)}"
+    if order is not None and (bad := shape_problem(order, ORDER)):
+        return f"its data order state: {bad}"
     return (
         rng_problem(local["rng"])
         or generators_problem(local["generators"])

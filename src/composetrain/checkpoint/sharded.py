@@ -241,11 +241,14 @@ class SafeReader(FileSystemReader):
         entries = metadata.state_dict_metadata
         if not all(isinstance(v, TensorStorageMetadata) for v in entries.values()):
             raise ValueError("the shard metadata lists entries that are not tensors; ct.run writes tensors only")
-        inside = folder.resolve()
+        inside, checked = folder.resolve(), set()
         for info in (metadata.storage_data or {}).values():  # the files DCP will open: each in this folder
             relative = getattr(info, "relative_path", None)
             if not isinstance(relative, str):
                 raise ValueError(f"the shard metadata names a file as {relative!r}, not a relative path")
+            if relative in checked:  # one entry per tensor chunk, a few files: each file checked once
+                continue
+            checked.add(relative)
             target = (folder / relative).resolve()
             if target.parent != inside:
                 raise ValueError(
