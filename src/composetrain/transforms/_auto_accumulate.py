@@ -136,9 +136,7 @@ class _AutoAccumulate(TrainStep):
     def update(self, state: TrainState, ctx: Context) -> Update:
         applied = self._inner().update(state, ctx)
         used = state.transform_state(self.role, MicroBatchMemory).used
-        # a tensor of its own dtype: the default dtype may be 16-bit, where 257 rounds to 256
-        size = torch.tensor(float(used), dtype=torch.float32)
-        return Update(applied.skipped, {**applied.metrics, "micro_batch": size})
+        return Update(applied.skipped, {**applied.metrics, "micro_batch": float(used)})  # float64 in core
 
     def _config(self) -> tuple[Any, ...]:
         return ("auto", self.own_weight)
