@@ -62,6 +62,11 @@ def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
+def _file_above(path: Path) -> Path | None:
+    """The first of ``path``'s parents that exists and is not a folder (nothing can be made under it)."""
+    return next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+
+
 def _log_path(log_file: Any) -> Path | None:
     """The metrics file given (None: none given), refused now if it cannot be one: before the checkpoint
     folder is made (a bytes path, a number, "": which pathlib would refuse bare, or take as no file)."""
@@ -79,7 +84,7 @@ def _log_path(log_file: Any) -> Path | None:
             "None (the default: checkpoint_dir/metrics.jsonl)"
         )
     path = Path(log_file).expanduser()
-    inside = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    inside = _file_above(path)
     problem = (
         "it is a folder"
         if path.is_dir()
@@ -279,7 +284,7 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None) -> Path | None:
             f"{RUN}: tensorboard={str(folder)!r} is a file, not a folder; give a folder for its event files: "
             "tensorboard='runs/tb', or tensorboard=True to write beside the metrics file"
         )
-    inside = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+    inside = _file_above(folder)
     if inside is not None:  # found now, not after the checkpoint folder and the metrics file are made
         raise ValueError(
             f"{RUN}: tensorboard={str(folder)!r} is inside {str(inside)!r}, a file, not a folder; give a folder "
