@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from composetrain.transforms.clip import clip_grad_norm
     from composetrain.transforms.data_parallel import data_parallel
     from composetrain.transforms.distributed import distributed
+    from composetrain.transforms.ema import ema, ema_model
     from composetrain.transforms.lr_rules import scaled_lr, warmup
     from composetrain.transforms.pipeline import pipeline_split
     from composetrain.transforms.precision import mixed_precision
@@ -47,6 +48,8 @@ _WHERE = {
     "Update": "composetrain.core.protocol",
     "data_parallel": "composetrain.transforms.data_parallel",
     "distributed": "composetrain.transforms.distributed",
+    "ema": "composetrain.transforms.ema",
+    "ema_model": "composetrain.transforms.ema",
     "RunResult": "composetrain.driver.run",
     "run": "composetrain.driver.run",
     "parse_nodelist": "composetrain.launch.hostlist",
@@ -104,6 +107,8 @@ __all__ = [
     "data_parallel",
     "detect",
     "distributed",
+    "ema",
+    "ema_model",
     "full_state_dict",
     "leading_size",
     "load_checkpoint",

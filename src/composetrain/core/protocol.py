@@ -271,6 +271,12 @@ class TrainStep:
         if self.inner is not None:
             self.inner.setup(state)
 
+    def eval_weights(self, state: TrainState) -> dict[str, AbstractContextManager[Any]]:
+        """Other weights the driver evaluates besides the model's own, by name: under each context
+        manager, ``state.model`` holds those weights (``ct.ema``'s "ema"; ``ct.run`` records its metrics
+        under ``"eval_ema"``). Each transform adds its own to its inner step's; none by default."""
+        return self.inner.eval_weights(state) if self.inner is not None else {}
+
     def _inner(self) -> TrainStep:
         if self.inner is None:
             raise NotImplementedError(

@@ -20,7 +20,9 @@ from composetrain.core._state_checks import (
 )
 from composetrain.core.util import LOAD_STATE, check_int, show
 
-__all__ = ["KEYS", "RuntimeState", "TrainState"]
+__all__ = ["INTERVALS", "KEYS", "RuntimeState", "TrainState"]
+
+INTERVALS = ("update", "epoch")  # when TrainState's scheduler steps (Lightning's "step" and "epoch")
 
 # What TrainState.state_dict() always holds, so what load_state_dict and a checkpoint's reader require (it also
 # holds "optimizer_class" and "scheduler_class", which older checkpoints lack).
@@ -53,7 +55,12 @@ class TrainState:
         model: the module being trained.
         optimizer: a ``torch.optim.Optimizer`` over (some of) the model's parameters.
         scheduler: an optional ``torch.optim.lr_scheduler.LRScheduler`` of that
-            optimizer; it steps once per applied optimizer update.
+            optimizer; it steps once per applied optimizer update, or once per epoch.
+        scheduler_interval: ``"update"`` (default): the scheduler steps after each applied
+            update, inside the TrainStep; ``"epoch"``: it steps at each epoch's end only, when
+            ``end_epoch()`` is called (``ct.run`` calls it), for schedules whose numbers count
+            epochs (torchvision's recipes: ``CosineAnnealingLR(T_max=epochs)``). Lightning's
+            ``lr_scheduler_config["interval"]``, whose ``"step"`` is ``"update"`` here.
 
     Attributes:
         step: optimizer updates applied so far (skipped updates do not count).
@@ -66,6 +73,11 @@ class TrainState:
         >>> out = ct.accumulate(2)(lambda m, b: m(b).pow(2).mean())(state, torch.ones(8, 4))
         >>> state.step
         1
+        >>> epochs = ct.TrainState(model, opt, CosineAnnealingLR(opt, T_max=90), scheduler_interval="epoch")
+        >>> for epoch in range(90):
+        ...     for batch in loader:
+        ...         train(epochs, batch)           # the scheduler does not step here
+        ...     epochs.end_epoch()                 # it steps here, once per epoch
     """
 
     def __init__(
@@ -73,7 +85,15 @@ class TrainState:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        *,
+        scheduler_interval: str = "update",
     ) -> None:
+        if scheduler_interval not in INTERVALS:
+            fix = " (Lightning's 'step' is 'update' here)" if scheduler_interval == "step" else ""
+            raise ValueError(
+                f"TrainState: scheduler_interval must be 'update' or 'epoch', got {show(scheduler_interval)}{fix}; "
+                "'epoch' for a schedule whose numbers count epochs (T_max=epochs), else leave the default"
+            )
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainState: model must be a torch.nn.Module, got {show(model)}")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -114,6 +134,7 @@ class TrainState:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval
         self.step = 0
         # parameters the optimizer does not hold: their gradients are cleared too. Found once, not per update,
         # and frozen ones included: a parameter unfrozen later would otherwise keep a growing .grad
@@ -166,6 +187,25 @@ class TrainState:
             if isinstance(value, RuntimeState):
                 value.release()
 
+    def end_epoch(self) -> None:
+        """The end of an epoch: a per-epoch scheduler (``scheduler_interval="epoch"``) steps, once.
+
+        ``ct.run`` calls it after each epoch's last update, before that epoch's checkpoint and
+        evaluation, as torchvision's recipe calls ``lr_scheduler.step()`` after ``train_one_epoch``;
+        a plain loop calls it after each epoch. A per-update scheduler (the default) steps in the
+        TrainStep instead: for it this does nothing, so a loop may always call it.
+        """
+        if self.scheduler is None or self.scheduler_interval != "epoch":
+            return
+        total, taken = getattr(self.scheduler, "total_steps", None), getattr(self.scheduler, "last_epoch", None)
+        if isinstance(total, int) and isinstance(taken, int) and taken >= total:  # before step() changes it
+            raise ValueError(
+                f"TrainState.end_epoch: the scheduler {type(self.scheduler).__name__} is exhausted: it was built for "
+                f"total_steps={total} epochs and has taken {taken}; build it with total_steps of at least the "
+                "number of epochs you train for"
+            )
+        self.scheduler.step()
+
     def zero_grad(self) -> None:
         """Set every gradient of the optimizer, and of the model's other parameters, to None."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -188,6 +228,7 @@ class TrainState:
             "optimizer_class": qualified(self.optimizer),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "scheduler_class": None if self.scheduler is None else qualified(self.scheduler),
+            "scheduler_interval": self.scheduler_interval,
             "step": self.step,
             "transforms": {**self._pending, **saved},
         }
@@ -239,6 +280,13 @@ class TrainState:
                 raise TypeError(f"{LOAD_STATE}: state_dict[{key!r}] must be a class name (str), got {show(value)}")
         check_model_state(self.model, state_dict["model"])
         check_scheduler_state(self.scheduler, state_dict["scheduler"], classes["scheduler_class"])
+        interval = state_dict.get("scheduler_interval", "update")  # older checkpoints lack it: per update
+        if self.scheduler is not None and interval != self.scheduler_interval:
+            raise ValueError(
+                f"{LOAD_STATE}: the checkpoint's scheduler stepped once per {show(interval)}, this TrainState's "
+                f"steps once per {self.scheduler_interval!r}; build it with scheduler_interval={interval!r}, "
+                "as it was saved (its position counts those)"
+            )
         check_optimizer_state(self.optimizer, self.model, state_dict["optimizer"], classes["optimizer_class"])
         step = check_int(
             state_dict["step"], LOAD_STATE, "step", minimum=0, example="the step TrainState.state_dict() saved"
@@ -264,9 +312,10 @@ class TrainState:
 
     def __repr__(self) -> str:
         sched = type(self.scheduler).__name__ if self.scheduler is not None else None
+        per = ", scheduler_interval='epoch'" if self.scheduler_interval == "epoch" else ""
         return (
             f"TrainState(step={self.step}, model={type(self.model).__name__}, "
-            f"optimizer={type(self.optimizer).__name__}, scheduler={sched})"
+            f"optimizer={type(self.optimizer).__name__}, scheduler={sched}{per})"
         )
 
 

@@ -47,7 +47,7 @@ class _Lifted(TrainStep):
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         # refused before the forward: scheduler.step() itself would raise after optimizer.step(), and
         # an outer transform's update (the loss scale's) would already have run
-        if state.scheduler is not None:
+        if state.scheduler is not None and state.scheduler_interval == "update":
             check_schedule_left(state.scheduler, state.step, self)
         return ctx
 
@@ -78,7 +78,7 @@ class _Lifted(TrainStep):
         if ctx.skip_update:
             return Update(True, {})
         state.optimizer.step()
-        if state.scheduler is not None:
+        if state.scheduler is not None and state.scheduler_interval == "update":  # "epoch": state.end_epoch()
             state.scheduler.step()
         state.step += 1
         return Update(False, {})

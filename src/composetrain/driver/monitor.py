@@ -30,7 +30,8 @@ __all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names",
 TRAIN_FIELDS = frozenset(
     {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
 )
-EVAL_FIELDS = frozenset({"step", "epoch", "eval"})  # an evaluation's metrics are nested under "eval" in the file
+# an evaluation's metrics are nested under "eval" in the file, those of ct.ema's weights under "eval_ema"
+EVAL_FIELDS = frozenset({"step", "epoch", "eval", "eval_ema"})
 
 
 def metric_names(metrics: Mapping[Any, Any], fields: frozenset[str], whose: str) -> dict[str, Any]:
@@ -304,8 +305,9 @@ class MetricsLog:
                 self.board.add_scalar(f"train/{key}", value, record["step"])
 
     def _board_eval(self, record: dict[str, Any]) -> None:
-        for key, value in record["eval"].items():
-            self.board.add_scalar(f"eval/{key}", value, record["step"])
+        for kind in ("eval", "eval_ema"):
+            for key, value in record.get(kind, {}).items():
+                self.board.add_scalar(f"{kind}/{key}", value, record["step"])
 
     def close(self) -> None:
         if self.board is not None:
@@ -331,8 +333,9 @@ def _folder(path: Path) -> None:
 
 
 def _eval_record(entry: dict[str, Any]) -> dict[str, Any]:
-    metrics = {k: v for k, v in entry.items() if k not in ("step", "epoch")}
-    return {"step": entry["step"], "epoch": entry["epoch"], "eval": metrics}
+    metrics = {k: v for k, v in entry.items() if k not in ("step", "epoch", "eval_ema")}
+    ema = {"eval_ema": entry["eval_ema"]} if "eval_ema" in entry else {}  # ct.ema's weights, evaluated too
+    return {"step": entry["step"], "epoch": entry["epoch"], "eval": metrics, **ema}
 
 
 class _NoBar:

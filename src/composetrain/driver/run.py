@@ -11,6 +11,7 @@ import dataclasses
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from composetrain.checkpoint.files import Checkpoints
 from composetrain.checkpoint.sharded import ShardFiles
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import restore_rng, seed_everything
+from composetrain.core.schedules import horizon_problem
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN
@@ -187,6 +189,7 @@ def run(
                 d.per_epoch, options.total_epochs, options.max_steps, log.log_every, options.eval.eval_every,
                 options.checkpoint.checkpoint_every,
             )  # fmt: skip
+            _check_horizon(state, schedule)
             at = d.resume(schedule, options.loader.seed)
             d.log.start(at.history, at.evals, at.resumed, state.step)
             d.start(log.progress and proc.is_main, schedule.total_updates)  # bar, stop signal, phases
@@ -208,7 +211,8 @@ def run(
                 if due.log:
                     d.write_log(at)
                 stopping = d.agree_on_stop()  # every rank stops after the same update
-                if due.epoch_end:
+                if due.epoch_end:  # a per-epoch scheduler steps here, with the epoch the checkpoint records
+                    state.end_epoch()
                     at.next_epoch()
                     batches = None
                 if due.save or stopping:  # save, then evaluate: an evaluation that fails must not cost the checkpoint
@@ -235,6 +239,22 @@ def run(
         if proc.is_main and log.progress:
             print(f"{RUN}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
+
+
+def _check_horizon(state: TrainState, schedule: Schedule) -> None:
+    """Warn when the scheduler's horizon is far shorter than the run (built in epochs, stepped per update)."""
+    if state.scheduler is None:
+        return
+    updates = schedule.total_updates
+    if schedule.epochs is not None:
+        updates = min(updates, schedule.epochs * schedule.per_epoch)
+    epoch = state.scheduler_interval == "epoch"
+    problem = horizon_problem(
+        state.scheduler, state.scheduler_interval, updates // schedule.per_epoch if epoch else updates,
+        schedule.per_epoch,
+    )  # fmt: skip
+    if problem is not None:
+        warnings.warn(f"{RUN}: {problem}", stacklevel=3)
 
 
 class _Driver:
@@ -387,7 +407,11 @@ class _Driver:
         if self.evaluator is None:
             return
         self.waiting.now(f"the evaluation after update {self.state.step}")
-        at.evals.append({"step": self.state.step, "epoch": at.epoch, **self.evaluator(self.state.model)})
+        entry = {"step": self.state.step, "epoch": at.epoch, **self.evaluator(self.state.model)}
+        for kind, weights in self.step_fn.eval_weights(self.state).items():  # ct.ema's: under "eval_ema"
+            with weights:
+                entry[f"eval_{kind}"] = self.evaluator(self.state.model)
+        at.evals.append(entry)
         self.log.write_eval(at.evals[-1])
 
     def close(self) -> None:

@@ -1,0 +1,249 @@
+"""ema: an exponential moving average of the model's parameters and buffers, kept in the TrainState."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from composetrain.core.protocol import Context, TrainStep, Update
+from composetrain.core.state import TrainState
+from composetrain.core.steps import Transform, refuse_step, transform_factory
+from composetrain.core.util import check_int, check_real, show
+
+__all__ = ["Averages", "ema", "ema_model"]
+
+KEY = "ema"  # its state in TrainState.transform_state
+FORMULAS = ("lerp", "sum")
+
+
+@transform_factory
+def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp") -> Transform:
+    """Keep an exponential moving average (EMA) of the model's parameters and buffers in the TrainState.
+
+    After an applied update ``n`` (``state.step``, skipped updates not counted) with ``(n - 1) % every == 0``,
+    each average ``a`` of a tensor ``w`` becomes ``decay * a + (1 - decay) * w``; the first such update
+    copies the weights, as ``torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=
+    get_ema_multi_avg_fn(decay), use_buffers=True)`` does. Through update ``warmup`` the average follows
+    the weights (it copies them), as torchvision's recipe resets its EMA during the learning-rate warmup.
+    Integer buffers (BatchNorm's ``num_batches_tracked``) are averaged and truncated, as torch does.
+    Averages keep their tensor's shape, dtype and layout: float32 under ``mixed_precision``, DTensor
+    shards under ``ct.sharded`` (``ct.ema_model`` gathers them), the same on every rank under
+    ``ct.distributed``. They are checkpointed with the state. It runs after the inner update, so it is
+    right in any nesting order.
+
+    Args:
+        decay: the weight of the old average, in [0, 1], e.g. 0.999.
+        every: average after every this many applied updates (the first included).
+        warmup: applied updates during which the average copies the weights (torchvision's recipe:
+            ``lr_warmup_epochs * updates_per_epoch``).
+        formula: ``"lerp"``: ``torch._foreach_lerp_`` as ``get_ema_multi_avg_fn`` (one fused kernel);
+            ``"sum"``: ``decay * a + (1 - decay) * w`` term by term, bit for bit torchvision's
+            ``ExponentialMovingAverage``. The two differ in the last bit.
+
+    Returns:
+        A transform: ``ema(0.999)(step) -> TrainStep``.
+
+    Example:
+        >>> train = ct.compose(ct.ema(0.998, every=4), ct.mixed_precision, ct.accumulate(2))(step)
+        >>> ct.run(train, state, data, eval_step=evaluate, eval_data=val)  # evals "eval" and "eval_ema"
+        >>> averaged = ct.ema_model(state)                                  # a copy with the EMA weights
+    """
+    refuse_step(decay, "ema", "decay", "ema(0.999)")
+    decay = check_real(decay, "ema", "decay", positive=False, example="ema(0.999)")
+    if not 0.0 <= decay <= 1.0:
+        raise ValueError(f"ema: decay must be in [0, 1], got {decay}; e.g. ema(0.999), the old average's weight")
+    every = check_int(every, "ema", "every", example="ema(0.999, every=4)")
+    warmup = check_int(warmup, "ema", "warmup", minimum=0, example="ema(0.999, warmup=2 * updates_per_epoch)")
+    if formula not in FORMULAS:
+        raise ValueError(
+            f"ema: formula must be 'lerp' (torch's get_ema_multi_avg_fn) or 'sum' (torchvision's "
+            f"ExponentialMovingAverage), got {show(formula)}"
+        )
+    given = (("every", every, 1), ("warmup", warmup, 0), ("formula", formula, "lerp"))
+    options = [f"{k}={v!r}" for k, v, default in given if v != default]
+    label = f"ema({', '.join([repr(decay), *options])})"
+    return Transform(label, lambda step: _Ema(step, label, decay, every, warmup, formula))
+
+
+class _Ema(TrainStep):
+    role = "ema"
+
+    def __init__(self, inner: TrainStep, label: str, decay: float, every: int, warmup: int, formula: str) -> None:
+        self.label, self.decay, self.every, self.warmup, self.formula = label, decay, every, warmup, formula
+        super().__init__(inner)
+
+    def update(self, state: TrainState, ctx: Context) -> Update:
+        before = state.step
+        applied = self._inner().update(state, ctx)
+        n = state.step
+        if n != before and (n - 1) % self.every == 0:  # an applied update: state.step counts those only
+            averages = state.transform_state(KEY, lambda: Averages.of(state.model))
+            averages.update(state.model, self.decay, self.formula, follow=n <= self.warmup)
+        return applied
+
+    def setup(self, state: TrainState) -> None:
+        """After the inner steps' (``sharded`` shards the model): the averages exist, laid out as the
+        weights, before a checkpoint loads into them."""
+        super().setup(state)
+        state.transform_state(KEY, lambda: Averages.of(state.model))
+
+    def eval_weights(self, state: TrainState) -> dict[str, AbstractContextManager[Any]]:
+        averages = state.transform_state(KEY, lambda: Averages.of(state.model))
+        return {**super().eval_weights(state), "ema": _swapped(state.model, averages)}
+
+    def _config(self) -> tuple[Any, ...]:
+        return (self.decay, self.every, self.warmup, self.formula)
+
+
+def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters, then buffers, detached, by name: what AveragedModel(use_buffers=True) averages."""
+    found = {k: p.detach() for k, p in model.named_parameters()}
+    found.update((k, b.detach()) for k, b in model.named_buffers())
+    return found
+
+
+class Averages:
+    """The averages (``tensors``, by parameter or buffer name) and ``n_averaged``, as AveragedModel's."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], n_averaged: int = 0) -> None:
+        self.tensors, self.n_averaged = tensors, n_averaged
+
+    @classmethod
+    def of(cls, model: nn.Module) -> Averages:
+        return cls({k: t.clone() for k, t in _tensors(model).items()})
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, decay: float, formula: str, *, follow: bool) -> None:
+        live = _tensors(model)
+        _same_names(self.tensors, live, "the model's")
+        pairs = [(self.tensors[k], w) for k, w in live.items()]
+        if self.n_averaged == 0:
+            for a, w in pairs:
+                a.copy_(w)
+        else:
+            groups: dict[tuple[Any, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+            for a, w in pairs:  # as AveragedModel: one fused call per device and dtype
+                groups.setdefault((str(a.device), a.dtype, type(a)), []).append((a, w))
+            for group in groups.values():
+                averages, weights = [a for a, _ in group], [w for _, w in group]
+                if not (averages[0].is_floating_point() or averages[0].is_complex()):
+                    for a, w in group:  # get_ema_multi_avg_fn's own path for integers: truncated
+                        a.copy_(a * decay + w * (1 - decay))
+                elif formula == "lerp":
+                    torch._foreach_lerp_(averages, weights, 1 - decay)
+                else:  # each product rounded, then the sum: torchvision's decay * a + (1 - decay) * w
+                    scaled = torch._foreach_mul(weights, 1 - decay)
+                    torch._foreach_mul_(averages, decay)
+                    torch._foreach_add_(averages, scaled)
+        self.n_averaged = 0 if follow else self.n_averaged + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"averages": dict(self.tensors), "n_averaged": self.n_averaged}
+
+    def load_state_dict(self, saved: Any) -> None:
+        """All checked before anything is written; whole tensors are sharded as the live averages are."""
+        if not (isinstance(saved, Mapping) and isinstance(saved.get("averages"), Mapping)):
+            raise TypeError(f"ema: the checkpoint's EMA state must come from ct.ema's state_dict, got {show(saved)}")
+        n = check_int(saved.get("n_averaged"), "ema", "the checkpoint's n_averaged", minimum=0)
+        theirs = saved["averages"]
+        _same_names(self.tensors, theirs, "the checkpoint's")
+        for k, mine in self.tensors.items():
+            t = theirs[k]
+            if not isinstance(t, torch.Tensor) or t.shape != mine.shape or t.dtype != mine.dtype:
+                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else show(t)
+                raise ValueError(
+                    f"ema: the checkpoint's average of {k!r} is {got}, this model's {tuple(mine.shape)} {mine.dtype}; "
+                    "load a checkpoint of the same model, in the same dtype"
+                )
+        with torch.no_grad():
+            for k, mine in self.tensors.items():
+                mine.copy_(_laid_out(theirs[k], mine))
+        self.n_averaged = n
+
+
+def _laid_out(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``value`` sharded as ``like`` when ``like`` is a DTensor and ``value`` is whole."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(like, DTensor) and not isinstance(value, DTensor):
+        return distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+    return value
+
+
+def _same_names(mine: Mapping[str, Any], theirs: Mapping[str, Any], whose: str) -> None:
+    if mine.keys() != theirs.keys():
+        missing, extra = sorted(mine.keys() - theirs.keys()), sorted(map(str, theirs.keys() - mine.keys()))
+        raise ValueError(
+            f"ema: {whose} parameters and buffers differ from the averaged ones (missing {missing[:5]}, new "
+            f"{extra[:5]}); average one model throughout: a model changed after the EMA began needs a new TrainState"
+        )
+
+
+@contextlib.contextmanager
+def _swapped(model: nn.Module, averages: Averages) -> Iterator[None]:
+    """``model`` holds the averages inside, its own weights again after (also on an error), bit for bit."""
+    live = _tensors(model)
+    _same_names(averages.tensors, live, "the model's")
+    kept = {k: t.clone() for k, t in live.items()}
+    with torch.no_grad():
+        for k, t in live.items():
+            t.copy_(averages.tensors[k])
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for k, t in live.items():
+                t.copy_(kept[k])
+
+
+def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
+    """The EMA weights of ``ct.ema`` in a module: ``into`` (loaded in place) or a copy of ``state.model``.
+
+    Before the first average (and with no ``ct.ema`` in the composition) the averages are the model's
+    own weights. Under ``ct.sharded`` the shards are gathered: call it on every rank, with ``into`` a
+    plain (unsharded) model of the same architecture. After ``ct.load_checkpoint`` it gives the saved
+    averages.
+
+    Args:
+        state: the TrainState trained with ``ct.ema``.
+        into: a module of the same architecture to load the averages into; default a deep copy.
+
+    Returns:
+        The module holding the averaged parameters and buffers.
+
+    Example:
+        >>> ct.run(ct.ema(0.999)(ct.mixed_precision(step)), state, data, epochs=10)
+        >>> torch.save(ct.ema_model(state).state_dict(), "ema.pt")
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(state, TrainState):
+        raise TypeError(f"ema_model: state must be a ct.TrainState, got {show(state)}")
+    saved = state.state_dict()["transforms"].get(KEY)  # read, not created: live, or loaded and not yet claimed
+    averages = saved["averages"] if saved is not None else _tensors(state.model)
+    sharded = any(isinstance(t, DTensor) for t in averages.values())
+    if into is None:
+        if sharded:
+            raise ValueError(
+                "ema_model: the averages are sharded (ct.sharded); give a plain model of the same architecture "
+                "to gather them into: ct.ema_model(state, into=build_model())"
+            )
+        into = copy.deepcopy(state.model)
+    elif not isinstance(into, nn.Module):
+        raise TypeError(f"ema_model: into must be a torch.nn.Module, got {show(into)}")
+    target = _tensors(into)
+    _same_names(averages, target, "into's")
+    whole = {k: a.full_tensor() if isinstance(a, DTensor) else a for k, a in averages.items()}
+    for k, t in target.items():
+        if t.shape != whole[k].shape:
+            raise ValueError(f"ema_model: into's {k!r} has shape {tuple(t.shape)}, the average {tuple(whole[k].shape)}")
+    with torch.no_grad():
+        for k, t in target.items():
+            t.copy_(whole[k])
+    return into

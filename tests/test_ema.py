@@ -1,0 +1,249 @@
+"""ct.ema: bit for bit torch's AveragedModel(get_ema_multi_avg_fn) and torchvision's ExponentialMovingAverage,
+checkpointed and resumed exactly, skipped updates not counted, right in any nesting order; ct.ema_model."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+import composetrain as ct
+
+
+class ExponentialMovingAverage(AveragedModel):
+    """torchvision references/classification/utils.py, verbatim (the references are not in torchvision's wheel)."""
+
+    def __init__(self, model, decay, device="cpu"):
+        def ema_avg(avg_model_param, model_param, num_averaged):
+            return decay * avg_model_param + (1 - decay) * model_param
+
+        super().__init__(model, device, ema_avg, use_buffers=True)
+
+
+def net(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)).to(dtype)
+
+
+def step(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def batches(n, seed=1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(12, 5, generator=g, dtype=dtype), torch.randint(0, 3, (12,), generator=g)) for _ in range(n)]
+
+
+def state_of(model, interval="update"):
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    return ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, 2, 0.5), scheduler_interval=interval)
+
+
+def averages(state):
+    return state.state_dict()["transforms"]["ema"]["averages"]
+
+
+def reference(make_ref, data, *, every=1, warmup=0):
+    """The textbook loop with the recipe's EMA: update, then (at the k-th batch) average, reset in warmup."""
+    model = net()
+    state = state_of(model)
+    ref = make_ref(model)
+    plain = ct.train_step(step)
+    for n, batch in enumerate(data, start=1):
+        plain(state, batch)
+        if (n - 1) % every == 0:
+            ref.update_parameters(model)
+            if n <= warmup:
+                ref.n_averaged.fill_(0)
+    return state, ref
+
+
+def assert_same_averages(state, ref):
+    mine = averages(state)
+    theirs = dict(ref.module.named_parameters()) | dict(ref.module.named_buffers())
+    assert mine.keys() == theirs.keys()
+    for k, t in theirs.items():
+        assert mine[k].dtype == t.dtype and torch.equal(mine[k], t), k
+
+
+@settings(max_examples=12)
+@given(
+    decay=st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.9999, 1.0]),
+    every=st.integers(1, 3),
+    warmup=st.integers(0, 4),
+    updates=st.integers(1, 7),
+)
+def test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit(decay, every, warmup, updates):
+    data = batches(updates)
+    state = state_of(net())
+    train = ct.ema(decay, every=every, warmup=warmup)(step)
+    for batch in data:
+        train(state, batch)
+    ref_state, ref = reference(
+        lambda m: AveragedModel(m, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True),
+        data, every=every, warmup=warmup,
+    )  # fmt: skip
+    assert_same_averages(state, ref)
+    assert state.state_dict()["transforms"]["ema"]["n_averaged"] == ref.n_averaged.item()
+    for (k, p), q in zip(state.model.state_dict().items(), ref_state.model.state_dict().values(), strict=True):
+        assert torch.equal(p, q), k  # the training itself untouched
+
+
+def test_formula_sum_is_torchvisions_exponential_moving_average_bit_for_bit():
+    data = batches(6)
+    decay = 0.9
+    state = state_of(net())
+    train = ct.ema(decay, every=2, warmup=2, formula="sum")(step)
+    for batch in data:
+        train(state, batch)
+    _, ref = reference(lambda m: ExponentialMovingAverage(m, decay), data, every=2, warmup=2)
+    assert_same_averages(state, ref)
+    # the two formulas do differ: the option is needed to port the recipe bit for bit
+    lerp = state_of(net())
+    for batch in data:
+        ct.ema(decay, every=2, warmup=2)(step)(lerp, batch)
+    assert any(not torch.equal(a, b) for a, b in zip(averages(lerp).values(), averages(state).values(), strict=True))
+
+
+def test_a_checkpoint_resumes_the_average_bit_for_bit_also_before_its_first_update():
+    data = batches(6)
+    train = ct.ema(0.8, every=2)(step)
+    straight = state_of(net())
+    for batch in data:
+        train(straight, batch)
+    first = state_of(net())
+    for batch in data[:3]:
+        train(first, batch)
+    saved = copy.deepcopy(first.state_dict())
+    assert saved["transforms"]["ema"]["n_averaged"] == 2
+    resumed = state_of(net(seed=5))  # other weights: the checkpoint's must win
+    resumed.load_state_dict(saved)  # no average yet here: applied when ct.ema first runs
+    for batch in data[3:]:
+        train(resumed, batch)
+    for k, v in averages(straight).items():
+        assert torch.equal(averages(resumed)[k], v), k
+    assert averages(resumed)["0.weight"] is not averages(first)["0.weight"]
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_anything_changes():
+    state = state_of(net())
+    ct.ema(0.9)(step)(state, batches(1)[0])
+    saved = copy.deepcopy(state.state_dict())
+    saved["transforms"]["ema"]["averages"]["0.weight"] = torch.zeros(8, 4)
+    before = {k: v.clone() for k, v in averages(state).items()}
+    with pytest.raises(ValueError, match=r"ema: the checkpoint's average of '0.weight' is \(8, 4\)"):
+        state.load_state_dict(saved)
+    assert all(torch.equal(averages(state)[k], v) for k, v in before.items())
+
+
+def test_skipped_updates_are_not_averaged_nor_counted():
+    def poisoned(model, batch):  # the second batch has non-finite gradients: bf16 skips that update
+        x, y = batch
+        return F.cross_entropy(model(x), y) * (torch.inf if bool(x[0, 0] > 100) else 1.0)
+
+    data = batches(4)
+    bad = (data[1][0].clone(), data[1][1])
+    bad[0][0, 0] = 1000.0
+    state = state_of(net())
+    train = ct.ema(0.5, every=2)(ct.mixed_precision(dtype="bf16")(poisoned))
+    skipped = [bool(train(state, b).skipped) for b in [data[0], bad, *data[1:]]]
+    assert skipped == [False, True, False, False, False] and state.step == 4
+    assert state.state_dict()["transforms"]["ema"]["n_averaged"] == 2  # after applied updates 1 and 3
+    assert all(a.dtype == torch.float32 for a in averages(state).values() if a.is_floating_point())
+
+
+@pytest.mark.parametrize(
+    "outer, inner",
+    [
+        ("ema", "accumulate"),
+        ("accumulate", "ema"),
+        ("ema", "mixed_precision"),
+        ("mixed_precision", "ema"),
+        ("clip", "ema"),
+    ],
+)
+def test_every_nesting_order_gives_the_same_average(outer, inner):
+    make = {
+        "ema": ct.ema(0.7, every=2, warmup=1),
+        "accumulate": ct.accumulate(3),
+        "mixed_precision": ct.mixed_precision(dtype="bf16"),
+        "clip": ct.clip_grad_norm(0.1),
+    }
+    others = [make[n] for n in (outer, inner) if n != "ema"]
+    data = batches(5)
+    results = []
+    for order in ([make[outer], make[inner]], [make["ema"], *others]):
+        state = state_of(net())
+        train = ct.compose(*order)(step)
+        for batch in data:
+            train(state, batch)
+        results.append(state)
+    for k, v in averages(results[0]).items():
+        assert torch.equal(averages(results[1])[k], v), k
+
+
+def test_building_twice_gives_equal_independent_steps_and_ema_once():
+    a, b = ct.ema(0.9, every=2)(step), ct.ema(0.9, every=2)(step)
+    assert a == b and hash(a) == hash(b) and repr(a) == "ema(0.9, every=2)(step)"
+    assert ct.ema(0.9)(step) != a
+    s1, s2 = state_of(net()), state_of(net())
+    data = batches(3)
+    for batch in data:
+        a(s1, batch)
+    b(s2, data[0])
+    assert s1.state_dict()["transforms"]["ema"]["n_averaged"] == 2
+    assert s2.state_dict()["transforms"]["ema"]["n_averaged"] == 1
+    with pytest.raises(ValueError, match="use ema once"):
+        ct.ema(0.9)(ct.accumulate(2)(ct.ema(0.5)(step)))
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda: ct.ema(1.5), r"ema: decay must be in \[0, 1\], got 1.5"),
+        (lambda: ct.ema(-0.1), r"ema: decay must be in \[0, 1\]"),
+        (lambda: ct.ema("0.9"), r"ema: decay must be a finite number, got '0.9'"),
+        (lambda: ct.ema(0.9, every=0), "ema: every must be a positive int, got 0"),
+        (lambda: ct.ema(0.9, warmup=-1), "ema: warmup must be a non-negative int, got -1"),
+        (lambda: ct.ema(0.9, formula="mean"), "ema: formula must be 'lerp'"),
+        (lambda: ct.ema(step), r"ema: decay is required, got a step instead"),
+    ],
+)
+def test_bad_arguments_are_refused_when_built(call, error):
+    with pytest.raises((TypeError, ValueError), match=error):
+        call()
+
+
+def test_ema_model_is_an_independent_copy_with_the_averages_or_loads_into_a_module():
+    state = state_of(net())
+    assert all(torch.equal(a, b) for a, b in zip(ct.ema_model(state).state_dict().values(),
+                                                 state.model.state_dict().values(), strict=True))  # fmt: skip
+    train = ct.ema(0.5)(step)
+    for batch in batches(3):
+        train(state, batch)
+    copy_ = ct.ema_model(state)
+    assert copy_ is not state.model and "ema" in state.state_dict()["transforms"]
+    for k, v in averages(state).items():
+        assert torch.equal(copy_.state_dict()[k], v) and copy_.state_dict()[k].data_ptr() != v.data_ptr(), k
+    kept = {k: v.clone() for k, v in copy_.state_dict().items()}
+    train(state, batches(1, seed=9)[0])  # training on changes neither
+    assert all(torch.equal(copy_.state_dict()[k], v) for k, v in kept.items())
+    into = net(seed=3)
+    assert ct.ema_model(state, into=into) is into
+    assert all(torch.equal(into.state_dict()[k], v) for k, v in averages(state).items())
+    with pytest.raises(ValueError, match="ema: into's parameters and buffers differ"):
+        ct.ema_model(state, into=nn.Linear(5, 3))
+
+
+def test_the_average_of_a_loaded_checkpoint_is_retrievable_before_any_update():
+    state = state_of(net())
+    for batch in batches(3):
+        ct.ema(0.5)(step)(state, batch)
+    fresh = state_of(net(seed=4))
+    fresh.load_state_dict(copy.deepcopy(state.state_dict()))
+    assert all(torch.equal(ct.ema_model(fresh).state_dict()[k], v) for k, v in averages(state).items())
