@@ -247,3 +247,40 @@ def test_the_average_of_a_loaded_checkpoint_is_retrievable_before_any_update():
     fresh = state_of(net(seed=4))
     fresh.load_state_dict(copy.deepcopy(state.state_dict()))
     assert all(torch.equal(ct.ema_model(fresh).state_dict()[k], v) for k, v in averages(state).items())
+
+
+def test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_untouched(tmp_path):
+    import json
+
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    train_data = TensorDataset(torch.randn(48, 5, generator=g), torch.randint(0, 3, (48,), generator=g))
+    val = TensorDataset(torch.randn(20, 5, generator=g), torch.randint(0, 3, (20,), generator=g))
+
+    def evaluate(model, batch):
+        x, y = batch
+        return {"loss": F.cross_entropy(model(x), y), "acc": (model(x).argmax(-1) == y).double().mean()}
+
+    train = ct.ema(0.7, every=2)(step)
+    args = dict(batch_size=12, epochs=2, progress=False)
+    evaluated = state_of(net())
+    result = ct.run(train, evaluated, train_data, eval_step=evaluate, eval_data=val, log_file=tmp_path / "m.jsonl",
+                    **args)  # fmt: skip
+    plain = state_of(net())
+    ct.run(train, plain, train_data, **args)
+    for k, v in plain.state_dict()["model"].items():  # the evaluations swapped the weights back exactly
+        assert torch.equal(evaluated.state_dict()["model"][k], v), k
+    assert [e["step"] for e in result.evals] == [4, 8]
+    last = result.evals[-1]
+    ema_copy = ct.ema_model(evaluated).eval()
+    with torch.no_grad():
+        x, y = val.tensors
+        assert last["eval_ema"]["loss"] == pytest.approx(F.cross_entropy(ema_copy(x), y).item(), rel=1e-6)
+        assert last["loss"] == pytest.approx(F.cross_entropy(evaluated.model.eval()(x), y).item(), rel=1e-6)
+    assert last["eval_ema"]["loss"] != last["loss"]
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval" in r]
+    assert evals[-1]["eval"] == {"loss": last["loss"], "acc": last["acc"]} and evals[-1]["eval_ema"] == last["eval_ema"]
+    with pytest.raises(ValueError, match="eval_step returns metric 'eval_ema', a name ct.run's evaluation records"):
+        ct.run(train, state_of(net()), train_data, eval_step=lambda m, b: {"eval_ema": 1.0}, eval_data=val, **args)

@@ -1,0 +1,22 @@
+"""ct.ema on two gloo ranks: the same average on every rank under distributed, an average of the shards under
+sharded (DTensors, gathered whole by ct.ema_model, checkpointed), both the one-process average on the whole batch."""
+
+import ema_workers
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("kind", ["distributed", "ema outside sharded", "ema inside sharded"])
+def test_the_average_over_ranks_is_the_one_process_average(pool, kind):
+    ranks = pool.run("ema_workers", "run_case", kind)
+    one = ema_workers.train(kind, None)
+    for got in ranks:
+        assert got["n_averaged"] == one["n_averaged"] == 2
+        assert got["kinds"] == (["DTensor"] if "sharded" in kind else ["Tensor"])
+        for k, v in one["ema"].items():
+            torch.testing.assert_close(got["ema"][k], v, rtol=1e-12, atol=1e-14, msg=k)
+    for k, v in ranks[0]["ema"].items():
+        assert torch.equal(ranks[1]["ema"][k], v), k  # every rank the same
+    if "sharded" in kind:
+        assert all("ema_model: the averages are sharded (ct.sharded); give a plain model" in r["refused"] for r in ranks)
+        assert all(r["resumed"] for r in ranks)

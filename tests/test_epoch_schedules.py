@@ -1,0 +1,179 @@
+"""scheduler_interval='epoch': the TrainStep does not step the scheduler, end_epoch() does and ct.run calls it once
+per epoch, also across a resume in the middle or at the end of an epoch; a schedule's horizon is checked."""
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim import lr_scheduler as sched
+from torch.utils.data import TensorDataset
+
+import composetrain as ct
+from composetrain.core.schedules import horizon
+
+EPOCHS, PER_EPOCH, BATCH = 5, 4, 6
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+
+def recipe_scheduler(opt, epochs=EPOCHS):
+    """torchvision references/classification/train.py: linear warmup of 2 epochs, then cosine, per epoch."""
+    warm = sched.LinearLR(opt, start_factor=0.01, total_iters=2)
+    cosine = sched.CosineAnnealingLR(opt, T_max=epochs - 2, eta_min=0.0)
+    return sched.SequentialLR(opt, schedulers=[warm, cosine], milestones=[2])
+
+
+def recipe_state(seed=0, interval="epoch"):
+    m = model(seed)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9)
+    return ct.TrainState(m, opt, recipe_scheduler(opt), scheduler_interval=interval)
+
+
+def data():
+    g = torch.Generator().manual_seed(3)
+    n = PER_EPOCH * BATCH
+    return TensorDataset(torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g))
+
+
+def rates_recorder(state, rates):
+    def step(m, batch):
+        rates.append(state.optimizer.param_groups[0]["lr"])  # the rate this update uses
+        x, y = batch
+        return F.cross_entropy(m(x), y)
+
+    return step
+
+
+def recipe_rates():
+    """The recipe's own loop: the rate of each update, the scheduler stepped after each epoch."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9)
+    scheduler = recipe_scheduler(opt)
+    rates = []
+    for _ in range(EPOCHS):
+        rates += [opt.param_groups[0]["lr"]] * PER_EPOCH
+        scheduler.step()
+    return rates
+
+
+def test_the_train_step_leaves_an_epoch_scheduler_alone_and_end_epoch_steps_it_once():
+    state = recipe_state()
+    x, y = data().tensors
+    train = ct.train_step(lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    for _ in range(3):
+        train(state, (x[:BATCH], y[:BATCH]))
+    assert state.scheduler.last_epoch == 0 and state.step == 3
+    state.end_epoch()
+    assert state.scheduler.last_epoch == 1
+    per_update = recipe_state(interval="update")
+    train(per_update, (x[:BATCH], y[:BATCH]))
+    per_update.end_epoch()  # a per-update scheduler: nothing, so a loop may always call it
+    assert per_update.scheduler.last_epoch == 1
+    m = model()
+    ct.TrainState(m, torch.optim.SGD(m.parameters(), lr=0.1)).end_epoch()  # no scheduler: nothing
+
+
+def test_ct_run_steps_the_recipe_schedule_per_epoch_and_uses_its_rates_exactly():
+    state = recipe_state()
+    rates = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its horizon fits: no warning
+        ct.run(rates_recorder(state, rates), state, data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+               progress=False)  # fmt: skip
+    assert rates == recipe_rates()  # exactly: the same floats
+    assert state.scheduler.last_epoch == EPOCHS
+
+
+@pytest.mark.parametrize("stop", [6, 8], ids=["mid-epoch", "epoch-end"])
+def test_a_resume_steps_the_epoch_scheduler_neither_twice_nor_never(tmp_path, stop):
+    args = dict(batch_size=BATCH, epochs=EPOCHS, progress=False, seed=1)
+    straight = recipe_state()
+    straight_rates = []
+    ct.run(ct.ema(0.8)(rates_recorder(straight, straight_rates)), straight, data(), **args)
+    first = recipe_state()
+    rates = []
+    ct.run(ct.ema(0.8)(rates_recorder(first, rates)), first, data(), max_steps=stop, checkpoint_dir=tmp_path,
+           checkpoint_every=3, **args)  # fmt: skip
+    assert first.scheduler.last_epoch == stop // PER_EPOCH
+    resumed = recipe_state(seed=9)
+    ct.run(ct.ema(0.8)(rates_recorder(resumed, rates)), resumed, data(), checkpoint_dir=tmp_path, **args)
+    assert rates == straight_rates
+    assert resumed.scheduler.state_dict() == straight.scheduler.state_dict()
+    a, b = resumed.state_dict(), straight.state_dict()
+    for k, v in b["model"].items():
+        assert torch.equal(a["model"][k], v), k
+    for k, v in b["transforms"]["ema"]["averages"].items():
+        assert torch.equal(a["transforms"]["ema"]["averages"][k], v), k
+
+
+def test_a_schedule_built_in_epochs_but_stepped_per_update_is_warned_about_with_the_fix():
+    state = recipe_state(interval="update")
+    with pytest.warns(UserWarning) as caught:
+        ct.run(lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=EPOCHS,
+               progress=False)  # fmt: skip
+    message = str(caught[0].message)
+    assert "run: the scheduler SequentialLR ends after 5 of its steps (milestones [2] + CosineAnnealingLR T_max=3)" in (
+        message
+    )
+    assert f"steps it {EPOCHS * PER_EPOCH} times (once per update" in message
+    assert "scheduler_interval='epoch' (it then steps 5 times)" in message
+
+
+def test_an_epoch_schedule_shorter_than_the_epochs_is_warned_about_too():
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    state = ct.TrainState(m, opt, sched.CosineAnnealingLR(opt, T_max=1), scheduler_interval="epoch")
+    with pytest.warns(UserWarning, match=r"CosineAnnealingLR ends after 1 .* steps it 4 times \(once per epoch.*"
+                      r"climbs back up and cycles; build it for 4 epochs"):  # fmt: skip
+        ct.run(lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=4,
+               progress=False)  # fmt: skip
+
+
+def test_horizons():
+    opt = torch.optim.SGD(model().parameters(), lr=0.1)
+    assert horizon(sched.CosineAnnealingLR(opt, T_max=7)) == (7, "T_max=7")
+    assert horizon(sched.PolynomialLR(opt, total_iters=9))[0] == 9
+    assert horizon(sched.LinearLR(opt, 1.0, 0.0, total_iters=4))[0] == 4  # a decay ends
+    assert horizon(sched.LinearLR(opt, 0.1, 1.0, total_iters=4)) is None  # a warmup then holds: none
+    assert horizon(sched.ConstantLR(opt, 0.5, total_iters=3)) is None
+    assert horizon(sched.MultiStepLR(opt, [3, 8]))[0] == 8
+    assert horizon(sched.StepLR(opt, 3)) is None and horizon(sched.ExponentialLR(opt, 0.9)) is None
+    assert horizon(sched.OneCycleLR(opt, 0.1, total_steps=11))[0] == 11
+    assert horizon(recipe_scheduler(opt, 10)) == (10, "milestones [2] + CosineAnnealingLR T_max=8")
+    chained = sched.ChainedScheduler([sched.ExponentialLR(opt, 0.9), sched.MultiStepLR(opt, [6])])
+    assert horizon(chained) == (6, "MultiStepLR milestones up to 6")
+    assert horizon(sched.SequentialLR(opt, [sched.LinearLR(opt, 0.1), sched.StepLR(opt, 2)], [3])) is None
+
+
+def test_a_wrong_interval_and_a_checkpoint_of_the_other_interval_are_refused():
+    with pytest.raises(ValueError, match=r"TrainState: scheduler_interval must be 'update' or 'epoch', got 'step' "
+                       r"\(str\) \(Lightning's 'step' is 'update' here\)"):  # fmt: skip
+        recipe_state(interval="step")
+    saved = copy.deepcopy(recipe_state(interval="update").state_dict())
+    state = recipe_state()
+    with pytest.raises(ValueError, match="stepped once per 'update'.*build it with scheduler_interval='update'"):
+        state.load_state_dict(saved)
+    del saved["scheduler_interval"]  # an older checkpoint: per update
+    with pytest.raises(ValueError, match="scheduler_interval='update'"):
+        state.load_state_dict(saved)
+    recipe_state(interval="update").load_state_dict(saved)
+
+
+def test_an_exhausted_one_cycle_schedule_is_refused_at_the_epoch_end_before_it_changes():
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    state = ct.TrainState(m, opt, sched.OneCycleLR(opt, 0.1, total_steps=2), scheduler_interval="epoch")
+    state.end_epoch()
+    state.end_epoch()
+    before = state.scheduler.state_dict()
+    with pytest.raises(ValueError, match="TrainState.end_epoch: the scheduler OneCycleLR is exhausted.*2 epochs"):
+        state.end_epoch()
+    assert state.scheduler.state_dict() == before
+    assert math.isfinite(opt.param_groups[0]["lr"])
