@@ -77,3 +77,25 @@ def test_the_language_model_trains_on_real_tokens_and_samples_text():
     assert loss < 4.5  # below the uniform guess over the ~90 characters (ln 90 = 4.5)
     sample = out.split("sample:\n", 1)[1]
     assert sample.startswith("The data") and len(sample) >= 40
+
+
+def test_the_ema_schedule_example_warms_up_and_anneals_per_epoch_and_evaluates_both_models():
+    pytest.importorskip("sklearn")
+    import torch
+
+    out = run_example("ema_schedule.py", "--epochs", "6", timeout=300)
+    rates = [float(r) for r in re.findall(r"lr (\d\.\d+)", out)]
+    model = torch.nn.Linear(1, 1)  # the recipe's own loop, stepped once per epoch: the rates it uses
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=2)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)
+    schedule = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cosine], milestones=[2])
+    expected = []
+    for _ in range(6):
+        expected.append(round(opt.param_groups[0]["lr"], 6))
+        opt.step()
+        schedule.step()
+    assert rates == expected
+    ema = [float(a) for a in re.findall(r"ema acc (\d\.\d+)", out)]
+    assert len(ema) == 6 and ema[-1] > 0.9
+    assert float(re.search(r"final EMA model test acc (\d\.\d+)", out).group(1)) == ema[-1]
