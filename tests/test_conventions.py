@@ -156,6 +156,7 @@ REQUIRED = {
         ct.clip_grad_norm,
         r"^clip_grad_norm: max_norm is required, got a step instead: .*clip_grad_norm\(1\.0\)\(step\)$",
     ),
+    "ema": (ct.ema, r"^ema: decay is required, got a step instead: .*ema\(0\.999\)\(step\)$"),
     "data_parallel": (
         ct.data_parallel,
         r'^data_parallel: devices is required, got a step instead: .*data_parallel\(\["cuda:0", "cuda:1"\]\)\(step\)$',

@@ -14,7 +14,7 @@ import composetrain as ct
 
 # every field ct.run writes in a record of metrics.jsonl (and RunResult): no metric may take one's name
 TRAIN_FIELDS = {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
-EVAL_FIELDS = {"step", "epoch", "eval"}
+EVAL_FIELDS = {"step", "epoch", "eval", "eval_ema"}  # eval_ema: ct.ema's weights evaluated (test_ema)
 OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5}
 
 
@@ -115,7 +115,7 @@ def test_the_reserved_names_are_every_field_the_driver_writes():
         eval_data=run_script.dataset(24),
     )
     assert set(result.history[0]) - {"acc"} | {"eval"} == TRAIN_FIELDS
-    assert set(result.evals[0]) - {"acc"} | {"eval"} == EVAL_FIELDS
+    assert set(result.evals[0]) - {"acc"} | {"eval", "eval_ema"} == EVAL_FIELDS
     from composetrain.driver import monitor
 
     assert (monitor.TRAIN_FIELDS, monitor.EVAL_FIELDS) == (TRAIN_FIELDS, EVAL_FIELDS)  # the lists ct.run refuses by
