@@ -282,5 +282,5 @@ def test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_unto
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval" in r]
     assert evals[-1]["eval"] == {"loss": last["loss"], "acc": last["acc"]} and evals[-1]["eval_ema"] == last["eval_ema"]
-    with pytest.raises(ValueError, match="eval_step returns metric 'eval_ema', a name ct.run's evaluation records"):
+    with pytest.raises(ValueError, match=r"eval_step returns metric 'eval_ema', a name ct\.run's evaluation records"):
         ct.run(train, state_of(net()), train_data, eval_step=lambda m, b: {"eval_ema": 1.0}, eval_data=val, **args)

@@ -18,5 +18,7 @@ def test_the_average_over_ranks_is_the_one_process_average(pool, kind):
     for k, v in ranks[0]["ema"].items():
         assert torch.equal(ranks[1]["ema"][k], v), k  # every rank the same
     if "sharded" in kind:
-        assert all("ema_model: the averages are sharded (ct.sharded); give a plain model" in r["refused"] for r in ranks)
+        assert all(
+            "ema_model: the averages are sharded (ct.sharded); give a plain model" in r["refused"] for r in ranks
+        )
         assert all(r["resumed"] for r in ranks)

@@ -158,7 +158,7 @@ def test_a_wrong_interval_and_a_checkpoint_of_the_other_interval_are_refused():
         recipe_state(interval="step")
     saved = copy.deepcopy(recipe_state(interval="update").state_dict())
     state = recipe_state()
-    with pytest.raises(ValueError, match="stepped once per 'update'.*build it with scheduler_interval='update'"):
+    with pytest.raises(ValueError, match=r"stepped once per 'update'.*build it with scheduler_interval='update'"):
         state.load_state_dict(saved)
     del saved["scheduler_interval"]  # an older checkpoint: per update
     with pytest.raises(ValueError, match="scheduler_interval='update'"):
@@ -173,7 +173,7 @@ def test_an_exhausted_one_cycle_schedule_is_refused_at_the_epoch_end_before_it_c
     state.end_epoch()
     state.end_epoch()
     before = state.scheduler.state_dict()
-    with pytest.raises(ValueError, match="TrainState.end_epoch: the scheduler OneCycleLR is exhausted.*2 epochs"):
+    with pytest.raises(ValueError, match=r"TrainState\.end_epoch: the scheduler OneCycleLR is exhausted.*2 epochs"):
         state.end_epoch()
     assert state.scheduler.state_dict() == before
     assert math.isfinite(opt.param_groups[0]["lr"])

@@ -31,12 +31,12 @@ def horizon(scheduler: Any) -> tuple[int, str] | None:
         last = max(scheduler.milestones)  # the last decay
         return last, f"milestones up to {last}"
     if isinstance(scheduler, sched.SequentialLR):
-        last = scheduler._schedulers[-1]
-        tail = horizon(last)
+        final = scheduler._schedulers[-1]
+        tail = horizon(final)
         if tail is None:
             return None
         start = scheduler._milestones[-1]
-        return start + tail[0], f"milestones {list(scheduler._milestones)} + {type(last).__name__} {tail[1]}"
+        return start + tail[0], f"milestones {list(scheduler._milestones)} + {type(final).__name__} {tail[1]}"
     if isinstance(scheduler, sched.ChainedScheduler):
         found = [(h, type(s).__name__) for s in scheduler._schedulers if (h := horizon(s)) is not None]
         if not found:

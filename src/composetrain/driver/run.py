@@ -407,7 +407,7 @@ class _Driver:
         if self.evaluator is None:
             return
         self.waiting.now(f"the evaluation after update {self.state.step}")
-        entry = {"step": self.state.step, "epoch": at.epoch, **self.evaluator(self.state.model)}
+        entry: dict[str, Any] = {"step": self.state.step, "epoch": at.epoch, **self.evaluator(self.state.model)}
         for kind, weights in self.step_fn.eval_weights(self.state).items():  # ct.ema's: under "eval_ema"
             with weights:
                 entry[f"eval_{kind}"] = self.evaluator(self.state.model)
