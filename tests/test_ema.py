@@ -127,7 +127,14 @@ def test_a_checkpoint_resumes_the_average_bit_for_bit_also_before_its_first_upda
         train(resumed, batch)
     for k, v in averages(straight).items():
         assert torch.equal(averages(resumed)[k], v), k
-    assert averages(resumed)["0.weight"] is not averages(first)["0.weight"]
+    # loaded from a live state (no copy in between), the averages are copied, as the model's weights are
+    kept = {k: v.clone() for k, v in averages(first).items()}
+    again = state_of(net())
+    again.load_state_dict(first.state_dict())
+    for batch in data[3:]:
+        train(again, batch)
+    assert all(torch.equal(averages(first)[k], v) for k, v in kept.items())
+    assert all(torch.equal(averages(again)[k], v) for k, v in averages(straight).items())
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_anything_changes():
@@ -266,7 +273,7 @@ def test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_unto
     args = dict(batch_size=12, epochs=2, progress=False)
     evaluated = state_of(net())
     result = ct.run(train, evaluated, train_data, eval_step=evaluate, eval_data=val, log_file=tmp_path / "m.jsonl",
-                    **args)  # fmt: skip
+                    checkpoint_dir=tmp_path / "run", **args)  # fmt: skip
     plain = state_of(net())
     ct.run(train, plain, train_data, **args)
     for k, v in plain.state_dict()["model"].items():  # the evaluations swapped the weights back exactly
@@ -282,5 +289,9 @@ def test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_unto
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval" in r]
     assert evals[-1]["eval"] == {"loss": last["loss"], "acc": last["acc"]} and evals[-1]["eval_ema"] == last["eval_ema"]
+    more = ct.run(train, state_of(net()), train_data, eval_step=evaluate, eval_data=val, log_file=tmp_path / "m.jsonl",
+                  checkpoint_dir=tmp_path / "run", **{**args, "epochs": 3})  # fmt: skip
+    assert more.evals[:2] == result.evals and set(more.evals[2]["eval_ema"]) == {"loss", "acc"}  # resumed records
+    assert [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()][: len(records)] == records
     with pytest.raises(ValueError, match=r"eval_step returns metric 'eval_ema', a name ct\.run's evaluation records"):
         ct.run(train, state_of(net()), train_data, eval_step=lambda m, b: {"eval_ema": 1.0}, eval_data=val, **args)
