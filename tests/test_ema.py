@@ -295,3 +295,24 @@ def test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_unto
     assert [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()][: len(records)] == records
     with pytest.raises(ValueError, match=r"eval_step returns metric 'eval_ema', a name ct\.run's evaluation records"):
         ct.run(train, state_of(net()), train_data, eval_step=lambda m, b: {"eval_ema": 1.0}, eval_data=val, **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_on_cuda_the_average_is_averaged_models_bit_for_bit_and_stays_float32(precision):
+    """CUDA's fused foreach kernels, grouped by device and dtype as AveragedModel groups them."""
+    data = [(x.cuda(), y.cuda()) for x, y in batches(5)]
+    plain = (lambda s: s) if precision == "fp32" else ct.mixed_precision(dtype="bf16")
+    state = state_of(net().cuda())
+    train = ct.ema(0.9, every=2)(plain(step))
+    model = net().cuda()
+    ref_state, ref = state_of(model), AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True)
+    ref_train = plain(step)
+    for n, batch in enumerate(data, start=1):
+        train(state, batch)
+        ct.train_step(ref_train)(ref_state, batch)
+        if (n - 1) % 2 == 0:
+            ref.update_parameters(model)
+    assert_same_averages(state, ref)
+    assert all(a.dtype == torch.float32 and a.is_cuda for a in averages(state).values() if a.is_floating_point())
