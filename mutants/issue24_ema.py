@@ -138,4 +138,20 @@ MUTANTS = [
         "tests": ["tests/test_ema_ranks.py"],
         "why": "24.4: whole averages (a checkpoint of another world size) are not sharded as the live averages",
     },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "        super().setup(state)\n        state.transform_state(KEY, lambda: Averages.of(state.model))",
+        "replace": "        state.transform_state(KEY, lambda: Averages.of(state.model))\n        super().setup(state)",
+        "tests": [
+            "tests/test_ema_ranks.py::test_ct_run_resumed_mid_epoch_on_two_ranks_ends_with_the_same_average_and_schedule"
+        ],
+        "why": "24.4: under ct.run the averages are taken before ct.sharded shards the model: whole tensors beside shards",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": '            with weights:\n                entry[f"eval_{kind}"] = self.evaluator(self.state.model)',
+        "replace": '            entry[f"eval_{kind}"] = self.evaluator(self.state.model)',
+        "tests": [f"{EMA}::test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_untouched"],
+        "why": "24.4: eval_ema evaluates the model's own weights",
+    },
 ]

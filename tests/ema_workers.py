@@ -75,3 +75,50 @@ def _resumed(state: ct.TrainState, step: ct.TrainStep, rank: int) -> bool:
 
 def run_case(rank: int, world: int, kind: str) -> dict[str, Any]:
     return train(kind, rank)
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = sharded_workers.Net().double()
+    model.inp = torch.nn.Linear(6, 8).double()  # run_script's data has 6 features
+    return model
+
+
+def _run_state() -> ct.TrainState:
+    """The recipe's per-epoch warmup + cosine (3 epochs of 4 updates)."""
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=1)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=2)
+    schedule = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cosine], milestones=[1])
+    return ct.TrainState(model, opt, schedule, scheduler_interval="epoch")
+
+
+def _evaluate(model: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+    x, y = batch
+    return {"loss": torch.nn.functional.cross_entropy(model(x), y)}
+
+
+def run_resumed(rank: int, world: int, kind: str, folder: str) -> dict[str, Any]:
+    """ct.run straight through, and stopped mid-epoch (max_steps) then resumed from its checkpoint, on two ranks:
+    the scheduler's position, the gathered averages and the evaluations, for both."""
+    import run_script
+
+    wrap = ct.distributed if kind == "distributed" else ct.sharded
+    step = ct.ema(0.7, every=2, warmup=2)(wrap(run_script.step))
+    evals = {"eval_step": _evaluate, "eval_data": run_script.dataset(20)} if kind == "distributed" else {}
+    args = dict(batch_size=12, epochs=3, num_workers=0, progress=False, seed=2, **evals)
+    found = []
+    for stops in ([None], [6, None]):
+        for stop in stops:
+            state = _run_state()
+            where = f"{folder}/{kind}-{len(stops)}"
+            result = ct.run(step, state, run_script.dataset(), max_steps=stop, checkpoint_dir=where, **args)
+        found.append(
+            {
+                "scheduler": state.scheduler.state_dict(),
+                "ema": ct.ema_model(state, into=_net()).state_dict(),
+                "evals": result.evals,
+            }
+        )
+    return {"straight": found[0], "resumed": found[1]}

@@ -22,3 +22,15 @@ def test_the_average_over_ranks_is_the_one_process_average(pool, kind):
             "ema_model: the averages are sharded (ct.sharded); give a plain model" in r["refused"] for r in ranks
         )
         assert all(r["resumed"] for r in ranks)
+
+
+@pytest.mark.parametrize("kind", ["distributed", "sharded"])
+def test_ct_run_resumed_mid_epoch_on_two_ranks_ends_with_the_same_average_and_schedule(pool, tmp_path, kind):
+    for got in pool.run("ema_workers", "run_resumed", kind, str(tmp_path)):
+        straight, resumed = got["straight"], got["resumed"]
+        assert straight["scheduler"] == resumed["scheduler"] and straight["scheduler"]["last_epoch"] == 3
+        for k, v in straight["ema"].items():
+            assert torch.equal(resumed["ema"][k], v), k
+        assert resumed["evals"] == straight["evals"]
+        if kind == "distributed":
+            assert [set(e["eval_ema"]) for e in straight["evals"]] == [{"loss"}] * 3
