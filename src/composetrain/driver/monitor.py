@@ -114,7 +114,7 @@ class Meter:
         self.computed += computed
         self.window_wait += waited
 
-    def read(self, window: list[StepOutput], epoch: int, lr: float) -> dict[str, Any]:
+    def read(self, window: list[StepOutput], epoch: int, lr: float | None) -> dict[str, Any]:
         """The record of the updates in ``window`` (those since the last log point), which it empties; on
         every rank (a collective when several)."""
         device = window[-1].loss.device

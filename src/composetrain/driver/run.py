@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
@@ -54,6 +55,9 @@ class RunResult:
     Attributes:
         history: one record per log point: step, epoch, loss, metrics (averaged over
             the updates since the last record and over ranks), lr, updates/s, data wait.
+            ``lr`` is the rate the record's last update used (read before its scheduler step;
+            the first parameter group's), None for a window that an earlier process made
+            entirely (a finished run run again).
         evals: one record per evaluation: step, epoch and the eval metrics.
         steps: optimizer updates applied in total (``state.step``).
         epochs: epochs completed.
@@ -337,6 +341,7 @@ class _Driver:
     def start(self, show_bar: bool, total: int) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
         self.meter = Meter(self.proc, self.state)
+        self.used_lr: Any = None  # the learning rate of the last update this process made
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)
         # names what a rank waited for when another stops
@@ -353,14 +358,16 @@ class _Driver:
     def update(self, at: Progress, batch: Any, waited: float) -> None:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
         started = time.perf_counter()
+        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it
         out = self.step_fn(self.state, batch)
+        self.used_lr = lr
         self.meter.add(at.window, out, waited, time.perf_counter() - started)
 
     def write_log(self, at: Progress) -> None:
         state = self.state
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
-        # float: torch.optim also takes a tensor lr (and a NumPy one passes), which JSON cannot write
-        record = self.meter.read(at.window, at.epoch, float(state.optimizer.param_groups[0]["lr"]))
+        # the rate the window's last update used (None: that update was made by an earlier process)
+        record = self.meter.read(at.window, at.epoch, None if self.used_lr is None else float(self.used_lr))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
         record["global_batch"] = None if batch is None else batch * self.proc.world_size
@@ -412,3 +419,12 @@ class _Driver:
             self.loader.close()
         if self.evaluator is not None:
             self.evaluator.close()
+
+
+def _rate_used(optimizer: Any) -> Any:
+    """The first parameter group's learning rate, as the next ``optimizer.step()`` uses it: read before the
+    update (the scheduler steps inside it), a tensor rate copied on its device (schedulers fill it in place;
+    reading it is the log point's host sync), a NumPy one as it is (``float`` at the log point: JSON takes
+    neither)."""
+    lr = optimizer.param_groups[0]["lr"]
+    return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
