@@ -36,7 +36,7 @@ from composetrain.driver.loading import (
     order_problem,
     set_generator_states,
 )
-from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
+from composetrain.driver.monitor import Meter, MetricsLog, Tracker, progress_bar
 from composetrain.driver.options import RunOptions
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
@@ -103,6 +103,7 @@ def run(
     requeue: bool = True,
     timeout: float = 300.0,
     tensorboard: bool | str | os.PathLike[str] = False,
+    on_record: Tracker | None = None,
 ) -> RunResult:
     """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
 
@@ -158,6 +159,14 @@ def run(
         timeout: seconds to wait for the other processes (rendezvous and collectives).
         tensorboard: also write TensorBoard event files (``pip install tensorboard``): True puts
             them in ``tensorboard/`` beside the metrics file, or give a folder.
+        on_record: ``on_record(record)``, called on rank 0 with (a copy of) each record as the metrics
+            file gets it, when it is made: a log record ``{"step", "epoch", "loss", metrics..., "lr", ...}``
+            or an evaluation ``{"step", "epoch", "eval": {name: value}}``; for W&B, MLflow or any tracker.
+            Each record once, also across a resume: a resumed run sends neither the records its checkpoint
+            holds nor those the interrupted run wrote to the metrics file after it (the updates it redoes
+            make them again). An exception it raises stops the run after the next save (at once after a log
+            record; after the next update after an evaluation), then ``ct.run`` raises it, naming the record
+            (which counts as sent).
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record.
@@ -180,7 +189,7 @@ def run(
         num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step, eval_data=eval_data,
         eval_every=eval_every, log_every=log_every, log_file=log_file, progress=progress,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-        seed=seed, requeue=requeue, timeout=timeout, tensorboard=tensorboard,
+        seed=seed, requeue=requeue, timeout=timeout, tensorboard=tensorboard, on_record=on_record,
     )  # fmt: skip
     log = options.log
     with rendezvous(timeout=options.timeout) as proc:
@@ -229,6 +238,8 @@ def run(
             raise lost from e
         finally:
             d.close()
+        if d.log.failed is not None:  # stopped and saved for it: now say so
+            raise d.log.tracker_error(d.saved_at) from d.log.failed[1]
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
         requeue_job(options.requeue, d.stop, proc)
@@ -294,7 +305,7 @@ class _Driver:
             )  # fmt: skip
         try:
             # checked writable before anything is resumed
-            self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard)
+            self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard, options.log.on_record)
             self.saved_at: Path | None = None  # the last checkpoint written
             self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
             # last, so that nothing above can fail with the model set up; before resuming: e.g. a
@@ -380,7 +391,7 @@ class _Driver:
         """Whether any rank was asked to stop (SIGTERM, SIGUSR1): agreed by all ranks."""
         self.waiting.now(f"the agreement on whether to stop after update {self.state.step}")
         assert self.stop is not None  # for the type checker: start() ran
-        return self.stop.check()
+        return self.stop.check(also=self.log.failed is not None)  # a tracker that failed stops the run, saved
 
     def save(self, at: Progress) -> None:
         if self.checkpoints is None:
