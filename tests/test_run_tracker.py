@@ -96,6 +96,57 @@ def test_a_line_cut_short_by_a_crash_was_not_sent(tmp_path):
     assert untimed(got) == untimed(got[:3] + again) == untimed(lines(tmp_path))
 
 
+def test_a_tracker_that_raises_stops_the_run_saved_and_the_error_names_the_record(tmp_path):
+    calls = []
+
+    def flaky(record):
+        calls.append(record["step"])
+        if record["step"] == 6:
+            raise ConnectionError("tracker offline")
+
+    expected = (
+        r"on_record raised ConnectionError: tracker offline on the record of update 6 \(\{\"step\": 6, .*\); "
+        r"the run saved checkpoint .*step-000000006.* and stopped: fix on_record and run the same command again"
+    )
+    with pytest.raises(RuntimeError, match=expected) as caught:
+        train(tmp_path, flaky, epochs=2)
+    assert isinstance(caught.value.__cause__, ConnectionError)
+    assert calls == [3, 4, 6]  # called no more after it failed (6 was a log point: the stop has no window to log)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000006"]  # the one save: at the stop
+    assert lines(tmp_path)[-1]["step"] == 6  # the failed record is in the file (and counts as sent)
+    got = []
+    state, result = train(tmp_path, got.append, epochs=2)  # fixed: resumes at 6, sends from 8 on
+    assert [(r["step"], "eval" in r) for r in got][:2] == [(8, False), (8, True)]
+    straight_state, straight = train(tmp_path / "straight", None, epochs=2)
+    assert untimed(result.history) == untimed(straight.history)
+    for p, q in zip(state.model.parameters(), straight_state.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_tracker_that_raises_on_an_evaluation_stops_after_the_next_update_saved(tmp_path):
+    def fails_on_eval(record):
+        if "eval" in record:
+            raise ValueError("no eval panel")
+
+    with pytest.raises(RuntimeError, match=r"on the evaluation record of update 4 .*step-000000005"):
+        train(tmp_path, fails_on_eval, epochs=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000005"]
+    assert lines(tmp_path)[-1]["step"] == 5  # the stop logs the window of update 5
+
+
+def test_without_a_checkpoint_dir_the_error_says_nothing_was_saved():
+    def fails(record):
+        raise KeyError("project")
+
+    state = run_script.state()
+    expected = (
+        r"on_record raised KeyError: 'project' on the record of update 3 .*stopped \(no checkpoint_dir to save in\)"
+    )
+    with pytest.raises(RuntimeError, match=expected):
+        ct.run(run_script.step, state, run_script.dataset(), on_record=fails, **OPTIONS)
+    assert state.step == 3
+
+
 @pytest.mark.parametrize("bad", [42, "wandb", dict], ids=["int", "str", "class"])
 def test_a_tracker_that_is_no_function_is_refused_before_anything_runs(tmp_path, bad):
     state = run_script.state()
