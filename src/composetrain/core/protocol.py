@@ -217,6 +217,9 @@ class TrainStep:
     places_model: ClassVar[bool] = False
     syncs_processes: ClassVar[bool] = False
     forward_needs_every_rank: ClassVar[bool] = False
+    # the transform changes the update itself (clip_grad_norm), not only how it is computed: ``ct.check`` keeps
+    # it around the plain step it compares a composition with
+    changes_update: ClassVar[bool] = False
 
     def __init__(self, inner: TrainStep | None, *, weight: WeightFn | None = None) -> None:
         inside = inner.roles if inner is not None else frozenset()

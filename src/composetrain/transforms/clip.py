@@ -65,6 +65,7 @@ def clip_grad_norm(max_norm: float, *, norm_type: float = 2.0, foreach: bool | N
 class _ClipGradNorm(TrainStep):
     role = "clip_grad_norm"
     reports = frozenset({"grad_norm"})
+    changes_update = True
 
     def __init__(self, inner: TrainStep, label: str, max_norm: float, norm_type: float, foreach: bool | None) -> None:
         self.label = label
