@@ -170,3 +170,14 @@ def test_a_composition_of_several_processes_is_refused_under_a_group_and_the_res
     assert a == b
     assert a["refused"].startswith("check: distributed(accumulate(2)(classify)) synchronises the 2 processes")
     assert a["inside"] is True
+
+
+def test_a_non_finite_update_is_a_difference():
+    class Poison(Twice):
+        label = "poison"
+
+        def grads(self, state, batch, ctx):
+            return self._inner().grads(state, batch, ctx._replace(scale_loss=(lambda v: v * float("nan"),)))
+
+    result = ct.check(ct.accumulate(2)(Poison(ct.train_step(classify))), make_state(), make_batch(8))
+    assert not result and result.diverges_at == "poison" and result.grads.largest != result.grads.largest  # NaN
