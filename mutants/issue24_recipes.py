@@ -98,8 +98,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/monitor.py",
-        "find": "            keys.add((record[\"step\"], isinstance(record.get(\"eval\"), dict)))",
-        "replace": "            keys.add((record[\"step\"], False))",
+        "find": '            keys.add((record["step"], isinstance(record.get("eval"), dict)))',
+        "replace": '            keys.add((record["step"], False))',
         "tests": [TRACK + "test_after_a_crash_the_redone_updates_do_not_send_their_records_again"],
         "why": "24.5: the evaluations found in the file counted as training records: the resumed run resends them",
     },
@@ -149,11 +149,11 @@ MUTANTS = [
     {
         "file": "src/composetrain/checking.py",
         "find": "        for name, p in state.model.named_parameters():\n"
-        "            self.kept[name] = None if p.grad is None else p.grad.detach().to(\"cpu\", copy=True)\n"
+        '            self.kept[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)\n'
         "        return self._inner().update(state, ctx)",
         "replace": "        done = self._inner().update(state, ctx)\n"
         "        for name, p in state.model.named_parameters():\n"
-        "            self.kept[name] = None if p.grad is None else p.grad.detach().to(\"cpu\", copy=True)\n"
+        '            self.kept[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)\n'
         "        return done",
         "tests": [CHECK + "test_the_reference_keeps_the_transforms_that_change_the_update"],
         "why": "24.6: the gradients read after the update phase: clipped, not those the update received",
@@ -167,7 +167,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checking.py",
-        "find": "    if used is torch.float64 or \"mixed_precision\" not in step.roles:",
+        "find": '    if used is torch.float64 or "mixed_precision" not in step.roles:',
         "replace": "    if True:",
         "tests": [CHECK + "test_mixed_precision_is_checked_in_its_own_precision_with_its_tolerance"],
         "why": "24.6: mixed_precision judged by float32's tolerance: its own rounding reported as a divergence",
