@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import json
@@ -11,9 +10,9 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,11 +21,10 @@ from composetrain.core.protocol import StepOutput
 from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
 from composetrain.driver.loading import auto_workers
+from composetrain.driver.tracking import Records, Tracker
 from composetrain.launch.rendezvous import Process
 
-__all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "Tracker", "metric_names", "progress_bar"]
-
-Tracker: TypeAlias = Callable[[dict[str, Any]], Any]  # ct.run's on_record: receives each record, returns nothing
+__all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
 
 # The fields ct.run writes in its records besides the metrics: a metric of the same name would overwrite one.
 # "eval" is the key that tells an evaluation record from a training one in the metrics file.
@@ -226,10 +224,7 @@ class MetricsLog:
         self.path = path if proc.is_main else None
         self.tensorboard = tensorboard if proc.is_main else None
         self.board: Any = None
-        # the user's tracker, on rank 0 (records are already means over the ranks), and what it raised
-        self.on_record = on_record if proc.is_main else None
-        self.failed: tuple[dict[str, Any], Exception] | None = None
-        self.sent: set[tuple[int, bool]] = set()  # (step, evaluation?) of the records a resumed run found written
+        self.records = Records(on_record if proc.is_main else None)  # on_record: rank 0's records are the means
         for arg, target, make in (("log_file", self.path, _touch), ("tensorboard", self.tensorboard, _folder)):
             problem = None
             if target is not None:
@@ -287,8 +282,8 @@ class MetricsLog:
                 f"(another run's, or one that started afresh); moved them to {str(aside)!r}",
                 stacklevel=3,
             )
-        elif found:  # this run's: what it holds past the checkpoint, the interrupted run sent (see _track)
-            self.sent = _record_keys(found)
+        elif found:  # this run's: what it holds past the checkpoint, the interrupted run sent
+            self.records.resume(found)
         # training records before the evaluation of the same update, as the loop writes them
         rows = [(r["step"], 0, line) for r, line in zip(history, train, strict=True)]
         rows += [(e["step"], 1, json.dumps(_eval_record(e))) for e in evals]
@@ -300,7 +295,7 @@ class MetricsLog:
         if self.board is not None:
             self._board_train(record)
             self.board.flush()
-        self._track(record)
+        self.records.send(record)
 
     def write_eval(self, entry: dict[str, Any]) -> None:
         """One evaluation, as ``ct.run`` keeps it: ``{"step", "epoch", name: value, ...}``."""
@@ -309,37 +304,7 @@ class MetricsLog:
         if self.board is not None:
             self._board_eval(record)
             self.board.flush()
-        self._track(record)
-
-    def _track(self, record: dict[str, Any]) -> None:
-        """Hand ``on_record`` a copy of the record as the file holds it, once: ``start`` replays none (a resumed
-        run's records were sent before its checkpoint), and a record the interrupted run wrote after its checkpoint
-        (it calls the tracker right after the file) and the resumed run makes again is not sent again. What it
-        raises is kept, and the tracker called no more: the run stops after saving (``tracker_error``), as a lost
-        tracker must not cost the training done."""
-        if self.on_record is None or self.failed is not None or (record["step"], "eval" in record) in self.sent:
-            return
-        try:
-            self.on_record(copy.deepcopy(record))
-        except Exception as e:  # any error of the user's tracker; KeyboardInterrupt passes
-            self.failed = (record, e)
-
-    def tracker_error(self, saved: Path | None) -> RuntimeError:
-        """The error to raise, once the run has stopped and saved (at ``saved``, None: no checkpoint), for the
-        exception ``on_record`` raised (``failed``)."""
-        assert self.failed is not None  # for the type checker: called only then
-        record, e = self.failed
-        kind = "evaluation record" if "eval" in record else "record"
-        where = (
-            f"saved checkpoint {str(saved)!r} and stopped: fix on_record and run the same command again to resume "
-            "there (the record is in the metrics file and the run's history, and is not sent again)"
-            if saved is not None
-            else "stopped (no checkpoint_dir to save in): the trained state is in the TrainState"
-        )
-        return RuntimeError(
-            f"{RUN}: on_record raised {type(e).__name__}: {e} on the {kind} of update {record['step']} "
-            f"({_short_record(record)}); the run {where}"
-        )
+        self.records.send(record)
 
     def _board_train(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
@@ -358,24 +323,6 @@ class MetricsLog:
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-
-
-def _record_keys(text: str) -> set[tuple[int, bool]]:
-    """(step, evaluation?) of each whole record in a metrics file's text (a line cut short by a crash is none)."""
-    keys = set()
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            keys.add((record["step"], isinstance(record.get("eval"), dict)))
-    return keys
-
-
-def _short_record(record: dict[str, Any]) -> str:
-    text = json.dumps(record)
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _touch(path: Path) -> None:

@@ -36,12 +36,13 @@ from composetrain.driver.loading import (
     order_problem,
     set_generator_states,
 )
-from composetrain.driver.monitor import Meter, MetricsLog, Tracker, progress_bar
+from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
 from composetrain.driver.options import RunOptions
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
 from composetrain.driver.reader import Reader
+from composetrain.driver.tracking import Tracker
 from composetrain.driver.waiting import Waiting
 from composetrain.launch.rendezvous import Process, rendezvous
 
@@ -165,8 +166,8 @@ def run(
             Each record once, also across a resume: a resumed run sends neither the records its checkpoint
             holds nor those the interrupted run wrote to the metrics file after it (the updates it redoes
             make them again). An exception it raises stops the run after the next save (at once after a log
-            record; after the next update after an evaluation), then ``ct.run`` raises it, naming the record
-            (which counts as sent).
+            record; after the next update after an evaluation), then ``ct.run`` raises it on rank 0, naming
+            the record (which counts as sent); the other ranks return, ``preempted``.
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record.
@@ -238,8 +239,8 @@ def run(
             raise lost from e
         finally:
             d.close()
-        if d.log.failed is not None:  # stopped and saved for it: now say so
-            raise d.log.tracker_error(d.saved_at) from d.log.failed[1]
+        if d.log.records.failed is not None:  # stopped and saved for it: now say so (rank 0)
+            raise d.log.records.error(d.saved_at) from d.log.records.failed[1]
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
         requeue_job(options.requeue, d.stop, proc)
@@ -391,7 +392,7 @@ class _Driver:
         """Whether any rank was asked to stop (SIGTERM, SIGUSR1): agreed by all ranks."""
         self.waiting.now(f"the agreement on whether to stop after update {self.state.step}")
         assert self.stop is not None  # for the type checker: start() ran
-        return self.stop.check(also=self.log.failed is not None)  # a tracker that failed stops the run, saved
+        return self.stop.check(also=self.log.records.failed is not None)  # a failed tracker stops the run, saved
 
     def save(self, at: Progress) -> None:
         if self.checkpoints is None:
