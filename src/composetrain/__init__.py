@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 # curves without importing torch (seconds, and a plotting machine may not have it). Type checkers read
 # the same names from the imports below; at run time they come from ``_WHERE``.
 if TYPE_CHECKING:
+    from composetrain.checking import CheckResult, check
     from composetrain.checkpoint.loading import full_state_dict, load_checkpoint
     from composetrain.core.batching import leading_size, samples, split_batch
     from composetrain.core.protocol import Capabilities, Context, Pass, StepOutput, TrainStep, Update
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from composetrain.transforms.sharded import apply_sharding, sharded
 
 _WHERE = {
+    "CheckResult": "composetrain.checking",
+    "check": "composetrain.checking",
     "full_state_dict": "composetrain.checkpoint.loading",
     "load_checkpoint": "composetrain.checkpoint.loading",
     "accumulate": "composetrain.transforms.accumulate",
@@ -87,6 +90,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Capabilities",
+    "CheckResult",
     "Cluster",
     "Context",
     "Pass",
@@ -101,6 +105,7 @@ __all__ = [
     "Update",
     "accumulate",
     "apply_sharding",
+    "check",
     "checkpoint_activations",
     "clip_grad_norm",
     "compose",

@@ -198,7 +198,9 @@ class TrainStep:
     cannot be correct around another names that role in ``refuses_inside``, with
     the reason and the order to use (checked when the composition is built). What the
     driver must know of a transform it states in the flags ``places_model``,
-    ``syncs_processes`` and ``forward_needs_every_rank`` (see ``Capabilities``), and what
+    ``syncs_processes`` and ``forward_needs_every_rank`` (see ``Capabilities``); one that changes the
+    update itself rather than how it is computed (``clip_grad_norm``) sets ``changes_update``, so that
+    ``ct.check`` keeps it in the plain step it compares with; and what
     it must do to the state before the first update (and before a checkpoint is
     resumed) in ``setup``.
 
@@ -217,6 +219,9 @@ class TrainStep:
     places_model: ClassVar[bool] = False
     syncs_processes: ClassVar[bool] = False
     forward_needs_every_rank: ClassVar[bool] = False
+    # the transform changes the update itself (clip_grad_norm), not only how it is computed: ``ct.check`` keeps
+    # it around the plain step it compares a composition with
+    changes_update: ClassVar[bool] = False
 
     def __init__(self, inner: TrainStep | None, *, weight: WeightFn | None = None) -> None:
         inside = inner.roles if inner is not None else frozenset()

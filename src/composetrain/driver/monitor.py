@@ -21,6 +21,7 @@ from composetrain.core.protocol import StepOutput
 from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
 from composetrain.driver.loading import auto_workers
+from composetrain.driver.tracking import Records, Tracker
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
@@ -115,7 +116,7 @@ class Meter:
         self.computed += computed
         self.window_wait += waited
 
-    def read(self, window: list[StepOutput], epoch: int, lr: float) -> dict[str, Any]:
+    def read(self, window: list[StepOutput], epoch: int, lr: float | None) -> dict[str, Any]:
         """The record of the updates in ``window`` (those since the last log point), which it empties; on
         every rank (a collective when several)."""
         device = window[-1].loss.device
@@ -217,11 +218,14 @@ class MetricsLog:
     aside to ``name.1`` (or the first free ``name.N``) with a warning.
     """
 
-    def __init__(self, path: Path | None, proc: Process, tensorboard: Path | None = None) -> None:
+    def __init__(
+        self, path: Path | None, proc: Process, tensorboard: Path | None = None, on_record: Tracker | None = None
+    ) -> None:
         """Check, on every rank together, that rank 0 can write ``path`` (before anything is resumed)."""
         self.path = path if proc.is_main else None
         self.tensorboard = tensorboard if proc.is_main else None
         self.board: Any = None
+        self.records = Records(on_record if proc.is_main else None)  # on_record: rank 0's records are the means
         for arg, target, make in (("log_file", self.path, _touch), ("tensorboard", self.tensorboard, _folder)):
             problem = None
             if target is not None:
@@ -279,6 +283,8 @@ class MetricsLog:
                 f"(another run's, or one that started afresh); moved them to {str(aside)!r}",
                 stacklevel=3,
             )
+        elif found:  # this run's: what it holds past the checkpoint, the interrupted run sent
+            self.records.resume(found)
         # training records before the evaluation of the same update, as the loop writes them
         rows = [(r["step"], 0, line) for r, line in zip(history, train, strict=True)]
         rows += [(e["step"], 1, json.dumps(_eval_record(e))) for e in evals]
@@ -290,6 +296,7 @@ class MetricsLog:
         if self.board is not None:
             self._board_train(record)
             self.board.flush()
+        self.records.send(record)
 
     def write_eval(self, entry: dict[str, Any]) -> None:
         """One evaluation, as ``ct.run`` keeps it: ``{"step", "epoch", name: value, ...}``."""
@@ -298,6 +305,7 @@ class MetricsLog:
         if self.board is not None:
             self._board_eval(record)
             self.board.flush()
+        self.records.send(record)
 
     def _board_train(self, record: dict[str, Any]) -> None:
         for key, value in record.items():

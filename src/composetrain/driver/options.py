@@ -214,16 +214,23 @@ class CheckpointOptions:
 @dataclasses.dataclass(frozen=True)
 class LogOptions:
     """How often ct.run reads the metrics, and where they go: the resolved metrics file and
-    TensorBoard folder (None: none), and whether rank 0 shows a progress bar."""
+    TensorBoard folder (None: none), whether rank 0 shows a progress bar, and the function that
+    receives each record on rank 0 (``on_record``, None: none)."""
 
     log_every: int = 50
     log_file: Path | None = None
     tensorboard: Path | None = None
     progress: bool = True
+    on_record: Callable[[dict[str, Any]], Any] | None = None
 
     def __post_init__(self) -> None:
         every = check_int(self.log_every, RUN, "log_every", example="log_every=10")
         check_flag(self.progress, "progress")
+        if self.on_record is not None and (not callable(self.on_record) or isinstance(self.on_record, type)):
+            raise TypeError(
+                f"{RUN}: on_record must be a function on_record(record) (called with each log and evaluation "
+                f"record), got {show(self.on_record)}; e.g. on_record=lambda r: wandb.log(..., step=r['step'])"
+            )
         for name in ("log_file", "tensorboard"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), Path):
                 raise TypeError(f"{RUN}: LogOptions.{name} is a resolved Path or None, got {show(getattr(self, name))}")
@@ -231,7 +238,14 @@ class LogOptions:
 
     @classmethod
     def from_run_args(
-        cls, *, log_every: Any, log_file: Any, tensorboard: Any, progress: Any, checkpoint_dir: Any
+        cls,
+        *,
+        log_every: Any,
+        log_file: Any,
+        tensorboard: Any,
+        progress: Any,
+        checkpoint_dir: Any,
+        on_record: Any = None,
     ) -> LogOptions:
         """The metrics file (default ``checkpoint_dir/metrics.jsonl``) and the TensorBoard folder resolved."""
         path = _log_path(log_file)
@@ -249,7 +263,7 @@ class LogOptions:
                 f"{RUN}: tensorboard={str(board)!r} is the metrics file {str(path)!r} or inside it: it cannot be "
                 "both a file and a folder; e.g. tensorboard=True (a tensorboard/ folder beside the metrics file)"
             )
-        return cls(log_every, path, board, progress)
+        return cls(log_every, path, board, progress, on_record)
 
 
 def _tensorboard_dir(tensorboard: Any, log_path: Path | None) -> Path | None:
@@ -380,7 +394,7 @@ class RunOptions:
         checkpoint = CheckpointOptions(a["checkpoint_dir"], a["checkpoint_every"], a["keep_checkpoints"])
         log = LogOptions.from_run_args(
             log_every=a["log_every"], log_file=a["log_file"], tensorboard=a["tensorboard"], progress=a["progress"],
-            checkpoint_dir=a["checkpoint_dir"],
+            checkpoint_dir=a["checkpoint_dir"], on_record=a.get("on_record"),
         )  # fmt: skip
         evaluation = EvalOptions.from_run_args(
             data, eval_step=a["eval_step"], eval_data=a["eval_data"], eval_every=a["eval_every"]

@@ -40,12 +40,12 @@ class StopSignal:
     def _handle(self, signum: int, frame: Any) -> None:
         self.received.add(signal.Signals(signum).name)
 
-    def check(self) -> bool:
-        """After each update: has any rank been asked to stop?"""
+    def check(self, also: bool = False) -> bool:
+        """After each update: has any rank been asked to stop (or, with ``also``, does this rank want to)?"""
         if self.group is None:
-            self.agreed = bool(self.received)
+            self.agreed = bool(self.received) or also
         else:
-            flag = torch.tensor([int(bool(self.received))])
+            flag = torch.tensor([int(bool(self.received) or also)])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
             self.agreed = bool(flag.item())
         return self.agreed

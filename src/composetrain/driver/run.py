@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
@@ -43,6 +44,7 @@ from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
 from composetrain.driver.reader import Reader
+from composetrain.driver.tracking import Tracker
 from composetrain.driver.waiting import Waiting
 from composetrain.launch.rendezvous import Process, rendezvous
 
@@ -56,6 +58,9 @@ class RunResult:
     Attributes:
         history: one record per log point: step, epoch, loss, metrics (averaged over
             the updates since the last record and over ranks), lr, updates/s, data wait.
+            ``lr`` is the rate the record's last update used (read before its scheduler step;
+            the first parameter group's), None for a window that an earlier process made
+            entirely (a finished run run again).
         evals: one record per evaluation: step, epoch and the eval metrics.
         steps: optimizer updates applied in total (``state.step``).
         epochs: epochs completed.
@@ -101,6 +106,7 @@ def run(
     requeue: bool = True,
     timeout: float = 300.0,
     tensorboard: bool | str | os.PathLike[str] = False,
+    on_record: Tracker | None = None,
 ) -> RunResult:
     """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
 
@@ -156,6 +162,14 @@ def run(
         timeout: seconds to wait for the other processes (rendezvous and collectives).
         tensorboard: also write TensorBoard event files (``pip install tensorboard``): True puts
             them in ``tensorboard/`` beside the metrics file, or give a folder.
+        on_record: ``on_record(record)``, called on rank 0 with (a copy of) each record as the metrics
+            file gets it, when it is made: a log record ``{"step", "epoch", "loss", metrics..., "lr", ...}``
+            or an evaluation ``{"step", "epoch", "eval": {name: value}}``; for W&B, MLflow or any tracker.
+            Each record once, also across a resume: a resumed run sends neither the records its checkpoint
+            holds nor those the interrupted run wrote to the metrics file after it (the updates it redoes
+            make them again). An exception it raises stops the run after the next save (at once after a log
+            record; after the next update after an evaluation), then ``ct.run`` raises it on rank 0, naming
+            the record (which counts as sent); the other ranks return, ``preempted``.
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record.
@@ -178,7 +192,7 @@ def run(
         num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step, eval_data=eval_data,
         eval_every=eval_every, log_every=log_every, log_file=log_file, progress=progress,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-        seed=seed, requeue=requeue, timeout=timeout, tensorboard=tensorboard,
+        seed=seed, requeue=requeue, timeout=timeout, tensorboard=tensorboard, on_record=on_record,
     )  # fmt: skip
     log = options.log
     with rendezvous(timeout=options.timeout) as proc:
@@ -229,6 +243,8 @@ def run(
             raise lost from e
         finally:
             d.close()
+        if d.log.records.failed is not None:  # stopped and saved for it: now say so (rank 0)
+            raise d.log.records.error(d.saved_at) from d.log.records.failed[1]
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
         requeue_job(options.requeue, d.stop, proc)
@@ -310,7 +326,7 @@ class _Driver:
             )  # fmt: skip
         try:
             # checked writable before anything is resumed
-            self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard)
+            self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard, options.log.on_record)
             self.saved_at: Path | None = None  # the last checkpoint written
             self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
             # last, so that nothing above can fail with the model set up; before resuming: e.g. a
@@ -357,6 +373,7 @@ class _Driver:
     def start(self, show_bar: bool, total: int) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
         self.meter = Meter(self.proc, self.state)
+        self.used_lr: Any = None  # the learning rate of the last update this process made
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)
         # names what a rank waited for when another stops
@@ -373,14 +390,16 @@ class _Driver:
     def update(self, at: Progress, batch: Any, waited: float) -> None:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
         started = time.perf_counter()
+        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it
         out = self.step_fn(self.state, batch)
+        self.used_lr = lr
         self.meter.add(at.window, out, waited, time.perf_counter() - started)
 
     def write_log(self, at: Progress) -> None:
         state = self.state
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
-        # float: torch.optim also takes a tensor lr (and a NumPy one passes), which JSON cannot write
-        record = self.meter.read(at.window, at.epoch, float(state.optimizer.param_groups[0]["lr"]))
+        # the rate the window's last update used (None: that update was made by an earlier process)
+        record = self.meter.read(at.window, at.epoch, None if self.used_lr is None else float(self.used_lr))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
         record["global_batch"] = None if batch is None else batch * self.proc.world_size
@@ -393,7 +412,7 @@ class _Driver:
         """Whether any rank was asked to stop (SIGTERM, SIGUSR1): agreed by all ranks."""
         self.waiting.now(f"the agreement on whether to stop after update {self.state.step}")
         assert self.stop is not None  # for the type checker: start() ran
-        return self.stop.check()
+        return self.stop.check(also=self.log.records.failed is not None)  # a failed tracker stops the run, saved
 
     def save(self, at: Progress) -> None:
         if self.checkpoints is None:
@@ -436,3 +455,12 @@ class _Driver:
             self.loader.close()
         if self.evaluator is not None:
             self.evaluator.close()
+
+
+def _rate_used(optimizer: Any) -> Any:
+    """The first parameter group's learning rate, as the next ``optimizer.step()`` uses it: read before the
+    update (the scheduler steps inside it), a tensor rate copied on its device (schedulers fill it in place;
+    reading it is the log point's host sync), a NumPy one as it is (``float`` at the log point: JSON takes
+    neither)."""
+    lr = optimizer.param_groups[0]["lr"]
+    return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr

@@ -1,0 +1,72 @@
+"""ct.run's ``on_record``: each log and evaluation record to the user's tracker, once, on rank 0.
+
+``Records`` sits behind the metrics file (``monitor.MetricsLog``): it hands the tracker a copy of each record right
+after the file got it, so that what a file holds is what the tracker was sent. A resumed run therefore knows what
+not to send again: the checkpoint's records are never replayed, and those the interrupted run wrote after its
+checkpoint (which the resumed run makes again by redoing updates) were sent. A tracker that raises is called no
+more; the driver stops after a save and raises ``error()``, so a lost tracker never costs the training done.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from composetrain.core.util import RUN
+
+__all__ = ["Records", "Tracker"]
+
+Tracker: TypeAlias = Callable[[dict[str, Any]], Any]  # ct.run's on_record: receives each record, returns nothing
+
+
+class Records:
+    """The records on their way to ``on_record`` (None: none, as on every rank but 0).
+
+    Attributes:
+        failed: the record on which ``on_record`` raised, and the exception, or None.
+    """
+
+    def __init__(self, on_record: Tracker | None) -> None:
+        self.on_record = on_record
+        self.failed: tuple[dict[str, Any], Exception] | None = None
+        self.sent: set[tuple[int, bool]] = set()  # (step, evaluation?) of records an interrupted run wrote
+
+    def resume(self, written: str) -> None:
+        """The metrics file a resumed run continues (its text): each whole record in it was sent."""
+        for line in written.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line a crash cut short: never sent (the tracker is called after the file)
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                self.sent.add((record["step"], isinstance(record.get("eval"), dict)))
+
+    def send(self, record: dict[str, Any]) -> None:
+        """Hand ``on_record`` a copy of ``record`` (it may change its own), unless it was sent or a record failed."""
+        if self.on_record is None or self.failed is not None or (record["step"], "eval" in record) in self.sent:
+            return
+        try:
+            self.on_record(copy.deepcopy(record))
+        except Exception as e:  # any error of the user's tracker; KeyboardInterrupt passes
+            self.failed = (record, e)
+
+    def error(self, saved: Path | None) -> RuntimeError:
+        """What to raise once the run stopped and saved (at ``saved``, None: no checkpoint) for ``failed``."""
+        assert self.failed is not None  # for the type checker: called only then
+        record, e = self.failed
+        kind = "evaluation record" if "eval" in record else "record"
+        where = (
+            f"saved checkpoint {str(saved)!r} and stopped: fix on_record and run the same command again to resume "
+            "there (the record is in the metrics file and the run's history, and is not sent again)"
+            if saved is not None
+            else "stopped (no checkpoint_dir to save in): the trained state is in the TrainState"
+        )
+        shown = json.dumps(record)
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        return RuntimeError(
+            f"{RUN}: on_record raised {type(e).__name__}: {e} on the {kind} of update {record['step']} ({shown}); "
+            f"the run {where}"
+        )

@@ -1,0 +1,168 @@
+"""ct.run's on_record: each log and evaluation record reaches the user's tracker once, as the metrics file holds
+it, on rank 0; a resumed run sends none of its checkpoint's records again; a tracker that raises stops the run
+saved, and ct.run says which record failed."""
+
+import copy
+import json
+import shutil
+
+import pytest
+import run_script
+import torch
+from run_script import untimed
+from run_workers import evaluate
+
+import composetrain as ct
+
+OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 3,
+           "eval_step": evaluate, "eval_data": run_script.dataset(24), "eval_every": 4}  # fmt: skip
+
+
+def train(tmp, on_record, step=run_script.step, **options):
+    state = run_script.state()
+    result = ct.run(
+        step, state, run_script.dataset(), checkpoint_dir=tmp, on_record=on_record, **{**OPTIONS, **options}
+    )
+    return state, result
+
+
+def lines(folder):
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_every_record_reaches_the_tracker_once_as_the_metrics_file_holds_it(tmp_path):
+    got = []
+
+    def tracker(record):
+        got.append(copy.deepcopy(record))
+        record["loss"] = "changed by the tracker"  # a copy: the history and the file keep theirs
+        record.get("eval", {}).clear()
+
+    _, result = train(tmp_path, tracker, epochs=2)
+    assert got == lines(tmp_path)  # in the file's order: a training record before the evaluation of its update
+    assert [r["step"] for r in got if "eval" not in r] == [3, 6, 8, 9, 12, 15, 16]  # 8 updates an epoch
+    assert [r for r in got if "eval" not in r] == result.history
+    assert [r["eval"] for r in got if "eval" in r] == [
+        {k: v for k, v in e.items() if k not in ("step", "epoch")} for e in result.evals
+    ]
+    assert len(result.evals) == 4
+
+
+def test_a_resumed_run_sends_no_record_of_its_checkpoint_again(tmp_path):
+    """Stopped at update 8 (saved there), resumed to 16: the tracker holds the straight run's records, once each."""
+    straight, resumed = [], []
+    train(tmp_path / "a", straight.append, epochs=2)
+    train(tmp_path / "b", resumed.append, max_steps=8)
+    first = len(resumed)
+    train(tmp_path / "b", resumed.append, epochs=2)
+    assert untimed(resumed) == untimed(straight) and first < len(resumed)
+    assert untimed(resumed) == untimed(lines(tmp_path / "b"))
+
+
+def test_after_a_crash_the_redone_updates_do_not_send_their_records_again(tmp_path):
+    """Saved at 4 (its evaluation at 4 comes after the save), logged 6, crashed in 7: the resumed run redoes the
+    evaluation at 4 and the updates 5.. , but the records the crashed run wrote to the metrics file (and so sent)
+    are not sent again: the tracker holds the straight run's records, once each."""
+    straight, got, calls = [], [], []
+    train(tmp_path / "a", straight.append, max_steps=12, checkpoint_every=4)
+
+    def crashes(model, batch):
+        calls.append(1)
+        if len(calls) == 7:
+            raise RuntimeError("crash")
+        return run_script.step(model, batch)
+
+    with pytest.raises(RuntimeError, match="crash"):
+        train(tmp_path / "b", got.append, crashes, max_steps=12, checkpoint_every=4)
+    crashed = len(got)
+    train(tmp_path / "b", got.append, max_steps=12, checkpoint_every=4)
+    steps = [(r["step"], "eval" in r) for r in got]
+    assert steps[:crashed] == [(3, False), (4, True), (6, False)]
+    assert steps[crashed:] == [(8, False), (8, True), (9, False), (12, False), (12, True)]
+    assert untimed(got) == untimed(straight) == untimed(lines(tmp_path / "b"))
+
+
+def test_a_line_cut_short_by_a_crash_was_not_sent(tmp_path):
+    """The tracker is called after the file's line is written: a record whose line a crash cut is sent again."""
+    got = []
+    train(tmp_path, got.append, max_steps=8, checkpoint_every=4)  # saved at 4 and 8; records 3, 4e, 6, 8, 8e
+    shutil.rmtree(tmp_path / "step-000000008")  # as if killed while writing the record of 8, before its save
+    text = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in text] == [3, 4, 6, 8, 8]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(text[:3]) + "\n" + text[3][:20])
+    again = []
+    train(tmp_path, again.append, max_steps=8, checkpoint_every=4)  # resumed at 4
+    assert [(r["step"], "eval" in r) for r in again] == [(8, False), (8, True)]
+    assert untimed(got) == untimed(got[:3] + again) == untimed(lines(tmp_path))
+
+
+def test_a_tracker_that_raises_stops_the_run_saved_and_the_error_names_the_record(tmp_path):
+    calls = []
+
+    def flaky(record):
+        calls.append(record["step"])
+        if record["step"] == 6:
+            raise ConnectionError("tracker offline")
+
+    expected = (
+        r"on_record raised ConnectionError: tracker offline on the record of update 6 \(\{\"step\": 6, .*\); "
+        r"the run saved checkpoint .*step-000000006.* and stopped: fix on_record and run the same command again"
+    )
+    with pytest.raises(RuntimeError, match=expected) as caught:
+        train(tmp_path, flaky, epochs=2)
+    assert isinstance(caught.value.__cause__, ConnectionError)
+    assert calls == [3, 4, 6]  # called no more after it failed (6 was a log point: the stop has no window to log)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000006"]  # the one save: at the stop
+    assert lines(tmp_path)[-1]["step"] == 6  # the failed record is in the file (and counts as sent)
+    got = []
+    state, result = train(tmp_path, got.append, epochs=2)  # fixed: resumes at 6, sends from 8 on
+    assert [(r["step"], "eval" in r) for r in got][:2] == [(8, False), (8, True)]
+    straight_state, straight = train(tmp_path / "straight", None, epochs=2)
+    assert untimed(result.history) == untimed(straight.history)
+    for p, q in zip(state.model.parameters(), straight_state.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_tracker_that_raises_on_an_evaluation_stops_after_the_next_update_saved(tmp_path):
+    def fails_on_eval(record):
+        if "eval" in record:
+            raise ValueError("no eval panel")
+
+    with pytest.raises(RuntimeError, match=r"on the evaluation record of update 4 .*step-000000005"):
+        train(tmp_path, fails_on_eval, epochs=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000005"]
+    assert lines(tmp_path)[-1]["step"] == 5  # the stop logs the window of update 5
+
+
+def test_without_a_checkpoint_dir_the_error_says_nothing_was_saved():
+    def fails(record):
+        raise KeyError("project")
+
+    state = run_script.state()
+    expected = (
+        r"on_record raised KeyError: 'project' on the record of update 3 .*stopped \(no checkpoint_dir to save in\)"
+    )
+    with pytest.raises(RuntimeError, match=expected):
+        ct.run(run_script.step, state, run_script.dataset(), on_record=fails, **OPTIONS)
+    assert state.step == 3
+
+
+@pytest.mark.parametrize("bad", [42, "wandb", dict], ids=["int", "str", "class"])
+def test_a_tracker_that_is_no_function_is_refused_before_anything_runs(tmp_path, bad):
+    state = run_script.state()
+    with pytest.raises(TypeError, match=r"run: on_record must be a function on_record\(record\)"):
+        ct.run(run_script.step, state, run_script.dataset(), checkpoint_dir=tmp_path, on_record=bad, **OPTIONS)
+    assert state.step == 0 and not any(tmp_path.iterdir())
+
+
+def test_on_rank_zero_only(pool):
+    a, b = pool.run("tracker_workers", "rank_zero_only")
+    assert untimed(a["got"]) == untimed(a["history"]) and a["got"] and b["got"] == []
+
+
+def test_a_tracker_failing_on_rank_zero_stops_every_rank_after_the_same_update_saved(pool):
+    a, b = pool.run("tracker_workers", "fails_on_rank_zero")
+    assert a["error"] is not None and "on the record of update 2" in a["error"] and "step-000000002" in a["error"]
+    assert "step-000000002" in a["saved"]
+    assert b["error"] is None and b["steps"] == 2 and b["preempted"] and b["saved"] == "step-000000002"
+    shutil.rmtree(a["error"].split("checkpoint '")[1].split("/step-")[0], ignore_errors=True)
