@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from composetrain.data.layout import Field, torch_dtype, unflatten
 
-__all__ = ["Augment", "MappedDataset", "Region", "split_batch"]
+__all__ = ["Augment", "Batches", "MappedDataset", "Region", "same", "split_batch"]
 
 Augment = Callable[[Any, torch.Generator], Any]
 
@@ -187,3 +187,23 @@ def split_batch(batch: Any, n: int) -> list[Any]:
         return [{k: c[i] for k, c in columns_d.items()} for i in range(n)]
     raise TypeError(f"MappedDataset: augment returned a {type(batch).__name__} in its batch: return tensors "
                     "in lists and dicts, with the batch's first dimension")  # fmt: skip
+
+
+class Batches(Dataset[Any]):
+    """A ``MappedDataset`` indexed by ``(epoch, indices)``: its ``read_batch``, for loader workers given whole batches
+    (``DataLoader(Batches(data), batch_size=None, sampler=...)``), so that each batch carries the epoch seeding it."""
+
+    def __init__(self, data: MappedDataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: tuple[int, Sequence[int]]) -> Any:
+        epoch, indices = key
+        return self.data.read_batch(indices, epoch)
+
+
+def same(batch: Any) -> Any:
+    """The identity, as a loader's collate_fn: a batch read whole is already collated."""
+    return batch

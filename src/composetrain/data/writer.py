@@ -15,15 +15,12 @@ from torch.utils.data import DataLoader
 
 from composetrain.data.files import NpyWriter, write_manifest
 from composetrain.data.layout import Field, leaf_kind, storage_dtype
+from composetrain.data.mapped import same
 
 __all__ = ["write_store"]
 
 _TIMED = 8  # items read in this process first, to decide on workers
 _WORTH = 2.0  # seconds of reading, as timed, before workers are worth starting
-
-
-def _same(item: Any) -> Any:
-    return item  # a loader's collate that keeps items exactly as __getitem__ returned them
 
 
 def _leaves(item: Any, where: str) -> Iterator[tuple[str, Any]]:
@@ -111,7 +108,7 @@ def _items(dataset: Any, workers: int | str) -> Iterator[Any]:
             yield dataset[i]
         return
     loader = DataLoader(dataset, batch_size=None, sampler=range(first, n), num_workers=int(workers),
-                        collate_fn=_same, prefetch_factor=4)  # fmt: skip
+                        collate_fn=same, prefetch_factor=4)  # fmt: skip
     yield from loader
 
 
