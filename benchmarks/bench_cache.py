@@ -47,7 +47,7 @@ def reads(memory: TensorDataset, cached: Any, *, batch: int, batches: int, round
     for r in range(rounds + 1):
         index = [torch.randint(0, n, (batch,)).tolist() for _ in range(batches)]  # a sampler's lists
         times = {}
-        for name in (["memory", "cache"] if r % 2 else ["cache", "memory"]):
+        for name in ["memory", "cache"] if r % 2 else ["cache", "memory"]:
             tick = time.perf_counter()
             for i in index:
                 if name == "memory":

@@ -47,7 +47,9 @@ def test_a_run_over_the_cache_is_bit_identical_to_one_over_the_original_and_read
     cached = ct.cache(data, tmp_path / "store", progress=False)
     reads: list[int] = []
     read_batch = MappedDataset.read_batch
-    monkeypatch.setattr(MappedDataset, "read_batch", lambda self, i, e=None: reads.append(len(i)) or read_batch(self, i, e))
+    monkeypatch.setattr(
+        MappedDataset, "read_batch", lambda self, i, e=None: reads.append(len(i)) or read_batch(self, i, e)
+    )
     monkeypatch.setattr(MappedDataset, "__getitem__", lambda *a: (_ for _ in ()).throw(AssertionError("per item")))
     straight, _ = _run(data)
     over_cache, _ = _run(cached)

@@ -110,7 +110,9 @@ class MappedDataset(Dataset[Any]):
             return idx
         low, high = idx.aminmax()
         if not (-self.length <= int(low) and int(high) < self.length):
-            raise IndexError(f"{type(self).__name__}: an index of {list(indices)} is out of range for {self.length} items")
+            raise IndexError(
+                f"{type(self).__name__}: an index of {list(indices)} is out of range for {self.length} items"
+            )
         return idx if int(low) >= 0 else torch.where(idx < 0, idx + self.length, idx)
 
     def __getitem__(self, i: int) -> Any:
@@ -139,11 +141,12 @@ class MappedDataset(Dataset[Any]):
             raise ValueError(f"{type(self).__name__}: a field's shape differs between items: batches need a "
                              "collate_fn that pads them (ct.run(..., collate_fn=...))")  # fmt: skip
         idx = self._indices(indices)
-        self.arrays()
-        views = self._views
-        batch = unflatten(self.item, lambda f: _tensor(f, views[f.data].index_select(0, idx)
-                                                        if f.data in views else _rows(f, self.arrays(), idx.tolist())))  # fmt: skip
-        batch = _as_collated(batch)
+        arrays, views = self.arrays(), self._views
+
+        def gather(f: Field) -> torch.Tensor:  # torch's gather where torch can view the array (all but big-endian)
+            return _tensor(f, views[f.data].index_select(0, idx) if f.data in views else _rows(f, arrays, idx.tolist()))
+
+        batch = _as_collated(unflatten(self.item, gather))
         if self.augment is None:
             return batch
         return self.augment(batch, self.generator(idx.tolist(), self.epoch if epoch is None else epoch))
@@ -153,7 +156,8 @@ class MappedDataset(Dataset[Any]):
         so the same batch of the same epoch draws the same numbers in any process, resumed or not."""
         rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
         key = np.array([self.seed, epoch, rank, *indices], dtype=np.int64).tobytes()
-        return torch.Generator().manual_seed(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest()) >> 1)
+        digest = hashlib.blake2b(key, digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
 def _rows(field: Field, arrays: Mapping[str, np.ndarray[Any, Any]], idx: list[int]) -> Any:

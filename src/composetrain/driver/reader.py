@@ -15,8 +15,8 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampl
 from composetrain.data.mapped import MappedDataset
 
 __all__ = [
-    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers", "indexable",
-    "mapped",
+    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers",
+    "indexable", "mapped",
 ]  # fmt: skip
 
 
