@@ -81,8 +81,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/reader.py",
-        "find": 'return self.dataset.read_batch(indices, getattr(getattr(self.sampler, "inner", None), "epoch", 0))',
-        "replace": "return self.dataset.read_batch(indices, 0)",
+        "find": 'return self.dataset.read_batch(indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0))',
+        "replace": 'return self.dataset.read_batch(indices, 0, getattr(inner, "rank", 0))',
         "tests": [f"{T_RUN}::test_augmentation_in_loader_workers_draws_as_in_this_process"],
         "why": "ct.run's own reader augments every epoch as the first",
     },

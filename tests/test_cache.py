@@ -233,3 +233,9 @@ def test_processes_waiting_for_a_rebuild_map_it_instead_of_rebuilding_again(tmp_
     os.close(fd)
     thread.join(30)
     assert waiter.calls == 0 and len(got[0]) == 12  # it waited, then mapped the fresh store
+
+
+def test_items_read_by_loader_workers_are_written_in_order(tmp_path: Path) -> None:
+    data, path = _store(tmp_path)
+    cached = ct.cache(data, path, num_workers=1, progress=False)
+    assert all(same_item(cached[i], data.items[i]) for i in range(len(data)))
