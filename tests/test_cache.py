@@ -181,6 +181,8 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) ->
     (tmp_path / "mine" / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match="not a cache store"):
         ct.cache(data, tmp_path / "mine", rebuild=True)
+    with pytest.raises(ValueError, match="is a file, not a cache store"):
+        ct.cache(data, tmp_path / "mine" / "notes.txt")
     assert data.calls == 0 and not path.exists()
 
 
@@ -239,3 +241,14 @@ def test_items_read_by_loader_workers_are_written_in_order(tmp_path: Path) -> No
     data, path = _store(tmp_path)
     cached = ct.cache(data, path, num_workers=1, progress=False)
     assert all(same_item(cached[i], data.items[i]) for i in range(len(data)))
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_dtypes_numpy_lacks_come_back_as_themselves(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    odd = [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.complex32]
+    items = [tuple(torch.randn(2, 3, generator=g).to(d) for d in odd) for _ in range(4)]
+    cached = ct.cache(Items(items), tmp_path / "store", progress=False)
+    assert all(same_item(cached[i], items[i]) for i in range(4))
+    assert all(same_item(a, items[i]) for a, i in zip(cached.__getitems__([2, 0]), [2, 0], strict=True))
+    assert same_item(cached.read_batch([3, 1]), default_collate([items[3], items[1]]))

@@ -117,6 +117,8 @@ def _check(dataset: Any, path: Any, augment: Any, rebuild: Any, key: Any, worker
     path = Path(os.path.abspath(path))
     if not path.parent.is_dir():
         raise ValueError(f"cache: the folder that holds the store, {path.parent}, does not exist; create it first")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"cache: {path} is a file, not a cache store: choose another path")
     if path.exists() and not (path / MANIFEST).exists() and not path.is_symlink() and any(path.iterdir()):
         raise ValueError(f"cache: {path} is a folder that is not a cache store (no {MANIFEST}): choose another path")
     return path
