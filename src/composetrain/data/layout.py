@@ -8,6 +8,7 @@ reading a store never runs code.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,7 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
     return dtype
 
 
+@functools.lru_cache(maxsize=256)  # called for every leaf written: the answer depends on the names only
 def storage_dtype(kind: str, dtype: str) -> np.dtype[Any]:
     if kind == "tensor":
         t = torch_dtype(dtype)

@@ -23,21 +23,24 @@ _TIMED = 8  # items read in this process first, to decide on workers
 _WORTH = 2.0  # seconds of reading, as timed, before workers are worth starting
 
 
-def _leaves(item: Any, where: str) -> Iterator[tuple[str, Any]]:
-    """(where, value) of every leaf, in the item's order; containers other than tuple/list/dict are refused."""
-    if isinstance(item, tuple | list) and type(item) in (tuple, list):
+def _leaves(item: Any, where: str, out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``out`` with (where, value) of every leaf appended, in the item's order; containers other than plain
+    tuples, lists and dicts are refused. (A list, not a generator: this runs for every item written.)"""
+    kind = type(item)
+    if kind is tuple or kind is list:
         for n, x in enumerate(item):
-            yield from _leaves(x, f"{where}[{n}]")
-    elif type(item) is dict:
+            _leaves(x, f"{where}[{n}]", out)
+    elif kind is dict:
         for k, v in item.items():
             if not isinstance(k, str):
                 raise ValueError(f"{where} has the key {k!r}: only string keys are stored")
-            yield from _leaves(v, f"{where}[{k!r}]")
+            _leaves(v, f"{where}[{k!r}]", out)
     elif isinstance(item, tuple | list | dict):
         raise ValueError(f"{where} is a {type(item).__name__}: only plain tuples, lists and dicts are stored "
                          "(a namedtuple or dataclass would come back as a plain container)")  # fmt: skip
     else:
-        yield where, item
+        out.append((where, item))
+    return out
 
 
 def _skeleton(item: Any, fields: Iterator[Field]) -> Any:
@@ -129,7 +132,7 @@ def write_store(
     bar = _bar(n, progress)
     for i, item in enumerate(_items(dataset, workers)):
         prefix = f"cache: item {i}"
-        leaves = list(_leaves(item, prefix))
+        leaves = _leaves(item, prefix, [])
         here = [where[len(prefix) :] for where, _ in leaves]
         if i == 0:
             paths = here
