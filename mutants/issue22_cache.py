@@ -138,4 +138,11 @@ MUTANTS = [
         "tests": [f"{T_RUN}::test_augmentation_differs_per_epoch_and_batch_and_resumes_bit_exactly"],
         "why": "two ranks reading the same indices (a padded last batch) augment them alike",
     },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": 'return {**self.__dict__, "_arrays": None, "_views": {}}',
+        "replace": "return dict(self.__dict__)",
+        "tests": [f"{T}::test_the_store_is_mapped_never_loaded_and_loader_workers_get_no_copy_of_it"],
+        "why": "every loader worker receives a pickled copy of the whole store",
+    },
 ]

@@ -252,3 +252,14 @@ def test_dtypes_numpy_lacks_come_back_as_themselves(tmp_path: Path) -> None:
     assert all(same_item(cached[i], items[i]) for i in range(4))
     assert all(same_item(a, items[i]) for a, i in zip(cached.__getitems__([2, 0]), [2, 0], strict=True))
     assert same_item(cached.read_batch([3, 1]), default_collate([items[3], items[1]]))
+
+
+def test_the_store_is_mapped_never_loaded_and_loader_workers_get_no_copy_of_it(tmp_path: Path) -> None:
+    import mmap
+    import pickle
+
+    cached = ct.cache(Items([torch.full((1000,), float(i)) for i in range(12)]), tmp_path / "s", progress=False)
+    cached.read_batch([0, 1])
+    for array in cached.arrays().values():
+        assert isinstance(array.base, mmap.mmap | np.memmap)  # pages read on demand: a store may exceed memory
+    assert len(pickle.dumps(cached)) < 4000 < 12 * 4000  # what a worker receives: the file names, not the data
