@@ -171,7 +171,8 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) ->
     for kwargs, message in [
         ({"num_workers": -1}, "num_workers must be"), ({"timeout": 0}, "timeout must be"),
         ({"augment": 3}, "augment must be a function"), ({"rebuild": 1}, "rebuild must be True or False"),
-        ({"key": object()}, "key must be something JSON"),
+        ({"key": object()}, "key must be something JSON"), ({"key": float("nan")}, "key must be something JSON"),
+        ({"seed": 1.5}, "seed must be an int"),
     ]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             ct.cache(data, path, **kwargs)
@@ -188,10 +189,14 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) ->
 
 def test_the_manifest_records_what_the_store_was_made_from(tmp_path: Path) -> None:
     data, path = _store(tmp_path)
-    ct.cache(data, path, key={"size": 28}, progress=False)
+    ct.cache(data, path, key={"size": 28, "mean": (0.5, 0.5)}, progress=False)
+    ct.cache(data, path, key={"size": 28, "mean": (0.5, 0.5)}, progress=False)  # the same key, read back from JSON
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["format"] == 1 and manifest["length"] == 12
-    assert manifest["origin"]["type"] == f"{__name__}.Items" and manifest["origin"]["key"] == {"size": 28}
+    assert manifest["origin"]["type"] == f"{__name__}.Items" and manifest["origin"]["key"] == {
+        "size": 28,
+        "mean": [0.5, 0.5],
+    }
 
 
 def test_every_file_and_the_folder_are_fsynced_before_the_store_is_renamed_into_place(

@@ -76,7 +76,8 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         >>> data = ct.cache(ImageFolderDecoded(root), "/tmp/digits.cache")  # doctest: +SKIP
         >>> ct.run(ct.distributed(ct.mixed_precision(step)), state, data, batch_size=256)  # doctest: +SKIP
     """
-    path = _check(dataset, path, augment, rebuild, key, num_workers, timeout)
+    path = _check(dataset, path, augment, rebuild, seed, key, num_workers, timeout)
+    key = json.loads(json.dumps(key))  # as the manifest will hold it: tuples become lists, dict keys strings
     origin = {"type": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "length": len(dataset), "key": key}
     started = time.time()
     if not rebuild:
@@ -94,7 +95,9 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
     return _open(dataset, path, origin, augment, seed, verify)
 
 
-def _check(dataset: Any, path: Any, augment: Any, rebuild: Any, key: Any, workers: Any, timeout: Any) -> Path:
+def _check(
+    dataset: Any, path: Any, augment: Any, rebuild: Any, seed: Any, key: Any, workers: Any, timeout: Any
+) -> Path:
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise ValueError(f"cache: dataset must be a map-style Dataset (with __len__ and __getitem__), got a "
                          f"{type(dataset).__name__}")  # fmt: skip
@@ -104,12 +107,14 @@ def _check(dataset: Any, path: Any, augment: Any, rebuild: Any, key: Any, worker
         raise ValueError(f"cache: augment must be a function (batch, generator) -> batch, got {augment!r}")
     if type(rebuild) is not bool:
         raise ValueError(f"cache: rebuild must be True or False, got {rebuild!r}")
+    if type(seed) is not int or not -(2**63) <= seed < 2**63:
+        raise ValueError(f"cache: seed must be an int (int64), got {seed!r}")
     if not (workers == "auto" or (type(workers) is int and workers >= 0)):
         raise ValueError(f'cache: num_workers must be "auto" or an int >= 0, got {workers!r}')
     if not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f"cache: timeout must be a positive number of seconds, got {timeout!r}")
     try:
-        json.dumps(key)
+        json.dumps(key, allow_nan=False)
     except (TypeError, ValueError):
         raise ValueError(
             f"cache: key must be something JSON can hold (str, numbers, lists, dicts), got {key!r}"
