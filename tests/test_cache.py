@@ -158,6 +158,7 @@ def test_items_that_cannot_be_stored_are_refused_by_name(tmp_path: Path) -> None
         ([torch.ones(2), torch.ones(2, dtype=torch.int64)], r"item 1 is a tensor of int64, and in item 0 a tensor"),
         ([torch.ones(2), torch.ones(2, 1)], r"item 1 has 2 dimensions here and 1 in item 0"),
         ([np.array(["x"])], r"NumPy <U1"),
+        ([np.ones(2, ">f4")], r"not in this machine's byte order: return value.astype\('<f4'\)"),
         ([2**70], r"outside int64"),
     ]  # fmt: skip
     for n, (items, message) in enumerate(cases):

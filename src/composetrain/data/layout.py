@@ -97,6 +97,10 @@ def leaf_kind(value: Any, where: str) -> tuple[str, str, tuple[int, ...], bool]:
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.kind not in _NUMPY_KINDS or value.dtype.fields is not None:
             raise ValueError(f"{where} is a NumPy {value.dtype} value: only numbers and booleans are stored")
+        if not value.dtype.isnative:
+            native = value.dtype.newbyteorder("=").str
+            raise ValueError(f"{where} is a NumPy {value.dtype.str} value, not in this machine's byte order: "
+                             f"return value.astype({native!r}) from __getitem__")  # fmt: skip
         return "numpy", value.dtype.str, tuple(value.shape), isinstance(value, np.generic)
     if type(value) is bool:
         return "bool", "|b1", (), False

@@ -92,7 +92,7 @@ class MappedDataset(Dataset[Any]):
             self._arrays = opened
             self._views = {}
             for name, a in opened.items():
-                with contextlib.suppress(TypeError), warnings.catch_warnings():
+                with contextlib.suppress(TypeError, ValueError), warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # read-only memory: never written through this view
                     self._views[name] = torch.from_numpy(a)  # torch's gather, as fast as on a tensor in memory
         return self._arrays
