@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-LAYERS = ("core", "launch", "transforms", "checkpoint", "driver")  # lowest first; anything else is the top level
+# lowest first; anything else is the top level
+LAYERS = ("core", "launch", "data", "transforms", "checkpoint", "driver")
 
 
 def sources(root: Path = SRC) -> dict[str, str]:

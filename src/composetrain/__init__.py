@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from composetrain.core.protocol import Capabilities, Context, Pass, StepOutput, TrainStep, Update
     from composetrain.core.state import RuntimeState, TrainState
     from composetrain.core.steps import PlainStep, Transform, compose, train_step
+    from composetrain.data.cache import CachedDataset, cache
     from composetrain.driver.run import RunResult, run
     from composetrain.launch.hostlist import parse_nodelist
     from composetrain.launch.rendezvous import Cluster, Process, detect, rendezvous
@@ -72,6 +73,8 @@ _WHERE = {
     "Transform": "composetrain.core.steps",
     "compose": "composetrain.core.steps",
     "train_step": "composetrain.core.steps",
+    "CachedDataset": "composetrain.data.cache",
+    "cache": "composetrain.data.cache",
 }
 
 
@@ -89,6 +92,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CachedDataset",
     "Capabilities",
     "CheckResult",
     "Cluster",
@@ -105,6 +109,7 @@ __all__ = [
     "Update",
     "accumulate",
     "apply_sharding",
+    "cache",
     "check",
     "checkpoint_activations",
     "clip_grad_norm",

@@ -1,0 +1,1 @@
+"""Data layer: ``ct.cache`` and the memory-mapped dataset it returns."""
