@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from composetrain.core.protocol import Capabilities, Context, Pass, StepOutput, TrainStep, Update
     from composetrain.core.state import RuntimeState, TrainState
     from composetrain.core.steps import PlainStep, Transform, compose, train_step
+    from composetrain.data.hdf5 import HDF5Dataset, hdf5
     from composetrain.driver.run import RunResult, run
     from composetrain.launch.hostlist import parse_nodelist
     from composetrain.launch.rendezvous import Cluster, Process, detect, rendezvous
@@ -66,6 +67,8 @@ _WHERE = {
     "Transform": "composetrain.core.steps",
     "compose": "composetrain.core.steps",
     "train_step": "composetrain.core.steps",
+    "HDF5Dataset": "composetrain.data.hdf5",
+    "hdf5": "composetrain.data.hdf5",
 }
 
 
@@ -86,6 +89,7 @@ __all__ = [
     "Capabilities",
     "Cluster",
     "Context",
+    "HDF5Dataset",
     "Pass",
     "PlainStep",
     "Process",
@@ -105,6 +109,7 @@ __all__ = [
     "detect",
     "distributed",
     "full_state_dict",
+    "hdf5",
     "leading_size",
     "load_checkpoint",
     "mixed_precision",

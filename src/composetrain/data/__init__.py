@@ -1,0 +1,1 @@
+"""Datasets that ct.run reads a whole batch at a time: stores written once and memory-mapped."""
