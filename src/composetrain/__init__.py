@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from composetrain.core.protocol import Capabilities, Context, Pass, StepOutput, TrainStep, Update
     from composetrain.core.state import RuntimeState, TrainState
     from composetrain.core.steps import PlainStep, Transform, compose, train_step
+    from composetrain.data.cache import CachedDataset, cache
     from composetrain.data.hdf5 import HDF5Dataset, hdf5
     from composetrain.driver.run import RunResult, run
     from composetrain.launch.hostlist import parse_nodelist
@@ -67,6 +68,8 @@ _WHERE = {
     "Transform": "composetrain.core.steps",
     "compose": "composetrain.core.steps",
     "train_step": "composetrain.core.steps",
+    "CachedDataset": "composetrain.data.cache",
+    "cache": "composetrain.data.cache",
     "HDF5Dataset": "composetrain.data.hdf5",
     "hdf5": "composetrain.data.hdf5",
 }
@@ -86,6 +89,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CachedDataset",
     "Capabilities",
     "Cluster",
     "Context",
@@ -102,6 +106,7 @@ __all__ = [
     "Update",
     "accumulate",
     "apply_sharding",
+    "cache",
     "checkpoint_activations",
     "clip_grad_norm",
     "compose",

@@ -1,1 +1,1 @@
-"""Datasets that ct.run reads a whole batch at a time: stores written once and memory-mapped."""
+"""Data layer: ``ct.cache``, ``ct.hdf5`` and the memory-mapped dataset they return."""

@@ -17,7 +17,8 @@ from composetrain.core.rng import capture_rng, restore_rng, seed_everything
 from composetrain.core.util import RUN
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
-from composetrain.driver.reader import Reader, ResumableSampler
+from composetrain.data.mapped import Batches, same
+from composetrain.driver.reader import EpochBatches, Reader, ResumableSampler, mapped
 
 __all__ = [
     "ResumableSampler", "auto_workers", "build_loader", "epoch_batches", "epoch_order", "generator_states",
@@ -95,17 +96,20 @@ def build_loader(
         )
     )
 
+    # a ct.cache store's workers read whole batches, each with its epoch (which seeds its augmentation)
+    whole = mapped(data, collate_fn)
+
     def workers(n: int) -> DataLoader[Any]:
         return DataLoader(
-            data,
-            batch_size=batch_size,
-            sampler=sampler,
-            drop_last=drop_last,
+            Batches(data) if whole else data,
+            batch_size=None if whole else batch_size,
+            sampler=EpochBatches(sampler, batch_size, drop_last) if whole else sampler,
+            drop_last=False if whole else drop_last,
             num_workers=n,
             pin_memory=pin_memory,
             persistent_workers=True,
             worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
-            collate_fn=collate_fn,
+            collate_fn=same if whole else collate_fn,
             # its own generator: starting an epoch must not draw from the global one, or a run resumed
             # mid-epoch would see other dropout masks than the uninterrupted run
             generator=torch.Generator().manual_seed(seed * 7919 + rank),

@@ -12,7 +12,12 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
 
-__all__ = ["LEAST_GAIN", "LEAST_SHARE", "MEASURED", "Reader", "ResumableSampler", "choose_workers", "indexable"]
+from composetrain.data.mapped import MappedDataset
+
+__all__ = [
+    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers", "indexable",
+    "mapped",
+]  # fmt: skip
 
 
 class ResumableSampler(Sampler[int]):
@@ -79,6 +84,26 @@ def indexable(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bo
     return plain and collate_fn is None
 
 
+def mapped(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
+    """Whether a batch is one ``read_batch`` of a memory-mapped dataset (ct.cache's): no per-sample collate."""
+    return isinstance(dataset, MappedDataset) and not dataset.ragged and collate_fn is None
+
+
+class EpochBatches(Sampler[tuple[int, list[int]]]):
+    """A sampler's batches as ``(epoch, indices)``: what a loader's workers need to read and augment a
+    ``MappedDataset``'s batches as this process would (their copy of the dataset never sees ``set_epoch``)."""
+
+    def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool) -> None:
+        self.sampler, self.batches = sampler, BatchSampler(sampler, batch_size, drop_last)
+
+    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
+        epoch = self.sampler.inner.epoch
+        return ((epoch, indices) for indices in self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 class Reader:
     """ct.run's loader over a Dataset: this rank's batches, in its sampler's order, as a DataLoader
     over the same sampler would collate them.
@@ -111,13 +136,17 @@ class Reader:
         self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
         self.collate_fn = collate_fn or default_collate
         self._tensors = dataset.tensors if indexable(dataset, collate_fn) else None
+        self._mapped = mapped(dataset, collate_fn)
         self._loader: DataLoader[Any] | None = None
         self._make, self._spare = loader, spare
         self.num_workers = workers or 0
-        self.deciding = workers is None and not self.indexed  # one indexing per batch: never worth a worker
+        # one indexing per batch (a TensorDataset, a cache without augment): never worth a worker
+        plain = self.indexed or (self._mapped and dataset.augment is None)
+        self.deciding = workers is None and not plain
         self.choice: str | None = None
-        if workers is None and self.indexed:
-            self.choice = 'num_workers="auto" chose 0: a TensorDataset is read a whole batch at a time by one indexing'
+        if workers is None and plain:
+            what = "a TensorDataset" if self.indexed else "a ct.cache store"
+            self.choice = f'num_workers="auto" chose 0: {what} is read a whole batch at a time by one indexing'
         self._timings: list[tuple[float, float]] = []
 
     @property
@@ -128,7 +157,7 @@ class Reader:
     @property
     def batched(self) -> bool:
         """Whether this process reads a whole batch in one call (else sample by sample)."""
-        return self._tensors is not None or bool(getattr(self.dataset, "__getitems__", None))
+        return self._tensors is not None or self._mapped or bool(getattr(self.dataset, "__getitems__", None))
 
     def __len__(self) -> int:
         return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
@@ -154,6 +183,8 @@ class Reader:
             index = torch.tensor(indices)
             # default_collate's list, for a TensorDataset's tuples; a tensor kept on a GPU is indexed there
             return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
+        if self._mapped:  # one gather per field, as default_collate would stack the items
+            return self.dataset.read_batch(indices, getattr(getattr(self.sampler, "inner", None), "epoch", 0))
         getitems = getattr(self.dataset, "__getitems__", None)
         return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
 

@@ -1,0 +1,210 @@
+"""``ct.cache(dataset, path)``: preprocess once into a memory-mapped store, then read batches as from memory."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from composetrain.data.files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
+from composetrain.data.mapped import Augment, MappedDataset
+from composetrain.data.writer import write_store
+
+__all__ = ["CachedDataset", "cache"]
+
+_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class CachedDataset(MappedDataset):
+    """What ``ct.cache`` returns: a ``MappedDataset`` over the store at ``path`` (see ``MappedDataset``)."""
+
+    path: Path
+    origin: dict[str, Any]
+
+    def __repr__(self) -> str:
+        return f"CachedDataset({str(self.path)!r}, {self.length} items of {self.origin.get('type')})"
+
+
+def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None = None, rebuild: bool = False,
+          seed: int = 0, key: Any = None, verify: bool = False, num_workers: int | str = "auto",
+          timeout: float = 3600.0, progress: bool = True) -> CachedDataset:  # fmt: skip
+    """Write every item of a map-style ``dataset`` once into a store at ``path``, and return a Dataset with
+    the same items that maps the store (later calls, runs and processes only map it) and that ``ct.run``
+    reads a whole batch at a time.
+
+    One process writes (a lock file beside ``path`` elects it: one per node for node-local storage, one in
+    all for a shared path); the others wait for it, then map the store. The store holds ``.npy`` files and a
+    JSON manifest, no pickle: opening one never runs code. It records the dataset's type and length (and
+    ``key``); a store made from something else is refused, unless ``rebuild=True``.
+
+    Args:
+        dataset: a map-style Dataset (``len`` and ``__getitem__``) whose items are deterministic: tensors,
+            NumPy values, ints, floats and bools, in tuples, lists and dicts with string keys.
+        path: the store's folder (created; its parent must exist).
+        augment: ``augment(batch, generator) -> batch``, applied to each batch read, never stored: ``batch`` as
+            ``default_collate`` makes it, ``generator`` a CPU ``torch.Generator`` seeded from ``seed``, the epoch,
+            the rank and the batch's indices (so resuming draws as the uninterrupted run). Draw only from it.
+        rebuild: write the store again even when one is there.
+        seed: the augmentation's seed.
+        key: anything JSON can hold that describes how the items were made (a preprocessing config); a store
+            written with another key is refused.
+        verify: also compare the first and last items with the dataset's (calls ``__getitem__`` twice).
+        num_workers: loader workers reading the dataset while writing; "auto": by the time an item takes.
+        timeout: seconds to wait for another process writing the store.
+        progress: a progress bar, with its ETA, while writing.
+
+    Returns:
+        A ``CachedDataset``: ``cached[i]`` equals ``dataset[i]`` (types and values), ``cached.read_batch(indices)``
+        equals ``default_collate`` of those items.
+
+    Raises:
+        ValueError: an argument, an item that cannot be stored, or a store made from something else.
+        TimeoutError: another process held the store's lock longer than ``timeout``.
+        OSError: the disk is full (nothing that looks complete is left).
+
+    Example:
+        >>> data = ct.cache(ImageFolderDecoded(root), "/tmp/digits.cache")  # doctest: +SKIP
+        >>> ct.run(ct.distributed(ct.mixed_precision(step)), state, data, batch_size=256)  # doctest: +SKIP
+    """
+    path = _check(dataset, path, augment, rebuild, key, num_workers, timeout)
+    origin = {"type": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "length": len(dataset), "key": key}
+    started = time.time()
+    if not rebuild:
+        with contextlib.suppress(FileNotFoundError):
+            return _open(dataset, path, origin, augment, seed, verify)
+    with _locked(path, timeout) as waited:
+        fresh = waited or _created(path) >= started  # another process rebuilt it while this one waited
+        if (path / MANIFEST).exists() and (not rebuild or fresh):
+            return _open(dataset, path, origin, augment, seed, verify)
+        _write(dataset, path, {**origin, "created": time.time()}, num_workers, progress)
+    return _open(dataset, path, origin, augment, seed, verify)
+
+
+def _check(dataset: Any, path: Any, augment: Any, rebuild: Any, key: Any, workers: Any, timeout: Any) -> Path:
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise ValueError(f"cache: dataset must be a map-style Dataset (with __len__ and __getitem__), got a "
+                         f"{type(dataset).__name__}")  # fmt: skip
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise ValueError(f"cache: path must be a folder path, got {path!r}")
+    if augment is not None and not callable(augment):
+        raise ValueError(f"cache: augment must be a function (batch, generator) -> batch, got {augment!r}")
+    if type(rebuild) is not bool:
+        raise ValueError(f"cache: rebuild must be True or False, got {rebuild!r}")
+    if not (workers == "auto" or (type(workers) is int and workers >= 0)):
+        raise ValueError(f'cache: num_workers must be "auto" or an int >= 0, got {workers!r}')
+    if not (isinstance(timeout, int | float) and timeout > 0):
+        raise ValueError(f"cache: timeout must be a positive number of seconds, got {timeout!r}")
+    try:
+        json.dumps(key)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"cache: key must be something JSON can hold (str, numbers, lists, dicts), got {key!r}"
+        ) from None
+    path = Path(os.path.abspath(path))
+    if not path.parent.is_dir():
+        raise ValueError(f"cache: the folder that holds the store, {path.parent}, does not exist; create it first")
+    if path.exists() and not (path / MANIFEST).exists() and not path.is_symlink() and any(path.iterdir()):
+        raise ValueError(f"cache: {path} is a folder that is not a cache store (no {MANIFEST}): choose another path")
+    return path
+
+
+def _created(path: Path) -> float:
+    try:
+        created = read_manifest(path)["origin"].get("created", 0.0)
+    except (OSError, StoreError):
+        return 0.0
+    return float(created) if isinstance(created, int | float) else 0.0
+
+
+def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: int, verify: bool) -> CachedDataset:
+    """The store at ``path``, checked to be complete, intact and made from ``dataset``; FileNotFoundError if none."""
+    manifest = read_manifest(path)
+    made = manifest["origin"]
+    differs = [f"{k}: the store has {made.get(k)!r}, the dataset {v!r}" for k, v in origin.items() if made.get(k) != v]
+    if manifest["length"] != origin["length"]:
+        differs.append(f"items: the store holds {manifest['length']}")
+    if differs:
+        raise ValueError(f"cache: the store at {path} was made from something else ({'; '.join(differs)}); pass "
+                         "rebuild=True to write it again, or another path")  # fmt: skip
+    found = regions(path, manifest["item"], manifest["length"])
+    data = CachedDataset(found, manifest["item"], manifest["length"], augment=augment, seed=seed)
+    data.path, data.origin = path, made
+    if verify:
+        _verify(dataset, data)
+    return data
+
+
+def _verify(dataset: Any, data: CachedDataset) -> None:
+    from composetrain.data.equal import same_item
+
+    plain = CachedDataset(data.regions, data.item, data.length)
+    for i in {0, len(data) - 1} if len(data) else ():
+        if not same_item(plain[i], dataset[i]):
+            raise ValueError(f"cache: item {i} of the store at {data.path} differs from the dataset's: pass "
+                             "rebuild=True to write it again")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float) -> Iterator[bool]:
+    """Hold the lock file beside ``path`` (an flock: released when its holder dies); yields whether it waited."""
+    lock = path.parent / f".{path.name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        deadline, waited = time.monotonic() + timeout, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = True
+                if time.monotonic() > deadline:
+                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                    raise TimeoutError(f"cache: waited {timeout:g} s for {holder} to write {path} (lock {lock}); "
+                                       "raise timeout=, or remove the store if its writer is gone")  # fmt: skip
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield waited
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progress: bool) -> None:
+    """Write into a temporary folder beside ``path`` and rename it into place; on any failure remove it."""
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a writer that died: this one holds the lock
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        tick = time.perf_counter()
+        write_store(dataset, tmp, origin, workers, progress)
+        size = sum(f.stat().st_size for f in tmp.iterdir())
+        if progress:
+            seconds = time.perf_counter() - tick
+            print(
+                f"cache: wrote {size / 1e6:.1f} MB to {path} in {seconds:.1f} s "
+                f"({size / 1e6 / max(seconds, 1e-9):.0f} MB/s)",
+                file=sys.stderr,
+            )
+        old = path.parent / f".{path.name}.tmp-old-{uuid.uuid4().hex[:12]}"
+        if path.exists() or path.is_symlink():
+            os.rename(path, old)  # a rebuild: the new store replaces it whole
+        os.rename(tmp, path)
+        fsync_folder(path.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in _FULL:
+            raise OSError(e.errno, f"cache: writing {path} failed: {os.strerror(e.errno or 0)}; nothing was kept: "
+                          "free space, or give a path on a larger disk") from e  # fmt: skip
+        raise

@@ -1,0 +1,189 @@
+"""A store's files: one ``.npy`` per array and ``manifest.json``; written durably, read back only after checks.
+
+The manifest is written last, inside a temporary folder that is then renamed into place: a store without a
+manifest is incomplete, and a folder at ``path`` is either a complete store or nothing ever published.
+Reading checks everything the manifest and the headers claim before mapping a byte: plain file names only,
+no symbolic links, the dtype and shape each field needs, and a file size that matches exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from composetrain.data.layout import NAME, Field, from_json, to_json
+from composetrain.data.mapped import Region
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "NpyWriter",
+    "StoreError",
+    "fsync_folder",
+    "read_manifest",
+    "regions",
+    "write_manifest",
+]
+
+FORMAT, MANIFEST = 1, "manifest.json"
+_HEADER = 256  # bytes kept for the .npy header, written once the number of items is known
+
+
+class StoreError(ValueError):
+    """A store on disk that cannot be read as what it claims to be."""
+
+
+class NpyWriter:
+    """An ``.npy`` file written as a stream of items' bytes; its header (shape) is filled in at the end."""
+
+    def __init__(self, path: Path, dtype: np.dtype[Any]) -> None:
+        self.path, self.dtype, self.count = path, dtype, 0
+        self.file = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 (closed by finish or the writer's cleanup)
+        self.file.write(b"\0" * _HEADER)
+
+    def append(self, values: np.ndarray[Any, Any]) -> None:
+        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.count += values.size
+
+    def finish(self, shape: tuple[int, ...]) -> None:
+        """Write the header for ``shape`` (its size must be what was appended), flush and fsync."""
+        assert int(np.prod(shape)) == self.count, (shape, self.count)
+        header = repr({"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
+        header = header.ljust(_HEADER - 10 - 1) + "\n"
+        if len(header) + 10 != _HEADER:
+            raise ValueError(f"cache: an array of shape {shape} needs a longer .npy header than {_HEADER} bytes")
+        self.file.seek(0)
+        self.file.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1"))
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(folder: Path, item: Any, length: int, origin: dict[str, Any]) -> None:
+    """The manifest that makes ``folder`` a complete store: written, fsynced, then the folder fsynced."""
+    text = json.dumps({"format": FORMAT, "length": length, "item": to_json(item), "origin": origin}, indent=1)
+    with open(folder / MANIFEST, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_folder(folder)
+
+
+def _read_plain(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, never through a symbolic link, at most ``limit`` of them."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise StoreError(f"{path} is larger than a manifest can be ({limit} bytes)")
+    return data
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of a complete store, its structure checked; FileNotFoundError when there is none."""
+    try:
+        raw = json.loads(_read_plain(folder / MANIFEST, 1 << 24))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StoreError(f"{folder / MANIFEST} is not JSON: {e}") from None
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise StoreError(f"{folder / MANIFEST} cannot be read: {e.strerror or e}") from None
+    if not isinstance(raw, dict) or set(raw) != {"format", "length", "item", "origin"}:
+        raise StoreError(f"{folder / MANIFEST} is not a cache manifest")
+    if raw["format"] != FORMAT:
+        raise StoreError(f"{folder} has format version {raw['format']!r}; this composetrain reads version {FORMAT}")
+    if type(raw["length"]) is not int or raw["length"] < 0 or not isinstance(raw["origin"], dict):
+        raise StoreError(f"{folder / MANIFEST}: its length or origin is malformed")
+    try:
+        raw["item"] = from_json(raw["item"])
+    except (ValueError, TypeError) as e:
+        raise StoreError(f"{folder / MANIFEST}: {e}") from None
+    return raw
+
+
+def regions(folder: Path, item: Any, length: int) -> dict[str, Region]:
+    """Every array the item's fields name, checked against its ``.npy`` file: a plain name in ``folder``, a
+    regular file (no link), the dtype and shape the field needs, and exactly the bytes they take."""
+    fields: list[Field] = []
+    from composetrain.data.layout import unflatten
+
+    unflatten(item, fields.append)
+    expected: dict[str, tuple[np.dtype[Any], tuple[int, ...] | None]] = {}
+    for f in fields:
+        if f.shape is not None:
+            expected[f.data] = (f.storage, (length, *f.shape))
+        else:
+            assert f.offsets is not None and f.shapes is not None
+            expected[f.data] = (f.storage, None)  # its length is the last offset
+            expected[f.offsets] = (np.dtype("<i8"), (length + 1,))
+            expected[f.shapes] = (np.dtype("<i8"), None)
+    found = {name: _region(folder, name, dtype, shape) for name, (dtype, shape) in expected.items()}
+    for f in fields:
+        if f.shape is None:
+            _check_ragged(folder, f, found, length)
+    return found
+
+
+def _region(folder: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> Region:
+    if not NAME.match(name):
+        raise StoreError(f"{folder}: the array name {name!r} is not a plain name")
+    path = folder / f"{name}.npy"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise StoreError(f"{path} cannot be opened ({e.strerror or e}): a store's arrays are regular files") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise StoreError(f"{path} is not a regular file")
+        try:
+            version = np.lib.format.read_magic(f)
+            if version != (1, 0):
+                raise ValueError(f"version {version}")
+            got_shape, fortran, got_dtype = np.lib.format.read_array_header_1_0(f, max_header_size=_HEADER)
+        except ValueError as e:
+            raise StoreError(f"{path} is not a .npy file this store wrote: {e}") from None
+        offset = f.tell()
+    if fortran or got_dtype != dtype or (shape is not None and got_shape != shape):
+        raise StoreError(f"{path} holds {got_dtype} {got_shape}{' (Fortran order)' if fortran else ''}; "
+                         f"the manifest needs {dtype} {shape if shape is not None else '(any length)'}")  # fmt: skip
+    size = offset + int(np.prod(got_shape)) * dtype.itemsize
+    if info.st_size != size:
+        raise StoreError(f"{path} has {info.st_size} bytes; its header says {size} (truncated or altered)")
+    return Region(str(path), offset, dtype.str, tuple(got_shape))
+
+
+def _check_ragged(folder: Path, f: Field, found: dict[str, Region], length: int) -> None:
+    """A ragged field's offsets and shapes must describe its data exactly (read now: they are small)."""
+    assert f.offsets is not None and f.shapes is not None
+    data, offsets = found[f.data], np.load(found[f.offsets].path, allow_pickle=False)
+    shapes = np.load(found[f.shapes].path, allow_pickle=False)
+    ok = (
+        len(data.shape) == 1 and shapes.ndim == 2 and shapes.shape[0] == length and offsets[0] == 0
+        and offsets[-1] == data.shape[0] and bool(np.all(np.diff(offsets) >= 0)) and bool(np.all(shapes >= 0))
+        and bool(np.all(np.prod(shapes, axis=1) == np.diff(offsets)))
+    )  # fmt: skip
+    if not ok:
+        raise StoreError(f"{folder}: the offsets and shapes of ragged array {f.data!r} do not match its data")

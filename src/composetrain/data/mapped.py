@@ -1,0 +1,209 @@
+"""``MappedDataset``: a map-style Dataset over named arrays in files, memory-mapped, read a whole batch at a time."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from composetrain.data.layout import Field, torch_dtype, unflatten
+
+__all__ = ["Augment", "Batches", "MappedDataset", "Region", "same", "split_batch"]
+
+Augment = Callable[[Any, torch.Generator], Any]
+
+
+@dataclass(frozen=True)
+class Region:
+    """A raw C-ordered array inside a file: ``shape`` values of NumPy ``dtype`` starting at byte ``offset``."""
+
+    path: str
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class MappedDataset(Dataset[Any]):
+    """Items rebuilt from named arrays that are memory-mapped read-only (never loaded whole), in each process
+    on first use, so the dataset pickles small to loader workers and may be larger than memory.
+
+    ``__getitem__(i)`` rebuilds item ``i`` with the types it was stored from; ``__getitems__(indices)`` reads
+    each field with one gather; ``read_batch(indices)`` returns what ``default_collate`` would make of those
+    items, built from the gathered arrays directly (no per-item collate; ct.run reads this way).
+
+    Args:
+        regions: array name -> ``Region`` (file, byte offset, dtype, shape): every array the fields name.
+        item: the item's structure: a tuple, list or dict (nested) of ``layout.Field`` leaves, or one Field.
+        length: the number of items.
+        augment: ``augment(batch, generator) -> batch``, applied to every batch read (never stored): ``batch``
+            is the collated batch, ``generator`` a CPU ``torch.Generator`` seeded from ``seed``, the epoch, the
+            rank and the batch's indices, so that a resumed run draws as the uninterrupted one.
+        seed: the augmentation's seed.
+
+    Example:
+        >>> region = Region("x.npy", 128, "<f4", (100, 3))  # doctest: +SKIP
+        >>> data = MappedDataset({"x": region}, Field("tensor", "float32", (3,), "x"), 100)  # doctest: +SKIP
+        >>> batch = data.read_batch([4, 2, 7])  # a (3, 3) float32 tensor  # doctest: +SKIP
+    """
+
+    def __init__(self, regions: Mapping[str, Region], item: Any, length: int, *,
+                 augment: Augment | None = None, seed: int = 0) -> None:  # fmt: skip
+        self.regions, self.item, self.length = dict(regions), item, length
+        self.augment, self.seed, self.epoch = augment, seed, 0
+        self.fields: list[Field] = []
+        unflatten(item, self.fields.append)
+        self._arrays: dict[str, np.ndarray[Any, Any]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_arrays": None}  # each process maps the files itself
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def ragged(self) -> bool:
+        """Whether some field's shape differs between items (then batches need a collate_fn that pads)."""
+        return any(f.shape is None for f in self.fields)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch that seeds the augmentation of batches read through ``__getitems__`` (a given DataLoader)."""
+        self.epoch = epoch
+
+    def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
+        """The arrays, mapped read-only on first use in this process."""
+        if self._arrays is None:
+            opened = {}
+            for name, r in self.regions.items():
+                dtype = np.dtype(r.dtype)
+                if int(np.prod(r.shape)) * dtype.itemsize == 0:  # mmap cannot map nothing
+                    opened[name] = np.empty(r.shape, dtype)
+                else:
+                    opened[name] = np.memmap(r.path, dtype=dtype, mode="r", offset=r.offset, shape=r.shape)
+            self._arrays = opened
+        return self._arrays
+
+    def _index(self, i: int) -> int:
+        if not isinstance(i, int | np.integer) or isinstance(i, bool):
+            raise TypeError(f"{type(self).__name__}: an index must be an int, got {type(i).__name__}")
+        if not -self.length <= i < self.length:
+            raise IndexError(f"{type(self).__name__}: index {i} out of range for {self.length} items")
+        return int(i) % self.length
+
+    def __getitem__(self, i: int) -> Any:
+        if self.augment is not None:
+            return self.__getitems__([i])[0]
+        i = self._index(i)
+        arrays = self.arrays()
+        return unflatten(self.item, lambda f: _value(f, _rows(f, arrays, [i])[0]))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The items at ``indices``, each field read with one gather (augmented, when an augment is set)."""
+        if self.augment is not None:
+            return split_batch(self.read_batch(indices, self.epoch), len(indices))
+        idx = [self._index(i) for i in indices]
+        arrays = self.arrays()
+        columns = {f.data: _rows(f, arrays, idx) for f in self.fields}
+        return [unflatten(self.item, lambda f: _value(f, columns[f.data][n])) for n in range(len(idx))]  # noqa: B023
+
+    def read_batch(self, indices: Sequence[int], epoch: int | None = None) -> Any:
+        """What ``default_collate`` makes of the items at ``indices``, gathered per field (then augmented).
+
+        Raises:
+            ValueError: a ragged field: its items cannot be stacked (give ct.run a collate_fn that pads).
+        """
+        if self.ragged:
+            raise ValueError(f"{type(self).__name__}: a field's shape differs between items: batches need a "
+                             "collate_fn that pads them (ct.run(..., collate_fn=...))")  # fmt: skip
+        idx = [self._index(i) for i in indices]
+        arrays = self.arrays()
+        batch = unflatten(self.item, lambda f: _tensor(f, _rows(f, arrays, idx)))
+        batch = _as_collated(batch)
+        if self.augment is None:
+            return batch
+        return self.augment(batch, self.generator(idx, self.epoch if epoch is None else epoch))
+
+    def generator(self, indices: Sequence[int], epoch: int) -> torch.Generator:
+        """The augmentation's generator for this batch: seeded from (seed, epoch, rank, indices), nothing else,
+        so the same batch of the same epoch draws the same numbers in any process, resumed or not."""
+        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+        key = np.array([self.seed, epoch, rank, *indices], dtype=np.int64).tobytes()
+        return torch.Generator().manual_seed(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest()) >> 1)
+
+
+def _rows(field: Field, arrays: Mapping[str, np.ndarray[Any, Any]], idx: list[int]) -> Any:
+    """The field's values of items ``idx``: one gather (an array), or a list of arrays for a ragged field."""
+    data = arrays[field.data]
+    if field.shape is not None:
+        return data[np.asarray(idx, dtype=np.int64)]
+    assert field.offsets is not None and field.shapes is not None
+    offsets, shapes = arrays[field.offsets], arrays[field.shapes]
+    return [np.asarray(data[offsets[i] : offsets[i + 1]]).reshape(tuple(shapes[i])) for i in idx]
+
+
+def _value(field: Field, row: Any) -> Any:
+    """One item's leaf, as the type it was stored from."""
+    if field.kind == "tensor":
+        t = torch.from_numpy(np.array(row))
+        dtype = torch_dtype(field.dtype)
+        return t if t.dtype == dtype else t.view(dtype)
+    if field.kind == "numpy":
+        return row if field.scalar else np.array(row)
+    return {"int": int, "float": float, "bool": bool}[field.kind](row)
+
+
+def _tensor(field: Field, gathered: np.ndarray[Any, Any]) -> torch.Tensor:
+    """A field's batch, as default_collate stacks it: tensors, NumPy values and Python numbers alike."""
+    t = torch.from_numpy(np.ascontiguousarray(gathered))
+    if field.kind == "tensor":
+        dtype = torch_dtype(field.dtype)
+        return t if t.dtype == dtype else t.view(dtype)
+    return t
+
+
+def _as_collated(batch: Any) -> Any:
+    """default_collate's containers: tuples and lists become lists, dicts stay dicts."""
+    if isinstance(batch, tuple | list):
+        return [_as_collated(b) for b in batch]
+    if isinstance(batch, dict):
+        return {k: _as_collated(v) for k, v in batch.items()}
+    return batch
+
+
+def split_batch(batch: Any, n: int) -> list[Any]:
+    """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
+    if isinstance(batch, torch.Tensor):
+        return list(batch.unbind(0)) if batch.ndim else [batch] * n
+    if isinstance(batch, list | tuple):
+        columns = [split_batch(b, n) for b in batch]
+        return [type(batch)(c[i] for c in columns) for i in range(n)]
+    if isinstance(batch, dict):
+        columns_d = {k: split_batch(v, n) for k, v in batch.items()}
+        return [{k: c[i] for k, c in columns_d.items()} for i in range(n)]
+    raise TypeError(f"MappedDataset: augment returned a {type(batch).__name__} in its batch: return tensors "
+                    "in lists and dicts, with the batch's first dimension")  # fmt: skip
+
+
+class Batches(Dataset[Any]):
+    """A ``MappedDataset`` indexed by ``(epoch, indices)``: its ``read_batch``, for loader workers given whole batches
+    (``DataLoader(Batches(data), batch_size=None, sampler=...)``), so that each batch carries the epoch seeding it."""
+
+    def __init__(self, data: MappedDataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: tuple[int, Sequence[int]]) -> Any:
+        epoch, indices = key
+        return self.data.read_batch(indices, epoch)
+
+
+def same(batch: Any) -> Any:
+    """The identity, as a loader's collate_fn: a batch read whole is already collated."""
+    return batch

@@ -1,0 +1,164 @@
+"""Write every item of a dataset into a new store folder: in order, in loader workers where reading is slow."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from composetrain.data.files import NpyWriter, write_manifest
+from composetrain.data.layout import Field, leaf_kind, storage_dtype
+from composetrain.data.mapped import same
+
+__all__ = ["write_store"]
+
+_TIMED = 8  # items read in this process first, to decide on workers
+_WORTH = 2.0  # seconds of reading, as timed, before workers are worth starting
+
+
+def _leaves(item: Any, where: str) -> Iterator[tuple[str, Any]]:
+    """(where, value) of every leaf, in the item's order; containers other than tuple/list/dict are refused."""
+    if isinstance(item, tuple | list) and type(item) in (tuple, list):
+        for n, x in enumerate(item):
+            yield from _leaves(x, f"{where}[{n}]")
+    elif type(item) is dict:
+        for k, v in item.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{where} has the key {k!r}: only string keys are stored")
+            yield from _leaves(v, f"{where}[{k!r}]")
+    elif isinstance(item, tuple | list | dict):
+        raise ValueError(f"{where} is a {type(item).__name__}: only plain tuples, lists and dicts are stored "
+                         "(a namedtuple or dataclass would come back as a plain container)")  # fmt: skip
+    else:
+        yield where, item
+
+
+def _skeleton(item: Any, fields: Iterator[Field]) -> Any:
+    if type(item) in (tuple, list):
+        return type(item)(_skeleton(x, fields) for x in item)
+    if type(item) is dict:
+        return {k: _skeleton(v, fields) for k, v in item.items()}
+    return next(fields)
+
+
+class _Column:
+    """One leaf's values across items, streamed to its file; its shapes kept to tell fixed from ragged."""
+
+    def __init__(self, folder: Path, n: int, kind: str, dtype: str, scalar: bool) -> None:
+        self.name, self.folder, self.kind, self.dtype, self.scalar = f"f{n}", folder, kind, dtype, scalar
+        self.out = NpyWriter(folder / f"{self.name}.npy", storage_dtype(kind, dtype))
+        self.shapes: list[tuple[int, ...]] = []
+
+    def add(self, value: Any, shape: tuple[int, ...]) -> None:
+        if self.shapes and len(shape) != len(self.shapes[0]):
+            raise ValueError(f"has {len(shape)} dimensions here and {len(self.shapes[0])} in item 0: "
+                             "a leaf's number of dimensions must not change")  # fmt: skip
+        if isinstance(value, torch.Tensor):
+            t = value.detach().contiguous()
+            array = t.numpy() if t.dtype in _NATIVE else t.view(_as_int(t.dtype)).numpy()
+        else:
+            array = np.asarray(value)
+        self.out.append(array.reshape(-1))
+        self.shapes.append(shape)
+
+    def finish(self, count: int) -> Field:
+        first = self.shapes[0] if self.shapes else ()
+        if all(s == first for s in self.shapes):
+            self.out.finish((count, *first))
+            return Field(self.kind, self.dtype, first, self.name, scalar=self.scalar)
+        self.out.finish((self.out.count,))
+        shapes = np.array(self.shapes, dtype=np.int64).reshape(count, len(first))
+        offsets = np.concatenate([[0], np.cumsum(np.prod(shapes, axis=1))]).astype(np.int64)
+        for suffix, array in (("o", offsets), ("s", shapes)):
+            w = NpyWriter(self.folder / f"{self.name}{suffix}.npy", np.dtype("<i8"))
+            w.append(array)
+            w.finish(array.shape)
+        return Field(self.kind, self.dtype, None, self.name, f"{self.name}o", f"{self.name}s", self.scalar)
+
+
+_NATIVE = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+           torch.float32, torch.float64, torch.complex64, torch.complex128, torch.uint16, torch.uint32,
+           torch.uint64}  # fmt: skip
+
+
+def _as_int(dtype: torch.dtype) -> torch.dtype:
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+
+
+def _items(dataset: Any, workers: int | str) -> Iterator[Any]:
+    """The dataset's items in order: the first few read here and timed; the rest by loader workers when
+    reading them here would take long (``workers="auto"``), else here too."""
+    n, tick = len(dataset), time.perf_counter()
+    first = min(n, _TIMED)
+    for i in range(first):
+        yield dataset[i]
+    per_item = (time.perf_counter() - tick) / max(1, first)
+    if workers == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = min(8, cores - 1) if per_item * (n - first) > _WORTH else 0
+    if int(workers) == 0:
+        for i in range(first, n):
+            yield dataset[i]
+        return
+    loader = DataLoader(dataset, batch_size=None, sampler=range(first, n), num_workers=int(workers),
+                        collate_fn=same, prefetch_factor=4)  # fmt: skip
+    yield from loader
+
+
+def write_store(dataset: Any, folder: Path, origin: dict[str, Any], workers: int | str, progress: bool) -> None:
+    """Every item of ``dataset`` into the empty ``folder``, then its manifest (last: it makes the store complete).
+
+    Raises:
+        ValueError: an item that cannot be stored, or unlike item 0 in structure or dtype (named by index).
+    """
+    n = len(dataset)
+    columns: list[_Column] = []
+    kinds: list[tuple[str, str, bool]] = []
+    item0: Any = None
+    paths: list[str] = []
+    bar = _bar(n, folder, progress)
+    for i, item in enumerate(_items(dataset, workers)):
+        prefix = f"cache: item {i}"
+        leaves = list(_leaves(item, prefix))
+        here = [where[len(prefix) :] for where, _ in leaves]
+        if i == 0:
+            paths = here
+            item0 = item
+            for where, value in leaves:
+                kind, dtype, _, scalar = leaf_kind(value, where)
+                kinds.append((kind, dtype, scalar))
+                columns.append(_Column(folder, len(columns), kind, dtype, scalar))
+        elif here != paths:
+            raise ValueError(f"cache: item {i} has the leaves {here} and item 0 has {paths}: every item must "
+                             "have the same structure")  # fmt: skip
+        for (where, value), column, (kind, dtype, scalar) in zip(leaves, columns, kinds, strict=True):
+            got = leaf_kind(value, where)
+            if (got[0], got[1], got[3]) != (kind, dtype, scalar):
+                raise ValueError(f"{where} is a {got[0]} of {got[1]}, and in item 0 a {kind} of {dtype}: every "
+                                 "item's leaves must keep their type and dtype")  # fmt: skip
+            try:
+                column.add(value, got[2])
+            except ValueError as e:
+                raise ValueError(f"{where} {e}") from None
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    fields = iter([c.finish(n) for c in columns])
+    item = _skeleton(item0, fields) if n else ()
+    write_manifest(folder, item, n, origin)
+
+
+def _bar(n: int, folder: Path, progress: bool) -> Any:
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=n, desc=f"cache: writing {folder.name}", unit="item", file=sys.stderr, mininterval=0.5)

@@ -1,0 +1,190 @@
+"""ct.cache: items come back equal (types, dtypes, bits), batches equal default_collate, stores reused and checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+import composetrain as ct
+from composetrain.data.equal import same_item
+
+TENSOR_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+                 torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn,
+                 torch.uint16]  # fmt: skip
+NUMPY_DTYPES = ["<f4", "<f8", "<f2", "|i1", "|u1", "<i4", "<i8", "|b1", "<c8", "<u4"]
+
+
+class Items(Dataset[Any]):
+    """A dataset of the given items, counting its __getitem__ calls."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items, self.calls = items, 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        self.calls += 1
+        return self.items[i]
+
+
+def _bits(rng: np.random.Generator, n: int) -> bytes:
+    return rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def _leaf(spec: tuple[Any, ...], rng: np.random.Generator, ragged: bool) -> Any:
+    kind, dtype, shape = spec
+    if ragged and shape:
+        shape = (int(rng.integers(0, 4)), *shape[1:])
+    size = int(np.prod(shape))
+    if kind == "tensor":
+        if dtype == torch.bool:
+            return torch.from_numpy(rng.integers(0, 2, shape).astype(bool))
+        raw = torch.frombuffer(bytearray(_bits(rng, size * dtype.itemsize) or b"\0"), dtype=torch.uint8)
+        return raw[: size * dtype.itemsize].view(dtype).reshape(shape).clone()
+    if kind in ("numpy", "npscalar"):
+        d = np.dtype(dtype)
+        a = rng.integers(0, 2, shape).astype(bool) if d.kind == "b" else np.frombuffer(_bits(rng, size * d.itemsize), d)
+        a = a.reshape(shape).copy()
+        return a[()] if kind == "npscalar" else a
+    return {"int": lambda: int(rng.integers(-(2**63), 2**63 - 1)), "bool": lambda: bool(rng.integers(0, 2)),
+            "float": lambda: float(np.frombuffer(_bits(rng, 8), "<f8")[0])}[kind]()  # fmt: skip
+
+
+shapes = st.lists(st.integers(0, 3), max_size=3).map(tuple)
+leaf_specs = st.one_of(
+    st.tuples(st.just("tensor"), st.sampled_from(TENSOR_DTYPES), shapes),
+    st.tuples(st.just("numpy"), st.sampled_from(NUMPY_DTYPES), shapes),
+    st.tuples(st.just("npscalar"), st.sampled_from(NUMPY_DTYPES), st.just(())),
+    st.tuples(st.sampled_from(["int", "float", "bool"]), st.none(), st.just(())),
+)
+structures = st.recursive(
+    leaf_specs,
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=1, max_size=3).map(tuple),
+        st.lists(inner, min_size=1, max_size=3),
+        st.dictionaries(st.text("abcxyz", min_size=1, max_size=3), inner, min_size=1, max_size=3),
+    ),
+    max_leaves=5,
+)
+
+
+def _make(structure: Any, rng: np.random.Generator, ragged: bool) -> Any:
+    if isinstance(structure, tuple) and len(structure) == 3 and isinstance(structure[0], str) and structure[0] in (
+        "tensor", "numpy", "npscalar", "int", "float", "bool"):  # fmt: skip
+        return _leaf(structure, rng, ragged)
+    if isinstance(structure, dict):
+        return {k: _make(v, rng, ragged) for k, v in structure.items()}
+    return type(structure)(_make(s, rng, ragged) for s in structure)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(structure=structures, n=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), ragged=st.booleans())
+def test_items_come_back_equal_for_every_structure_and_dtype(tmp_path_factory: Any, structure: Any, n: int,
+                                                            seed: int, ragged: bool) -> None:  # fmt: skip
+    rng = np.random.default_rng(seed)
+    items = [_make(structure, rng, ragged) for _ in range(n)]
+    data = Items(items)
+    path = tmp_path_factory.mktemp("c") / "store"
+    cached = ct.cache(data, path, progress=False)
+    assert len(cached) == n
+    for i in range(n):
+        assert same_item(cached[i], items[i]), (i, cached[i], items[i])
+    order = list(rng.permutation(n))
+    for got, i in zip(cached.__getitems__(order), order, strict=True):
+        assert same_item(got, items[i])
+    if not cached.ragged:
+        assert same_item(cached.read_batch(order), default_collate([items[i] for i in order]))
+    calls = data.calls
+    again = ct.cache(data, path, progress=False)
+    assert data.calls == calls  # a second open never reads the dataset
+    assert same_item(again[n - 1], items[n - 1])
+
+
+def _store(tmp_path: Path, n: int = 12) -> tuple[Items, Path]:
+    g = torch.Generator().manual_seed(0)
+    items = [(torch.randn(3, generator=g), i % 3) for i in range(n)]
+    return Items(items), tmp_path / "store"
+
+
+def test_batches_through_ct_run_loader_and_a_given_dataloader_equal_the_originals(tmp_path: Path) -> None:
+    data, path = _store(tmp_path)
+    cached = ct.cache(data, path, progress=False)
+    loader = DataLoader(cached, batch_size=5, shuffle=False)
+    reference = DataLoader(data, batch_size=5, shuffle=False)
+    for got, want in zip(loader, reference, strict=True):
+        assert same_item(got, want)
+
+
+def test_a_store_made_from_another_dataset_is_refused_and_rebuilt_on_request(tmp_path: Path) -> None:
+    data, path = _store(tmp_path)
+    ct.cache(data, path, progress=False)
+    shorter = Items(data.items[:-1])
+    with pytest.raises(ValueError, match=r"made from something else.*length.*rebuild=True"):
+        ct.cache(shorter, path, progress=False)
+    with pytest.raises(ValueError, match=r"key: the store has None, the dataset 'v2'"):
+        ct.cache(data, path, key="v2", progress=False)
+    rebuilt = ct.cache(shorter, path, rebuild=True, progress=False)
+    assert len(rebuilt) == len(shorter) and shorter.calls == len(shorter)
+    assert same_item(rebuilt[3], shorter.items[3])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".store.lock", "store"]  # nothing stale left beside it
+
+
+def test_verify_compares_the_first_and_last_items(tmp_path: Path) -> None:
+    data, path = _store(tmp_path)
+    ct.cache(data, path, progress=False)
+    changed = Items([(x + 1, y) for x, y in data.items])
+    ct.cache(changed, path, progress=False)  # same type and length: only verify can tell
+    with pytest.raises(ValueError, match=r"item 0 of the store .* differs"):
+        ct.cache(changed, path, verify=True, progress=False)
+
+
+def test_items_that_cannot_be_stored_are_refused_by_name(tmp_path: Path) -> None:
+    cases = [
+        ([("a", 1)], r"item 0\[0\] is a str"),
+        ([(None,)], r"item 0\[0\] is a NoneType"),
+        ([{1: torch.ones(1)}], r"has the key 1: only string keys"),
+        ([(torch.ones(2),), (torch.ones(2), 1)], r"item 1 has the leaves"),
+        ([torch.ones(2), torch.ones(2, dtype=torch.int64)], r"item 1 is a tensor of int64, and in item 0 a tensor"),
+        ([torch.ones(2), torch.ones(2, 1)], r"item 1 has 2 dimensions here and 1 in item 0"),
+        ([np.array(["x"])], r"NumPy <U1"),
+        ([2**70], r"outside int64"),
+    ]  # fmt: skip
+    for n, (items, message) in enumerate(cases):
+        with pytest.raises(ValueError, match=message):
+            ct.cache(Items(items), tmp_path / f"s{n}", progress=False)
+        assert not (tmp_path / f"s{n}").exists() and not list(tmp_path.glob(f".s{n}.tmp-*"))
+
+
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    data, path = _store(tmp_path)
+    for kwargs, message in [
+        ({"num_workers": -1}, "num_workers must be"), ({"timeout": 0}, "timeout must be"),
+        ({"augment": 3}, "augment must be a function"), ({"rebuild": 1}, "rebuild must be True or False"),
+        ({"key": object()}, "key must be something JSON"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            ct.cache(data, path, **kwargs)
+    with pytest.raises(ValueError, match="does not exist"):
+        ct.cache(data, tmp_path / "missing" / "store")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="not a cache store"):
+        ct.cache(data, tmp_path / "mine", rebuild=True)
+    assert data.calls == 0 and not path.exists()
+
+
+def test_the_manifest_records_what_the_store_was_made_from(tmp_path: Path) -> None:
+    data, path = _store(tmp_path)
+    ct.cache(data, path, key={"size": 28}, progress=False)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["format"] == 1 and manifest["length"] == 12
+    assert manifest["origin"]["type"] == f"{__name__}.Items" and manifest["origin"]["key"] == {"size": 28}

@@ -1,0 +1,87 @@
+"""ct.run over a ct.cache store: the batches of the original dataset, read whole; resumed bit-exactly, augmented too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from helpers import IN, assert_states_equal, classify, make_state
+from torch.utils.data import Dataset
+
+import composetrain as ct
+from composetrain.data.mapped import MappedDataset
+
+
+class Samples(Dataset[Any]):
+    """Per-sample items (x float64, y int): ct.run reads it sample by sample and collates."""
+
+    def __init__(self, n: int = 40) -> None:
+        g = torch.Generator().manual_seed(3)
+        self.x, self.y = torch.randn(n, IN, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.x[i], int(self.y[i])
+
+
+def noise(batch: Any, generator: torch.Generator) -> Any:
+    x, y = batch
+    return [x + 0.1 * torch.randn(x.shape, generator=generator, dtype=x.dtype), y]
+
+
+def _run(data: Any, folder: Path | None = None, **options: Any) -> tuple[ct.TrainState, Any]:
+    state = make_state()
+    options = {"epochs": 3, **options}
+    result = ct.run(ct.train_step(classify), state, data, batch_size=6, num_workers=0, progress=False,
+                    checkpoint_dir=folder, **options)  # fmt: skip
+    return state, result
+
+
+def test_a_run_over_the_cache_is_bit_identical_to_one_over_the_original_and_reads_whole_batches(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    data = Samples()
+    cached = ct.cache(data, tmp_path / "store", progress=False)
+    reads: list[int] = []
+    read_batch = MappedDataset.read_batch
+    monkeypatch.setattr(MappedDataset, "read_batch", lambda self, i, e=None: reads.append(len(i)) or read_batch(self, i, e))
+    monkeypatch.setattr(MappedDataset, "__getitem__", lambda *a: (_ for _ in ()).throw(AssertionError("per item")))
+    straight, _ = _run(data)
+    over_cache, _ = _run(cached)
+    assert_states_equal(over_cache, straight)
+    assert reads == [6] * 6 + [4]  + [6] * 6 + [4] + [6] * 6 + [4]  # fmt: skip
+
+
+def test_a_resumed_run_over_the_cache_is_bit_exact(tmp_path: Path) -> None:
+    cached = ct.cache(Samples(), tmp_path / "store", progress=False)
+    straight, _ = _run(cached, tmp_path / "a")
+    _run(cached, tmp_path / "b", max_steps=10)  # stops mid-epoch
+    resumed, _ = _run(cached, tmp_path / "b")
+    assert_states_equal(resumed, straight)
+
+
+def test_augmentation_differs_per_epoch_and_batch_and_resumes_bit_exactly(tmp_path: Path) -> None:
+    data = Samples()
+    plain = ct.cache(data, tmp_path / "store", progress=False)
+    augmented = ct.cache(data, tmp_path / "store", augment=noise, seed=7, progress=False)
+    a, b = augmented.read_batch([1, 2], epoch=0), augmented.read_batch([1, 2], epoch=0)
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], plain.read_batch([1, 2])[0])
+    assert not torch.equal(a[0], augmented.read_batch([1, 2], epoch=1)[0])
+    assert torch.equal(augmented.read_batch([1, 2])[1], plain.read_batch([1, 2])[1])
+    straight, _ = _run(augmented, tmp_path / "a")
+    unaugmented, _ = _run(plain)
+    assert not torch.equal(straight.model[0].weight, unaugmented.model[0].weight)
+    _run(augmented, tmp_path / "b", max_steps=10)
+    resumed, _ = _run(augmented, tmp_path / "b")
+    assert_states_equal(resumed, straight)
+
+
+def test_augmentation_in_loader_workers_draws_as_in_this_process(tmp_path: Path) -> None:
+    augmented = ct.cache(Samples(), tmp_path / "store", augment=noise, progress=False)
+    here, _ = _run(augmented, epochs=2)
+    state = make_state()
+    ct.run(ct.train_step(classify), state, augmented, batch_size=6, num_workers=1, epochs=2, progress=False)
+    assert_states_equal(state, here)
