@@ -57,13 +57,13 @@ def bench_hdf5(args: argparse.Namespace) -> str:
             "in-RAM gather (torch index_select, a TensorDataset's)": timed_loop(
                 lambda i: in_ram.index_select(0, torch.tensor(batches[i % len(batches)]))
             ),
-            "ct.hdf5, contiguous (memory map)": timed_loop(lambda i: mapped.read(batches[i % len(batches)])),
+            "ct.hdf5, contiguous (memory map)": timed_loop(lambda i: mapped.read_batch(batches[i % len(batches)])),
             "h5py indexing, contiguous": timed_loop(h5py_read),
-            "ct.hdf5, chunked (through h5py)": timed_loop(lambda i: chunked.read(batches[i % len(batches)])),
+            "ct.hdf5, chunked (through h5py)": timed_loop(lambda i: chunked.read_batch(batches[i % len(batches)])),
         }
         for i in range(3):  # the same rows from every path
             want = in_ram[batches[i]]
-            assert torch.equal(mapped.read(batches[i]), want) and torch.equal(h5py_read(i), want)
+            assert torch.equal(mapped.read_batch(batches[i]), want) and torch.equal(h5py_read(i), want)
         results = compare(contenders, updates=args.reads, rounds=args.rounds)
         h5.close()
     mb = array.nbytes / 2**20

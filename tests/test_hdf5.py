@@ -77,9 +77,9 @@ def test_flat_datasets_are_memory_mapped_the_others_read_by_h5py(h5file):
 def test_any_index_list_reads_what_h5py_reads(h5file, index, name):
     """Unsorted, repeated and negative indices: the rows h5py reads one by one, native byte order."""
     data = ct.hdf5(h5file, [name])
-    (batch,) = data.read(index)
+    (batch,) = data.read_batch(index)
     want = expected(h5file, name, index)
-    assert batch.shape == (len(index), *data._columns[name].shape[1:])
+    assert batch.shape == ((len(index), 2, 2) if name.startswith(("dtypes", "packed")) else (len(index), 3))
     if want is not None:
         assert batch.dtype == torch.from_numpy(want.astype(want.dtype.newbyteorder("="))).dtype
         assert np.array_equal(batch.numpy(), want)
@@ -105,17 +105,17 @@ def test_items_have_the_structure_of_the_keys(h5file):
     assert isinstance(pair, tuple) and pair[1].shape == () and pair[1].item() == s
     named = ct.hdf5(h5file, {"x": "contiguous", "n": "scalar"})[5]
     assert named.keys() == {"x", "n"} and np.array_equal(named["x"].numpy(), x) and named["n"].item() == s
-    batch = ct.hdf5(h5file, {"x": "chunked", "n": "scalar"}).read([4, 2])
+    batch = ct.hdf5(h5file, {"x": "chunked", "n": "scalar"}).read_batch([4, 2])
     assert batch["x"].shape == (2, 3) and batch["n"].tolist() == [4, 2]
 
 
 def test_batches_equal_a_dataloaders_over_the_items(h5file):
-    """read() is what default_collate makes of the items: the list / dict / tensor a DataLoader gives."""
+    """read_batch() is what default_collate makes of the items: the list / dict / tensor a DataLoader gives."""
     for keys in ("contiguous", ["gzip", "scalar"], {"x": "contiguous", "n": "scalar"}):
         data = ct.hdf5(h5file, keys)
         index = [7, 3, 3, 30]
         (want,) = DataLoader(data, batch_size=4, sampler=index)
-        got = data.read(index)
+        got = data.read_batch(index)
         assert type(got) is type(want)
         for a, b in zip(
             *(g.values() if isinstance(g, dict) else [g] if torch.is_tensor(g) else g for g in (got, want)), strict=True
@@ -126,17 +126,17 @@ def test_batches_equal_a_dataloaders_over_the_items(h5file):
 def test_zero_rows(h5file):
     data = ct.hdf5(h5file, ["empty", "empty_chunked"])
     assert len(data) == 0 and data.mapped == []
-    assert [t.shape for t in data.read([])] == [(0, 4), (0, 4)]
-    with pytest.raises(IndexError, match="index 0 is out of range for 0 rows"):
+    assert [t.shape for t in data.read_batch([])] == [(0, 4), (0, 4)]
+    with pytest.raises(IndexError, match="index 0 out of range for 0 items"):
         data[0]
 
 
 def test_out_of_range_and_wrong_index_types_are_refused(h5file):
     data = ct.hdf5(h5file, "contiguous")
     for bad in (N, -N - 1):
-        with pytest.raises(IndexError, match=f"ct.hdf5: index {bad} is out of range for {N} rows"):
+        with pytest.raises(IndexError, match=f"HDF5Dataset: index {bad} out of range for {N} items"):
             data[bad]
-    with pytest.raises(TypeError, match="indexed by an int, got slice"):
+    with pytest.raises(TypeError, match="an index must be an int, got slice"):
         data[1:3]
 
 
@@ -179,20 +179,21 @@ def test_a_userblock_before_the_data_is_counted(tmp_path):
     with h5py.File(path, "w", userblock_size=1024) as f:
         f["x"] = np.arange(40, dtype="<f8").reshape(20, 2)
     data = ct.hdf5(path, "x")
-    assert data.mapped == ["x"] and data.read([19, 0]).tolist() == [[38, 39], [0, 1]]
+    assert data.mapped == ["x"] and data.read_batch([19, 0]).tolist() == [[38, 39], [0, 1]]
 
 
 def test_it_pickles_by_path_and_reads_in_another_process(h5file):
     data = ct.hdf5(h5file, ["contiguous", "gzip"])
-    data.read([1, 2])  # the map and the h5py file are open now: neither may travel
+    data.read_batch([1, 2])  # the map and the h5py file are open now: neither may travel
     blob = pickle.dumps(data)
     assert len(blob) < 4000
     again = pickle.loads(blob)
-    for a, b in zip(again.read([5, 1]), data.read([5, 1]), strict=True):
+    for a, b in zip(again.read_batch([5, 1]), data.read_batch([5, 1]), strict=True):
         assert torch.equal(a, b)
-    workers = DataLoader(data, batch_size=8, num_workers=2, multiprocessing_context="spawn")
+    # forked workers inherit the parent's open h5py file: each must open its own
+    workers = DataLoader(data, batch_size=8, num_workers=2)
     got = [torch.cat(batch) for batch in zip(*workers, strict=True)]
-    assert all(torch.equal(g, w) for g, w in zip(got, data.read(range(N)), strict=True))
+    assert all(torch.equal(g, w) for g, w in zip(got, data.read_batch(list(range(N))), strict=True))
 
 
 def model_state():
@@ -206,8 +207,8 @@ def step(model, batch):
     return (nn.functional.cross_entropy(model(x.double().flatten(1)), y, reduction="none") * w).mean()
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "gzip"])
-def test_a_run_over_hdf5_is_bit_identical_to_one_over_the_tensors(tmp_path, layout):
+@pytest.mark.parametrize(("layout", "workers"), [("contiguous", 0), ("gzip", 0), ("gzip", 2)])
+def test_a_run_over_hdf5_is_bit_identical_to_one_over_the_tensors(tmp_path, layout, workers):
     g = np.random.default_rng(1)
     x, y, w = g.standard_normal((90, 3, 4)).astype(">f4"), g.integers(0, 3, 90), g.random(90).astype("float16")
     path = tmp_path / "train.h5"
@@ -215,10 +216,39 @@ def test_a_run_over_hdf5_is_bit_identical_to_one_over_the_tensors(tmp_path, layo
         f.create_dataset("x", data=x, **({"chunks": (7, 3, 4), "compression": "gzip"} if layout == "gzip" else {}))
         f["y"], f["w"] = y, w
     tensors = TensorDataset(*(torch.from_numpy(a.astype(a.dtype.newbyteorder("="))) for a in (x, y, w)))
-    options = {"epochs": 2, "batch_size": 16, "num_workers": 0, "progress": False, "log_every": 1}
+    options = {"epochs": 2, "batch_size": 16, "progress": False, "log_every": 1}
     a, b = model_state(), model_state()
-    ra = ct.run(ct.accumulate(2)(step), a, ct.hdf5(path, ["x", "y", "w"]), **options)
-    rb = ct.run(ct.accumulate(2)(step), b, tensors, **options)
+    ra = ct.run(ct.accumulate(2)(step), a, ct.hdf5(path, ["x", "y", "w"]), num_workers=workers, **options)
+    rb = ct.run(ct.accumulate(2)(step), b, tensors, num_workers=0, **options)
     assert_states_equal(a, b)
     losses = [[r["loss"] for r in result.history] for result in (ra, rb)]
     assert losses[0] == losses[1] and len(losses[0]) == 12
+
+
+def test_auto_reads_memory_maps_here_and_weighs_workers_for_what_h5py_reads(tmp_path):
+    path = tmp_path / "two.h5"
+    with h5py.File(path, "w") as f:
+        f["flat"] = np.zeros((64, 12), "<f4")
+        f.create_dataset("packed", data=np.zeros((64, 12), "<f4"), chunks=(8, 12), compression="gzip")
+        f["y"] = np.zeros(64, "<i8")
+    runs = {}
+    for name in ("flat", "packed"):
+        runs[name] = ct.run(step, model_state(), ct.hdf5(path, [name, "y", "y"]), batch_size=4, progress=False)
+    assert "chose 0: a memory-mapped HDF5Dataset is read a whole batch at a time" in runs["flat"].bottleneck
+    assert 'num_workers="auto" chose ' in runs["packed"].bottleneck
+    assert "(reading whole batches: " in runs["packed"].bottleneck  # timed, then chosen
+
+
+def test_augment_is_applied_to_every_batch_seeded_by_epoch_and_indices(h5file):
+    def noise(batch, generator):
+        x, n = batch
+        return [x + torch.rand(x.shape, generator=generator), n]
+
+    plain = ct.hdf5(h5file, ["contiguous", "scalar"])
+    noisy = ct.hdf5(h5file, ["contiguous", "scalar"], augment=noise, seed=3)
+    x, n = plain.read_batch([3, 1])
+    a, b, c = noisy.read_batch([3, 1], 0), noisy.read_batch([3, 1], 0), noisy.read_batch([3, 1], 1)
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0]) and torch.equal(a[1], n)
+    assert ((a[0] - x) >= 0).all() and ((a[0] - x) < 1).all()
+    with pytest.raises(TypeError, match=r"ct\.hdf5: augment must be a function"):
+        ct.hdf5(h5file, "contiguous", augment=3)

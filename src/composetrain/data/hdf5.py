@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+
+from composetrain.data.layout import Field
+from composetrain.data.mapped import Augment, MappedDataset, Region
 
 __all__ = ["HDF5Dataset", "hdf5"]
 
@@ -51,51 +53,69 @@ def native(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
 
 
-class _Column:
-    """One HDF5 dataset's rows, memory-mapped where they lie flat in the file, else read through h5py."""
+class _Swapped:
+    """A memory map of another byte order, gathered like an array and handed out in native order."""
 
-    def __init__(self, dataset: HDF5Dataset, key: str, dset: Any) -> None:
-        self.owner, self.key, self.shape, self.dtype = dataset, key, tuple(dset.shape), dset.dtype
-        self.offset = flat_offset(dset) if self.shape[0] else None
-        self._map: np.ndarray | None = None
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_map": None}  # a memory map pickles as a copy of all of its rows: map it again
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        return self.array[index].astype(native(self.array.dtype))
 
-    def rows(self, index: np.ndarray) -> np.ndarray:
-        """The rows at ``index`` (in range, any order, repeats allowed), in native byte order: one gather."""
+
+class _Rows:
+    """Rows of a dataset that h5py reads (chunked, filtered), gathered like an array: one read of the sorted
+    distinct rows (h5py reads a list of rows only increasing and distinct), then put in the order asked."""
+
+    def __init__(self, owner: HDF5Dataset, key: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.owner, self.key, self.shape, self.dtype = owner, key, shape, native(dtype)
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
         if not len(index):
-            return np.empty((0, *self.shape[1:]), native(self.dtype))
-        if self.offset is not None:
-            if self._map is None:
-                self._map = np.memmap(self.owner.path, self.dtype, "r", self.offset, self.shape)
-            out = self._map[index]  # fancy indexing copies: nothing keeps the map's pages
-        else:  # h5py reads a list of rows only increasing and distinct
-            unique, inverse = np.unique(index, return_inverse=True)
-            out = self.owner.h5file()[self.key][unique]
-            out = out if len(unique) == len(index) and (unique == index).all() else out[inverse.reshape(-1)]
-        return out.astype(native(self.dtype), copy=False)
+            return np.empty((0, *self.shape[1:]), self.dtype)
+        unique, inverse = np.unique(index, return_inverse=True)
+        out = self.owner.h5file()[self.key][unique]
+        out = out if len(unique) == len(index) and (unique == index).all() else out[inverse.reshape(-1)]
+        return out.astype(self.dtype, copy=False)
 
 
-class HDF5Dataset(Dataset):
-    """A map-style Dataset over datasets of one HDF5 file, row ``i`` of each: see ``hdf5``.
+class HDF5Dataset(MappedDataset):
+    """A ``MappedDataset`` over datasets of one HDF5 file, row ``i`` of each: see ``hdf5``. ct.run reads it a
+    whole batch at a time (``read_batch``), as it reads a ``ct.cache`` store.
 
     Attributes:
         path: the file (absolute).
         keys: the datasets read, as given (a name, a sequence of names, or ``{item key: name}``).
-        mapped: the names read through a memory map (the others are read by h5py).
+        mapped: the names read through a memory map; the others are read by h5py.
     """
 
-    def __init__(self, path: str, keys: Any, columns: dict[str, Any]) -> None:
-        self.path, self.keys = path, keys
-        self._columns = {key: _Column(self, key, dset) for key, dset in columns.items()}
-        self._length = next(iter(self._columns.values())).shape[0]
+    def __init__(self, path: str, keys: Any, columns: Mapping[str, Any], augment: Augment | None, seed: int) -> None:
+        offsets = {name: flat_offset(dset) if dset.shape[0] else None for name, dset in columns.items()}
+        regions = {
+            name: Region(path, offset, dset.dtype.str, tuple(dset.shape))
+            for (name, dset), offset in zip(columns.items(), offsets.values(), strict=True)
+            if offset is not None
+        }
+        self._by_h5py = {name: (tuple(d.shape), d.dtype) for name, d in columns.items() if offsets[name] is None}
+        fields = {name: Field("tensor", _torch_name(d.dtype), tuple(d.shape[1:]), name) for name, d in columns.items()}
+        if isinstance(keys, str):
+            item: Any = fields[keys]
+        elif isinstance(keys, Mapping):
+            item = {item_key: fields[name] for item_key, name in keys.items()}
+        else:
+            item = tuple(fields[name] for name in keys)
+        super().__init__(regions, item, next(iter(columns.values())).shape[0], augment=augment, seed=seed)
+        self.path, self.keys, self.mapped = path, keys, list(regions)
         self._file: Any = None
         self._pid = -1
-        self.mapped = [key for key, column in self._columns.items() if column.offset is not None]
+
+    @property
+    def memory_mapped(self) -> bool:
+        """Whether every dataset is read by one gather from a memory map (else h5py reads some: slower)."""
+        return not self._by_h5py
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_file": None, "_pid": -1}  # an h5py file is not picklable: opened again
+        return {**super().__getstate__(), "_file": None, "_pid": -1}  # an h5py file does not pickle: opened again
 
     def h5file(self) -> Any:
         """The file opened by h5py in this process (a handle inherited across fork is not safe to read)."""
@@ -103,50 +123,22 @@ class HDF5Dataset(Dataset):
             self._file, self._pid = _h5py().File(self.path, "r"), os.getpid()
         return self._file
 
-    def __len__(self) -> int:
-        return self._length
-
-    def _index(self, indices: Sequence[int]) -> np.ndarray:
-        index = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(index) and (index.min() < -self._length or index.max() >= self._length):
-            bad = index[(index < -self._length) | (index >= self._length)][0]
-            raise IndexError(f"{NAME}: index {bad} is out of range for {self._length} rows of {self.path}")
-        return np.where(index < 0, index + self._length, index)
-
-    def _shape(self, read: Mapping[str, torch.Tensor]) -> Any:
-        if isinstance(self.keys, str):
-            return read[self.keys]
-        if isinstance(self.keys, Mapping):
-            return {name: read[key] for name, key in self.keys.items()}
-        return [read[key] for key in self.keys]
-
-    def read(self, indices: Sequence[int]) -> Any:
-        """The batch of these rows, as ``default_collate`` of the items would give it (a tensor, a list of
-        tensors for a sequence of names, a dict for a mapping), read with one gather per HDF5 dataset."""
-        index = self._index(indices)
-        return self._shape({key: torch.from_numpy(col.rows(index)) for key, col in self._columns.items()})
-
-    def __getitem__(self, i: int) -> Any:
-        if not isinstance(i, int | np.integer) or isinstance(i, bool):
-            raise TypeError(f"{NAME}: an item is indexed by an int, got {type(i).__name__} {i!r}")
-        batch = self.read([i])
-        if isinstance(batch, torch.Tensor):
-            return batch[0]
-        if isinstance(batch, dict):
-            return {name: t[0] for name, t in batch.items()}
-        return tuple(t[0] for t in batch)
-
-    def __getitems__(self, indices: list[int]) -> list[Any]:
-        """The items at ``indices`` (torch's batched fetch), read with one gather per HDF5 dataset."""
-        batch = self.read(indices)
-        if isinstance(batch, torch.Tensor):
-            return list(batch.unbind(0))
-        names, columns = (list(batch), list(batch.values())) if isinstance(batch, dict) else (None, batch)
-        rows = [tuple(t[i] for t in columns) for i in range(len(indices))]
-        return [dict(zip(names, row, strict=True)) for row in rows] if names is not None else rows
+    def arrays(self) -> dict[str, Any]:
+        """The memory maps (big-endian ones swapped as they are gathered), and h5py's readers for the rest."""
+        if self._arrays is None:
+            opened: dict[str, Any] = super().arrays()
+            for name, array in opened.items():
+                if native(array.dtype) != array.dtype:
+                    opened[name] = _Swapped(array)
+            opened.update({name: _Rows(self, name, *spec) for name, spec in self._by_h5py.items()})
+        return self._arrays  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        return f"{NAME}({self.path!r}, {self.keys!r}): {self._length} rows, memory-mapped {self.mapped}"
+        return f"{NAME}({self.path!r}, {self.keys!r}): {len(self)} rows, memory-mapped {self.mapped}"
+
+
+def _torch_name(dtype: np.dtype) -> str:
+    return str(torch.from_numpy(np.empty(0, native(dtype))).dtype).removeprefix("torch.")
 
 
 def _names(keys: Any) -> list[str]:
@@ -166,14 +158,21 @@ def _names(keys: Any) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def hdf5(file: str | os.PathLike[str], keys: str | Sequence[str] | Mapping[str, str]) -> HDF5Dataset:
+def hdf5(
+    file: str | os.PathLike[str],
+    keys: str | Sequence[str] | Mapping[str, str],
+    *,
+    augment: Augment | None = None,
+    seed: int = 0,
+) -> HDF5Dataset:
     """The datasets ``keys`` of an existing HDF5 file as one map-style Dataset: item ``i`` is row ``i`` of each.
 
     Contiguous uncompressed datasets are memory-mapped at their offset in the file and gathered a whole batch
     at a time, as fast as an in-memory gather for large batches; chunked, compressed or filtered ones are read
     through h5py (one read per batch of the sorted distinct rows; slower: write such a file contiguous, or
-    ``ct.cache`` it). ct.run reads either a batch at a time through ``__getitems__``. The file must not change
-    while it is read; the dataset pickles by path, so loader workers open it again.
+    ``ct.cache`` it). ct.run reads either a whole batch at a time (``read_batch``, as it reads a ``ct.cache``
+    store; under ``num_workers="auto"`` workers only for datasets h5py reads). The file must not change while
+    it is read; the dataset pickles by path, so loader workers open it again.
 
     Args:
         file: the HDF5 file's path.
@@ -181,6 +180,9 @@ def hdf5(file: str | os.PathLike[str], keys: str | Sequence[str] | Mapping[str, 
             that order), or a dict ``{item key: name}`` (items are dicts). Names may have groups: ``"train/x"``.
             Every dataset needs the same number of rows (its first dimension) and a numeric or bool dtype; rows
             come in this machine's byte order.
+        augment: ``augment(batch, generator) -> batch``, applied to each batch read, as ``ct.cache``'s: the
+            generator is seeded from ``seed``, the epoch, the rank and the batch's indices.
+        seed: the augmentation's seed.
 
     Returns:
         An ``HDF5Dataset``.
@@ -197,6 +199,10 @@ def hdf5(file: str | os.PathLike[str], keys: str | Sequence[str] | Mapping[str, 
     """
     h5py = _h5py()
     names = _names(keys)
+    if augment is not None and not callable(augment):
+        raise TypeError(f"{NAME}: augment must be a function (batch, generator) -> batch, got {augment!r}")
+    if type(seed) is not int:
+        raise TypeError(f"{NAME}: seed must be an int, got {seed!r}")
     path = os.path.abspath(os.fspath(file))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{NAME}: no file {path}")
@@ -216,7 +222,7 @@ def hdf5(file: str | os.PathLike[str], keys: str | Sequence[str] | Mapping[str, 
         lengths = {name: dset.shape[0] for name, dset in columns.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{NAME}: the datasets of {path} differ in rows (first dimension): {lengths}")
-        return HDF5Dataset(path, keys, columns)
+        return HDF5Dataset(path, keys, columns, augment, seed)
 
 
 def _check_dtype(name: str, dset: Any, path: str) -> None:

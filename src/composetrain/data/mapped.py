@@ -71,6 +71,11 @@ class MappedDataset(Dataset[Any]):
         """Whether some field's shape differs between items (then batches need a collate_fn that pads)."""
         return any(f.shape is None for f in self.fields)
 
+    @property
+    def memory_mapped(self) -> bool:
+        """Whether every field is read by one gather from a memory map (a subclass may read some otherwise)."""
+        return True
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch that seeds the augmentation of batches read through ``__getitems__`` (a given DataLoader)."""
         self.epoch = epoch
