@@ -153,6 +153,7 @@ def test_items_that_cannot_be_stored_are_refused_by_name(tmp_path: Path) -> None
         ([(None,)], r"item 0\[0\] is a NoneType"),
         ([{1: torch.ones(1)}], r"has the key 1: only string keys"),
         ([(torch.ones(2),), (torch.ones(2), 1)], r"item 1 has the leaves"),
+        ([{"a": 1, "b": 2.0}, {"b": 3, "a": 4.0}], r"item 1 has the leaves \[\"\['b'\]\", \"\['a'\]\"\]"),
         ([torch.ones(2), torch.ones(2, dtype=torch.int64)], r"item 1 is a tensor of int64, and in item 0 a tensor"),
         ([torch.ones(2), torch.ones(2, 1)], r"item 1 has 2 dimensions here and 1 in item 0"),
         ([np.array(["x"])], r"NumPy <U1"),
@@ -188,3 +189,44 @@ def test_the_manifest_records_what_the_store_was_made_from(tmp_path: Path) -> No
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["format"] == 1 and manifest["length"] == 12
     assert manifest["origin"]["type"] == f"{__name__}.Items" and manifest["origin"]["key"] == {"size": 28}
+
+
+def test_every_file_and_the_folder_are_fsynced_before_the_store_is_renamed_into_place(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import os
+
+    events: list[tuple[str, str]] = []
+    fsync, rename = os.fsync, os.rename
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(os, "rename", lambda a, b: events.append(("rename", str(b))) or rename(a, b))
+    data, path = _store(tmp_path)
+    ct.cache(data, path, progress=False)
+    published = events.index(("rename", str(path)))
+    synced = {Path(p).name for kind, p in events[:published] if kind == "fsync"}
+    assert synced >= {"f0.npy", "f1.npy", "manifest.json"} and any(n.startswith(".store.tmp-") for n in synced)
+    assert ("fsync", str(tmp_path)) in events[published:]  # the rename itself made durable
+
+
+def test_processes_waiting_for_a_rebuild_map_it_instead_of_rebuilding_again(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import threading
+
+    from composetrain.data.cache import _write
+
+    data, path = _store(tmp_path)
+    ct.cache(data, path, progress=False)
+    fd = os.open(tmp_path / ".store.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # this "process" is rebuilding it
+    waiter = Items(data.items)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(ct.cache(waiter, path, rebuild=True, progress=False)))
+    thread.start()
+    import time
+
+    time.sleep(0.3)
+    _write(data, path, {"type": f"{__name__}.Items", "length": 12, "key": None, "created": 0.0}, 0, False)
+    os.close(fd)
+    thread.join(30)
+    assert waiter.calls == 0 and len(got[0]) == 12  # it waited, then mapped the fresh store

@@ -85,3 +85,17 @@ def test_augmentation_in_loader_workers_draws_as_in_this_process(tmp_path: Path)
     state = make_state()
     ct.run(ct.train_step(classify), state, augmented, batch_size=6, num_workers=1, epochs=2, progress=False)
     assert_states_equal(state, here)
+
+
+def test_the_bottleneck_report_recommends_ct_cache_unless_the_data_is_a_cache(tmp_path: Path) -> None:
+    from composetrain.driver.monitor import _cheaper
+    from composetrain.driver.reader import Reader
+
+    data = Samples()
+    cached = ct.cache(data, tmp_path / "store", progress=False)
+
+    def reader(d: Any) -> Reader:
+        return Reader(d, range(len(d)), 4, False, None, 0, lambda n: None, 1)  # type: ignore[arg-type,return-value]
+
+    assert "preprocess once with ct.cache(dataset, path)" in _cheaper(reader(data))
+    assert "is a ct.cache store already" in _cheaper(reader(cached))

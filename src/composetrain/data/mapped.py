@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,9 +61,10 @@ class MappedDataset(Dataset[Any]):
         self.fields: list[Field] = []
         unflatten(item, self.fields.append)
         self._arrays: dict[str, np.ndarray[Any, Any]] | None = None
+        self._views: dict[str, torch.Tensor] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_arrays": None}  # each process maps the files itself
+        return {**self.__dict__, "_arrays": None, "_views": {}}  # each process maps the files itself
 
     def __len__(self) -> int:
         return self.length
@@ -89,8 +92,14 @@ class MappedDataset(Dataset[Any]):
                 if int(np.prod(r.shape)) * dtype.itemsize == 0:  # mmap cannot map nothing
                     opened[name] = np.empty(r.shape, dtype)
                 else:
-                    opened[name] = np.memmap(r.path, dtype=dtype, mode="r", offset=r.offset, shape=r.shape)
+                    mapped = np.memmap(r.path, dtype=dtype, mode="r", offset=r.offset, shape=r.shape)
+                    opened[name] = mapped.view(np.ndarray)  # plain indexing: no memmap subclass per read
             self._arrays = opened
+            self._views = {}
+            for name, a in opened.items():
+                with contextlib.suppress(TypeError, ValueError), warnings.catch_warnings():  # ValueError: big-endian
+                    warnings.simplefilter("ignore")  # read-only memory: never written through this view
+                    self._views[name] = torch.from_numpy(a)  # torch's gather, as fast as on a tensor in memory
         return self._arrays
 
     def _index(self, i: int) -> int:
@@ -99,6 +108,15 @@ class MappedDataset(Dataset[Any]):
         if not -self.length <= i < self.length:
             raise IndexError(f"{type(self).__name__}: index {i} out of range for {self.length} items")
         return int(i) % self.length
+
+    def _indices(self, indices: Sequence[int]) -> torch.Tensor:
+        idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
+        if not len(idx):
+            return idx
+        low, high = idx.aminmax()
+        if not (-self.length <= int(low) and int(high) < self.length):
+            raise IndexError(f"{type(self).__name__}: an index of {list(indices)} is out of range for {self.length} items")
+        return idx if int(low) >= 0 else torch.where(idx < 0, idx + self.length, idx)
 
     def __getitem__(self, i: int) -> Any:
         if self.augment is not None:
@@ -125,13 +143,15 @@ class MappedDataset(Dataset[Any]):
         if self.ragged:
             raise ValueError(f"{type(self).__name__}: a field's shape differs between items: batches need a "
                              "collate_fn that pads them (ct.run(..., collate_fn=...))")  # fmt: skip
-        idx = [self._index(i) for i in indices]
-        arrays = self.arrays()
-        batch = unflatten(self.item, lambda f: _tensor(f, _rows(f, arrays, idx)))
+        idx = self._indices(indices)
+        self.arrays()
+        views = self._views
+        batch = unflatten(self.item, lambda f: _tensor(f, views[f.data].index_select(0, idx)
+                                                        if f.data in views else _rows(f, self.arrays(), idx.tolist())))  # fmt: skip
         batch = _as_collated(batch)
         if self.augment is None:
             return batch
-        return self.augment(batch, self.generator(idx, self.epoch if epoch is None else epoch))
+        return self.augment(batch, self.generator(idx.tolist(), self.epoch if epoch is None else epoch))
 
     def generator(self, indices: Sequence[int], epoch: int) -> torch.Generator:
         """The augmentation's generator for this batch: seeded from (seed, epoch, rank, indices), nothing else,
@@ -162,9 +182,9 @@ def _value(field: Field, row: Any) -> Any:
     return {"int": int, "float": float, "bool": bool}[field.kind](row)
 
 
-def _tensor(field: Field, gathered: np.ndarray[Any, Any]) -> torch.Tensor:
+def _tensor(field: Field, gathered: Any) -> torch.Tensor:
     """A field's batch, as default_collate stacks it: tensors, NumPy values and Python numbers alike."""
-    t = torch.from_numpy(np.ascontiguousarray(gathered))
+    t = gathered if isinstance(gathered, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(gathered))
     if field.kind == "tensor":
         dtype = torch_dtype(field.dtype)
         return t if t.dtype == dtype else t.view(dtype)

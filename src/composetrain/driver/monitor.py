@@ -20,6 +20,7 @@ import torch.distributed as dist
 from composetrain.core.protocol import StepOutput
 from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
+from composetrain.data.mapped import MappedDataset
 from composetrain.driver.loading import auto_workers
 from composetrain.launch.rendezvous import Process
 
@@ -181,10 +182,7 @@ class Meter:
         """What limits throughput, and the fix; with what num_workers="auto" chose, and why."""
         cause, choice = self._cause(loader), getattr(loader, "choice", None)
         if choice and loader.num_workers == 0 and self.data_wait > 0.2:  # auto weighed workers: no "raise" advice
-            return (
-                f"data loading is {self.data_wait:.0%} of the step; {choice}; make the dataset's __getitem__ "
-                "cheaper (decode once and cache, smaller inputs) or give the job more CPUs"
-            )
+            return f"data loading is {self.data_wait:.0%} of the step; {choice}; {_cheaper(loader)}"
         return f"{cause}; {choice}" if choice else cause
 
     def _cause(self, loader: Any) -> str:
@@ -195,13 +193,22 @@ class Meter:
         if loader.num_workers < spare:
             return (
                 f"data loading is {share:.0%} of the step: raise num_workers (now {loader.num_workers}; this "
-                f"process has cores for {spare}), or make the dataset's __getitem__ cheaper"
+                f"process has cores for {spare}), or {_cheaper(loader)}"
             )
         return (
             f"data loading is {share:.0%} of the step, and its workers ({loader.num_workers}) already use every "
-            "spare core: make the dataset's __getitem__ cheaper (decode once and cache, smaller inputs) or "
-            "give the job more CPUs"
+            f"spare core: {_cheaper(loader)}"
         )
+
+
+def _cheaper(loader: Any) -> str:
+    """How to make reading cheaper: cache the items once with ct.cache, unless the data is a cache already."""
+    if isinstance(getattr(loader, "dataset", None), MappedDataset):
+        return "the data is a ct.cache store already: make its augment cheaper or give the job more CPUs"
+    return (
+        "make the dataset's __getitem__ cheaper: preprocess once with ct.cache(dataset, path) (items decoded "
+        "once, then read a whole batch at a time from a memory map), smaller inputs, or give the job more CPUs"
+    )
 
 
 class MetricsLog:

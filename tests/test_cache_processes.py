@@ -1,0 +1,94 @@
+"""ct.cache in several processes: one writer per store (per node for node-local paths, one for a shared path),
+the others wait and map it; a writer killed mid-write leaves nothing that looks complete; a full disk is a
+clear error with nothing left behind."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from processes import Job, kill_tree, wait_all, wait_for
+
+import composetrain as ct
+
+SCRIPT = str(Path(__file__).parent / "cache_script.py")
+
+
+def _job(out: Path, *paths: Path, **env: str) -> Job:
+    return Job([sys.executable, SCRIPT, str(out), *map(str, paths)], {**os.environ, "OMP_NUM_THREADS": "1", **env})
+
+
+def _writers(out: Path) -> Counter[str]:
+    """How many items each process read: the writers."""
+    lines = (out.parent / (out.name + ".calls")).read_text().split()
+    return Counter(lines[0::2])
+
+
+def test_two_nodes_of_two_processes_write_each_node_local_store_once_and_a_shared_one_once(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for n in nodes:
+        n.mkdir()
+    out = tmp_path / "calls"  # every process appends "pid item" to calls.calls for each item it reads
+    # every process caches its node's local path first, then the shared one: the slow items let them overlap
+    jobs = [_job(out, nodes[node] / "store", shared, SLOW="0.02", RANK=str(2 * node + rank),
+                 LOCAL_RANK=str(rank), GROUP_RANK=str(node))
+            for node in range(2) for rank in range(2)]  # fmt: skip
+    try:
+        wait_all(jobs, timeout=120)
+        printed = [j.stdout_text().split() for j in jobs]
+    finally:
+        for j in jobs:
+            j.__exit__(None, None, None)
+    digests = {p[1] for p in printed} | {p[3] for p in printed}
+    assert len(digests) == 1  # every process read the same items from every store
+    calls = _writers(out)
+    # 30 items each for the two node-local stores and the shared one: each store written once, whole, by one
+    # process (a process may have written its node's store and the shared one)
+    assert sorted(calls.values()) in ([30, 30, 30], [30, 60]), calls
+    assert all((p / "store" / "manifest.json").exists() for p in nodes) and (shared / "manifest.json").exists()
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_complete_and_a_rerun_starts_over(tmp_path: Path) -> None:
+    path, out = tmp_path / "store", tmp_path / "killed"
+    with _job(out, path, SLOW="0.2") as job:
+        wait_for(lambda: any(tmp_path.glob(".store.tmp-*/f0.npy")), timeout=60)
+        wait_for(lambda: len((tmp_path / "killed.calls").read_text().split()) >= 4, timeout=60)
+        kill_tree(job.pid)
+        job.wait()
+    assert not path.exists() and list(tmp_path.glob(".store.tmp-*"))  # half-written, never published
+    data = _counted(tmp_path / "rerun")
+    cached = ct.cache(data, path, progress=False, num_workers=0)
+    assert [cached[i][1] for i in range(len(cached))] == list(range(30))
+    assert not list(tmp_path.glob(".store.tmp-*"))  # the dead writer's folder was cleared
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    path, out = tmp_path / "store", tmp_path / "full"
+    with _job(out, path, FSIZE="2000") as job:
+        code, printed = job.finish(timeout=60)
+    assert code != 0 and "cache: writing" in printed and "File too large" in printed and "nothing was kept" in printed
+    assert not path.exists() and not list(tmp_path.glob(".store.tmp-*"))
+
+
+def test_a_waiter_times_out_naming_the_store_and_its_writer(tmp_path: Path) -> None:
+    lock = tmp_path / ".store.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"process 123 on elsewhere")
+        with pytest.raises(TimeoutError, match=r"waited 0.3 s for process 123 on elsewhere to write .*store"):
+            ct.cache(_counted(tmp_path / "w"), tmp_path / "store", timeout=0.3, progress=False)
+    finally:
+        os.close(fd)
+
+
+def _counted(out: Path):  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cache_script import Counted
+
+    return Counted(str(out) + ".calls")
