@@ -77,3 +77,14 @@ def test_the_language_model_trains_on_real_tokens_and_samples_text():
     assert loss < 4.5  # below the uniform guess over the ~90 characters (ln 90 = 4.5)
     sample = out.split("sample:\n", 1)[1]
     assert sample.startswith("The data") and len(sample) >= 40
+
+
+def test_the_cached_images_example_decodes_png_files_once_and_reports_the_speedup(tmp_path):
+    images, store = tmp_path / "images", tmp_path / "digits.cache"
+    out = run_example(
+        "cached_images.py", "--epochs", "2", "--workers", "0", "--images", str(images), "--cache", str(store)
+    )
+    assert len(list(images.rglob("*.png"))) == 1797 and (store / "manifest.json").exists()
+    assert re.search(r"ct.cache wrote the store in \d+\.\d+ s", out)
+    assert re.search(r"data path \d+\.\d+x faster; epoch \d+\.\d+x faster", out)
+    assert float(re.search(r"train acc (\d\.\d+)", out).group(1)) > 0.5  # 10 classes, 2 short epochs, shifted
