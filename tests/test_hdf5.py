@@ -101,8 +101,8 @@ def test_items_have_the_structure_of_the_keys(h5file):
         x, s = f["contiguous"][5], f["scalar"][5]
     one = ct.hdf5(h5file, "contiguous")[5]
     assert isinstance(one, torch.Tensor) and np.array_equal(one.numpy(), x)
-    pair = ct.hdf5(h5file, ("gzip", "scalar"))[-32]
-    assert isinstance(pair, tuple) and pair[1].shape == () and pair[1].item() == s
+    pair = ct.hdf5(h5file, ("scalar", "gzip"))[-32]  # the order given, not the file's
+    assert isinstance(pair, tuple) and pair[0].shape == () and pair[0].item() == s and pair[1].shape == (3,)
     named = ct.hdf5(h5file, {"x": "contiguous", "n": "scalar"})[5]
     assert named.keys() == {"x", "n"} and np.array_equal(named["x"].numpy(), x) and named["n"].item() == s
     batch = ct.hdf5(h5file, {"x": "chunked", "n": "scalar"}).read_batch([4, 2])
@@ -252,3 +252,54 @@ def test_augment_is_applied_to_every_batch_seeded_by_epoch_and_indices(h5file):
     assert ((a[0] - x) >= 0).all() and ((a[0] - x) < 1).all()
     with pytest.raises(TypeError, match=r"ct\.hdf5: augment must be a function"):
         ct.hdf5(h5file, "contiguous", augment=3)
+
+
+def test_external_compact_and_unwritten_data_are_read_by_h5py(tmp_path):
+    """Only bytes that lie in the file as one array are mapped; a userblock shifts an unwritten dataset's
+    undefined address into the file, where a map would read the superblock."""
+    path, rows = tmp_path / "odd.h5", np.arange(12.0).reshape(6, 2)
+    with h5py.File(path, "w", userblock_size=512) as f:
+        f.create_dataset("external", data=rows, external=[(str(tmp_path / "rows.raw"), 0, h5py.h5f.UNLIMITED)])
+        compact = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        compact.set_layout(h5py.h5d.COMPACT)
+        f.create_dataset("compact", data=rows, dcpl=compact)
+        f.create_dataset("unwritten", shape=(6, 2), dtype="<f8", fillvalue=7.0)
+        f["flat"] = rows
+    data = ct.hdf5(path, ["external", "compact", "unwritten", "flat"])
+    assert data.mapped == ["flat"] and not data.memory_mapped
+    external, compact, unwritten, flat = data.read_batch([5, 0, 5])
+    for got in (external, compact, flat):
+        assert got.tolist() == rows[[5, 0, 5]].tolist()
+    assert (unwritten == 7).all()
+
+
+def test_a_relative_path_still_reads_after_a_change_of_folder(h5file, monkeypatch):
+    monkeypatch.chdir(h5file.parent)
+    data = ct.hdf5(h5file.name, ["contiguous", "gzip"])
+    monkeypatch.chdir(h5file.parent.parent)
+    with h5py.File(h5file, "r") as f:
+        assert np.array_equal(data.read_batch([2])[0].numpy(), f["contiguous"][[2]])
+        assert np.array_equal(pickle.loads(pickle.dumps(data)).read_batch([2])[1].numpy(), f["gzip"][[2]])
+
+
+def test_a_forked_process_opens_the_file_again(h5file):
+    """An h5py handle inherited across fork shares the parent's HDF5 state: each process opens its own."""
+    import multiprocessing
+
+    data = ct.hdf5(h5file, "gzip")
+    parent = data.h5file()
+    FORKED["data"] = data  # inherited by the child as it is, open handle included (not pickled)
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            assert pool.apply(_opens_its_own, (id(parent),))
+    finally:
+        FORKED.clear()
+    assert data.h5file() is parent  # and this process keeps its own
+
+
+FORKED = {}
+
+
+def _opens_its_own(parent_id):
+    data = FORKED["data"]
+    return id(data._file) == parent_id and id(data.h5file()) != parent_id and data.read_batch([3]).shape == (1, 3)
