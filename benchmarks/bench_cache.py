@@ -191,9 +191,10 @@ def reads_and_writes(args: argparse.Namespace) -> None:
         if "b" in args.parts:
             cached = ct.cache(Rows(x, y), Path(folder) / "store", progress=False)
             ratios = reads(TensorDataset(x, y), cached, batch=args.batch, batches=args.batches, rounds=args.rounds)
+            q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
             print(f"(b) random batches of {args.batch}, {args.batches} per round, {args.rounds} rounds: cache / "
-                  f"in-memory gather = {statistics.median(ratios):.2f} (median; rounds {min(ratios):.2f} to "
-                  f"{max(ratios):.2f})")  # fmt: skip
+                  f"in-memory gather = {statistics.median(ratios):.2f} (median; middle half {q1:.2f} to {q3:.2f}, "
+                  f"all {min(ratios):.2f} to {max(ratios):.2f})")  # fmt: skip
 
 
 def main() -> None:

@@ -115,10 +115,11 @@ def _store(tmp_path: Path, n: int = 12) -> tuple[Items, Path]:
     return Items(items), tmp_path / "store"
 
 
-def test_batches_through_ct_run_loader_and_a_given_dataloader_equal_the_originals(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_given_dataloader_over_the_cache_gives_the_original_batches(tmp_path: Path, workers: int) -> None:
     data, path = _store(tmp_path)
     cached = ct.cache(data, path, progress=False)
-    loader = DataLoader(cached, batch_size=5, shuffle=False)
+    loader = DataLoader(cached, batch_size=5, shuffle=False, num_workers=workers)
     reference = DataLoader(data, batch_size=5, shuffle=False)
     for got, want in zip(loader, reference, strict=True):
         assert same_item(got, want)
@@ -198,7 +199,9 @@ def test_every_file_and_the_folder_are_fsynced_before_the_store_is_renamed_into_
 
     events: list[tuple[str, str]] = []
     fsync, rename = os.fsync, os.rename
-    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd)
+    )
     monkeypatch.setattr(os, "rename", lambda a, b: events.append(("rename", str(b))) or rename(a, b))
     data, path = _store(tmp_path)
     ct.cache(data, path, progress=False)
@@ -230,3 +233,9 @@ def test_processes_waiting_for_a_rebuild_map_it_instead_of_rebuilding_again(tmp_
     os.close(fd)
     thread.join(30)
     assert waiter.calls == 0 and len(got[0]) == 12  # it waited, then mapped the fresh store
+
+
+def test_items_read_by_loader_workers_are_written_in_order(tmp_path: Path) -> None:
+    data, path = _store(tmp_path)
+    cached = ct.cache(data, path, num_workers=1, progress=False)
+    assert all(same_item(cached[i], data.items[i]) for i in range(len(data)))

@@ -106,7 +106,7 @@ def test_an_object_array_never_runs_code(tmp_path: Path) -> None:
     path = _store(tmp_path)
     marker = tmp_path / "ran"
     np.save(path / "f0.npy", np.array([Marker(str(marker))] * 12, dtype=object).reshape(6, 2), allow_pickle=True)
-    with pytest.raises(StoreError, match="not a .npy file this store wrote|the manifest needs"):
+    with pytest.raises(StoreError, match=r"not a \.npy file this store wrote|the manifest needs"):
         ct.cache(Pairs(), path, progress=False)
     (path / "manifest.json").write_bytes(pickle.dumps(Marker(str(marker))))
     with pytest.raises(StoreError):
@@ -129,8 +129,19 @@ def test_symbolic_links_inside_a_store_are_refused(tmp_path: Path) -> None:
         ct.cache(Pairs(), path, progress=False)
 
 
+def pad(items: list[Any]) -> Any:
+    return torch.stack([x for x, _ in items]), torch.nn.utils.rnn.pad_sequence([r[0] for _, r in items], True)
+
+
 def test_ragged_items_come_back_and_batches_need_a_collate_fn(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from composetrain.data.equal import same_item
+
     cached = ct.cache(Pairs(), tmp_path / "store", progress=False)
     assert [cached[i][1][0].shape for i in range(6)] == [(0,), (1,), (2,), (0,), (1,), (2,)]
-    with pytest.raises(ValueError, match="needs? a collate_fn that pads"):
+    with pytest.raises(ValueError, match=r"needs? a collate_fn that pads"):
         cached.read_batch([0, 1])
+    for got, want in zip(DataLoader(cached, batch_size=4, collate_fn=pad), DataLoader(Pairs(), 4, collate_fn=pad),
+                         strict=True):  # fmt: skip
+        assert same_item(got, want)

@@ -92,3 +92,14 @@ def _counted(out: Path):  # type: ignore[no-untyped-def]
     from cache_script import Counted
 
     return Counted(str(out) + ".calls")
+
+
+def test_two_ranks_cache_once_and_train_over_the_cache_as_over_the_original(pool, tmp_path: Path) -> None:
+    import torch
+
+    a, b = pool.run("cache_workers", "run_over_cache", str(tmp_path))
+    assert sorted([a["writes"], b["writes"]]) == [0, 96]  # one rank wrote every item, the other mapped the store
+    for run in ("original", "cache", "augmented"):
+        assert all(torch.equal(p, q) for p, q in zip(a[run], b[run], strict=True))  # ranks agree
+    assert all(torch.equal(p, q) for p, q in zip(a["cache"], a["original"], strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(a["augmented"], a["original"], strict=True))

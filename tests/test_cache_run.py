@@ -47,7 +47,9 @@ def test_a_run_over_the_cache_is_bit_identical_to_one_over_the_original_and_read
     cached = ct.cache(data, tmp_path / "store", progress=False)
     reads: list[int] = []
     read_batch = MappedDataset.read_batch
-    monkeypatch.setattr(MappedDataset, "read_batch", lambda self, i, e=None: reads.append(len(i)) or read_batch(self, i, e))
+    monkeypatch.setattr(
+        MappedDataset, "read_batch", lambda self, i, e=None, r=None: reads.append(len(i)) or read_batch(self, i, e, r)
+    )
     monkeypatch.setattr(MappedDataset, "__getitem__", lambda *a: (_ for _ in ()).throw(AssertionError("per item")))
     straight, _ = _run(data)
     over_cache, _ = _run(cached)
@@ -70,6 +72,8 @@ def test_augmentation_differs_per_epoch_and_batch_and_resumes_bit_exactly(tmp_pa
     a, b = augmented.read_batch([1, 2], epoch=0), augmented.read_batch([1, 2], epoch=0)
     assert torch.equal(a[0], b[0]) and not torch.equal(a[0], plain.read_batch([1, 2])[0])
     assert not torch.equal(a[0], augmented.read_batch([1, 2], epoch=1)[0])
+    assert torch.equal(a[0], augmented.read_batch([1, 2], epoch=0, rank=0)[0])  # this process: rank 0
+    assert not torch.equal(a[0], augmented.read_batch([1, 2], epoch=0, rank=1)[0])
     assert torch.equal(augmented.read_batch([1, 2])[1], plain.read_batch([1, 2])[1])
     straight, _ = _run(augmented, tmp_path / "a")
     unaugmented, _ = _run(plain)

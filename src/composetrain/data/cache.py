@@ -80,8 +80,12 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
     origin = {"type": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "length": len(dataset), "key": key}
     started = time.time()
     if not rebuild:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             return _open(dataset, path, origin, augment, seed, verify)
+        except FileNotFoundError:
+            pass  # no store yet (or a writer is publishing it): take the lock
+        except StoreError as e:
+            raise StoreError(f"cache: {e}; pass rebuild=True to write the store again") from None
     with _locked(path, timeout) as waited:
         fresh = waited or _created(path) >= started  # another process rebuilt it while this one waited
         if (path / MANIFEST).exists() and (not rebuild or fresh):
@@ -169,8 +173,10 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
                 waited = True
                 if time.monotonic() > deadline:
                     holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-                    raise TimeoutError(f"cache: waited {timeout:g} s for {holder} to write {path} (lock {lock}); "
-                                       "raise timeout=, or remove the store if its writer is gone")  # fmt: skip
+                    raise TimeoutError(
+                        f"cache: waited {timeout:g} s for {holder} to write {path} (lock {lock}); raise timeout=, "
+                        "or remove the store if its writer is gone"
+                    ) from None
                 time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
@@ -187,7 +193,7 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
     tmp.mkdir()
     try:
         tick = time.perf_counter()
-        write_store(dataset, tmp, origin, workers, progress)
+        write_store(dataset, tmp, origin, workers, f"cache: writing {path.name}" if progress else None)
         size = sum(f.stat().st_size for f in tmp.iterdir())
         if progress:
             seconds = time.perf_counter() - tick

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from composetrain.data.layout import NAME, Field, from_json, to_json
+from composetrain.data.layout import NAME, Field, from_json, to_json, unflatten
 from composetrain.data.mapped import Region
 
 __all__ = [
@@ -127,8 +127,6 @@ def regions(folder: Path, item: Any, length: int) -> dict[str, Region]:
     """Every array the item's fields name, checked against its ``.npy`` file: a plain name in ``folder``, a
     regular file (no link), the dtype and shape the field needs, and exactly the bytes they take."""
     fields: list[Field] = []
-    from composetrain.data.layout import unflatten
-
     unflatten(item, fields.append)
     expected: dict[str, tuple[np.dtype[Any], tuple[int, ...] | None]] = {}
     for f in fields:

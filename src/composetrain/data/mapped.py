@@ -115,7 +115,9 @@ class MappedDataset(Dataset[Any]):
             return idx
         low, high = idx.aminmax()
         if not (-self.length <= int(low) and int(high) < self.length):
-            raise IndexError(f"{type(self).__name__}: an index of {list(indices)} is out of range for {self.length} items")
+            raise IndexError(
+                f"{type(self).__name__}: an index of {list(indices)} is out of range for {self.length} items"
+            )
         return idx if int(low) >= 0 else torch.where(idx < 0, idx + self.length, idx)
 
     def __getitem__(self, i: int) -> Any:
@@ -134,8 +136,9 @@ class MappedDataset(Dataset[Any]):
         columns = {f.data: _rows(f, arrays, idx) for f in self.fields}
         return [unflatten(self.item, lambda f: _value(f, columns[f.data][n])) for n in range(len(idx))]  # noqa: B023
 
-    def read_batch(self, indices: Sequence[int], epoch: int | None = None) -> Any:
-        """What ``default_collate`` makes of the items at ``indices``, gathered per field (then augmented).
+    def read_batch(self, indices: Sequence[int], epoch: int | None = None, rank: int | None = None) -> Any:
+        """What ``default_collate`` makes of the items at ``indices``, gathered per field (then augmented, with
+        the generator of ``epoch`` (default: the last ``set_epoch``'s) and ``rank`` (default: this process's)).
 
         Raises:
             ValueError: a ragged field: its items cannot be stacked (give ct.run a collate_fn that pads).
@@ -144,21 +147,30 @@ class MappedDataset(Dataset[Any]):
             raise ValueError(f"{type(self).__name__}: a field's shape differs between items: batches need a "
                              "collate_fn that pads them (ct.run(..., collate_fn=...))")  # fmt: skip
         idx = self._indices(indices)
-        self.arrays()
-        views = self._views
-        batch = unflatten(self.item, lambda f: _tensor(f, views[f.data].index_select(0, idx)
-                                                        if f.data in views else _rows(f, self.arrays(), idx.tolist())))  # fmt: skip
-        batch = _as_collated(batch)
+        arrays, views = self.arrays(), self._views
+
+        def gather(f: Field) -> torch.Tensor:  # torch's gather where torch can view the array (all but big-endian)
+            return _tensor(f, views[f.data].index_select(0, idx) if f.data in views else _rows(f, arrays, idx.tolist()))
+
+        batch = _as_collated(unflatten(self.item, gather))
         if self.augment is None:
             return batch
-        return self.augment(batch, self.generator(idx.tolist(), self.epoch if epoch is None else epoch))
+        epoch = self.epoch if epoch is None else epoch
+        return self.augment(batch, self.generator(idx.tolist(), epoch, _rank() if rank is None else rank))
 
-    def generator(self, indices: Sequence[int], epoch: int) -> torch.Generator:
+    def generator(self, indices: Sequence[int], epoch: int, rank: int) -> torch.Generator:
         """The augmentation's generator for this batch: seeded from (seed, epoch, rank, indices), nothing else,
         so the same batch of the same epoch draws the same numbers in any process, resumed or not."""
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
         key = np.array([self.seed, epoch, rank, *indices], dtype=np.int64).tobytes()
-        return torch.Generator().manual_seed(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest()) >> 1)
+        digest = hashlib.blake2b(key, digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+def _rank() -> int:
+    """This process's rank: its process group's, else the launcher's (loader workers have no group)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
 
 
 def _rows(field: Field, arrays: Mapping[str, np.ndarray[Any, Any]], idx: list[int]) -> Any:
@@ -215,8 +227,8 @@ def split_batch(batch: Any, n: int) -> list[Any]:
 
 
 class Batches(Dataset[Any]):
-    """A ``MappedDataset`` indexed by ``(epoch, indices)``: its ``read_batch``, for loader workers given whole batches
-    (``DataLoader(Batches(data), batch_size=None, sampler=...)``), so that each batch carries the epoch seeding it."""
+    """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_batch``, for loader workers given whole
+    batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation."""
 
     def __init__(self, data: MappedDataset) -> None:
         self.data = data
@@ -224,9 +236,9 @@ class Batches(Dataset[Any]):
     def __len__(self) -> int:
         return len(self.data)
 
-    def __getitem__(self, key: tuple[int, Sequence[int]]) -> Any:
-        epoch, indices = key
-        return self.data.read_batch(indices, epoch)
+    def __getitem__(self, key: tuple[int, int, Sequence[int]]) -> Any:
+        epoch, rank, indices = key
+        return self.data.read_batch(indices, epoch, rank)
 
 
 def same(batch: Any) -> Any:

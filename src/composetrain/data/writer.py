@@ -112,8 +112,11 @@ def _items(dataset: Any, workers: int | str) -> Iterator[Any]:
     yield from loader
 
 
-def write_store(dataset: Any, folder: Path, origin: dict[str, Any], workers: int | str, progress: bool) -> None:
-    """Every item of ``dataset`` into the empty ``folder``, then its manifest (last: it makes the store complete).
+def write_store(
+    dataset: Any, folder: Path, origin: dict[str, Any], workers: int | str, progress: str | None = None
+) -> None:
+    """Every item of ``dataset`` into the empty ``folder``, then its manifest (last: it makes the store complete);
+    ``progress``: the title of a progress bar (with its ETA), or None for none.
 
     Raises:
         ValueError: an item that cannot be stored, or unlike item 0 in structure or dtype (named by index).
@@ -123,7 +126,7 @@ def write_store(dataset: Any, folder: Path, origin: dict[str, Any], workers: int
     kinds: list[tuple[str, str, bool]] = []
     item0: Any = None
     paths: list[str] = []
-    bar = _bar(n, folder, progress)
+    bar = _bar(n, progress)
     for i, item in enumerate(_items(dataset, workers)):
         prefix = f"cache: item {i}"
         leaves = list(_leaves(item, prefix))
@@ -156,9 +159,9 @@ def write_store(dataset: Any, folder: Path, origin: dict[str, Any], workers: int
     write_manifest(folder, item, n, origin)
 
 
-def _bar(n: int, folder: Path, progress: bool) -> Any:
-    if not progress:
+def _bar(n: int, title: str | None) -> Any:
+    if title is None:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=n, desc=f"cache: writing {folder.name}", unit="item", file=sys.stderr, mininterval=0.5)
+    return tqdm(total=n, desc=title, unit="item", file=sys.stderr, mininterval=0.5)

@@ -15,9 +15,9 @@ from torch.utils.data import (
 from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, restore_rng, seed_everything
 from composetrain.core.util import RUN
+from composetrain.data.mapped import Batches, same
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
-from composetrain.data.mapped import Batches, same
 from composetrain.driver.reader import EpochBatches, Reader, ResumableSampler, mapped
 
 __all__ = [

@@ -15,8 +15,8 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampl
 from composetrain.data.mapped import MappedDataset
 
 __all__ = [
-    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers", "indexable",
-    "mapped",
+    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers",
+    "indexable", "mapped",
 ]  # fmt: skip
 
 
@@ -89,16 +89,16 @@ def mapped(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
     return isinstance(dataset, MappedDataset) and not dataset.ragged and collate_fn is None
 
 
-class EpochBatches(Sampler[tuple[int, list[int]]]):
-    """A sampler's batches as ``(epoch, indices)``: what a loader's workers need to read and augment a
+class EpochBatches(Sampler[tuple[int, int, list[int]]]):
+    """A sampler's batches as ``(epoch, rank, indices)``: what a loader's workers need to read and augment a
     ``MappedDataset``'s batches as this process would (their copy of the dataset never sees ``set_epoch``)."""
 
     def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool) -> None:
         self.sampler, self.batches = sampler, BatchSampler(sampler, batch_size, drop_last)
 
-    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
-        epoch = self.sampler.inner.epoch
-        return ((epoch, indices) for indices in self.batches)
+    def __iter__(self) -> Iterator[tuple[int, int, list[int]]]:
+        epoch, rank = self.sampler.inner.epoch, self.sampler.inner.rank
+        return ((epoch, rank, indices) for indices in self.batches)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -184,7 +184,8 @@ class Reader:
             # default_collate's list, for a TensorDataset's tuples; a tensor kept on a GPU is indexed there
             return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
         if self._mapped:  # one gather per field, as default_collate would stack the items
-            return self.dataset.read_batch(indices, getattr(getattr(self.sampler, "inner", None), "epoch", 0))
+            inner = getattr(self.sampler, "inner", None)  # ct.run's sampler: the epoch and rank seed augmentation
+            return self.dataset.read_batch(indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0))
         getitems = getattr(self.dataset, "__getitems__", None)
         return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
 
