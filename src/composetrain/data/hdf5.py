@@ -1,10 +1,10 @@
 """ct.hdf5: an existing HDF5 file's datasets as a map-style Dataset that ct.run reads a whole batch at a time.
 
 A dataset whose bytes lie in the file as one flat array (contiguous layout, no filter, no external storage,
-allocated) is memory-mapped at its offset and gathered by NumPy, as fast as a flat ``.npy``; any other (chunked,
-compressed, shuffled, virtual) is read by h5py, one call per batch for the sorted unique rows, then put back in
-the order asked. Nothing is loaded whole: a file larger than memory works. h5py is optional
-(``pip install composetrain[hdf5]``).
+allocated) is memory-mapped at its offset and gathered as a ``ct.cache`` store's arrays are (an ``HDF5Dataset`` is
+a ``MappedDataset``), as fast as memory; any other (chunked, compressed, shuffled, compact, external, virtual) is
+read by h5py, one call per batch for the sorted distinct rows, then put back in the order asked. Nothing is
+loaded whole: a file larger than memory works. h5py is optional (``pip install composetrain[hdf5]``).
 """
 
 from __future__ import annotations
