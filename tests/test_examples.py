@@ -99,3 +99,14 @@ def test_the_ema_schedule_example_warms_up_and_anneals_per_epoch_and_evaluates_b
     ema = [float(a) for a in re.findall(r"ema acc (\d\.\d+)", out)]
     assert len(ema) == 6 and ema[-1] > 0.9
     assert float(re.search(r"final EMA model test acc (\d\.\d+)", out).group(1)) == ema[-1]
+
+
+def test_the_cached_images_example_decodes_png_files_once_and_reports_the_speedup(tmp_path):
+    images, store = tmp_path / "images", tmp_path / "digits.cache"
+    out = run_example(
+        "cached_images.py", "--epochs", "2", "--workers", "0", "--images", str(images), "--cache", str(store)
+    )
+    assert len(list(images.rglob("*.png"))) == 1797 and (store / "manifest.json").exists()
+    assert re.search(r"ct.cache wrote the store in \d+\.\d+ s", out)
+    assert re.search(r"data path \d+\.\d+x faster; epoch \d+\.\d+x faster", out)
+    assert float(re.search(r"train acc (\d\.\d+)", out).group(1)) > 0.5  # 10 classes, 2 short epochs, shifted

@@ -1,7 +1,8 @@
-"""The package's layers, from the imports of its source (``ast``, nothing imported): each module imports only its
-own layer or a lower one (core < launch < transforms < checkpoint < driver < the top level: ``__init__``,
-``checking``, ``plot``), TYPE_CHECKING and function-local imports included; no import cycle between modules; no
-private name (``_x``) taken from another module; a private module (``_x.py``) imported only from its own folder."""
+"""The package's layers, from the imports of its source (``ast``, nothing imported): each module imports only
+its own layer or a lower one (core < launch < data < transforms < checkpoint < driver < the top level:
+``__init__``, ``checking``, ``plot``), TYPE_CHECKING and function-local imports included; no import cycle between
+modules; no private name (``_x``) taken from another module; a private module (``_x.py``) imported only from its
+own folder."""
 
 from __future__ import annotations
 

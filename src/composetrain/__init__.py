@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from composetrain.core.state import RuntimeState, TrainState
     from composetrain.core.steps import PlainStep, Transform, compose, train_step
     from composetrain.data.cache import CachedDataset, cache
+    from composetrain.data.hdf5 import HDF5Dataset, hdf5
     from composetrain.driver.run import RunResult, run
     from composetrain.launch.hostlist import parse_nodelist
     from composetrain.launch.rendezvous import Cluster, Process, detect, rendezvous
@@ -75,6 +76,8 @@ _WHERE = {
     "train_step": "composetrain.core.steps",
     "CachedDataset": "composetrain.data.cache",
     "cache": "composetrain.data.cache",
+    "HDF5Dataset": "composetrain.data.hdf5",
+    "hdf5": "composetrain.data.hdf5",
 }
 
 
@@ -97,6 +100,7 @@ __all__ = [
     "CheckResult",
     "Cluster",
     "Context",
+    "HDF5Dataset",
     "Pass",
     "PlainStep",
     "Process",
@@ -120,6 +124,7 @@ __all__ = [
     "ema",
     "ema_model",
     "full_state_dict",
+    "hdf5",
     "leading_size",
     "load_checkpoint",
     "mixed_precision",

@@ -1,1 +1,1 @@
-"""Data layer: ``ct.cache`` and the memory-mapped dataset it returns."""
+"""Data layer: ``ct.cache``, ``ct.hdf5`` and the memory-mapped dataset they return."""

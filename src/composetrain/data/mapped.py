@@ -74,6 +74,11 @@ class MappedDataset(Dataset[Any]):
         """Whether some field's shape differs between items (then batches need a collate_fn that pads)."""
         return any(f.shape is None for f in self.fields)
 
+    @property
+    def memory_mapped(self) -> bool:
+        """Whether every field is read by one gather from a memory map (a subclass may read some otherwise)."""
+        return True
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch that seeds the augmentation of batches read through ``__getitems__`` (a given DataLoader)."""
         self.epoch = epoch
@@ -92,7 +97,7 @@ class MappedDataset(Dataset[Any]):
             self._arrays = opened
             self._views = {}
             for name, a in opened.items():
-                with contextlib.suppress(TypeError, ValueError), warnings.catch_warnings():
+                with contextlib.suppress(TypeError, ValueError), warnings.catch_warnings():  # ValueError: big-endian
                     warnings.simplefilter("ignore")  # read-only memory: never written through this view
                     self._views[name] = torch.from_numpy(a)  # torch's gather, as fast as on a tensor in memory
         return self._arrays

@@ -140,12 +140,12 @@ class Reader:
         self._loader: DataLoader[Any] | None = None
         self._make, self._spare = loader, spare
         self.num_workers = workers or 0
-        # one indexing per batch (a TensorDataset, a cache without augment): never worth a worker
-        plain = self.indexed or (self._mapped and dataset.augment is None)
+        # one indexing per batch (a TensorDataset, memory maps without augment): never worth a worker
+        plain = self.indexed or (self._mapped and dataset.augment is None and dataset.memory_mapped)
         self.deciding = workers is None and not plain
         self.choice: str | None = None
         if workers is None and plain:
-            what = "a TensorDataset" if self.indexed else "a ct.cache store"
+            what = "a TensorDataset" if self.indexed else f"a memory-mapped {type(dataset).__name__}"
             self.choice = f'num_workers="auto" chose 0: {what} is read a whole batch at a time by one indexing'
         self._timings: list[tuple[float, float]] = []
 

@@ -1,0 +1,238 @@
+"""ct.hdf5: an existing HDF5 file's datasets as a map-style Dataset that ct.run reads a whole batch at a time.
+
+A dataset whose bytes lie in the file as one flat array (contiguous layout, no filter, no external storage,
+allocated) is memory-mapped at its offset and gathered as a ``ct.cache`` store's arrays are (an ``HDF5Dataset`` is
+a ``MappedDataset``), as fast as memory; any other (chunked, compressed, shuffled, compact, external, virtual) is
+read by h5py, one call per batch for the sorted distinct rows, then put back in the order asked. Nothing is
+loaded whole: a file larger than memory works. h5py is optional (``pip install composetrain[hdf5]``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from composetrain.data.layout import Field
+from composetrain.data.mapped import Augment, MappedDataset, Region
+
+__all__ = ["HDF5Dataset", "hdf5"]
+
+NAME, INSTALL = "ct.hdf5", "pip install composetrain[hdf5]"
+
+
+def _h5py() -> Any:
+    try:
+        import h5py
+    except ImportError as error:
+        raise ImportError(f"{NAME} reads HDF5 files with h5py, which is not installed: {INSTALL}") from error
+    return h5py
+
+
+def flat_offset(dset: Any) -> int | None:
+    """Where ``dset``'s rows lie in its file as one C-ordered array (bytes from the file's start, userblock
+    included), or None where they do not and h5py must read them: chunked or filtered (compressed, shuffled),
+    external, virtual, not yet written (HDF5 allocates a contiguous dataset's space at its first write)."""
+    h5py = _h5py()
+    plist = dset.id.get_create_plist()
+    if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count():
+        return None
+    offset = dset.id.get_offset()
+    end = None if offset is None else offset + dset.id.get_storage_size()
+    # an unwritten dataset has no address (None, or an undefined one past the end of the file)
+    if end is None or dset.id.get_storage_size() < dset.size * dset.dtype.itemsize:
+        return None
+    return int(offset) if end <= os.path.getsize(dset.file.filename) else None
+
+
+def native(dtype: np.dtype) -> np.dtype:
+    """The dtype rows are handed out in: the file's, in this machine's byte order (torch has no big-endian)."""
+    return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
+
+
+class _Swapped:
+    """A memory map of another byte order, gathered like an array and handed out in native order."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        return self.array[index].astype(native(self.array.dtype))
+
+
+class _Rows:
+    """Rows of a dataset that h5py reads (chunked, filtered), gathered like an array: one read of the sorted
+    distinct rows (h5py reads a list of rows only increasing and distinct), then put in the order asked."""
+
+    def __init__(self, owner: HDF5Dataset, key: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.owner, self.key, self.shape, self.dtype = owner, key, shape, native(dtype)
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        if not len(index):
+            return np.empty((0, *self.shape[1:]), self.dtype)
+        unique, inverse = np.unique(index, return_inverse=True)
+        out = self.owner.h5file()[self.key][unique]
+        out = out if len(unique) == len(index) and (unique == index).all() else out[inverse.reshape(-1)]
+        return out.astype(self.dtype, copy=False)
+
+
+class HDF5Dataset(MappedDataset):
+    """A ``MappedDataset`` over datasets of one HDF5 file, row ``i`` of each: see ``hdf5``. ct.run reads it a
+    whole batch at a time (``read_batch``), as it reads a ``ct.cache`` store.
+
+    Attributes:
+        path: the file (absolute).
+        keys: the datasets read, as given (a name, a sequence of names, or ``{item key: name}``).
+        mapped: the names read through a memory map; the others are read by h5py.
+    """
+
+    def __init__(self, path: str, keys: Any, columns: Mapping[str, Any], augment: Augment | None, seed: int) -> None:
+        offsets = {name: flat_offset(dset) if dset.shape[0] else None for name, dset in columns.items()}
+        regions = {
+            name: Region(path, offset, dset.dtype.str, tuple(dset.shape))
+            for (name, dset), offset in zip(columns.items(), offsets.values(), strict=True)
+            if offset is not None
+        }
+        self._by_h5py = {name: (tuple(d.shape), d.dtype) for name, d in columns.items() if offsets[name] is None}
+        fields = {name: Field("tensor", _torch_name(d.dtype), tuple(d.shape[1:]), name) for name, d in columns.items()}
+        if isinstance(keys, str):
+            item: Any = fields[keys]
+        elif isinstance(keys, Mapping):
+            item = {item_key: fields[name] for item_key, name in keys.items()}
+        else:
+            item = tuple(fields[name] for name in keys)
+        super().__init__(regions, item, next(iter(columns.values())).shape[0], augment=augment, seed=seed)
+        self.path, self.keys, self.mapped = path, keys, list(regions)
+        self._file: Any = None
+        self._pid = -1
+
+    @property
+    def memory_mapped(self) -> bool:
+        """Whether every dataset is read by one gather from a memory map (else h5py reads some: slower)."""
+        return not self._by_h5py
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_file": None, "_pid": -1}  # an h5py file does not pickle: opened again
+
+    def h5file(self) -> Any:
+        """The file opened by h5py in this process (a handle inherited across fork is not safe to read)."""
+        if self._pid != os.getpid():
+            self._file, self._pid = _h5py().File(self.path, "r"), os.getpid()
+        return self._file
+
+    def arrays(self) -> dict[str, Any]:
+        """The memory maps (big-endian ones swapped as they are gathered), and h5py's readers for the rest."""
+        if self._arrays is None:
+            opened: dict[str, Any] = super().arrays()
+            for name, array in opened.items():
+                if native(array.dtype) != array.dtype:
+                    opened[name] = _Swapped(array)
+            opened.update({name: _Rows(self, name, *spec) for name, spec in self._by_h5py.items()})
+        return self._arrays  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"{NAME}({self.path!r}, {self.keys!r}): {len(self)} rows, memory-mapped {self.mapped}"
+
+
+def _torch_name(dtype: np.dtype) -> str:
+    return str(torch.from_numpy(np.empty(0, native(dtype))).dtype).removeprefix("torch.")
+
+
+def _names(keys: Any) -> list[str]:
+    if isinstance(keys, str):
+        names = [keys]
+    elif isinstance(keys, Mapping):
+        names = list(keys.values())
+    elif isinstance(keys, list | tuple):
+        names = list(keys)
+    else:
+        names = []
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise TypeError(
+            f"{NAME}: keys must be a dataset name, a list or tuple of names, or a dict {{item key: name}}, with "
+            f"at least one name, got {keys!r}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def hdf5(
+    file: str | os.PathLike[str],
+    keys: str | Sequence[str] | Mapping[str, str],
+    *,
+    augment: Augment | None = None,
+    seed: int = 0,
+) -> HDF5Dataset:
+    """The datasets ``keys`` of an existing HDF5 file as one map-style Dataset: item ``i`` is row ``i`` of each.
+
+    Contiguous uncompressed datasets are memory-mapped at their offset in the file and gathered a whole batch
+    at a time, as fast as an in-memory gather for large batches; chunked, compressed or filtered ones are read
+    through h5py (one read per batch of the sorted distinct rows; slower: write such a file contiguous, or
+    ``ct.cache`` it). ct.run reads either a whole batch at a time (``read_batch``, as it reads a ``ct.cache``
+    store; under ``num_workers="auto"`` workers only for datasets h5py reads). The file must not change while
+    it is read; the dataset pickles by path, so loader workers open it again.
+
+    Args:
+        file: the HDF5 file's path.
+        keys: a dataset name (items are tensors), a list or tuple of names (items are tuples of tensors, in
+            that order), or a dict ``{item key: name}`` (items are dicts). Names may have groups: ``"train/x"``.
+            Every dataset needs the same number of rows (its first dimension) and a numeric or bool dtype; rows
+            come in this machine's byte order.
+        augment: ``augment(batch, generator) -> batch``, applied to each batch read, as ``ct.cache``'s: the
+            generator is seeded from ``seed``, the epoch, the rank and the batch's indices.
+        seed: the augmentation's seed.
+
+    Returns:
+        An ``HDF5Dataset``.
+
+    Raises:
+        ImportError: h5py is not installed (``pip install composetrain[hdf5]``).
+        FileNotFoundError / ValueError / KeyError / TypeError: no such file, not an HDF5 file, a name that is
+            not a dataset of it, lengths that differ, a dtype torch has no tensor for (strings, compound,
+            variable-length), all named.
+
+    Example:
+        >>> train = ct.hdf5("digits.h5", ["images", "labels"])       # items (image, label)
+        >>> ct.run(ct.accumulate(2)(step), state, train, batch_size=256)
+    """
+    h5py = _h5py()
+    names = _names(keys)
+    if augment is not None and not callable(augment):
+        raise TypeError(f"{NAME}: augment must be a function (batch, generator) -> batch, got {augment!r}")
+    if type(seed) is not int:
+        raise TypeError(f"{NAME}: seed must be an int, got {seed!r}")
+    path = os.path.abspath(os.fspath(file))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{NAME}: no file {path}")
+    if not h5py.is_hdf5(path):
+        raise ValueError(f"{NAME}: {path} is not an HDF5 file (no HDF5 signature in it)")
+    with h5py.File(path, "r") as f:
+        columns = {}
+        for name in names:
+            dset = f.get(name)
+            if not isinstance(dset, h5py.Dataset):
+                what = "no such dataset" if dset is None else f"a {type(dset).__name__}, not a dataset"
+                raise KeyError(f"{NAME}: {name!r} in {path}: {what}; its top level has {sorted(f.keys())}")
+            _check_dtype(name, dset, path)
+            if dset.ndim == 0:
+                raise ValueError(f"{NAME}: {name!r} in {path} is a scalar; a dataset needs a first dimension of rows")
+            columns[name] = dset
+        lengths = {name: dset.shape[0] for name, dset in columns.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"{NAME}: the datasets of {path} differ in rows (first dimension): {lengths}")
+        return HDF5Dataset(path, keys, columns, augment, seed)
+
+
+def _check_dtype(name: str, dset: Any, path: str) -> None:
+    dtype = dset.dtype
+    try:
+        if dtype.kind not in "biufc":
+            raise TypeError
+        torch.from_numpy(np.empty(0, native(dtype)))
+    except TypeError:
+        raise TypeError(
+            f"{NAME}: {name!r} in {path} has dtype {dtype} ({'variable-length' if dtype.kind == 'O' else dtype.kind}),"
+            " which torch has no tensor for; give numeric or bool datasets (encode strings as integer ids)"
+        ) from None

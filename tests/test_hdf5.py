@@ -1,0 +1,305 @@
+"""ct.hdf5: an HDF5 file's datasets read as h5py reads them, memory-mapped where they lie flat in the file,
+through h5py otherwise; a run over them bit-identical to a run over the same tensors in memory."""
+
+import pickle
+import sys
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+import torch
+from helpers import assert_states_equal
+from hypothesis import given, settings
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import composetrain as ct
+
+h5py = pytest.importorskip("h5py")
+
+N = 37
+LAYOUTS = {  # name: create_dataset options
+    "contiguous": {},
+    "chunked": {"chunks": (5, 3)},
+    "gzip": {"chunks": (4, 3), "compression": "gzip"},
+    "shuffled": {"chunks": (6, 3), "compression": "gzip", "shuffle": True},
+}
+DTYPES = ["<f4", "float16", "int8", "bool", ">f4", ">i8", "uint16", "float64"]
+
+
+def values(dtype, shape, seed=0):
+    g = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "b":
+        return g.random(shape) < 0.5
+    return (g.standard_normal(shape) * 50).astype(dtype)
+
+
+@pytest.fixture(scope="module")
+def h5file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("h5") / "data.h5"
+    with h5py.File(path, "w") as f:
+        for name, options in LAYOUTS.items():
+            f.create_dataset(name, data=values("<f4", (N, 3), seed=len(name)), **options)
+        for dtype in DTYPES:
+            f.create_dataset(f"dtypes/{dtype}", data=values(dtype, (N, 2, 2)))
+            f.create_dataset(
+                f"packed/{dtype}", data=values(dtype, (N, 2, 2)), chunks=(4, 2, 1), compression="gzip", shuffle=True
+            )
+        f["scalar"] = np.arange(N, dtype="<i8")  # one number per row: items are 0-dim tensors
+        f["empty"] = np.zeros((0, 4), "<f4")
+        f["empty_chunked"] = np.zeros((0, 4), "<f4")
+        f.create_dataset("unwritten", shape=(N, 3), dtype="<f4")  # contiguous, never written: no address
+        f["short"] = np.zeros((N - 1, 3), "<f4")
+        f["words"] = np.array([b"a"] * N)
+        f.create_dataset("vlen", data=["x"] * N, dtype=h5py.string_dtype())
+        f["pairs"] = np.zeros(N, dtype=[("a", "<f4"), ("b", "<i4")])
+        f["one"] = np.float32(1)
+        f.create_group("group")
+    return path
+
+
+def expected(path, name, index):
+    with h5py.File(path, "r") as f:
+        return np.stack([f[name][i] for i in index]) if len(index) else None
+
+
+def test_flat_datasets_are_memory_mapped_the_others_read_by_h5py(h5file):
+    data = ct.hdf5(h5file, [*LAYOUTS, "unwritten", "scalar"])
+    assert data.mapped == ["contiguous", "scalar"]  # an unwritten dataset has no bytes to map: h5py reads fill values
+    assert len(data) == N
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(-N, N - 1), max_size=20),
+    st.sampled_from([*LAYOUTS, *(f"{g}/{d}" for g in ("dtypes", "packed") for d in DTYPES)]),
+)
+def test_any_index_list_reads_what_h5py_reads(h5file, index, name):
+    """Unsorted, repeated and negative indices: the rows h5py reads one by one, native byte order."""
+    data = ct.hdf5(h5file, [name])
+    (batch,) = data.read_batch(index)
+    want = expected(h5file, name, index)
+    assert batch.shape == ((len(index), 2, 2) if name.startswith(("dtypes", "packed")) else (len(index), 3))
+    if want is not None:
+        assert batch.dtype == torch.from_numpy(want.astype(want.dtype.newbyteorder("="))).dtype
+        assert np.array_equal(batch.numpy(), want)
+    items = data.__getitems__(index)
+    assert len(items) == len(index)
+    for item, row in zip(items, want if want is not None else [], strict=True):
+        assert isinstance(item, tuple) and np.array_equal(item[0].numpy(), row)
+
+
+def test_big_endian_rows_come_native(h5file):
+    data = ct.hdf5(h5file, "dtypes/>f4")
+    assert data.mapped == ["dtypes/>f4"]
+    row = data[3]
+    assert row.dtype == torch.float32 and np.array_equal(row.numpy(), expected(h5file, "dtypes/>f4", [3])[0])
+
+
+def test_items_have_the_structure_of_the_keys(h5file):
+    with h5py.File(h5file, "r") as f:
+        x, s = f["contiguous"][5], f["scalar"][5]
+    one = ct.hdf5(h5file, "contiguous")[5]
+    assert isinstance(one, torch.Tensor) and np.array_equal(one.numpy(), x)
+    pair = ct.hdf5(h5file, ("scalar", "gzip"))[-32]  # the order given, not the file's
+    assert isinstance(pair, tuple) and pair[0].shape == () and pair[0].item() == s and pair[1].shape == (3,)
+    named = ct.hdf5(h5file, {"x": "contiguous", "n": "scalar"})[5]
+    assert named.keys() == {"x", "n"} and np.array_equal(named["x"].numpy(), x) and named["n"].item() == s
+    batch = ct.hdf5(h5file, {"x": "chunked", "n": "scalar"}).read_batch([4, 2])
+    assert batch["x"].shape == (2, 3) and batch["n"].tolist() == [4, 2]
+
+
+def test_batches_equal_a_dataloaders_over_the_items(h5file):
+    """read_batch() is what default_collate makes of the items: the list / dict / tensor a DataLoader gives."""
+    for keys in ("contiguous", ["gzip", "scalar"], {"x": "contiguous", "n": "scalar"}):
+        data = ct.hdf5(h5file, keys)
+        index = [7, 3, 3, 30]
+        (want,) = DataLoader(data, batch_size=4, sampler=index)
+        got = data.read_batch(index)
+        assert type(got) is type(want)
+        for a, b in zip(
+            *(g.values() if isinstance(g, dict) else [g] if torch.is_tensor(g) else g for g in (got, want)), strict=True
+        ):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_zero_rows(h5file):
+    data = ct.hdf5(h5file, ["empty", "empty_chunked"])
+    assert len(data) == 0 and data.mapped == []
+    assert [t.shape for t in data.read_batch([])] == [(0, 4), (0, 4)]
+    with pytest.raises(IndexError, match="index 0 out of range for 0 items"):
+        data[0]
+
+
+def test_out_of_range_and_wrong_index_types_are_refused(h5file):
+    data = ct.hdf5(h5file, "contiguous")
+    for bad in (N, -N - 1):
+        with pytest.raises(IndexError, match=f"HDF5Dataset: index {bad} out of range for {N} items"):
+            data[bad]
+    with pytest.raises(TypeError, match="an index must be an int, got slice"):
+        data[1:3]
+
+
+@pytest.mark.parametrize(
+    ("keys", "error", "match"),
+    [
+        (["contiguous", "short"], ValueError, r"differ in rows .*'contiguous': 37, 'short': 36"),
+        ("missing", KeyError, r"'missing' in .*no such dataset; its top level has \['chunked', 'contiguous'"),
+        ("group", KeyError, "a Group, not a dataset"),
+        ("words", TypeError, r"'words' .*dtype \|S1 \(S\), which torch has no tensor for"),
+        ("vlen", TypeError, r"'vlen' .*variable-length"),
+        ("pairs", TypeError, r"'pairs' .* \(V\)"),
+        ("one", ValueError, "'one' in .* is a scalar"),
+        ([], TypeError, "keys must be a dataset name, a list or tuple of names, or a dict"),
+        ({"x": 3}, TypeError, "keys must be"),
+        (b"contiguous", TypeError, "keys must be"),
+    ],
+)
+def test_bad_keys_are_refused_by_name(h5file, keys, error, match):
+    with pytest.raises(error, match=match):
+        ct.hdf5(h5file, keys)
+
+
+def test_a_file_that_is_not_hdf5_or_not_there(tmp_path):
+    (tmp_path / "x.h5").write_bytes(b"\x93NUMPY" + bytes(200))
+    with pytest.raises(ValueError, match=r"ct.hdf5: .*x.h5 is not an HDF5 file"):
+        ct.hdf5(tmp_path / "x.h5", "x")
+    with pytest.raises(FileNotFoundError, match=r"ct.hdf5: no file .*nothing.h5"):
+        ct.hdf5(tmp_path / "nothing.h5", "x")
+
+
+def test_without_h5py_the_error_says_what_to_install(h5file, monkeypatch):
+    monkeypatch.setitem(sys.modules, "h5py", None)  # import h5py now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install composetrain\[hdf5\]"):
+        ct.hdf5(h5file, "contiguous")
+
+
+def test_a_userblock_before_the_data_is_counted(tmp_path):
+    path = tmp_path / "ub.h5"
+    with h5py.File(path, "w", userblock_size=1024) as f:
+        f["x"] = np.arange(40, dtype="<f8").reshape(20, 2)
+    data = ct.hdf5(path, "x")
+    assert data.mapped == ["x"] and data.read_batch([19, 0]).tolist() == [[38, 39], [0, 1]]
+
+
+def test_it_pickles_by_path_and_reads_in_another_process(h5file):
+    data = ct.hdf5(h5file, ["contiguous", "gzip"])
+    data.read_batch([1, 2])  # the map and the h5py file are open now: neither may travel
+    blob = pickle.dumps(data)
+    assert len(blob) < 4000
+    again = pickle.loads(blob)
+    for a, b in zip(again.read_batch([5, 1]), data.read_batch([5, 1]), strict=True):
+        assert torch.equal(a, b)
+    # forked workers inherit the parent's open h5py file: each must open its own
+    workers = DataLoader(data, batch_size=8, num_workers=2)
+    got = [torch.cat(batch) for batch in zip(*workers, strict=True)]
+    assert all(torch.equal(g, w) for g, w in zip(got, data.read_batch(list(range(N))), strict=True))
+
+
+def model_state():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+    return ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def step(model, batch):
+    x, y, w = batch
+    return (nn.functional.cross_entropy(model(x.double().flatten(1)), y, reduction="none") * w).mean()
+
+
+@pytest.mark.parametrize(("layout", "workers"), [("contiguous", 0), ("gzip", 0), ("gzip", 2)])
+def test_a_run_over_hdf5_is_bit_identical_to_one_over_the_tensors(tmp_path, layout, workers):
+    g = np.random.default_rng(1)
+    x, y, w = g.standard_normal((90, 3, 4)).astype(">f4"), g.integers(0, 3, 90), g.random(90).astype("float16")
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, **({"chunks": (7, 3, 4), "compression": "gzip"} if layout == "gzip" else {}))
+        f["y"], f["w"] = y, w
+    tensors = TensorDataset(*(torch.from_numpy(a.astype(a.dtype.newbyteorder("="))) for a in (x, y, w)))
+    options = {"epochs": 2, "batch_size": 16, "progress": False, "log_every": 1}
+    a, b = model_state(), model_state()
+    ra = ct.run(ct.accumulate(2)(step), a, ct.hdf5(path, ["x", "y", "w"]), num_workers=workers, **options)
+    rb = ct.run(ct.accumulate(2)(step), b, tensors, num_workers=0, **options)
+    assert_states_equal(a, b)
+    losses = [[r["loss"] for r in result.history] for result in (ra, rb)]
+    assert losses[0] == losses[1] and len(losses[0]) == 12
+
+
+def test_auto_reads_memory_maps_here_and_weighs_workers_for_what_h5py_reads(tmp_path):
+    path = tmp_path / "two.h5"
+    with h5py.File(path, "w") as f:
+        f["flat"] = np.zeros((64, 12), "<f4")
+        f.create_dataset("packed", data=np.zeros((64, 12), "<f4"), chunks=(8, 12), compression="gzip")
+        f["y"] = np.zeros(64, "<i8")
+    runs = {}
+    for name in ("flat", "packed"):
+        runs[name] = ct.run(step, model_state(), ct.hdf5(path, [name, "y", "y"]), batch_size=4, progress=False)
+    assert "chose 0: a memory-mapped HDF5Dataset is read a whole batch at a time" in runs["flat"].bottleneck
+    assert 'num_workers="auto" chose ' in runs["packed"].bottleneck
+    assert "(reading whole batches: " in runs["packed"].bottleneck  # timed, then chosen
+
+
+def test_augment_is_applied_to_every_batch_seeded_by_epoch_and_indices(h5file):
+    def noise(batch, generator):
+        x, n = batch
+        return [x + torch.rand(x.shape, generator=generator), n]
+
+    plain = ct.hdf5(h5file, ["contiguous", "scalar"])
+    noisy = ct.hdf5(h5file, ["contiguous", "scalar"], augment=noise, seed=3)
+    x, n = plain.read_batch([3, 1])
+    a, b, c = noisy.read_batch([3, 1], 0), noisy.read_batch([3, 1], 0), noisy.read_batch([3, 1], 1)
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0]) and torch.equal(a[1], n)
+    assert ((a[0] - x) >= 0).all() and ((a[0] - x) < 1).all()
+    with pytest.raises(TypeError, match=r"ct\.hdf5: augment must be a function"):
+        ct.hdf5(h5file, "contiguous", augment=3)
+
+
+def test_external_compact_and_unwritten_data_are_read_by_h5py(tmp_path):
+    """Only bytes that lie in the file as one array are mapped; a userblock shifts an unwritten dataset's
+    undefined address into the file, where a map would read the superblock."""
+    path, rows = tmp_path / "odd.h5", np.arange(12.0).reshape(6, 2)
+    with h5py.File(path, "w", userblock_size=512) as f:
+        f.create_dataset("external", data=rows, external=[(str(tmp_path / "rows.raw"), 0, h5py.h5f.UNLIMITED)])
+        compact = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        compact.set_layout(h5py.h5d.COMPACT)
+        f.create_dataset("compact", data=rows, dcpl=compact)
+        f.create_dataset("unwritten", shape=(6, 2), dtype="<f8", fillvalue=7.0)
+        f["flat"] = rows
+    data = ct.hdf5(path, ["external", "compact", "unwritten", "flat"])
+    assert data.mapped == ["flat"] and not data.memory_mapped
+    external, compact, unwritten, flat = data.read_batch([5, 0, 5])
+    for got in (external, compact, flat):
+        assert got.tolist() == rows[[5, 0, 5]].tolist()
+    assert (unwritten == 7).all()
+
+
+def test_a_relative_path_still_reads_after_a_change_of_folder(h5file, monkeypatch):
+    monkeypatch.chdir(h5file.parent)
+    data = ct.hdf5(h5file.name, ["contiguous", "gzip"])
+    monkeypatch.chdir(h5file.parent.parent)
+    with h5py.File(h5file, "r") as f:
+        assert np.array_equal(data.read_batch([2])[0].numpy(), f["contiguous"][[2]])
+        assert np.array_equal(pickle.loads(pickle.dumps(data)).read_batch([2])[1].numpy(), f["gzip"][[2]])
+
+
+def test_a_forked_process_opens_the_file_again(h5file):
+    """An h5py handle inherited across fork shares the parent's HDF5 state: each process opens its own."""
+    import multiprocessing
+
+    data = ct.hdf5(h5file, "gzip")
+    parent = data.h5file()
+    FORKED["data"] = data  # inherited by the child as it is, open handle included (not pickled)
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            assert pool.apply(_opens_its_own, (id(parent),))
+    finally:
+        FORKED.clear()
+    assert data.h5file() is parent  # and this process keeps its own
+
+
+FORKED = {}
+
+
+def _opens_its_own(parent_id):
+    data = FORKED["data"]
+    return id(data._file) == parent_id and id(data.h5file()) != parent_id and data.read_batch([3]).shape == (1, 3)
