@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from composetrain.core.protocol import Capabilities, Context, Pass, StepOutput, TrainStep, Update
     from composetrain.core.state import RuntimeState, TrainState
     from composetrain.core.steps import PlainStep, Transform, compose, train_step
+    from composetrain.core.tokens import shifted_tokens
     from composetrain.driver.run import RunResult, run
     from composetrain.launch.hostlist import parse_nodelist
     from composetrain.launch.rendezvous import Cluster, Process, detect, rendezvous
@@ -38,6 +39,7 @@ _WHERE = {
     "leading_size": "composetrain.core.batching",
     "samples": "composetrain.core.batching",
     "split_batch": "composetrain.core.batching",
+    "shifted_tokens": "composetrain.core.tokens",
     "clip_grad_norm": "composetrain.transforms.clip",
     "Capabilities": "composetrain.core.protocol",
     "Context": "composetrain.core.protocol",
@@ -115,6 +117,7 @@ __all__ = [
     "samples",
     "scaled_lr",
     "sharded",
+    "shifted_tokens",
     "split_batch",
     "train_step",
     "warmup",
