@@ -112,8 +112,8 @@ def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
     if not isinstance(loss, torch.Tensor):
         if isinstance(loss, Mapping) and isinstance(loss.get("loss"), torch.Tensor):  # a transformers ModelOutput
             raise TypeError(
-                f"{who!r}: the step returned the model's whole output, {type(loss).__name__}, not its loss; "
-                "return out.loss (model(**batch).loss), or (out.loss, metrics)"
+                f"{who!r}: the step must return the loss tensor, not the mapping that holds it, got {show(loss)}; "
+                "return out['loss'] (a transformers output: model(**batch).loss), or (loss, metrics)"
             )
         raise TypeError(
             f"{who!r}: the step must return a loss tensor or (loss, metrics), got {show(out)}; "
