@@ -77,3 +77,24 @@ def test_the_language_model_trains_on_real_tokens_and_samples_text():
     assert loss < 4.5  # below the uniform guess over the ~90 characters (ln 90 = 4.5)
     sample = out.split("sample:\n", 1)[1]
     assert sample.startswith("The data") and len(sample) >= 40
+
+
+def test_the_hf_finetune_trains_exactly_weighted_in_bf16_and_resumes_bit_exactly(tmp_path, capsys):
+    """In this process (transformers imports once): one epoch, then a rerun to two resumes; a straight
+    two-epoch run ends at the same held-out loss."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import finetune_hf
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    short = ["--samples", "32", "--batch-size", "16", "--accumulate", "2", "--eval-samples", "16",
+             "--warmup", "2", "--precision", "bf16", "--width", "32", "--layers", "1"]  # fmt: skip
+    first = finetune_hf.main([*short, "--epochs", "1", "--run-dir", str(tmp_path / "a")])
+    resumed = finetune_hf.main([*short, "--epochs", "2", "--run-dir", str(tmp_path / "a")])
+    straight = finetune_hf.main([*short, "--epochs", "2", "--run-dir", str(tmp_path / "b")])
+    assert (first.steps, resumed.steps, straight.steps) == (2, 4, 4)
+    assert len(resumed.evals) == 2 and resumed.evals[-1]["loss"] == straight.evals[-1]["loss"]
+    assert straight.evals[-1]["loss"] < straight.evals[0]["loss"] < 2.6  # below the uniform guess (ln 13 = 2.56)
+    printed = capsys.readouterr().out
+    assert "mixed_precision(dtype='bf16')(checkpoint_activations(GPT2Block)(accumulate(2, weight=shifted_tokens" in printed
