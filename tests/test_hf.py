@@ -92,6 +92,10 @@ def assert_refused_untouched(train, model, match):
 
 def test_a_key_value_cache_under_checkpointed_blocks_is_refused_before_backward():
     """GPT-2's default config has use_cache=True: the recomputation would append to the cache again."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("GPT-2 passes its blocks a Cache object from transformers 5 on (tuples before)")
     assert_refused_untouched(
         ct.checkpoint_activations(GPT2Block)(step),
         gpt2(use_cache=True),
