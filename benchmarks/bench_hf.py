@@ -169,7 +169,10 @@ def main() -> None:
             return lambda updates: run(copy.deepcopy(initial))  # the copy is outside the timed loop
 
         results = compare(
-            {"HF Trainer": timed(lambda m: trainer(m, data, folder)), "composetrain": timed(lambda m: composetrain(m, data))},
+            {
+                "HF Trainer": timed(lambda m: trainer(m, data, folder)),
+                "composetrain": timed(lambda m: composetrain(m, data)),
+            },
             updates=SEQUENCES // BATCH,
             rounds=args.rounds,
         )

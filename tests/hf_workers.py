@@ -126,7 +126,9 @@ def tied_across_units(rank: int, world: int) -> str:
     model = gpt2(seed=0)
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
     try:
-        ct.sharded(step, modules=["transformer.h.0", "transformer.h.1", "lm_head"])(state, shard(sft_batch(4, 0), rank, world))
+        ct.sharded(step, modules=["transformer.h.0", "transformer.h.1", "lm_head"])(
+            state, shard(sft_batch(4, 0), rank, world)
+        )
     except ValueError as error:
         return str(error)
     return "not refused"

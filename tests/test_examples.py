@@ -97,4 +97,6 @@ def test_the_hf_finetune_trains_exactly_weighted_in_bf16_and_resumes_bit_exactly
     assert len(resumed.evals) == 2 and resumed.evals[-1]["loss"] == straight.evals[-1]["loss"]
     assert straight.evals[-1]["loss"] < straight.evals[0]["loss"] < 2.6  # below the uniform guess (ln 13 = 2.56)
     printed = capsys.readouterr().out
-    assert "mixed_precision(dtype='bf16')(checkpoint_activations(GPT2Block)(accumulate(2, weight=shifted_tokens" in printed
+    assert (
+        "mixed_precision(dtype='bf16')(checkpoint_activations(GPT2Block)(accumulate(2, weight=shifted_tokens" in printed
+    )

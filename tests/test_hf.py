@@ -11,12 +11,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import hf_workers  # noqa: E402
-import torch  # noqa: E402
-from hf_workers import LR, exact_step, gpt2, sft_batch, step, textbook  # noqa: E402
-from transformers.models.gpt2.modeling_gpt2 import GPT2Block  # noqa: E402
+import torch
+from hf_workers import LR, exact_step, gpt2, sft_batch, step, textbook
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
-import composetrain as ct  # noqa: E402
+import composetrain as ct
 
 
 def relative(model, reference, start):

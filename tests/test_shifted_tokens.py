@@ -87,7 +87,7 @@ def test_accumulate_with_shifted_tokens_is_the_textbook_large_batch_update(lengt
 
 
 def test_counting_the_first_label_is_measurably_wrong():
-    """The recipe's old count, (labels != -100).sum(), weighs uneven micro-batches wrongly: the case the helper fixes."""
+    """The old recipe's count, (labels != -100).sum(), weighs uneven micro-batches wrongly: what the helper fixes."""
     batch = padded_batch([2, 2, 9, 9], seed=3)  # short sequences in the first micro-batch, long in the second
     model, ref = twin(0)
     naive, _ = twin(0)

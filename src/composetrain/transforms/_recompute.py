@@ -97,9 +97,9 @@ def refuse_checkpointed_twice(modules: list[nn.Module], who: object) -> None:
         if flagged:
             raise ValueError(
                 f"{who!r}: {type(flagged[0]).__name__} is checkpointed by transformers already "
-                "(model.gradient_checkpointing_enable() or activation_checkpointing_enable()), and would be recomputed "
-                "twice in backward; use one: model.gradient_checkpointing_disable() (activation_checkpointing_disable() "
-                "from transformers 5), or leave out checkpoint_activations"
+                "(model.gradient_checkpointing_enable() or activation_checkpointing_enable()), and would be "
+                "recomputed twice in backward; use one: model.gradient_checkpointing_disable() "
+                "(activation_checkpointing_disable() from transformers 5), or leave out checkpoint_activations"
             )
 
 
