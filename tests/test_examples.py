@@ -79,7 +79,7 @@ def test_the_language_model_trains_on_real_tokens_and_samples_text():
     assert sample.startswith("The data") and len(sample) >= 40
 
 
-def test_the_hf_finetune_trains_exactly_weighted_in_bf16_and_resumes_bit_exactly(tmp_path, capsys):
+def test_the_hf_finetune_trains_in_bf16_and_resumes_bit_exactly(tmp_path, capsys):
     """In this process (transformers imports once): one epoch, then a rerun to two resumes; a straight
     two-epoch run ends at the same held-out loss."""
     pytest.importorskip("transformers")

@@ -89,6 +89,11 @@ def assert_refused_untouched(train, model, match):
         assert torch.equal(value, before[key]), key
 
 
+def checkpointed_by_transformers(model):
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5's name for it
+    (enable or model.gradient_checkpointing_enable)()
+
+
 def test_a_key_value_cache_under_checkpointed_blocks_is_refused_before_backward():
     """GPT-2's default config has use_cache=True: the recomputation would append to the cache again."""
     import transformers
@@ -104,11 +109,7 @@ def test_a_key_value_cache_under_checkpointed_blocks_is_refused_before_backward(
 
 def test_transformers_own_checkpointing_under_checkpoint_activations_is_refused():
     model = gpt2()
-    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5's name
-    if enable is None:
-        model.gradient_checkpointing_enable()
-    else:
-        enable()
+    checkpointed_by_transformers(model)
     assert_refused_untouched(
         ct.checkpoint_activations(GPT2Block)(step),
         model,
@@ -116,9 +117,21 @@ def test_transformers_own_checkpointing_under_checkpoint_activations_is_refused(
     )
 
 
-def test_a_step_returning_the_model_output_is_told_to_return_its_loss():
+def test_checkpointing_switched_on_in_transformers_after_the_first_update_is_refused_at_the_next():
+    model = gpt2()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    train = ct.checkpoint_activations(GPT2Block)(step)
+    train(state, sft_batch(4, 0))
+    checkpointed_by_transformers(model)
+    with pytest.raises(ValueError, match="GPT2Block is checkpointed by transformers already"):
+        train(state, sft_batch(4, 1))
+    assert state.step == 1
+
+
+@pytest.mark.parametrize("metrics", [False, True])
+def test_a_step_returning_the_model_output_is_told_to_return_its_loss(metrics):
     assert_refused_untouched(
-        ct.train_step(lambda model, batch: model(**batch)),
+        ct.train_step(lambda model, batch: (model(**batch), {}) if metrics else model(**batch)),
         gpt2(),
         r"not the mapping that holds it, got .*\(CausalLMOutputWithCrossAttentions\); return out\['loss'\] "
         r"\(a transformers output: model\(\*\*batch\).loss\)",
