@@ -41,6 +41,29 @@ def test_shifted_tokens_accumulation_is_the_textbook_update_in_float64(size, n):
     assert relative(model, reference, start) < 1e-10
 
 
+@pytest.mark.parametrize(
+    "split",
+    [ct.data_parallel(["cpu", "cpu"]), ct.pipeline_split({"transformer": "cpu", "lm_head": "cpu"}, chunks=2)],
+    ids=["data_parallel", "pipeline_split"],
+)
+def test_single_process_splits_are_the_textbook_update_and_keep_the_tie(split):
+    batches = [sft_batch(8, 1)]
+    model, reference, start = gpt2(), gpt2(), gpt2()
+    trained(split(ct.accumulate(2, weight=ct.shifted_tokens())(exact_step)), model, batches)
+    textbook(reference, batches)
+    assert relative(model, reference, start) < 1e-10
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_pipeline_chunks_refuse_the_models_own_mean_loss():
+    """Each chunk's .loss is a mean over its own tokens: only the step can say how they combine."""
+    assert_refused_untouched(
+        ct.pipeline_split({"transformer": "cpu", "lm_head": "cpu"}, chunks=2)(step),
+        gpt2(),
+        r"the model returns a 0-dim tensor .* return per-sample outputs \(logits\) and compute the loss in the step",
+    )
+
+
 def test_the_models_own_loss_agrees_to_float32_rounding_and_the_unshifted_count_does_not():
     """model(**batch).loss upcasts to float32; the count that includes each sequence's first label is 1e-2 off."""
     batches = [sft_batch(12, 1)]
