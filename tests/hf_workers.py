@@ -132,3 +132,41 @@ def tied_across_units(rank: int, world: int) -> str:
     except ValueError as error:
         return str(error)
     return "not refused"
+
+
+class SFT(torch.utils.data.Dataset):
+    def __init__(self, size: int, seed: int) -> None:
+        self.batch = sft_batch(size, seed)
+
+    def __len__(self) -> int:
+        return len(self.batch["labels"])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.batch.items()}
+
+
+def sharded_resume(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """Sharded GPT-2 (tied wte/lm_head in the root unit) through ct.run: 2 updates then resumed to 4, against 4
+    straight; and the 2-update checkpoint loaded into a fresh sharded state. Whole state dicts, gathered."""
+    train = ct.sharded(ct.accumulate(2, weight=ct.shifted_tokens())(exact_step), modules=GPT2Block)
+    options = {"batch_size": 4, "num_workers": 0, "progress": False, "seed": 1}
+
+    def fresh() -> ct.TrainState:
+        model = gpt2(seed=0)
+        return ct.TrainState(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+
+    data = SFT(8 * world, 5)
+    straight, cut, resumed, loaded = fresh(), fresh(), fresh(), fresh()
+    ct.run(train, straight, data, max_steps=4, checkpoint_dir=f"{folder}/a", **options)
+    saved = ct.run(train, cut, data, max_steps=2, checkpoint_dir=f"{folder}/b", **options).checkpoint
+    ct.run(train, resumed, data, max_steps=4, checkpoint_dir=f"{folder}/b", **options)
+    ct.apply_sharding(train, loaded)
+    ct.load_checkpoint(loaded, saved)
+    found = {
+        name: ct.full_state_dict(state.model)
+        for name, state in (("straight", straight), ("resumed", resumed), ("cut", cut), ("loaded", loaded))
+    }
+    found["tied"] = loaded.model.lm_head.weight is loaded.model.transformer.wte.weight
+    for state in (straight, cut, resumed, loaded):
+        state.release_runtime()
+    return found

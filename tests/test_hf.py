@@ -188,3 +188,12 @@ def test_state_dict_round_trips_through_checkpoints_with_the_tie_kept(tmp_path):
     train(loaded, batch)
     for key, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[key], value), key
+
+
+def test_sharded_checkpoints_resume_and_load_bit_exactly_with_the_tie(pool, tmp_path):
+    rank0, _ = pool.run("hf_workers", "sharded_resume", str(tmp_path))
+    assert rank0["tied"] and "lm_head.weight" in rank0["straight"]
+    for key, value in rank0["straight"].items():
+        assert torch.equal(rank0["resumed"][key], value), key
+        assert torch.equal(rank0["loaded"][key], rank0["cut"][key]), key
+    assert not all(torch.equal(rank0["cut"][k], v) for k, v in rank0["straight"].items())  # 2 and 4 updates differ
