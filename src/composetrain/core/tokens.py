@@ -21,8 +21,8 @@ def shifted_tokens(labels_key: str | int = "labels", *, ignore_index: int = -100
     ``labels[:, 1:]`` and averages over the labels there that are not ``ignore_index``. The
     first label of every sequence is never predicted, so counting it (``(labels != -100).sum()``)
     gives each micro-batch one unit too many per sequence, and accumulation weighs micro-batches
-    wrongly (0.6 relative error in the update seen on a tiny GPT-2 with padding; HF Trainer makes
-    the same mistake for models whose class name lacks "ForCausalLM"). This counts
+    wrongly (1e-2 of the update on a tiny padded GPT-2, benchmarks/README.md; HF Trainer counts the
+    same way for models whose class name lacks "ForCausalLM"). This counts
     ``(labels[..., 1:] != ignore_index).sum()``, so ``accumulate(n, weight=shifted_tokens())`` is the
     update of one loss averaged over every predicted token of the whole batch, also across ranks
     (``distributed`` and ``sharded`` sum the counts). A model that does not shift (token
