@@ -19,7 +19,7 @@ from its ``on_train_begin`` to its ``on_train_end`` callback: its set-up, buildi
 optimizer and the loader, is excluded).
 
     python benchmarks/bench_hf.py                 # exactness, then 21 rounds of timing
-    python benchmarks/bench_hf.py --rounds 41
+    OMP_NUM_THREADS=1 python benchmarks/bench_hf.py --rounds 41   # the figures in benchmarks/README.md
 """
 
 from __future__ import annotations
