@@ -110,3 +110,26 @@ def test_the_cached_images_example_decodes_png_files_once_and_reports_the_speedu
     assert re.search(r"ct.cache wrote the store in \d+\.\d+ s", out)
     assert re.search(r"data path \d+\.\d+x faster; epoch \d+\.\d+x faster", out)
     assert float(re.search(r"train acc (\d\.\d+)", out).group(1)) > 0.5  # 10 classes, 2 short epochs, shifted
+
+
+def test_the_hf_finetune_trains_in_bf16_and_resumes_bit_exactly(tmp_path, capsys):
+    """In this process (transformers imports once): one epoch, then a rerun to two resumes; a straight
+    two-epoch run ends at the same held-out loss."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import finetune_hf
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    short = ["--samples", "32", "--batch-size", "16", "--accumulate", "2", "--eval-samples", "16",
+             "--warmup", "2", "--precision", "bf16", "--width", "32", "--layers", "1"]  # fmt: skip
+    first = finetune_hf.main([*short, "--epochs", "1", "--run-dir", str(tmp_path / "a")])
+    resumed = finetune_hf.main([*short, "--epochs", "2", "--run-dir", str(tmp_path / "a")])
+    straight = finetune_hf.main([*short, "--epochs", "2", "--run-dir", str(tmp_path / "b")])
+    assert (first.steps, resumed.steps, straight.steps) == (2, 4, 4)
+    assert len(resumed.evals) == 2 and resumed.evals[-1]["loss"] == straight.evals[-1]["loss"]
+    assert straight.evals[-1]["loss"] < straight.evals[0]["loss"] < 2.6  # below the uniform guess (ln 13 = 2.56)
+    printed = capsys.readouterr().out
+    assert (
+        "mixed_precision(dtype='bf16')(checkpoint_activations(GPT2Block)(accumulate(2, weight=shifted_tokens" in printed
+    )

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from composetrain.core.protocol import Capabilities, Context, Pass, StepOutput, TrainStep, Update
     from composetrain.core.state import RuntimeState, TrainState
     from composetrain.core.steps import PlainStep, Transform, compose, train_step
+    from composetrain.core.tokens import shifted_tokens
     from composetrain.data.cache import CachedDataset, cache
     from composetrain.data.hdf5 import HDF5Dataset, hdf5
     from composetrain.driver.run import RunResult, run
@@ -44,6 +45,7 @@ _WHERE = {
     "leading_size": "composetrain.core.batching",
     "samples": "composetrain.core.batching",
     "split_batch": "composetrain.core.batching",
+    "shifted_tokens": "composetrain.core.tokens",
     "clip_grad_norm": "composetrain.transforms.clip",
     "Capabilities": "composetrain.core.protocol",
     "Context": "composetrain.core.protocol",
@@ -135,6 +137,7 @@ __all__ = [
     "samples",
     "scaled_lr",
     "sharded",
+    "shifted_tokens",
     "split_batch",
     "train_step",
     "warmup",

@@ -110,6 +110,11 @@ def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
     """Check a plain step's return value; detach the metrics."""
     loss, metrics = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
     if not isinstance(loss, torch.Tensor):
+        if isinstance(loss, Mapping) and isinstance(loss.get("loss"), torch.Tensor):  # a transformers ModelOutput
+            raise TypeError(
+                f"{who!r}: the step must return the loss tensor, not the mapping that holds it, got {show(loss)}; "
+                "return out['loss'] (a transformers output: model(**batch).loss), or (loss, metrics)"
+            )
         raise TypeError(
             f"{who!r}: the step must return a loss tensor or (loss, metrics), got {show(out)}; "
             "return e.g. F.cross_entropy(model(x), y)"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ try:  # NumPy's global stream is replayed when NumPy is there; torch does not re
 except ImportError:  # pragma: no cover - numpy comes with every usual torch install
     np = None  # type: ignore[assignment]
 
-__all__ = ["Replay"]
+__all__ = ["Replay", "refuse_cache", "refuse_checkpointed_twice"]
 
 
 class Replay:
@@ -87,3 +87,30 @@ def _set_python_and_numpy_states(states: tuple[Any, Any]) -> None:
     random.setstate(python)
     if np is not None:
         np.random.set_state(numpy)
+
+
+def refuse_checkpointed_twice(modules: list[nn.Module], who: object) -> None:
+    """Refuse chosen submodules that Hugging Face transformers checkpoints already (its
+    ``gradient_checkpointing_enable()`` flags each layer): each would be recomputed twice, for no memory saved."""
+    for module in modules:
+        flagged = [m for m in module.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        if flagged:
+            raise ValueError(
+                f"{who!r}: {type(flagged[0]).__name__} is checkpointed by transformers already "
+                "(model.gradient_checkpointing_enable() or activation_checkpointing_enable()), and would be "
+                "recomputed twice in backward; use one: model.gradient_checkpointing_disable() "
+                "(activation_checkpointing_disable() from transformers 5), or leave out checkpoint_activations"
+            )
+
+
+def refuse_cache(module: nn.Module, values: Iterable[Any]) -> None:
+    """Refuse a key/value cache passed into a checkpointed submodule: the forward writes it, and the
+    recomputation in backward would write it again (attending to twice the keys: a shape error at best)."""
+    for value in values:
+        kinds = type(value).__mro__
+        if any(k.__name__ == "Cache" and k.__module__.startswith("transformers") for k in kinds):
+            raise ValueError(
+                f"checkpoint_activations: {type(module).__name__} was called with a key/value cache "
+                f"({type(value).__name__}), which its recomputation in backward would fill a second time; "
+                "train without it: model(**batch, use_cache=False), or model.config.use_cache = False"
+            )

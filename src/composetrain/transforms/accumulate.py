@@ -49,7 +49,8 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
         weight: ``weight(micro_batch) -> number``: how many units the step's mean
             loss averages over (default: the leading size, i.e. samples). For a
             token-level loss with padding, count the real tokens, e.g.
-            ``lambda b: (b["labels"] != -100).sum()``. It must add up over a split,
+            ``lambda b: (b["labels"] != -100).sum()``; for a model that shifts its labels
+            inside its loss (Hugging Face causal LMs), ``ct.shifted_tokens()``. It must add up over a split,
             and it serves the whole composition (an inner accumulate uses it too).
 
     Returns:

@@ -18,7 +18,7 @@ from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
 from composetrain.core.util import name, show
-from composetrain.transforms._recompute import Replay
+from composetrain.transforms._recompute import Replay, refuse_cache, refuse_checkpointed_twice
 from composetrain.transforms._shard_units import chosen_by, predicate_mismatch
 
 __all__ = ["checkpoint_activations"]
@@ -155,6 +155,7 @@ class _CheckpointActivations(TrainStep):
         if chosen.model is not state.model or chosen.specs != self.specs:
             chosen.modules = _choose(state.model, self.specs, self)
             chosen.model, chosen.specs = state.model, self.specs
+        refuse_checkpointed_twice(chosen.modules, self)  # every call: the flag may be set after the first
         with _checkpointed(chosen.modules):
             return self._inner().grads(state, batch, ctx)
 
@@ -235,6 +236,7 @@ def _run_checkpointed(forward: Callable[..., Any], module: nn.Module, /, *args: 
     # forward and module positional-only: a module keyword of either name is the module's (module=, forward=)
     if not torch.is_grad_enabled():  # nothing is kept for backward anyway
         return forward(*args, **kwargs)
+    refuse_cache(module, (*args, *kwargs.values()))
     # Every keyword is the module's: checkpoint would take early_stop=, debug=, use_reentrant=... as its own
     # options. So checkpoint gets every value positionally, and run gives the keywords their names back;
     # torch also finds the device whose generator and autocast state it replays from positional tensors

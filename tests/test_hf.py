@@ -1,0 +1,199 @@
+"""Hugging Face transformers models through every transform, against the textbook large-batch update.
+
+A tiny GPT-2 built from a config (no download): token-weighted accumulation with ``ct.shifted_tokens``,
+``distributed``, ``sharded`` with its blocks as units (tied embeddings), ``accumulate("auto")``,
+``checkpoint_activations`` on its blocks by class, checkpoints of its state_dict, and the ways it fails.
+"""
+
+import copy
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from hf_workers import LR, exact_step, gpt2, sft_batch, step, textbook
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+import composetrain as ct
+
+
+def relative(model, reference, start):
+    """The largest difference from the reference's parameters, relative to the size of its update."""
+    moved = max((r - s).abs().max().item() for r, s in zip(reference.parameters(), start.parameters(), strict=True))
+    off = max((p - r).abs().max().item() for p, r in zip(model.parameters(), reference.parameters(), strict=True))
+    return off / moved
+
+
+def trained(train, model, batches):
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    for batch in batches:
+        train(state, batch)
+    return state
+
+
+@pytest.mark.parametrize(("size", "n"), [(16, 4), (10, 4), (7, 3)])  # even, 3+3+2+2, 3+2+2
+def test_shifted_tokens_accumulation_is_the_textbook_update_in_float64(size, n):
+    batches = [sft_batch(size, seed) for seed in (1, 2)]
+    model, reference, start = gpt2(), gpt2(), gpt2()
+    trained(ct.accumulate(n, weight=ct.shifted_tokens())(exact_step), model, batches)
+    textbook(reference, batches)
+    assert relative(model, reference, start) < 1e-10
+
+
+@pytest.mark.parametrize(
+    "split",
+    [ct.data_parallel(["cpu", "cpu"]), ct.pipeline_split({"transformer": "cpu", "lm_head": "cpu"}, chunks=2)],
+    ids=["data_parallel", "pipeline_split"],
+)
+def test_single_process_splits_are_the_textbook_update_and_keep_the_tie(split):
+    batches = [sft_batch(8, 1)]
+    model, reference, start = gpt2(), gpt2(), gpt2()
+    trained(split(ct.accumulate(2, weight=ct.shifted_tokens())(exact_step)), model, batches)
+    textbook(reference, batches)
+    assert relative(model, reference, start) < 1e-10
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_pipeline_chunks_refuse_the_models_own_mean_loss():
+    """Each chunk's .loss is a mean over its own tokens: only the step can say how they combine."""
+    assert_refused_untouched(
+        ct.pipeline_split({"transformer": "cpu", "lm_head": "cpu"}, chunks=2)(step),
+        gpt2(),
+        r"the model returns a 0-dim tensor .* return per-sample outputs \(logits\) and compute the loss in the step",
+    )
+
+
+def test_the_models_own_loss_agrees_to_float32_rounding_and_the_unshifted_count_does_not():
+    """model(**batch).loss upcasts to float32; the count that includes each sequence's first label is 1e-2 off."""
+    batches = [sft_batch(12, 1)]
+    reference, start = gpt2(), gpt2()
+    textbook(reference, batches)
+    right = trained(ct.accumulate(3, weight=ct.shifted_tokens())(step), gpt2(), batches).model
+    wrong = trained(ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(step), gpt2(), batches).model
+    assert relative(right, reference, start) < 1e-5
+    assert relative(wrong, reference, start) > 1e-3
+
+
+@pytest.mark.parametrize("composition", ["distributed", "distributed_auto", "sharded", "sharded_checkpointed"])
+def test_two_ranks_equal_the_textbook_update_on_the_global_batch(pool, composition):
+    """Ranks hold different numbers of real tokens; shifted_tokens' counts are summed over them."""
+    for result in pool.run("hf_workers", "run_case", composition, 2, [1, 2]):
+        for key, want in result["want"].items():
+            torch.testing.assert_close(result["got"][key], want, rtol=1e-10, atol=1e-12, msg=key)
+
+
+def test_sharded_refuses_the_tied_embedding_split_from_its_head(pool):
+    for message in pool.run("hf_workers", "tied_across_units"):
+        assert "['transformer.wte.weight', 'lm_head.weight'] are one tensor (tied weights)" in message
+        assert "leave the embedding and the output head to the root" in message
+
+
+def test_checkpointed_blocks_give_bit_identical_updates_with_dropout():
+    batches = [sft_batch(6, seed) for seed in (1, 2)]
+    dropout = {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+    plain, checkpointed = gpt2(**dropout).train(), gpt2(**dropout).train()
+    torch.manual_seed(5)
+    trained(ct.train_step(exact_step), plain, batches)
+    torch.manual_seed(5)
+    trained(ct.checkpoint_activations(GPT2Block)(exact_step), checkpointed, batches)
+    for (key, p), q in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
+        assert torch.equal(p, q), key
+
+
+def assert_refused_untouched(train, model, match):
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises((ValueError, TypeError), match=match):
+        train(state, sft_batch(4, 0))
+    assert state.step == 0
+    assert all(p.grad is None for p in model.parameters())
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def checkpointed_by_transformers(model):
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5's name for it
+    (enable or model.gradient_checkpointing_enable)()
+
+
+def test_a_key_value_cache_under_checkpointed_blocks_is_refused_before_backward():
+    """GPT-2's default config has use_cache=True: the recomputation would append to the cache again."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("GPT-2 passes its blocks a Cache object from transformers 5 on (tuples before)")
+    assert_refused_untouched(
+        ct.checkpoint_activations(GPT2Block)(step),
+        gpt2(use_cache=True),
+        r"checkpoint_activations: GPT2Block was called with a key/value cache \(DynamicCache\).*use_cache=False",
+    )
+
+
+def test_transformers_own_checkpointing_under_checkpoint_activations_is_refused():
+    model = gpt2()
+    checkpointed_by_transformers(model)
+    assert_refused_untouched(
+        ct.checkpoint_activations(GPT2Block)(step),
+        model,
+        r"GPT2Block is checkpointed by transformers already.*gradient_checkpointing_disable\(\)",
+    )
+
+
+def test_checkpointing_switched_on_in_transformers_after_the_first_update_is_refused_at_the_next():
+    model = gpt2()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    train = ct.checkpoint_activations(GPT2Block)(step)
+    train(state, sft_batch(4, 0))
+    checkpointed_by_transformers(model)
+    with pytest.raises(ValueError, match="GPT2Block is checkpointed by transformers already"):
+        train(state, sft_batch(4, 1))
+    assert state.step == 1
+
+
+@pytest.mark.parametrize("metrics", [False, True])
+def test_a_step_returning_the_model_output_is_told_to_return_its_loss(metrics):
+    assert_refused_untouched(
+        ct.train_step(lambda model, batch: (model(**batch), {}) if metrics else model(**batch)),
+        gpt2(),
+        r"not the mapping that holds it, got .*\(CausalLMOutputWithCrossAttentions\); return out\['loss'\] "
+        r"\(a transformers output: model\(\*\*batch\).loss\)",
+    )
+
+
+class SFT(torch.utils.data.Dataset):
+    def __init__(self, size):
+        self.batch = sft_batch(size, 7)
+
+    def __len__(self):
+        return len(self.batch["labels"])
+
+    def __getitem__(self, i):
+        return {k: v[i] for k, v in self.batch.items()}
+
+
+def test_state_dict_round_trips_through_checkpoints_with_the_tie_kept(tmp_path):
+    model = gpt2()
+    state = ct.TrainState(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    train = ct.accumulate(2, weight=ct.shifted_tokens())(exact_step)
+    result = ct.run(train, state, SFT(16), batch_size=8, max_steps=2, checkpoint_dir=tmp_path, progress=False)
+    fresh = gpt2(seed=9)
+    loaded = ct.TrainState(fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-2))
+    ct.load_checkpoint(loaded, result.checkpoint)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight  # still one tensor
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    batch = sft_batch(8, 3)
+    train(state, batch)
+    train(loaded, batch)
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+
+
+def test_sharded_checkpoints_resume_and_load_bit_exactly_with_the_tie(pool, tmp_path):
+    rank0, _ = pool.run("hf_workers", "sharded_resume", str(tmp_path))
+    assert rank0["tied"] and "lm_head.weight" in rank0["straight"]
+    for key, value in rank0["straight"].items():
+        assert torch.equal(rank0["resumed"][key], value), key
+        assert torch.equal(rank0["loaded"][key], rank0["cut"][key]), key
+    assert not all(torch.equal(rank0["cut"][k], v) for k, v in rank0["straight"].items())  # 2 and 4 updates differ
