@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from composetrain.transforms.accumulate import accumulate
     from composetrain.transforms.activation_checkpointing import checkpoint_activations
     from composetrain.transforms.clip import clip_grad_norm
+    from composetrain.transforms.compile import compile
     from composetrain.transforms.data_parallel import data_parallel
     from composetrain.transforms.distributed import distributed
     from composetrain.transforms.lr_rules import scaled_lr, warmup
@@ -39,6 +40,7 @@ _WHERE = {
     "samples": "composetrain.core.batching",
     "split_batch": "composetrain.core.batching",
     "clip_grad_norm": "composetrain.transforms.clip",
+    "compile": "composetrain.transforms.compile",
     "Capabilities": "composetrain.core.protocol",
     "Context": "composetrain.core.protocol",
     "Pass": "composetrain.core.protocol",
@@ -100,6 +102,7 @@ __all__ = [
     "apply_sharding",
     "checkpoint_activations",
     "clip_grad_norm",
+    "compile",
     "compose",
     "data_parallel",
     "detect",
