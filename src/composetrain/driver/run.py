@@ -26,6 +26,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN
 from composetrain.driver.checks import check_state
+from composetrain.driver.compiling import CompileCache
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.loading import (
     build_loader,
@@ -288,6 +289,10 @@ class _Driver:
                 saving.checkpoint_dir, proc.rank, proc.world_size, saving.keep_checkpoints,
                 shards=ShardFiles(state),
             )  # fmt: skip
+        # torch's compile caches beside the checkpoints, for a warm restart (ct.compile's cache=True)
+        self.compile_cache = None
+        if self.checkpoints is not None and can.compile_cache:
+            self.compile_cache = CompileCache(self.checkpoints.dir, writes=proc.is_main)
         try:
             # checked writable before anything is resumed
             self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard)
@@ -306,6 +311,8 @@ class _Driver:
         fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``;
         one of other data settings, order or model is refused before anything changes."""
         state = self.state
+        if self.compile_cache is not None:  # before the first update compiles anything
+            self.compile_cache.load()
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None:
             seed_everything(seed * 1000003 + self.proc.rank)
@@ -382,6 +389,8 @@ class _Driver:
         generators = generator_states(self.given) if self.given is not None else []
         shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators)
         self.saved_at = self.checkpoints.save(self.state.step, shared, local)
+        if self.compile_cache is not None:  # after the checkpoint: a failed write here costs no checkpoint
+            self.compile_cache.save()
 
     def evaluate(self, at: Progress) -> None:
         if self.evaluator is None:

@@ -141,10 +141,10 @@ class _Compile(TrainStep):
         super().__init__(inner)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
-        ctx = self._inner().prepare(state, batch, ctx)
         compiled = state.transform_state(self.role, _Compiled)
         options = self.options
-        return ctx._replace(call_step=lambda plain: compiled.get(plain, options))
+        # set before the inner steps prepare: a transform inside that must know (distributed) sees it
+        return self._inner().prepare(state, batch, ctx._replace(call_step=lambda plain: compiled.get(plain, options)))
 
     def _config(self) -> tuple[Any, ...]:
         return tuple(self.options[k] for k in ("mode", "dynamic", "fullgraph", "backend", "cache"))
