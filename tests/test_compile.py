@@ -134,8 +134,14 @@ def test_a_model_compiled_in_place_keeps_its_keys_and_trains():
 
 def test_bare_and_called_forms_print_compare_and_stay_independent():
     assert repr(ct.compile(classify)) == "compile(classify)"
-    assert repr(ct.compile(backend="aot_eager", dynamic=True)(classify)) == "compile(backend='aot_eager', dynamic=True)(classify)"
-    assert repr(ct.compile(mode="max-autotune-no-cudagraphs")(classify)) == "compile(mode='max-autotune-no-cudagraphs')(classify)"
+    assert (
+        repr(ct.compile(backend="aot_eager", dynamic=True)(classify))
+        == "compile(backend='aot_eager', dynamic=True)(classify)"
+    )
+    assert (
+        repr(ct.compile(mode="max-autotune-no-cudagraphs")(classify))
+        == "compile(mode='max-autotune-no-cudagraphs')(classify)"
+    )
     one, two = AOT(ct.accumulate(2)(classify)), AOT(ct.accumulate(2)(classify))
     assert one == two and hash(one) == hash(two)
     assert one != ct.compile(backend="aot_eager", fullgraph=True)(ct.accumulate(2)(classify))
@@ -159,7 +165,11 @@ def test_the_capability_says_the_driver_keeps_the_cache():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"mode": "reduce-overhead"}, ValueError, r"compile: mode='reduce-overhead' replays CUDA graphs.*no-cudagraphs"),
+        (
+            {"mode": "reduce-overhead"},
+            ValueError,
+            r"compile: mode='reduce-overhead' replays CUDA graphs.*no-cudagraphs",
+        ),
         ({"mode": "max-autotune"}, ValueError, r"compile: mode='max-autotune' replays CUDA graphs"),
         ({"mode": "fast"}, ValueError, r"compile: mode must be one of \[None, 'default', .*got 'fast'"),
         ({"dynamic": 1}, TypeError, r"compile: dynamic must be True or False, got 1 \(int\)"),

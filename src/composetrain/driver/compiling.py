@@ -47,7 +47,9 @@ class CompileCache:
         try:
             torch.compiler.load_cache_artifacts(data)
         except Exception as e:  # another torch's, or cut short: a cache only, so compile afresh
-            warnings.warn(f"run: {self.path} could not be loaded ({type(e).__name__}: {e}); compiling afresh", stacklevel=3)
+            warnings.warn(
+                f"run: {self.path} could not be loaded ({type(e).__name__}: {e}); compiling afresh", stacklevel=3
+            )
             return False
         self.written_at = compile_totals()[0]
         return True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ _CUDAGRAPHS = ("reduce-overhead", "max-autotune")
 
 
 @transform_factory
-def compile(  # noqa: A001 (ct.compile: shadows the builtin only inside this module)
+def compile(
     step: PlainStep | TrainStep | None = None,
     *,
     mode: str | None = None,
@@ -110,7 +109,9 @@ def _check_options(mode: Any, dynamic: Any, fullgraph: Any, backend: Any, cache:
         if backend not in known:
             raise ValueError(f"compile: backend must be one of {known} or a callable backend, got {backend!r}")
     elif not callable(backend) or isinstance(backend, (nn.Module, TrainStep)):
-        raise TypeError(f"compile: backend must be a backend name such as 'inductor', or a callable, got {show(backend)}")
+        raise TypeError(
+            f"compile: backend must be a backend name such as 'inductor', or a callable, got {show(backend)}"
+        )
     if mode is not None and backend != "inductor":
         raise ValueError(f"compile: mode={mode!r} is an inductor option, but backend={show(backend)}; drop one of them")
     return {"mode": mode, "dynamic": dynamic, "fullgraph": fullgraph, "backend": backend, "cache": cache}
@@ -134,6 +135,7 @@ class _Compiled(RuntimeState):
 
 class _Compile(TrainStep):
     role = "compile"
+
     def __init__(self, inner: TrainStep, label: str, options: dict[str, Any]) -> None:
         self.label = label
         self.options = options

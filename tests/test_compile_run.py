@@ -1,0 +1,84 @@
+"""ct.run with ct.compile: compilations in the records and the bottleneck, checkpoints across compiled and eager
+runs, and the warm restart from torch's compile caches kept in checkpoint_dir (the one inductor test)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_states_close, classify, make_state
+from torch._dynamo.utils import counters
+from torch.utils.data import TensorDataset
+
+import composetrain as ct
+from composetrain.driver.compiling import CACHE_FILE
+
+AOT = ct.compile(backend="aot_eager")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def data(n: int = 20) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g))
+
+
+def go(step, state, folder=None, **options):
+    options = {"batch_size": 8, "shuffle": False, "progress": False, "num_workers": 0, **options}
+    return ct.run(step, state, data(), checkpoint_dir=folder, **options)
+
+
+def test_records_count_compilations_and_their_time_and_the_bottleneck_names_them():
+    """Batches of 8, 8 and a short 4: one compilation, then one more for the new size, then none."""
+    result = go(AOT(classify), make_state(0), epochs=2, log_every=1)
+    compiles = [r["compiles"] for r in result.history]
+    assert compiles == [1, 0, 1, 0, 0, 0]
+    assert all(r["compile_s"] > 0 for r in result.history if r["compiles"]) and result.history[1]["compile_s"] == 0
+    assert result.bottleneck.startswith("torch.compile took ")  # a 6-update run: compiling is most of it
+    assert "(2 compilation(s))" in result.bottleneck
+    eager = go(classify, make_state(0), epochs=1, log_every=1)
+    assert "compiles" not in eager.history[0] and not eager.bottleneck.startswith("torch.compile")
+
+
+def test_a_compiled_runs_checkpoint_resumes_eager_and_back(tmp_path):
+    straight = make_state(0)
+    go(ct.accumulate(2)(classify), straight, epochs=3)
+    resumed = make_state(0)
+    go(AOT(ct.accumulate(2)(classify)), resumed, tmp_path, max_steps=4)
+    eager = make_state(0)
+    go(ct.accumulate(2)(classify), eager, tmp_path, max_steps=7)
+    again = make_state(0)
+    go(AOT(ct.accumulate(2)(classify)), again, tmp_path, epochs=3)
+    assert again.step == straight.step == 9
+    assert_states_close(again, straight, rtol=1e-12, atol=1e-14)
+
+
+def test_a_restarted_run_loads_the_compile_cache_kept_beside_its_checkpoints(tmp_path):
+    """The resumed process starts with empty local caches (a new machine, or a cleared /tmp): its compile hits
+    the FX graph cache only because ct.run loaded checkpoint_dir/compile_cache.bin first."""
+    from torch._inductor.utils import fresh_cache
+
+    train = ct.compile(ct.accumulate(2)(classify))  # inductor
+    with fresh_cache():
+        go(train, make_state(0), tmp_path, max_steps=1)
+    assert (tmp_path / CACHE_FILE).stat().st_size > 0
+    torch._dynamo.reset()
+    counters.clear()
+    with fresh_cache():
+        state = make_state(0)
+        go(train, state, tmp_path, max_steps=2)
+    assert state.step == 2
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and counters["inductor"]["fxgraph_cache_miss"] == 0
+
+
+def test_without_cache_nothing_is_written_and_nothing_loaded(tmp_path, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: loaded.append(data))
+    (tmp_path / CACHE_FILE).write_bytes(b"not torch's")  # left there by someone else: never read
+    go(ct.compile(backend="aot_eager", cache=False)(classify), make_state(0), tmp_path, max_steps=2)
+    assert loaded == [] and (tmp_path / CACHE_FILE).read_bytes() == b"not torch's"
