@@ -215,3 +215,19 @@ def test_under_distributed_buckets_below_ddps_first_are_refused_with_the_fix(poo
     """torch's DDPOptimizer asserts on them (an AssertionError from deep inside the first compile)."""
     for message in pool.run("compile_workers", "refused_small_buckets"):
         assert "bucket_cap_mb=1e-06 is below DDP's first bucket" in message and "bucket_cap_mb >= 1.0" in message
+
+
+def test_under_sharded_the_ranks_update_is_the_one_process_update(pool):
+    """FSDP2's hooks run between the compiled graphs (torch's skip_fsdp_hooks); the compiled ranks' update is the
+    compiled one-process update on the whole batch, which equals the eager one (above)."""
+    import sharded_workers
+
+    composition = "compile(backend='aot_eager')(sharded(clip_grad_norm(0.5)(accumulate(n)(step))))"
+    case = {"composition": composition, "n": 2, "kind": "classify", "sizes": [[4, 4], [4, 4], [3, 3]], "seed": 0}
+    results = pool.run("sharded_workers", "run_case", case)
+    torch._dynamo.reset()
+    reference = sharded_workers.train(case, rank=None)
+    for r in results:
+        assert r["kinds"] == ["DTensor"] and r["step"] == reference["step"] == 3
+        for name, p in reference["params"].items():
+            torch.testing.assert_close(r["params"][name], p, rtol=1e-12, atol=1e-14, msg=name)
