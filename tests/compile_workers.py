@@ -39,9 +39,13 @@ def count_syncs(rank: int, world: int, n: int, updates: int, outside: bool, buck
     return {"syncs": per_update, "params": params, "graphs": counters["stats"]["unique_graphs"]}
 
 
-def refused_small_buckets(rank: int, world: int) -> str:
-    try:
-        count_syncs(rank, world, 2, 1, False, bucket_mb=1e-6)
-    except ValueError as e:
-        return str(e)
-    return "not refused"
+def refused_small_buckets(rank: int, world: int) -> list[str]:
+    """What compile inside, then outside, distributed with too small buckets says."""
+    said = []
+    for outside in (False, True):
+        try:
+            count_syncs(rank, world, 2, 1, outside, bucket_mb=1e-6)
+            said.append("not refused")
+        except ValueError as e:
+            said.append(str(e))
+    return said
