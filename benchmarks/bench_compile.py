@@ -13,9 +13,10 @@ work. The issue's bar: (d) at least 0.98 of (b).
 
 Part 2, warm restarts (``--restarts N``, 0 to skip): a job runs one update under ``ct.run`` with a checkpoint_dir
 and exits; it is then resumed, in a fresh process with empty local compile caches (as on another node, or after
-/tmp was cleared), once with the compile cache ct.run kept beside the checkpoints, once without it (the file
-removed). Each resumed process reports the seconds from calling ct.run to the end of its first update (model
-built, checkpoint loaded, compiled, one update). Medians over N interleaved restarts.
+/tmp was cleared), once with the compile caches ct.run kept beside the checkpoints, once without them (the
+folder removed), and once with neither but the first run's local caches (what a restart on the same machine
+with torch's default /tmp caches gets). Each resumed process reports the seconds from calling ct.run to the end
+of its first update (model built, checkpoint loaded, compiled, one update). Medians over N interleaved restarts.
 
     python benchmarks/bench_compile.py                         # CPU, fp32, 7 rounds, 3 restarts
     python benchmarks/bench_compile.py --device cuda --rounds 21 --updates 20
@@ -142,7 +143,7 @@ def restarts(args) -> None:
             cold, again = root / f"cold{i}", root / f"again{i}"
             shutil.copytree(job, cold)
             shutil.copytree(job, again)
-            (cold / "compile_cache.bin").unlink()
+            shutil.rmtree(cold / "compile_cache")
             order = [("restart, warm cache", job, root / f"w{i}"), ("restart, no cache", cold, root / f"n{i}")]
             for name, folder, caches in order if i % 2 == 0 else order[::-1]:  # interleaved
                 times[name].append(child(folder, caches)["seconds"])

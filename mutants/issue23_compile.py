@@ -2,11 +2,13 @@
 
 T = "tests/test_compile.py"
 R = "tests/test_compile_run.py"
+CALL_STEP = "ctx._replace(call_step=lambda plain: compiled.get(plain, options))"
+LATE = "ctx)._replace(call_step=lambda plain: compiled.get(plain, options))"
 
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/compile.py",
-        "find": "return self._inner().prepare(state, batch, ctx._replace(call_step=lambda plain: compiled.get(plain, options)))",
+        "find": f"return self._inner().prepare(state, batch, {CALL_STEP})",
         "replace": "return self._inner().prepare(state, batch, ctx)",
         "tests": [f"{T}::test_compiled_composition_equals_eager"],
         "why": "23.1: compile sets nothing in the context: every composition runs eagerly, silently",
@@ -52,9 +54,9 @@ MUTANTS = [
         "replace": "self.compile_cache = True",
         "tests": [
             f"{T}::test_the_capability_says_the_driver_keeps_the_cache",
-            f"{R}::test_without_cache_nothing_is_written_and_nothing_loaded",
+            f"{R}::test_without_cache_torchs_own_cache_folder_is_used",
         ],
-        "why": "23.7: cache=False still loads (unpickles) what lies in checkpoint_dir",
+        "why": "23.7: cache=False still compiles into (and loads from) checkpoint_dir",
     },
     {
         "file": "src/composetrain/transforms/distributed.py",
@@ -65,10 +67,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "            self.compile_cache.load()",
+        "find": "            self.compile_cache.enter()",
         "replace": "            pass",
-        "tests": [f"{R}::test_a_restarted_run_loads_the_compile_cache_kept_beside_its_checkpoints"],
-        "why": "23.9: the cache is written but never loaded: a requeued job compiles cold",
+        "tests": [f"{R}::test_a_restarted_run_compiles_from_the_caches_kept_beside_its_checkpoints"],
+        "why": "23.9: torch's caches stay in the machine's /tmp: a requeued job on another node compiles cold",
     },
     {
         "file": "src/composetrain/driver/monitor.py",
@@ -89,7 +91,7 @@ MUTANTS = [
         "find": "if now[0] > self.compiled_before[0]:",
         "replace": "if now[0] >= self.compiled_before[0]:",
         "tests": [f"{R}::test_records_count_compilations_and_their_time_and_the_bottleneck_names_them"],
-        "why": "23.12: eager runs' records gain compile fields (and a user's metric of that name clashes for nothing)",
+        "why": "23.12: eager runs' records gain compile fields",
     },
     {
         "file": "src/composetrain/core/state.py",
@@ -107,9 +109,19 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/compile.py",
-        "find": "        # set before the inner steps prepare: a transform inside that must know (distributed) sees it\n        return self._inner().prepare(state, batch, ctx._replace(call_step=lambda plain: compiled.get(plain, options)))",
-        "replace": "        return self._inner().prepare(state, batch, ctx)._replace(call_step=lambda plain: compiled.get(plain, options))",
+        "find": f"return self._inner().prepare(state, batch, {CALL_STEP})",
+        "replace": f"return self._inner().prepare(state, batch, {LATE}",
         "tests": [f"{T}::test_under_distributed_buckets_below_ddps_first_are_refused_with_the_fix"],
         "why": "23.15: call_step set after the inner prepare: distributed inside compile cannot see it to refuse",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "            self.compile_cache.leave()  # torch's caches where they were before the run",
+        "replace": "            pass",
+        "tests": [
+            f"{R}::test_a_restarted_run_compiles_from_the_caches_kept_beside_its_checkpoints",
+            f"{R}::test_without_cache_torchs_own_cache_folder_is_used",
+        ],
+        "why": "23.16: after ct.run, the process keeps compiling into the run's checkpoint_dir",
     },
 ]

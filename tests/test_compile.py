@@ -213,7 +213,7 @@ def test_under_distributed_one_gradient_sync_per_update_and_the_one_process_upda
 
 def test_under_distributed_buckets_below_ddps_first_are_refused_with_the_fix(pool):
     """torch's DDPOptimizer asserts on them (an AssertionError from deep inside the first compile)."""
-    for message in sum(pool.run("compile_workers", "refused_small_buckets"), []):
+    for message in [m for said in pool.run("compile_workers", "refused_small_buckets") for m in said]:
         assert "bucket_cap_mb=1e-06 is below DDP's first bucket" in message and "bucket_cap_mb >= 1.0" in message
 
 

@@ -3,6 +3,8 @@ runs, and the warm restart from torch's compile caches kept in checkpoint_dir (t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import assert_states_close, classify, make_state
@@ -10,7 +12,7 @@ from torch._dynamo.utils import counters
 from torch.utils.data import TensorDataset
 
 import composetrain as ct
-from composetrain.driver.compiling import CACHE_FILE
+from composetrain.driver.compiling import CACHE_DIR
 
 AOT = ct.compile(backend="aot_eager")
 
@@ -58,15 +60,21 @@ def test_a_compiled_runs_checkpoint_resumes_eager_and_back(tmp_path):
     assert_states_close(again, straight, rtol=1e-12, atol=1e-14)
 
 
-def test_a_restarted_run_loads_the_compile_cache_kept_beside_its_checkpoints(tmp_path):
-    """The resumed process starts with empty local caches (a new machine, or a cleared /tmp): its compile hits
-    the FX graph cache only because ct.run loaded checkpoint_dir/compile_cache.bin first."""
+def test_a_restarted_run_compiles_from_the_caches_kept_beside_its_checkpoints(tmp_path):
+    """Each process starts with empty local caches (a new machine, or a cleared /tmp): the resumed one's compile
+    hits the FX graph cache only because ct.run kept torch's caches in checkpoint_dir; afterwards the process's
+    own cache folder is back in place."""
+    import os
+
     from torch._inductor.utils import fresh_cache
 
     train = ct.compile(ct.accumulate(2)(classify))  # inductor
     with fresh_cache():
+        before = os.environ["TORCHINDUCTOR_CACHE_DIR"]
         go(train, make_state(0), tmp_path, max_steps=1)
-    assert (tmp_path / CACHE_FILE).stat().st_size > 0
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == before
+        assert not any(Path(before).iterdir()), "compiled into the machine's cache, not checkpoint_dir's"
+    assert counters["inductor"]["fxgraph_cache_miss"] >= 1 and any((tmp_path / CACHE_DIR).rglob("*.so"))
     torch._dynamo.reset()
     counters.clear()
     with fresh_cache():
@@ -76,9 +84,17 @@ def test_a_restarted_run_loads_the_compile_cache_kept_beside_its_checkpoints(tmp
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and counters["inductor"]["fxgraph_cache_miss"] == 0
 
 
-def test_without_cache_nothing_is_written_and_nothing_loaded(tmp_path, monkeypatch):
-    loaded = []
-    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: loaded.append(data))
-    (tmp_path / CACHE_FILE).write_bytes(b"not torch's")  # left there by someone else: never read
-    go(ct.compile(backend="aot_eager", cache=False)(classify), make_state(0), tmp_path, max_steps=2)
-    assert loaded == [] and (tmp_path / CACHE_FILE).read_bytes() == b"not torch's"
+def test_without_cache_torchs_own_cache_folder_is_used(tmp_path):
+    import os
+
+    seen = []
+
+    def step(model, batch):
+        seen.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+        return classify(model, batch)
+
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    go(ct.compile(backend="eager", cache=False)(step), make_state(0), tmp_path, max_steps=1)
+    assert seen == [before] and not (tmp_path / CACHE_DIR).exists()
+    go(ct.compile(backend="eager")(step), make_state(0), tmp_path / "b", max_steps=1)
+    assert seen[-1] == str(tmp_path / "b" / CACHE_DIR) and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before

@@ -1,23 +1,25 @@
 """What ct.run knows of torch.compile: how often and how long it compiled, and its caches beside the checkpoints.
 
-A composition that compiles (``ct.compile``) says so in ``Capabilities.compile_cache``; the driver then keeps
-torch's compile caches (``torch.compiler.save_cache_artifacts``: the FX graph, AOTAutograd and dynamic-shape
-caches) in ``checkpoint_dir/compile_cache.bin``, written atomically after a checkpoint, and loads them when it
-starts, before the first compile, so that a requeued job compiles from cache. Loading unpickles what torch
-wrote: the file is read from the run's own checkpoint_dir only (``ct.compile(cache=False)`` opts out).
+A composition that compiles (``ct.compile``) says so in ``Capabilities.compile_cache``. While ``ct.run`` trains
+it, torch's compile caches (TorchInductor's: FX graphs, AOTAutograd, the compiled C++/Triton kernels, and
+TorchDynamo's dynamic-shape profiles) live in ``checkpoint_dir/compile_cache/`` instead of the machine's
+``/tmp``, so that a requeued job, on whichever node, compiles from them. The folder rather than torch's
+portable artefacts (``torch.compiler.save_cache_artifacts``): those hold the graphs but not the compiled C++
+kernels, and a restart measured here on the CPU gained nothing from them (benchmarks/README.md). Loading a
+cache entry unpickles it and loads its kernels: the folder is the run's own checkpoint_dir only
+(``ct.compile(cache=False)`` opts out).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
-import torch
+__all__ = ["CACHE_DIR", "CompileCache", "compile_totals"]
 
-__all__ = ["CACHE_FILE", "CompileCache", "compile_totals"]
-
-CACHE_FILE = "compile_cache.bin"
+CACHE_DIR = "compile_cache"
 # one entry per frame TorchDynamo compiled (a recompilation too), with its seconds: tracing and the backend
 _COMPILED = "_compile.compile_inner"
 
@@ -31,47 +33,24 @@ def compile_totals() -> tuple[int, float]:
 
 
 class CompileCache:
-    """torch's compile caches kept in ``folder/compile_cache.bin``; only the main process writes it."""
+    """torch's compile caches in ``folder/compile_cache/`` between ``enter()`` and ``leave()`` (ct.run's loop)."""
 
-    def __init__(self, folder: Path, writes: bool) -> None:
-        self.path = folder / CACHE_FILE
-        self.writes = writes
-        self.written_at = -1  # compile_totals()[0] when last written: nothing new, nothing to write
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / CACHE_DIR
+        self._inside: AbstractContextManager[Any] | None = None
 
-    def load(self) -> bool:
-        """Load the caches into torch's, if the file is there; True if it was."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return False
-        try:
-            torch.compiler.load_cache_artifacts(data)
-        except Exception as e:  # another torch's, or cut short: a cache only, so compile afresh
-            warnings.warn(
-                f"run: {self.path} could not be loaded ({type(e).__name__}: {e}); compiling afresh", stacklevel=3
-            )
-            return False
-        self.written_at = compile_totals()[0]
-        return True
+    def enter(self) -> None:
+        """Point torch's caches at the folder (its in-memory caches cleared, so that they are read from it)."""
+        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    def save(self) -> None:
-        """Write torch's caches atomically (temp file, fsync, rename), if it compiled anything new."""
-        count = compile_totals()[0]
-        if not self.writes or count == self.written_at:
-            return
-        saved = torch.compiler.save_cache_artifacts()
-        if saved is None:  # nothing torch can save (a backend without caches): keep what the file holds
-            return
-        tmp = self.path.with_name(f".{CACHE_FILE}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(saved[0])
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:  # a cache only: the run goes on, the next restart compiles afresh
-            warnings.warn(f"run: could not write {self.path} ({e}); a resumed run will compile afresh", stacklevel=3)
-            return
-        finally:
-            tmp.unlink(missing_ok=True)
-        self.written_at = count
+        if self._inside is None:
+            self.path.mkdir(exist_ok=True)
+            inside = temporary_cache_dir(os.fspath(self.path))
+            inside.__enter__()
+            self._inside = inside
+
+    def leave(self) -> None:
+        """Back to the caches the process used before."""
+        inside, self._inside = self._inside, None
+        if inside is not None:
+            inside.__exit__(None, None, None)

@@ -289,10 +289,10 @@ class _Driver:
                 saving.checkpoint_dir, proc.rank, proc.world_size, saving.keep_checkpoints,
                 shards=ShardFiles(state),
             )  # fmt: skip
-        # torch's compile caches beside the checkpoints, for a warm restart (ct.compile's cache=True)
+        # torch's compile caches beside the checkpoints while the loop runs, for a warm restart (ct.compile)
         self.compile_cache = None
         if self.checkpoints is not None and can.compile_cache:
-            self.compile_cache = CompileCache(self.checkpoints.dir, writes=proc.is_main)
+            self.compile_cache = CompileCache(self.checkpoints.dir)
         try:
             # checked writable before anything is resumed
             self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard)
@@ -311,8 +311,8 @@ class _Driver:
         fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``;
         one of other data settings, order or model is refused before anything changes."""
         state = self.state
-        if self.compile_cache is not None:  # before the first update compiles anything
-            self.compile_cache.load()
+        if self.compile_cache is not None:  # before the first update compiles anything; close() leaves it
+            self.compile_cache.enter()
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None:
             seed_everything(seed * 1000003 + self.proc.rank)
@@ -389,8 +389,6 @@ class _Driver:
         generators = generator_states(self.given) if self.given is not None else []
         shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators)
         self.saved_at = self.checkpoints.save(self.state.step, shared, local)
-        if self.compile_cache is not None:  # after the checkpoint: a failed write here costs no checkpoint
-            self.compile_cache.save()
 
     def evaluate(self, at: Progress) -> None:
         if self.evaluator is None:
@@ -401,6 +399,8 @@ class _Driver:
 
     def close(self) -> None:
         """Undo what was set up, whatever happened, and however far ``start`` got."""
+        if self.compile_cache is not None:
+            self.compile_cache.leave()  # torch's caches where they were before the run
         if self.proc.owns_group and any(isinstance(p, DTensor) for p in self.state.model.parameters()):
             # a sharded model needs the group whenever it gathers (full_state_dict, evaluation, a save): the
             # trained model must stay usable after the run, so the group lives until the process exits
