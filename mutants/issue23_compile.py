@@ -22,10 +22,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/compile.py",
-        "find": "found = self.steps[key] = torch.compile(step, **settings)",
-        "replace": "found = torch.compile(step, **settings)",
-        "tests": [f"{T}::test_new_sizes_recompile_once_not_per_size"],
-        "why": "23.3: a new torch.compile wrapper per pass: torch recompiles for each (a backend of its own)",
+        "find": "settings = {k: options[k] for k in _COMPILE_OPTIONS}",
+        "replace": 'settings = {k: options[k] for k in _COMPILE_OPTIONS if k != "dynamic"}',
+        "tests": [f"{T}::test_dynamic_reaches_torch"],
+        "why": "23.3: dynamic= is checked and shown but never given to torch.compile",
     },
     {
         "file": "src/composetrain/transforms/compile.py",
@@ -120,7 +120,7 @@ MUTANTS = [
         "replace": "            pass",
         "tests": [
             f"{R}::test_a_restarted_run_compiles_from_the_caches_kept_beside_its_checkpoints",
-            f"{R}::test_without_cache_torchs_own_cache_folder_is_used",
+            f"{R}::test_a_run_that_fails_gives_the_cache_folder_back_at_once",
         ],
         "why": "23.16: after ct.run, the process keeps compiling into the run's checkpoint_dir",
     },

@@ -231,3 +231,27 @@ def test_under_sharded_the_ranks_update_is_the_one_process_update(pool):
         assert r["kinds"] == ["DTensor"] and r["step"] == reference["step"] == 3
         for name, p in reference["params"].items():
             torch.testing.assert_close(r["params"][name], p, rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_an_unhashable_callable_step_compiles():
+    class Step:
+        __hash__ = None  # an object with __eq__ and no hash, as a dataclass(eq=True) is
+
+        def __call__(self, model, batch):
+            return classify(model, batch)
+
+    a, b = make_state(4), make_state(4)
+    for i in range(2):
+        AOT(Step())(a, make_batch(8, seed=i))
+        ct.train_step(classify)(b, make_batch(8, seed=i))
+    assert_states_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(("dynamic", "expected"), [(True, 1), (False, 3)])
+def test_dynamic_reaches_torch(dynamic, expected):
+    """dynamic=True: one graph for every size; False: one per size (8, 6, 4)."""
+    state = make_state(0)
+    train = ct.compile(backend="aot_eager", dynamic=dynamic)(classify)
+    for size in (8, 6, 4, 6):
+        train(state, make_batch(size))
+    assert graphs() == expected

@@ -98,3 +98,17 @@ def test_without_cache_torchs_own_cache_folder_is_used(tmp_path):
     assert seen == [before] and not (tmp_path / CACHE_DIR).exists()
     go(ct.compile(backend="eager")(step), make_state(0), tmp_path / "b", max_steps=1)
     assert seen[-1] == str(tmp_path / "b" / CACHE_DIR) and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+
+
+def test_a_run_that_fails_gives_the_cache_folder_back_at_once(tmp_path):
+    """Also while the traceback (which holds the driver) is kept, as a notebook keeps it."""
+    import os
+
+    def failing_eval(model, batch):
+        raise ZeroDivisionError("the evaluation fails")
+
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    train = ct.compile(backend="eager")(classify)
+    with pytest.raises(ZeroDivisionError) as failed:
+        go(train, make_state(0), tmp_path, max_steps=2, eval_step=failing_eval, eval_data=data(4), eval_every=1)
+    assert failed.traceback and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before

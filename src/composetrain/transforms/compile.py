@@ -87,6 +87,7 @@ def compile(
     return transform if step is None else transform(step)
 
 
+_COMPILE_OPTIONS = ("mode", "dynamic", "fullgraph", "backend")  # what torch.compile takes of them
 _DEFAULTS: dict[str, Any] = {"mode": None, "dynamic": None, "fullgraph": False, "backend": "inductor", "cache": True}
 
 
@@ -118,18 +119,22 @@ def _check_options(mode: Any, dynamic: Any, fullgraph: Any, backend: Any, cache:
 
 
 class _Compiled(RuntimeState):
-    """The compiled plain steps, by step and options (not checkpointed): torch keeps its compiled code with the
-    function it compiled, and recompiles for a new wrapper, so the wrapper must live as long as the state."""
+    """The compiled plain steps, by step and options (not checkpointed): one torch.compile wrapper each, made at
+    the first update rather than at every pass (torch keeps the compiled code with the step's code object and
+    the backend, so a new wrapper would not recompile, but costs its making every pass)."""
 
     def __init__(self) -> None:
         self.steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.plain: list[Callable[..., Any]] = []  # the steps keyed by id, kept alive so that no id is reused
 
     def get(self, step: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
-        key = (step, *(options[k] for k in ("mode", "dynamic", "fullgraph", "backend")))
+        # by identity: a plain step may be a callable object that is unhashable, or equal to another
+        key = (id(step), *(id(options[k]) if k == "backend" else options[k] for k in _COMPILE_OPTIONS))
         found = self.steps.get(key)
         if found is None:
-            settings = {k: options[k] for k in ("mode", "dynamic", "fullgraph", "backend")}
+            settings = {k: options[k] for k in _COMPILE_OPTIONS}
             found = self.steps[key] = torch.compile(step, **settings)
+            self.plain.append(step)
         return found
 
 
