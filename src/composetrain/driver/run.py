@@ -54,14 +54,17 @@ class RunResult:
 
     Attributes:
         history: one record per log point: step, epoch, loss, metrics (averaged over
-            the updates since the last record and over ranks), lr, updates/s, data wait.
+            the updates since the last record and over ranks), lr, updates/s, data wait; in a run that
+            compiles (``ct.compile``), also ``compiles`` and ``compile_s``: torch.compile's compilations
+            since the last record, and their seconds.
         evals: one record per evaluation: step, epoch and the eval metrics.
         steps: optimizer updates applied in total (``state.step``).
         epochs: epochs completed.
         preempted: the run stopped early on SIGTERM/SIGUSR1, after saving.
         data_wait: the fraction of the loop's time spent waiting for batches.
         bottleneck: a sentence naming what limits throughput, and the fix; and what
-            ``num_workers="auto"`` chose, from which timings, and why.
+            ``num_workers="auto"`` chose, from which timings, and why; first the time torch.compile
+            took, when it is over a fifth of the step's.
         checkpoint: the last checkpoint written, if any.
     """
 
@@ -143,7 +146,9 @@ def run(
             rewrites it from the checkpoint's history; a file that is not this run's is moved aside
             to ``name.1`` (or the next free ``name.N``), never overwritten.
         progress: show a progress bar on rank 0.
-        checkpoint_dir: save and resume here; None disables checkpoints.
+        checkpoint_dir: save and resume here; None disables checkpoints. A composition with ``ct.compile``
+            keeps torch's compile caches in ``checkpoint_dir/compile_cache/`` while it trains, for warm
+            restarts (``ct.compile(cache=False)``: in torch's own folder).
         checkpoint_every: also save every this many updates (always at each epoch's
             end, at the end, and on SIGTERM/SIGUSR1); needs checkpoint_dir. A save comes before
             the evaluation due at the same update, and a run resumed there evaluates first.
