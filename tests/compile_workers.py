@@ -49,3 +49,17 @@ def refused_small_buckets(rank: int, world: int) -> list[str]:
         except ValueError as e:
             said.append(str(e))
     return said
+
+
+def compiled_run(rank: int, world: int) -> list[dict[str, Any]]:
+    """ct.run of a compiled distributed composition on every rank: its records."""
+    import run_script
+
+    torch._dynamo.reset()
+    train = ct.distributed(ct.compile(backend="aot_eager")(ct.accumulate(2)(run_script.step)))
+    result = ct.run(
+        train, run_script.state(), run_script.dataset(), batch_size=12, epochs=1, num_workers=0, progress=False,
+        log_every=2,
+    )  # fmt: skip
+    torch._dynamo.reset()
+    return result.history

@@ -255,3 +255,11 @@ def test_dynamic_reaches_torch(dynamic, expected):
     for size in (8, 6, 4, 6):
         train(state, make_batch(size))
     assert graphs() == expected
+
+
+def test_under_ct_run_every_rank_logs_the_same_compile_record(pool):
+    """The compile counts and seconds are averaged over ranks in the record's one all-reduce, as the metrics."""
+    first, second = pool.run("compile_workers", "compiled_run")
+    fields = ("step", "loss", "compiles", "compile_s")  # the timings (updates_per_s, data_wait) are each rank's
+    assert [[r[k] for k in fields] for r in first] == [[r[k] for k in fields] for r in second]
+    assert first[0]["compiles"] >= 1 and first[0]["compile_s"] > 0 and first[-1]["compiles"] == 0

@@ -127,11 +127,21 @@ class Meter:
             torch.stack([o.loss.to(device, torch.float64), *(o.metrics[k].to(device, torch.float64) for k in names)])
             for o in window
         ]
-        means = torch.stack(rows).mean(0)
+        # torch.compile's compilations and seconds in this window, and compilations since this call began:
+        # in the same all-reduce, so that every rank's record says the same (the ranks' mean)
+        now = compile_totals()
+        compiled = [
+            now[0] - self.window_compiled[0],
+            now[1] - self.window_compiled[1],
+            now[0] - self.compiled_before[0],
+        ]
+        self.window_compiled = now
+        means = torch.cat([torch.stack(rows).mean(0), torch.tensor(compiled, dtype=torch.float64, device=device)])
         if self.proc.world_size > 1:
             dist.all_reduce(means)  # out.loss averaged over ranks is the global mean (ct.distributed)
             means /= self.proc.world_size
         values = means.tolist()  # the one host sync of a log point
+        *values, compiles, compile_s, run_compiles = values
         elapsed = time.perf_counter() - self.window_start
         record = {
             "step": self.state.step,
@@ -143,11 +153,9 @@ class Meter:
             "updates_per_s": len(window) / elapsed if elapsed > 0 else float("nan"),
             "data_wait": self.window_wait / elapsed if elapsed > 0 else 0.0,
         }
-        now = compile_totals()
-        if now[0] > self.compiled_before[0]:  # this run compiled: how often and how long, in this window
-            record["compiles"] = now[0] - self.window_compiled[0]
-            record["compile_s"] = now[1] - self.window_compiled[1]
-        self.window_compiled = now
+        if run_compiles > 0:  # this run compiled: how often and how long, in this window
+            record["compiles"] = int(compiles) if compiles.is_integer() else compiles
+            record["compile_s"] = compile_s
         window.clear()
         self.window_start, self.window_wait = time.perf_counter(), 0.0
         return record
