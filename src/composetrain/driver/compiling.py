@@ -13,6 +13,7 @@ cache entry unpickles it and loads its kernels: the folder is the run's own chec
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,9 @@ _COMPILED = "_compile.compile_inner"
 
 def compile_totals() -> tuple[int, float]:
     """Frames torch.compile compiled in this process so far, and the seconds it spent on them."""
-    from torch._dynamo.utils import compilation_time_metrics  # torch's own record; no public API reads it (2.14)
-
-    times = compilation_time_metrics.get(_COMPILED, [])
+    utils = sys.modules.get("torch._dynamo.utils")  # not imported: nothing compiled (importing it takes seconds)
+    # torch's own record of its compilations; no public API reads it (torch 2.14)
+    times = getattr(utils, "compilation_time_metrics", {}).get(_COMPILED, [])
     return len(times), float(sum(times))
 
 
