@@ -74,8 +74,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/monitor.py",
-        "find": "compiled = [now[0] - self.window_compiled[0],",
-        "replace": "compiled = [now[0] - self.compiled_before[0],",
+        "find": "            now[0] - self.window_compiled[0],\n",
+        "replace": "            now[0] - self.compiled_before[0],\n",
         "tests": [f"{R}::test_records_count_compilations_and_their_time_and_the_bottleneck_names_them"],
         "why": "23.10: the records count compilations since the run began, not in their window",
     },
