@@ -37,8 +37,9 @@ def compile(
     other transform has set up by then: the ``DistributedDataParallel`` wrapper under ``ct.distributed``
     (torch's advice: wrap in DDP, then compile, so that TorchDynamo splits the graph at DDP's
     buckets and the gradient all-reduce still overlaps backward, once per update), the sharded
-    model under ``ct.sharded`` (FSDP2's hooks run between the compiled graphs), the submodules
-    ``ct.checkpoint_activations`` recomputes, under ``ct.mixed_precision``'s autocast. So the order of
+    model under ``ct.sharded`` (FSDP2's hooks run between the compiled graphs), under
+    ``ct.mixed_precision``'s autocast; the submodules ``ct.checkpoint_activations`` recomputes run eagerly
+    between the graphs (so ``fullgraph=True`` fails with them). So the order of
     ``compile`` among the other transforms does not matter. Backward, the loss scaling and the optimizer
     step stay eager. The model itself is not wrapped or changed: its ``state_dict`` keys stay the same,
     and checkpoints move between compiled and eager runs.
@@ -48,11 +49,12 @@ def compile(
     epoch's short last batch, ``accumulate("auto")``'s smaller pieces) compiles once more, for any size
     (a size of 1 is specialised by torch: one more). ``ct.run`` logs the compilations and their time.
 
-    Warm restarts: with ``cache=True``, ``ct.run`` keeps torch's compile caches
-    (``torch.compiler.save_cache_artifacts``) in ``checkpoint_dir/compile_cache.bin`` beside the
-    checkpoints, and loads them when it resumes, before the first compile, so a requeued job compiles
-    from cache. Loading them runs torch's unpickler on the file: it is read from your own
-    checkpoint_dir only; give ``cache=False`` where that folder is not yours alone.
+    Warm restarts: with ``cache=True``, while ``ct.run`` trains with a ``checkpoint_dir``, torch's compile
+    caches (TorchInductor's graphs and compiled kernels, TorchDynamo's shape profiles) live in
+    ``checkpoint_dir/compile_cache/`` beside the checkpoints instead of the machine's ``/tmp``, so a
+    requeued job, on whichever node, compiles from them. They hold pickles and kernels that torch loads
+    and runs: they are read from your own checkpoint_dir only; give ``cache=False`` where that folder is
+    not yours alone.
 
     Args:
         step: the step to wrap; omit it to get a transform.
@@ -63,7 +65,7 @@ def compile(
             size at once), False (a compilation per size).
         fullgraph: fail on a graph break instead of running that part eagerly.
         backend: torch.compile's backend ("inductor", or "aot_eager", "eager" to debug).
-        cache: keep torch's compile caches beside ``ct.run``'s checkpoints and load them on resume.
+        cache: keep torch's compile caches in ``ct.run``'s checkpoint_dir (warm restarts).
 
     Returns:
         The wrapped TrainStep, or a transform when ``step`` is omitted.
