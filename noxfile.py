@@ -60,3 +60,7 @@ def gpu(session: nox.Session) -> None:
         )
     session.run("python", "bench_memory.py", "--device", "cuda")
     session.run("python", "bench_gpt.py", "--device", "cuda", "--rounds", "21", "--updates", "20")
+    # ct.compile against the hand-compiled loop, and one warm/cold restart (about 3 minutes, most of it compiling)
+    session.run(
+        "python", "bench_compile.py", "--device", "cuda", "--rounds", "11", "--updates", "20", "--restarts", "1"
+    )

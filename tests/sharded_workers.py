@@ -72,6 +72,7 @@ def build(printed: str, n: int, kind: str) -> ct.TrainStep:
         "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
         "mixed_precision(dtype='bf16')": ct.mixed_precision(dtype="bf16"),
         "checkpoint_activations(Sequential)": ct.checkpoint_activations(nn.Sequential),  # every block
+        "compile(backend='aot_eager')": ct.compile(backend="aot_eager"),
     }
     return composed(printed, parts, step)
 

@@ -51,6 +51,8 @@ ARGS = [
     ],
     Arg("sharded", "reshard_after_forward", lambda v: ct.sharded(reshard_after_forward=v), "bool"),
     Arg("sharded", "sync_every_micro_batch", lambda v: ct.sharded(sync_every_micro_batch=v), "bool"),
+    Arg("compile", "fullgraph", lambda v: ct.compile(fullgraph=v), "bool"),
+    Arg("compile", "cache", lambda v: ct.compile(cache=v), "bool"),
     Arg("pipeline_split", "chunks", lambda v: ct.pipeline_split({"0": "cpu"}, chunks=v), "int"),
     Arg("scaled_lr", "base_lr", lambda v: ct.scaled_lr(v, 512, 256), "real"),
     Arg("scaled_lr", "batch", lambda v: ct.scaled_lr(0.1, v, 256), "int"),
@@ -139,6 +141,7 @@ BARE = [
     ("mixed_precision", lambda s: ct.mixed_precision(torch.float16)(s), lambda s: ct.mixed_precision(dtype="fp16")(s)),
     ("distributed", lambda s: ct.distributed(s), lambda s: ct.distributed()(s)),
     ("sharded", lambda s: ct.sharded(s), lambda s: ct.sharded()(s)),
+    ("compile", lambda s: ct.compile(s), lambda s: ct.compile()(s)),
     (
         "compose",
         lambda s: ct.compose(ct.mixed_precision, ct.distributed)(s),

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from composetrain.transforms.accumulate import accumulate
     from composetrain.transforms.activation_checkpointing import checkpoint_activations
     from composetrain.transforms.clip import clip_grad_norm
+    from composetrain.transforms.compile import compile
     from composetrain.transforms.data_parallel import data_parallel
     from composetrain.transforms.distributed import distributed
     from composetrain.transforms.ema import ema, ema_model
@@ -47,6 +48,7 @@ _WHERE = {
     "split_batch": "composetrain.core.batching",
     "shifted_tokens": "composetrain.core.tokens",
     "clip_grad_norm": "composetrain.transforms.clip",
+    "compile": "composetrain.transforms.compile",
     "Capabilities": "composetrain.core.protocol",
     "Context": "composetrain.core.protocol",
     "Pass": "composetrain.core.protocol",
@@ -119,6 +121,7 @@ __all__ = [
     "check",
     "checkpoint_activations",
     "clip_grad_norm",
+    "compile",
     "compose",
     "data_parallel",
     "detect",

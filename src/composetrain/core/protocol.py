@@ -34,6 +34,10 @@ whichever order the transforms were nested in:
   this update, under its ``role`` (the context ``prepare`` returns reaches them all).
 - ``deferred_sync``: how to synchronise gradients later, for passes that must run
   without any collective among them (``composetrain.transforms._deferred_sync``).
+- ``call_step``: what the innermost pass calls the plain step through: given the plain
+  step, the callable to call in its place (``ct.compile``'s compiled step). It runs
+  with the model every transform has set by then (the DDP wrapper, the sharded
+  model), which is where torch recommends compiling, whatever the nesting order.
 
 The loss has exactly one owner of its normalisation: the innermost pass scales
 its mean loss by ``piece_weight / total_weight`` before ``backward``, so the
@@ -109,6 +113,8 @@ class Context(NamedTuple):
             (``distributed``), for a transform that must run its passes without any
             collective in between (``accumulate("auto")``): its ``begin()``, ``agree(values)``
             and ``finish()`` are documented in ``composetrain.transforms._deferred_sync``. None alone.
+        call_step: ``call_step(plain_step) -> callable`` called in the plain step's place with
+            ``(model, batch)``, or None to call the plain step itself.
     """
 
     model: nn.Module
@@ -122,6 +128,7 @@ class Context(NamedTuple):
     skip_update: bool = False
     notes: Mapping[str, Any] = MappingProxyType({})
     deferred_sync: Any = None
+    call_step: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
 
 
 class Pass(NamedTuple):
@@ -175,11 +182,14 @@ class Capabilities:
             ``sharded``); without it the driver refuses to run on several processes.
         forward_needs_every_rank: each forward gathers from every rank (``sharded``), so a separate
             evaluation, whose ranks may see different numbers of batches, is not supported.
+        compile_cache: it compiles with torch.compile and wants torch's compile caches kept beside
+            the checkpoints (``ct.compile``), so that a resumed run starts warm.
     """
 
     places_model: bool = False
     syncs_processes: bool = False
     forward_needs_every_rank: bool = False
+    compile_cache: bool = False
 
     def __or__(self, other: Capabilities) -> Capabilities:
         either = {f.name: getattr(self, f.name) or getattr(other, f.name) for f in dataclasses.fields(self)}
@@ -222,6 +232,7 @@ class TrainStep:
     # the transform changes the update itself (clip_grad_norm), not only how it is computed: ``ct.check`` keeps
     # it around the plain step it compares a composition with
     changes_update: ClassVar[bool] = False
+    compile_cache: bool = False  # an instance may set it before calling TrainStep.__init__
 
     def __init__(self, inner: TrainStep | None, *, weight: WeightFn | None = None) -> None:
         inside = inner.roles if inner is not None else frozenset()
@@ -246,7 +257,7 @@ class TrainStep:
         self.roles: frozenset[str] = frozenset({self.role} if self.role else ()) | (
             inner.roles if inner is not None else frozenset()
         )
-        own = Capabilities(self.places_model, self.syncs_processes, self.forward_needs_every_rank)
+        own = Capabilities(self.places_model, self.syncs_processes, self.forward_needs_every_rank, self.compile_cache)
         self.capabilities: Capabilities = own | inner.capabilities if inner is not None else own
         wrapped = inner if inner is not None else getattr(self, "step", None)
         if wrapped is not None:

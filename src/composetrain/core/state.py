@@ -96,6 +96,13 @@ class TrainState:
             )
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainState: model must be a torch.nn.Module, got {show(model)}")
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module) and type(model).__name__ == "OptimizedModule":
+            raise TypeError(
+                f"TrainState: model is torch.compile(model) (an OptimizedModule around {type(model._orig_mod).__name__}"
+                "), whose state_dict keys gain the prefix '_orig_mod.', so its checkpoints would not load into the "
+                "plain model; pass the plain model and compile the step instead: ct.compile(step) (or compile the "
+                "model in place with model.compile(), which keeps its keys)"
+            )
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"TrainState: optimizer must be a torch.optim.Optimizer, got {show(optimizer)}; "

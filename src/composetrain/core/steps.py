@@ -58,11 +58,12 @@ class _Lifted(TrainStep):
             return self._pass(batch, ctx)
 
     def _pass(self, batch: Any, ctx: Context) -> Pass:
+        call = self.step if ctx.call_step is None else ctx.call_step(self.step)
         if ctx.around_forward:
             with _entered(ctx.around_forward, ctx):
-                out = self.step(ctx.model, batch)
+                out = call(ctx.model, batch)
         else:
-            out = self.step(ctx.model, batch)
+            out = call(ctx.model, batch)
         loss, metrics = _unpack(out, self)
         share = ctx.piece_weight / ctx.total_weight
         if not (isinstance(share, float) and share == 1.0):  # a whole batch stays bit-exact

@@ -21,6 +21,7 @@ from composetrain.core.protocol import StepOutput
 from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
 from composetrain.data.mapped import MappedDataset
+from composetrain.driver.compiling import compile_totals
 from composetrain.driver.loading import auto_workers
 from composetrain.driver.tracking import Records, Tracker
 from composetrain.launch.rendezvous import Process
@@ -31,6 +32,7 @@ __all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names",
 # "eval" is the key that tells an evaluation record from a training one in the metrics file.
 TRAIN_FIELDS = frozenset(
     {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
+    | {"compiles", "compile_s"}  # torch.compile's compilations in the window and their seconds, once there are any
 )
 # an evaluation's metrics are nested under "eval" in the file, those of ct.ema's weights under "eval_ema"
 EVAL_FIELDS = frozenset({"step", "epoch", "eval", "eval_ema"})
@@ -85,6 +87,8 @@ class Meter:
         self.window_start = time.perf_counter()
         self.window_wait = 0.0
         self.first = True  # the first update of this call: a resumed window is compared with it
+        # torch.compile's totals in this process when this call (and its window) began
+        self.compiled_before = self.window_compiled = compile_totals()
 
     def add(self, window: list[StepOutput], out: StepOutput, waited: float, computed: float) -> None:
         """Append ``out`` to ``window`` (its metric names checked and made plain ``str``: a few keys and
@@ -126,11 +130,21 @@ class Meter:
             torch.stack([o.loss.to(device, torch.float64), *(o.metrics[k].to(device, torch.float64) for k in names)])
             for o in window
         ]
-        means = torch.stack(rows).mean(0)
+        # torch.compile's compilations and seconds in this window, and compilations since this call began:
+        # in the same all-reduce, so that every rank's record says the same (the ranks' mean)
+        now = compile_totals()
+        compiled = [
+            now[0] - self.window_compiled[0],
+            now[1] - self.window_compiled[1],
+            now[0] - self.compiled_before[0],
+        ]
+        self.window_compiled = now
+        means = torch.cat([torch.stack(rows).mean(0), torch.tensor(compiled, dtype=torch.float64, device=device)])
         if self.proc.world_size > 1:
             dist.all_reduce(means)  # out.loss averaged over ranks is the global mean (ct.distributed)
             means /= self.proc.world_size
         values = means.tolist()  # the one host sync of a log point
+        *values, compiles, compile_s, run_compiles = values
         elapsed = time.perf_counter() - self.window_start
         record = {
             "step": self.state.step,
@@ -142,6 +156,9 @@ class Meter:
             "updates_per_s": len(window) / elapsed if elapsed > 0 else float("nan"),
             "data_wait": self.window_wait / elapsed if elapsed > 0 else 0.0,
         }
+        if run_compiles > 0:  # this run compiled: how often and how long, in this window
+            record["compiles"] = int(compiles) if compiles.is_integer() else compiles
+            record["compile_s"] = compile_s
         window.clear()
         self.window_start, self.window_wait = time.perf_counter(), 0.0
         return record
@@ -181,7 +198,20 @@ class Meter:
         return self.waited / total if total > 0 else 0.0
 
     def bottleneck(self, loader: Any) -> str:
-        """What limits throughput, and the fix; with what num_workers="auto" chose, and why."""
+        """What limits throughput, and the fix; with what num_workers="auto" chose, and why; first the time
+        torch.compile took, when it is a large share of the step's."""
+        count, seconds = (now - before for now, before in zip(compile_totals(), self.compiled_before, strict=True))
+        compiling = ""
+        if count and seconds > 0.2 * self.computed:
+            compiling = (
+                f"torch.compile took {seconds:.1f} s of the {self.computed:.1f} s spent in the step ({int(count)} "
+                "compilation(s)): a longer run amortises it, a resumed one loads torch's caches kept in "
+                "checkpoint_dir, and more compilations than shapes point to graph breaks or changing shapes "
+                "(TORCH_LOGS=recompiles); "
+            )
+        return compiling + self._throughput(loader)
+
+    def _throughput(self, loader: Any) -> str:
         cause, choice = self._cause(loader), getattr(loader, "choice", None)
         if choice and loader.num_workers == 0 and self.data_wait > 0.2:  # auto weighed workers: no "raise" advice
             return f"data loading is {self.data_wait:.0%} of the step; {choice}; {_cheaper(loader)}"

@@ -29,6 +29,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN
 from composetrain.driver.checks import check_state
+from composetrain.driver.compiling import CompileCache
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.loading import (
     build_loader,
@@ -60,14 +61,17 @@ class RunResult:
             the updates since the last record and over ranks), lr, updates/s, data wait.
             ``lr`` is the rate the record's last update used (read before its scheduler step;
             the first parameter group's), None for a window that an earlier process made
-            entirely (a finished run run again).
+            entirely (a finished run run again); in a run that
+            compiles (``ct.compile``), also ``compiles`` and ``compile_s``: torch.compile's compilations
+            since the last record, and their seconds.
         evals: one record per evaluation: step, epoch and the eval metrics.
         steps: optimizer updates applied in total (``state.step``).
         epochs: epochs completed.
         preempted: the run stopped early on SIGTERM/SIGUSR1, after saving.
         data_wait: the fraction of the loop's time spent waiting for batches.
         bottleneck: a sentence naming what limits throughput, and the fix; and what
-            ``num_workers="auto"`` chose, from which timings, and why.
+            ``num_workers="auto"`` chose, from which timings, and why; first the time torch.compile
+            took, when it is over a fifth of the step's.
         checkpoint: the last checkpoint written, if any.
     """
 
@@ -150,7 +154,9 @@ def run(
             rewrites it from the checkpoint's history; a file that is not this run's is moved aside
             to ``name.1`` (or the next free ``name.N``), never overwritten.
         progress: show a progress bar on rank 0.
-        checkpoint_dir: save and resume here; None disables checkpoints.
+        checkpoint_dir: save and resume here; None disables checkpoints. A composition with ``ct.compile``
+            keeps torch's compile caches in ``checkpoint_dir/compile_cache/`` while it trains, for warm
+            restarts (``ct.compile(cache=False)``: in torch's own folder).
         checkpoint_every: also save every this many updates (always at each epoch's
             end, at the end, and on SIGTERM/SIGUSR1); needs checkpoint_dir. A save comes before
             the evaluation due at the same update, and a run resumed there evaluates first.
@@ -324,6 +330,10 @@ class _Driver:
                 saving.checkpoint_dir, proc.rank, proc.world_size, saving.keep_checkpoints,
                 shards=ShardFiles(state),
             )  # fmt: skip
+        # torch's compile caches beside the checkpoints while the loop runs, for a warm restart (ct.compile)
+        self.compile_cache = None
+        if self.checkpoints is not None and can.compile_cache:
+            self.compile_cache = CompileCache(self.checkpoints.dir)
         try:
             # checked writable before anything is resumed
             self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard, options.log.on_record)
@@ -342,6 +352,8 @@ class _Driver:
         fresh start with each rank's own random stream. Corrupt checkpoints were set aside by ``latest()``;
         one of other data settings, order or model is refused before anything changes."""
         state = self.state
+        if self.compile_cache is not None:  # before the first update compiles anything; close() leaves it
+            self.compile_cache.enter()
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None:
             seed_everything(seed * 1000003 + self.proc.rank)
@@ -435,6 +447,8 @@ class _Driver:
 
     def close(self) -> None:
         """Undo what was set up, whatever happened, and however far ``start`` got."""
+        if self.compile_cache is not None:
+            self.compile_cache.leave()  # torch's caches where they were before the run
         if self.proc.owns_group and any(isinstance(p, DTensor) for p in self.state.model.parameters()):
             # a sharded model needs the group whenever it gathers (full_state_dict, evaluation, a save): the
             # trained model must stay usable after the run, so the group lives until the process exits

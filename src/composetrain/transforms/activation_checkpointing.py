@@ -232,6 +232,9 @@ def _checkpointed(modules: list[nn.Module]) -> Iterator[None]:
                 module.forward = own
 
 
+# Under ct.compile, TorchDynamo cannot trace checkpoint's context_fn (the replay of random state and buffers,
+# torch 2.14): a chosen submodule runs eagerly between the compiled graphs, recomputed exactly as without compile
+@torch.compiler.disable
 def _run_checkpointed(forward: Callable[..., Any], module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
     # forward and module positional-only: a module keyword of either name is the module's (module=, forward=)
     if not torch.is_grad_enabled():  # nothing is kept for backward anyway

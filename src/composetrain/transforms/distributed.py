@@ -21,6 +21,8 @@ from composetrain.transforms._deferred_sync import DDPDeferredSync
 
 __all__ = ["distributed"]
 
+_FIRST_BUCKET_MB = 1.0  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, in MiB
+
 
 @transform_factory
 def distributed(
@@ -156,6 +158,14 @@ class _Distributed(TrainStep):
         # transforms inside place or wrap the model first (pipeline_split); DDP goes outermost,
         # because its forward must run exactly once per backward
         ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
+        if ctx.call_step is not None and self.options["bucket_cap_mb"] < _FIRST_BUCKET_MB:
+            # TorchDynamo's DDPOptimizer splits the graph at DDP's buckets, and asserts that DDP's first bucket
+            # (1 MiB) is no larger than the others
+            raise ValueError(
+                f"{self!r}: bucket_cap_mb={self.options['bucket_cap_mb']} is below DDP's first bucket "
+                f"({_FIRST_BUCKET_MB} MiB), which torch.compile's DDP graph splitting (DDPOptimizer) does not "
+                f"support under ct.compile; use bucket_cap_mb >= {_FIRST_BUCKET_MB}"
+            )
         ddp = self._ddp(state, ctx.model)
 
         def no_sync_unless_last(c: Context) -> contextlib.AbstractContextManager[Any]:

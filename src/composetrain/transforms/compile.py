@@ -1,0 +1,159 @@
+"""compile: torch.compile placed where it is right for the composition, the model left as it is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from composetrain.core.protocol import Context, TrainStep
+from composetrain.core.state import RuntimeState, TrainState
+from composetrain.core.steps import PlainStep, Transform, transform_factory
+from composetrain.core.util import check_bool, name, show
+
+__all__ = ["compile"]
+
+_MODES = (None, "default", "max-autotune-no-cudagraphs")
+# CUDA graphs reuse their output buffers on the next replay: a micro-batch's loss share, kept until the update
+# ends (and a StepOutput kept until the log point) would be overwritten under the caller
+_CUDAGRAPHS = ("reduce-overhead", "max-autotune")
+
+
+@transform_factory
+def compile(
+    step: PlainStep | TrainStep | None = None,
+    *,
+    mode: str | None = None,
+    dynamic: bool | None = None,
+    fullgraph: bool = False,
+    backend: str | Callable[..., Any] = "inductor",
+    cache: bool = True,
+) -> Any:
+    """Compile the plain step (forward and loss) with ``torch.compile``, where the composition calls it.
+
+    The plain step is compiled as a function of ``(model, batch)`` and called with the model every
+    other transform has set up by then: the ``DistributedDataParallel`` wrapper under ``ct.distributed``
+    (torch's advice: wrap in DDP, then compile, so that TorchDynamo splits the graph at DDP's
+    buckets and the gradient all-reduce still overlaps backward, once per update), the sharded
+    model under ``ct.sharded`` (FSDP2's hooks run between the compiled graphs), under
+    ``ct.mixed_precision``'s autocast; the submodules ``ct.checkpoint_activations`` recomputes run eagerly
+    between the graphs (so ``fullgraph=True`` fails with them). So the order of
+    ``compile`` among the other transforms does not matter. Backward, the loss scaling and the optimizer
+    step stay eager. The model itself is not wrapped or changed: its ``state_dict`` keys stay the same,
+    and checkpoints move between compiled and eager runs.
+
+    Shapes: torch's automatic dynamic shapes apply (``dynamic=None``): the first call compiles for its
+    shapes, and the first call with another batch size (``accumulate``'s short last micro-batch, the
+    epoch's short last batch, ``accumulate("auto")``'s smaller pieces) compiles once more, for any size
+    (a size of 1 is specialised by torch: one more). ``ct.run`` logs the compilations and their time.
+
+    Warm restarts: with ``cache=True``, while ``ct.run`` trains with a ``checkpoint_dir``, torch's compile
+    caches (TorchInductor's graphs and compiled kernels, TorchDynamo's shape profiles) live in
+    ``checkpoint_dir/compile_cache/`` beside the checkpoints instead of the machine's ``/tmp``, so a
+    requeued job, on whichever node, compiles from them. They hold pickles and kernels that torch loads
+    and runs: they are read from your own checkpoint_dir only; give ``cache=False`` where that folder is
+    not yours alone.
+
+    Args:
+        step: the step to wrap; omit it to get a transform.
+        mode: torch.compile's mode: None, "default" or "max-autotune-no-cudagraphs" (the modes that
+            use CUDA graphs are refused: their outputs are overwritten by the next call, and a
+            composition keeps outputs across micro-batches and updates).
+        dynamic: torch.compile's ``dynamic``: None (automatic, the default), True (compile for any
+            size at once), False (a compilation per size).
+        fullgraph: fail on a graph break instead of running that part eagerly.
+        backend: torch.compile's backend ("inductor", or "aot_eager", "eager" to debug).
+        cache: keep torch's compile caches in ``ct.run``'s checkpoint_dir (warm restarts).
+
+    Returns:
+        The wrapped TrainStep, or a transform when ``step`` is omitted.
+
+    Example:
+        >>> train = ct.compile(ct.mixed_precision(ct.accumulate(4)(step)))
+        >>> train = ct.distributed(ct.compile(backend="aot_eager")(ct.clip_grad_norm(1.0)(step)))
+    """
+    if isinstance(step, nn.Module):
+        raise TypeError(
+            f"compile: step must be a function step(model, batch) or a TrainStep, got the model {show(step)}; "
+            "ct.compile compiles the step and leaves the model as it is: ct.compile(step), with "
+            "ct.TrainState(model, optimizer) on the plain model"
+        )
+    options = _check_options(mode, dynamic, fullgraph, backend, cache)
+    shown = [f"{k}={v!r}" for k, v in options.items() if v != _DEFAULTS[k] and k != "backend"]
+    if options["backend"] != "inductor":
+        shown.insert(0, f"backend={options['backend']!r}" if isinstance(backend, str) else f"backend={name(backend)}")
+    label = f"compile({', '.join(shown)})" if shown else "compile"
+    transform = Transform(label, lambda inner: _Compile(inner, label, options))
+    return transform if step is None else transform(step)
+
+
+_COMPILE_OPTIONS = ("mode", "dynamic", "fullgraph", "backend")  # what torch.compile takes of them
+_DEFAULTS: dict[str, Any] = {"mode": None, "dynamic": None, "fullgraph": False, "backend": "inductor", "cache": True}
+
+
+def _check_options(mode: Any, dynamic: Any, fullgraph: Any, backend: Any, cache: Any) -> dict[str, Any]:
+    """The options checked, before anything is built."""
+    if mode in _CUDAGRAPHS:
+        raise ValueError(
+            f"compile: mode={mode!r} replays CUDA graphs, whose outputs the next call overwrites, while a "
+            "composition keeps each micro-batch's loss until the update ends; use mode="
+            "'max-autotune-no-cudagraphs' (or the default)"
+        )
+    if mode not in _MODES:
+        raise ValueError(f"compile: mode must be one of {list(_MODES)}, got {show(mode)}")
+    if dynamic is not None:
+        check_bool(dynamic, "compile", "dynamic", example="dynamic=None (automatic), True or False")
+    check_bool(fullgraph, "compile", "fullgraph")
+    check_bool(cache, "compile", "cache", example="cache=False")
+    if isinstance(backend, str):
+        known = torch._dynamo.list_backends(exclude_tags=())
+        if backend not in known:
+            raise ValueError(f"compile: backend must be one of {known} or a callable backend, got {backend!r}")
+    elif not callable(backend) or isinstance(backend, (nn.Module, TrainStep)):
+        raise TypeError(
+            f"compile: backend must be a backend name such as 'inductor', or a callable, got {show(backend)}"
+        )
+    if mode is not None and backend != "inductor":
+        raise ValueError(f"compile: mode={mode!r} is an inductor option, but backend={show(backend)}; drop one of them")
+    return {"mode": mode, "dynamic": dynamic, "fullgraph": fullgraph, "backend": backend, "cache": cache}
+
+
+class _Compiled(RuntimeState):
+    """The compiled plain steps, by step and options (not checkpointed): one torch.compile wrapper each, made at
+    the first update rather than at every pass (torch keeps the compiled code with the step's code object and
+    the backend, so a new wrapper would not recompile, but costs its making every pass)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.plain: list[Callable[..., Any]] = []  # the steps keyed by id, kept alive so that no id is reused
+
+    def get(self, step: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+        # by identity: a plain step may be a callable object that is unhashable, or equal to another
+        key = (id(step), *(id(options[k]) if k == "backend" else options[k] for k in _COMPILE_OPTIONS))
+        found = self.steps.get(key)
+        if found is None:
+            settings = {k: options[k] for k in _COMPILE_OPTIONS}
+            found = self.steps[key] = torch.compile(step, **settings)
+            self.plain.append(step)
+        return found
+
+
+class _Compile(TrainStep):
+    role = "compile"
+
+    def __init__(self, inner: TrainStep, label: str, options: dict[str, Any]) -> None:
+        self.label = label
+        self.options = options
+        self.compile_cache = options["cache"]  # the driver keeps torch's caches beside the checkpoints
+        super().__init__(inner)
+
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        compiled = state.transform_state(self.role, _Compiled)
+        options = self.options
+        # set before the inner steps prepare: a transform inside that must know (distributed) sees it
+        return self._inner().prepare(state, batch, ctx._replace(call_step=lambda plain: compiled.get(plain, options)))
+
+    def _config(self) -> tuple[Any, ...]:
+        return tuple(self.options[k] for k in ("mode", "dynamic", "fullgraph", "backend", "cache"))

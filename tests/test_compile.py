@@ -1,0 +1,266 @@
+"""ct.compile: compiled compositions equal the eager ones; shapes, placement, checkpoints, arguments.
+
+Most tests compile with backend="aot_eager" (TorchDynamo and AOTAutograd, as inductor sees them, without
+generating code: seconds less per compile on a small CPU); test_compile_run.py has the inductor ones.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import assert_states_close, classify, make_batch, make_state, mlp
+from torch import nn
+from torch._dynamo.utils import counters
+
+import composetrain as ct
+
+AOT = ct.compile(backend="aot_eager")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from nothing and counts its own compilations."""
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+# one composition per transform, compiled inside and eager; float64, so that only float rounding differs
+COMPOSITIONS = {
+    "plain": lambda c: c(classify),
+    "accumulate": lambda c: ct.accumulate(3)(c(classify)),
+    "accumulate_outside": lambda c: c(ct.accumulate(3)(classify)),
+    "clip": lambda c: ct.clip_grad_norm(0.05)(c(classify)),
+    "checkpoint_activations": lambda c: ct.checkpoint_activations("0")(c(ct.accumulate(2)(classify))),
+    "mixed_precision": lambda c: ct.mixed_precision(dtype="bf16")(c(classify)),
+    "auto": lambda c: c(ct.accumulate("auto")(classify)),
+    "data_parallel": lambda c: c(ct.data_parallel(["cpu", "cpu"])(classify)),
+    "pipeline_split": lambda c: c(ct.pipeline_split({"0": "cpu", "2": "cpu"})(classify)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPOSITIONS))
+def test_compiled_composition_equals_eager(case):
+    """Measured: aot_eager runs the very kernels eager does, so bit-identical here (float32 and float64, also
+    under bf16 autocast); asserted to 1e-12, float64 rounding after a few updates (inductor: test_compile_run)."""
+    build = COMPOSITIONS[case]
+    compiled, eager = make_state(3), make_state(3)
+    fast, slow = build(AOT), build(ct.train_step)
+    for i, size in enumerate((16, 16, 10)):  # the last batch is short: its micro-batches have new sizes
+        batch = make_batch(size, seed=i)
+        a, b = fast(compiled, batch), slow(eager, batch)
+        torch.testing.assert_close(a.loss, b.loss, rtol=1e-12, atol=1e-14)
+        assert a.metrics.keys() == b.metrics.keys()
+    assert_states_close(compiled, eager, rtol=1e-12, atol=1e-14)
+    assert graphs() >= 1, "nothing was compiled"
+
+
+def test_new_sizes_recompile_once_not_per_size():
+    """The first change of batch size compiles once more, for any size; later sizes reuse it (size 1 aside)."""
+    state = make_state(0)
+    for n, size in [(1, 16), (1, 16), (2, 16), (4, 16), (4, 10), (3, 13), (1, 7)]:  # pieces of 16, 8, 4, 3, 2, ...
+        AOT(ct.accumulate(n)(classify))(state, make_batch(size))
+    assert graphs() == 2
+
+
+def test_accumulate_auto_halving_does_not_recompile_per_retry(monkeypatch):
+    """accumulate("auto") retries on out of memory with twice as many, smaller micro-batches."""
+    state = make_state(0)
+    calls = []
+
+    def tight(model, batch):  # out of memory for micro-batches above 4 samples, as a GPU would be
+        calls.append(len(batch[0]))
+        if len(batch[0]) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return classify(model, batch)
+
+    train = AOT(ct.accumulate("auto")(tight))
+    for i in range(3):
+        train(state, make_batch(32, seed=i))
+    assert max(calls[-8:]) <= 4
+    assert graphs() <= 2  # the first size that fit, then any size
+
+
+def test_the_model_and_its_state_dict_keys_are_unchanged():
+    state, plain = make_state(0), mlp(0)
+    AOT(classify)(state, make_batch(8))
+    assert type(state.model) is nn.Sequential and "_compiled_call_impl" not in vars(state.model)
+    assert list(state.state_dict()["model"]) == list(plain.state_dict())
+
+
+def test_checkpoints_move_between_compiled_and_eager_runs():
+    """Two compiled updates, saved, loaded into an eager state, two more: as four eager updates."""
+    compiled, straight = make_state(1), make_state(1)
+    train = AOT(ct.accumulate(2)(classify))
+    for i in range(2):
+        train(compiled, make_batch(12, seed=i))
+    eager = make_state(5)
+    eager.load_state_dict(copy.deepcopy(compiled.state_dict()))
+    back = make_state(6)  # and back into a compiled one
+    for i in range(2, 4):
+        ct.accumulate(2)(classify)(eager, make_batch(12, seed=i))
+    back.load_state_dict(copy.deepcopy(eager.state_dict()))
+    train(back, make_batch(12, seed=4))
+    for i in range(5):
+        ct.accumulate(2)(classify)(straight, make_batch(12, seed=i))
+    assert_states_close(back, straight, rtol=1e-12, atol=1e-14)
+
+
+def test_a_model_wrapped_by_torch_compile_is_refused_with_the_fix():
+    """The issue's example: torch.compile(model) in a TrainState wrote '_orig_mod.' keys that did not resume."""
+    model = mlp(0)
+    wrapped = torch.compile(model, backend="aot_eager")
+    with pytest.raises(TypeError, match=r"TrainState: model is torch.compile\(model\).*_orig_mod.*ct.compile\(step\)"):
+        ct.TrainState(wrapped, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_a_model_compiled_in_place_keeps_its_keys_and_trains():
+    model = mlp(0)
+    model.compile(backend="aot_eager")
+    state, eager = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)), make_state(0, scheduler=False)
+    eager.optimizer = torch.optim.SGD(eager.model.parameters(), lr=0.1)
+    for i in range(2):
+        ct.train_step(classify)(state, make_batch(8, seed=i))
+        ct.train_step(classify)(eager, make_batch(8, seed=i))
+    assert list(state.state_dict()["model"]) == list(mlp(0).state_dict())
+    assert_states_close(state, eager, rtol=1e-12, atol=1e-14)
+
+
+def test_bare_and_called_forms_print_compare_and_stay_independent():
+    assert repr(ct.compile(classify)) == "compile(classify)"
+    assert (
+        repr(ct.compile(backend="aot_eager", dynamic=True)(classify))
+        == "compile(backend='aot_eager', dynamic=True)(classify)"
+    )
+    assert (
+        repr(ct.compile(mode="max-autotune-no-cudagraphs")(classify))
+        == "compile(mode='max-autotune-no-cudagraphs')(classify)"
+    )
+    one, two = AOT(ct.accumulate(2)(classify)), AOT(ct.accumulate(2)(classify))
+    assert one == two and hash(one) == hash(two)
+    assert one != ct.compile(backend="aot_eager", fullgraph=True)(ct.accumulate(2)(classify))
+    assert one != ct.compile(backend="aot_eager", cache=False)(ct.accumulate(2)(classify))
+    a, b = make_state(2), make_state(2)
+    one(a, make_batch(8))
+    assert b.step == 0 and a.step == 1  # nothing of a's run is kept in the step
+    two(b, make_batch(8))
+    assert_states_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="use compile once in a composition"):
+        AOT(ct.accumulate(2)(AOT(classify)))
+
+
+def test_the_capability_says_the_driver_keeps_the_cache():
+    assert AOT(classify).capabilities.compile_cache
+    assert ct.distributed(AOT(classify)).capabilities.compile_cache
+    assert not ct.compile(cache=False)(classify).capabilities.compile_cache
+    assert not ct.accumulate(2)(classify).capabilities.compile_cache
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (
+            {"mode": "reduce-overhead"},
+            ValueError,
+            r"compile: mode='reduce-overhead' replays CUDA graphs.*no-cudagraphs",
+        ),
+        ({"mode": "max-autotune"}, ValueError, r"compile: mode='max-autotune' replays CUDA graphs"),
+        ({"mode": "fast"}, ValueError, r"compile: mode must be one of \[None, 'default', .*got 'fast'"),
+        ({"dynamic": 1}, TypeError, r"compile: dynamic must be True or False, got 1 \(int\)"),
+        ({"fullgraph": "yes"}, TypeError, r"compile: fullgraph must be True or False, got 'yes'"),
+        ({"cache": None}, TypeError, r"compile: cache must be True or False, got None"),
+        ({"backend": "nope"}, ValueError, r"compile: backend must be one of \[.*'inductor'.*got 'nope'"),
+        ({"backend": 3}, TypeError, r"compile: backend must be a backend name .* got 3 \(int\)"),
+        ({"backend": "aot_eager", "mode": "default"}, ValueError, r"compile: mode='default' is an inductor option"),
+    ],
+)
+def test_arguments_are_checked_when_built(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        ct.compile(**kwargs)
+
+
+def test_a_model_in_the_steps_place_is_refused_with_the_fix():
+    with pytest.raises(TypeError, match=r"compile: step must be a function .* got the model .*ct.compile\(step\)"):
+        ct.compile(mlp(0))
+    with pytest.raises(TypeError, match=r"compile\(backend='aot_eager'\): step must be a function"):
+        ct.compile(backend="aot_eager")(3)
+
+
+@pytest.mark.parametrize("outside", [False, True])
+def test_under_distributed_one_gradient_sync_per_update_and_the_one_process_update(pool, outside):
+    """compile inside or outside distributed: DDP all-reduces once per update (not once per micro-batch, as a
+    loop that forgets no_sync does), and the ranks' update is the eager one of one process on the whole batch."""
+    from distributed_workers import classify as classify_rank
+    from distributed_workers import global_batch
+    from distributed_workers import make_state as make_rank_state
+
+    got = pool.run("compile_workers", "count_syncs", 4, 3, outside)
+    assert [r["syncs"] for r in got] == [[1, 1, 1]] * pool.world  # one bucket (1 MiB) for the small model
+    assert all(r["graphs"] >= 1 for r in got)
+    alone = make_rank_state("classify", 0, torch.float64)
+    for i in range(3):
+        ct.accumulate(4)(classify_rank)(alone, global_batch("classify", [8] * pool.world, i, torch.float64))
+    for r in got:
+        for mine, want in zip(r["params"], alone.model.parameters(), strict=True):
+            torch.testing.assert_close(mine, want.detach(), rtol=1e-12, atol=1e-14)
+
+
+def test_under_distributed_buckets_below_ddps_first_are_refused_with_the_fix(pool):
+    """torch's DDPOptimizer asserts on them (an AssertionError from deep inside the first compile)."""
+    for message in [m for said in pool.run("compile_workers", "refused_small_buckets") for m in said]:
+        assert "bucket_cap_mb=1e-06 is below DDP's first bucket" in message and "bucket_cap_mb >= 1.0" in message
+
+
+def test_under_sharded_the_ranks_update_is_the_one_process_update(pool):
+    """FSDP2's hooks run between the compiled graphs (torch's skip_fsdp_hooks); the compiled ranks' update is the
+    compiled one-process update on the whole batch, which equals the eager one (above)."""
+    import sharded_workers
+
+    composition = "compile(backend='aot_eager')(sharded(clip_grad_norm(0.5)(accumulate(n)(step))))"
+    case = {"composition": composition, "n": 2, "kind": "classify", "sizes": [[4, 4], [4, 4], [3, 3]], "seed": 0}
+    results = pool.run("sharded_workers", "run_case", case)
+    torch._dynamo.reset()
+    reference = sharded_workers.train(case, rank=None)
+    for r in results:
+        assert r["kinds"] == ["DTensor"] and r["step"] == reference["step"] == 3
+        for name, p in reference["params"].items():
+            torch.testing.assert_close(r["params"][name], p, rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_an_unhashable_callable_step_compiles():
+    class Step:
+        __hash__ = None  # an object with __eq__ and no hash, as a dataclass(eq=True) is
+
+        def __call__(self, model, batch):
+            return classify(model, batch)
+
+    a, b = make_state(4), make_state(4)
+    for i in range(2):
+        AOT(Step())(a, make_batch(8, seed=i))
+        ct.train_step(classify)(b, make_batch(8, seed=i))
+    assert_states_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(("dynamic", "expected"), [(True, 1), (False, 3)])
+def test_dynamic_reaches_torch(dynamic, expected):
+    """dynamic=True: one graph for every size; False: one per size (8, 6, 4)."""
+    state = make_state(0)
+    train = ct.compile(backend="aot_eager", dynamic=dynamic)(classify)
+    for size in (8, 6, 4, 6):
+        train(state, make_batch(size))
+    assert graphs() == expected
+
+
+def test_under_ct_run_every_rank_logs_the_same_compile_record(pool):
+    """The compile counts and seconds are averaged over ranks in the record's one all-reduce, as the metrics."""
+    first, second = pool.run("compile_workers", "compiled_run")
+    fields = ("step", "loss", "compiles", "compile_s")  # the timings (updates_per_s, data_wait) are each rank's
+    assert [[r[k] for k in fields] for r in first] == [[r[k] for k in fields] for r in second]
+    assert first[0]["compiles"] >= 1 and first[0]["compile_s"] > 0 and first[-1]["compiles"] == 0
