@@ -65,12 +65,18 @@ class _ShiftedTokens:
 
     def __call__(self, batch: Any) -> torch.Tensor:
         labels = self._labels(batch)
-        if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
+        if not isinstance(labels, torch.Tensor):
             raise TypeError(f"{self.__name__}: the labels must be an integer tensor, got {show(labels)}")
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:  # bool: never -100
+            raise TypeError(
+                f"{self.__name__}: the labels must be an integer tensor, got a {labels.dtype} tensor; "
+                "give the token ids the loss compares with (-100 where nothing is predicted)"
+            )
         if labels.dim() < 2:
             raise ValueError(
-                f"{self.__name__}: the labels must be (batch, sequence), got shape {tuple(labels.shape)}; "
-                "a batch of single sequences keeps its batch dimension (labels[None])"
+                f"{self.__name__}: the labels must be (batch, sequence), got shape {tuple(labels.shape)}: one label "
+                "per sequence (sequence classification), whose loss is a mean over sequences, not tokens; leave "
+                "weight out: accumulate(n) weighs micro-batches by their sequences"
             )
         # the model predicts labels[..., 1:] from the tokens before them: the first is never a target
         return (labels[..., 1:] != self.ignore_index).sum()
