@@ -197,3 +197,24 @@ def test_sharded_checkpoints_resume_and_load_bit_exactly_with_the_tie(pool, tmp_
         assert torch.equal(rank0["resumed"][key], value), key
         assert torch.equal(rank0["loaded"][key], rank0["cut"][key]), key
     assert not all(torch.equal(rank0["cut"][k], v) for k, v in rank0["straight"].items())  # 2 and 4 updates differ
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["loss_logits", "loss_logits_cache"])
+def test_a_step_returning_the_models_tuple_output_is_told_to_return_its_first_item(use_cache):
+    """return_dict=False gives (loss, logits[, past]): two items looked like (loss, metrics) and the logits were
+    blamed as metrics; three were a bare 'must return a loss'."""
+    assert_refused_untouched(
+        ct.train_step(lambda model, batch: model(**batch, return_dict=False, use_cache=use_cache)),
+        gpt2(),
+        rf"a tuple of {3 if use_cache else 2} tensors \(a model's output with return_dict=False: loss, logits, "
+        r"\.\.\.\); return out\[0\]; metrics go in a mapping",
+    )
+
+
+def test_a_model_output_without_a_loss_is_told_to_pass_labels():
+    """transformers computes .loss only when called with labels; the output then holds no 'loss' at all."""
+    assert_refused_untouched(
+        ct.train_step(lambda model, batch: model(input_ids=batch["input_ids"])),
+        gpt2(),
+        r"got a mapping with keys \['logits'\] \(CausalLMOutputWithCrossAttentions\) and no 'loss'; .*labels=",
+    )
