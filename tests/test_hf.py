@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from hf_workers import LR, exact_step, gpt2, sft_batch, step, textbook
+from hf_workers import LENGTH, LR, exact_step, gpt2, sft_batch, step, textbook
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 import composetrain as ct
@@ -218,3 +218,48 @@ def test_a_model_output_without_a_loss_is_told_to_pass_labels():
         gpt2(),
         r"got a mapping with keys \['logits'\] \(CausalLMOutputWithCrossAttentions\) and no 'loss'; .*labels=",
     )
+
+
+def t5(seed=0):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = T5Config(num_layers=1, d_model=16, d_ff=32, num_heads=2, d_kv=8, vocab_size=100, dropout_rate=0.0,
+                      decoder_start_token_id=0, pad_token_id=0, use_cache=False)  # fmt: skip
+    return T5ForConditionalGeneration(config).double()
+
+
+def bert_mlm(seed=0):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    config = BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                        vocab_size=100, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    return BertForMaskedLM(config).double()
+
+
+def unshifted_textbook(model, batches):
+    """One loss over every label that is not -100, compared with the logits at its own position."""
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        logits, targets = model(**batch).logits, batch["labels"]
+        total = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+        (total / (targets != -100).sum()).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+
+
+@pytest.mark.parametrize("build", [t5, bert_mlm], ids=["T5ForConditionalGeneration", "BertForMaskedLM"])
+def test_models_that_do_not_shift_count_every_label_and_shifted_tokens_is_wrong_for_them(build):
+    """What README and shifted_tokens' docstring say: encoder-decoder models (their decoder is fed the labels
+    shifted right, the loss compares logits and labels position by position) and masked LMs predict every label."""
+    batches = [sft_batch(10, 1)]
+    for batch in batches:  # a masked LM predicts the masked tokens only; the same labels for T5 (any will do)
+        batch["labels"] = batch["labels"].masked_fill(torch.arange(LENGTH) % 3 != 0, -100)
+    reference, start = build(), build()
+    unshifted_textbook(reference, batches)
+    every_label = trained(ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(step), build(), batches)
+    shifted = trained(ct.accumulate(3, weight=ct.shifted_tokens())(step), build(), batches)
+    assert relative(every_label.model, reference, start) < 1e-10
+    assert relative(shifted.model, reference, start) > 1e-3

@@ -26,7 +26,9 @@ def shifted_tokens(labels_key: str | int = "labels", *, ignore_index: int = -100
     ``(labels[..., 1:] != ignore_index).sum()``, so ``accumulate(n, weight=shifted_tokens())`` is the
     update of one loss averaged over every predicted token of the whole batch, also across ranks
     (``distributed`` and ``sharded`` sum the counts). A model that does not shift (token
-    classification, a loss you shift yourself before the step) counts ``(labels != -100).sum()``.
+    classification, a loss you shift yourself before the step) counts ``(labels != -100).sum()``; so do
+    encoder-decoder models (T5, BART: the decoder is fed the labels shifted right, and the loss compares
+    logits and labels position by position) and masked LMs (``*ForMaskedLM``).
 
     Args:
         labels_key: where the labels are in a batch: a key of a mapping (a dict, HF's
