@@ -263,3 +263,19 @@ def test_models_that_do_not_shift_count_every_label_and_shifted_tokens_is_wrong_
     shifted = trained(ct.accumulate(3, weight=ct.shifted_tokens())(step), build(), batches)
     assert relative(every_label.model, reference, start) < 1e-10
     assert relative(shifted.model, reference, start) > 1e-3
+
+
+@pytest.mark.parametrize("count", [torch.tensor, int], ids=["tensor", "int"])
+def test_a_batch_holding_num_items_in_batch_is_refused_by_shifted_tokens(count):
+    """HF Trainer's way: model(**batch, num_items_in_batch=N) divides the summed loss by N; accumulate then weighs
+    each micro-batch's loss by its share again, and the update came out half its size here (the loss divided twice)."""
+    batch = sft_batch(8, 1)
+    batch["num_items_in_batch"] = count((batch["labels"][:, 1:] != -100).sum().item())
+    model = gpt2()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"num_items_in_batch.*divided twice.*drop it from the batch"):
+        ct.accumulate(2, weight=ct.shifted_tokens())(step)(state, batch)
+    assert state.step == 0
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key

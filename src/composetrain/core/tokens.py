@@ -85,6 +85,12 @@ class _ShiftedTokens:
 
     def _labels(self, batch: Any) -> Any:
         if isinstance(batch, Mapping):
+            if "num_items_in_batch" in batch:  # transformers divides the summed loss by it: a mean already
+                raise ValueError(
+                    f"{self.__name__}: the batch holds num_items_in_batch, by which model(**batch) divides its "
+                    "summed loss (HF Trainer's normalisation), and accumulate weighs each micro-batch's loss again: "
+                    "the loss divided twice; drop it from the batch (the model then returns its mean loss)"
+                )
             if self.key in batch:
                 return batch[self.key]
             keys = ", ".join(repr(k) for k in batch)
