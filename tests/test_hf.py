@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from hf_workers import LENGTH, LR, exact_step, gpt2, sft_batch, step, textbook
+from hf_workers import LENGTH, LR, exact_step, fits_three, gpt2, sft_batch, step, textbook
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 import composetrain as ct
@@ -279,3 +279,15 @@ def test_a_batch_holding_num_items_in_batch_is_refused_by_shifted_tokens(count):
     assert state.step == 0
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
+
+
+def test_a_split_by_accumulate_auto_that_gathers_sequences_with_nothing_to_predict_names_them():
+    """Out of memory above 3 sequences, the 3 prompt-only ones (labels all -100) form a micro-batch of 0 tokens:
+    refused before any update, with advice that applies when memory chose the split (not 'fewer micro-batches')."""
+    batch = sft_batch(6, 1)
+    batch["labels"][3:] = -100
+    model = gpt2()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    with pytest.raises(ValueError, match=r"micro-batch 2 of 2.*drop the samples that hold none \(sequences whose "):
+        ct.accumulate("auto", weight=ct.shifted_tokens())(fits_three)(state, batch)
+    assert state.step == 0 and all(p.grad is None for p in model.parameters())
