@@ -655,3 +655,12 @@ def test_compose_refuses_a_plain_step_given_as_a_transform():
         TypeError, match=r"compose: argument 1 must be a transform such as ct.accumulate\(4\), got <fun"
     ):
         ct.compose(ct.accumulate(2), classify)
+
+
+def test_a_step_returning_loss_and_a_tensor_is_told_metrics_go_in_a_mapping():
+    """(loss, acc) and a model's (loss, logits) look alike: the message names both fixes."""
+    state = make_state()
+    before = snapshot(state)
+    with pytest.raises(TypeError, match=r"got a tuple of 2 tensors .*return out\[0\]; metrics go in a mapping"):
+        ct.train_step(lambda model, batch: (classify(model, batch)[0], torch.tensor(0.5)))(state, make_batch(6))
+    assert_untouched(state, before)

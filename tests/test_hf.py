@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from hf_workers import LR, exact_step, gpt2, sft_batch, step, textbook
+from hf_workers import LENGTH, LR, exact_step, fits_three, gpt2, sft_batch, step, textbook
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 import composetrain as ct
@@ -197,3 +197,97 @@ def test_sharded_checkpoints_resume_and_load_bit_exactly_with_the_tie(pool, tmp_
         assert torch.equal(rank0["resumed"][key], value), key
         assert torch.equal(rank0["loaded"][key], rank0["cut"][key]), key
     assert not all(torch.equal(rank0["cut"][k], v) for k, v in rank0["straight"].items())  # 2 and 4 updates differ
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["loss_logits", "loss_logits_cache"])
+def test_a_step_returning_the_models_tuple_output_is_told_to_return_its_first_item(use_cache):
+    """return_dict=False gives (loss, logits[, past]): two items looked like (loss, metrics) and the logits were
+    blamed as metrics; three were a bare 'must return a loss'."""
+    assert_refused_untouched(
+        ct.train_step(lambda model, batch: model(**batch, return_dict=False, use_cache=use_cache)),
+        gpt2(),
+        rf"a tuple of {3 if use_cache else 2} tensors \(a model's output with return_dict=False: loss, logits, "
+        r"\.\.\.\); return out\[0\]; metrics go in a mapping",
+    )
+
+
+def test_a_model_output_without_a_loss_is_told_to_pass_labels():
+    """transformers computes .loss only when called with labels; the output then holds no 'loss' at all."""
+    assert_refused_untouched(
+        ct.train_step(lambda model, batch: model(input_ids=batch["input_ids"])),
+        gpt2(),
+        r"got a mapping with keys \['logits'\] \(CausalLMOutputWithCrossAttentions\) and no 'loss'; .*labels=",
+    )
+
+
+def t5(seed=0):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = T5Config(num_layers=1, d_model=16, d_ff=32, num_heads=2, d_kv=8, vocab_size=100, dropout_rate=0.0,
+                      decoder_start_token_id=0, pad_token_id=0, use_cache=False)  # fmt: skip
+    return T5ForConditionalGeneration(config).double()
+
+
+def bert_mlm(seed=0):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    config = BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                        vocab_size=100, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    return BertForMaskedLM(config).double()
+
+
+def unshifted_textbook(model, batches):
+    """One loss over every label that is not -100, compared with the logits at its own position."""
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        logits, targets = model(**batch).logits, batch["labels"]
+        total = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+        (total / (targets != -100).sum()).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+
+
+@pytest.mark.parametrize("build", [t5, bert_mlm], ids=["T5ForConditionalGeneration", "BertForMaskedLM"])
+def test_models_that_do_not_shift_count_every_label_and_shifted_tokens_is_wrong_for_them(build):
+    """What README and shifted_tokens' docstring say: encoder-decoder models (their decoder is fed the labels
+    shifted right, the loss compares logits and labels position by position) and masked LMs predict every label."""
+    batches = [sft_batch(10, 1)]
+    for batch in batches:  # a masked LM predicts the masked tokens only; the same labels for T5 (any will do)
+        batch["labels"] = batch["labels"].masked_fill(torch.arange(LENGTH) % 3 != 0, -100)
+    reference, start = build(), build()
+    unshifted_textbook(reference, batches)
+    every_label = trained(ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(step), build(), batches)
+    shifted = trained(ct.accumulate(3, weight=ct.shifted_tokens())(step), build(), batches)
+    assert relative(every_label.model, reference, start) < 1e-10
+    assert relative(shifted.model, reference, start) > 1e-3
+
+
+@pytest.mark.parametrize("count", [torch.tensor, int], ids=["tensor", "int"])
+def test_a_batch_holding_num_items_in_batch_is_refused_by_shifted_tokens(count):
+    """HF Trainer's way: model(**batch, num_items_in_batch=N) divides the summed loss by N; accumulate then weighs
+    each micro-batch's loss by its share again, and the update came out half its size here (the loss divided twice)."""
+    batch = sft_batch(8, 1)
+    batch["num_items_in_batch"] = count((batch["labels"][:, 1:] != -100).sum().item())
+    model = gpt2()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"num_items_in_batch.*divided twice.*drop it from the batch"):
+        ct.accumulate(2, weight=ct.shifted_tokens())(step)(state, batch)
+    assert state.step == 0
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_a_split_by_accumulate_auto_that_gathers_sequences_with_nothing_to_predict_names_them():
+    """Out of memory above 3 sequences, the 3 prompt-only ones (labels all -100) form a micro-batch of 0 tokens:
+    refused before any update, with advice that applies when memory chose the split (not 'fewer micro-batches')."""
+    batch = sft_batch(6, 1)
+    batch["labels"][3:] = -100
+    model = gpt2()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    with pytest.raises(ValueError, match=r"micro-batch 2 of 2.*drop the samples that hold none \(sequences whose "):
+        ct.accumulate("auto", weight=ct.shifted_tokens())(fits_three)(state, batch)
+    assert state.step == 0 and all(p.grad is None for p in model.parameters())

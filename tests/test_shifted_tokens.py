@@ -133,6 +133,12 @@ def test_bad_arguments_are_refused_when_built(args, kwargs, error, match):
         (ct.shifted_tokens(), (torch.zeros(2, 3),), TypeError, "a dict batch takes a key"),
         (ct.shifted_tokens(), {"labels": torch.zeros(2, 3)}, TypeError, "must be an integer tensor"),
         (ct.shifted_tokens(), {"labels": torch.zeros(3, dtype=torch.long)}, ValueError, r"\(batch, sequence\)"),
+        (
+            ct.shifted_tokens(),
+            {"labels": torch.ones(2, 3, dtype=torch.bool)},
+            TypeError,
+            r"integer tensor, got a torch.bool tensor",
+        ),
     ],
 )
 def test_a_batch_without_usable_labels_is_refused_naming_the_fix(weight, batch, error, match):
@@ -150,3 +156,11 @@ def test_a_micro_batch_with_nothing_to_predict_is_refused_not_divided_by_zero():
         ct.accumulate(2, weight=ct.shifted_tokens())(step)(state, batch)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_one_label_per_sequence_is_told_to_weigh_by_sequences_not_to_add_a_dimension():
+    """(batch,) labels are a sequence classifier's: its loss is a mean over sequences, so accumulate(n) without a
+    weight is exact; labels[None] would count a (1, batch) "sequence" and weigh micro-batches wrongly."""
+    with pytest.raises(ValueError, match=r"one label per sequence .*leave weight out: accumulate\(n\)") as error:
+        ct.shifted_tokens()({"labels": torch.tensor([0, 2, 1])})
+    assert "labels[None]" not in str(error.value)

@@ -317,8 +317,8 @@ def check_weights(values: Sequence[Any], who: object, what: str) -> list[float]:
         if not math.isfinite(v) or v <= 0:
             raise ValueError(
                 f"{who}: weight returned {v} for {where}; every batch must hold a positive, finite "
-                "number of units (samples, tokens), or its mean loss is undefined: use fewer "
-                "micro-batches, or drop batches with no units before the step"
+                "number of units (samples, tokens), or its mean loss is undefined: drop the samples that "
+                "hold none (sequences whose labels are all ignored) from the data, or use fewer micro-batches"
             )
         out.append(float(v))
     return out

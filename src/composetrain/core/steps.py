@@ -109,12 +109,24 @@ def _entered(hooks: tuple[Hook, ...], ctx: Context) -> AbstractContextManager[An
 
 def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
     """Check a plain step's return value; detach the metrics."""
+    if isinstance(out, tuple) and len(out) >= 2 and all(isinstance(v, torch.Tensor) for v in out[:2]):
+        raise TypeError(  # (loss, metrics) holds a mapping: these are a model's outputs
+            f"{who!r}: the step must return a loss tensor or (loss, metrics), got a tuple of {len(out)} tensors "
+            "(a model's output with return_dict=False: loss, logits, ...); return out[0]; metrics go in a "
+            'mapping: (loss, {"acc": acc})'
+        )
     loss, metrics = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
     if not isinstance(loss, torch.Tensor):
         if isinstance(loss, Mapping) and isinstance(loss.get("loss"), torch.Tensor):  # a transformers ModelOutput
             raise TypeError(
                 f"{who!r}: the step must return the loss tensor, not the mapping that holds it, got {show(loss)}; "
                 "return out['loss'] (a transformers output: model(**batch).loss), or (loss, metrics)"
+            )
+        if isinstance(loss, Mapping):  # a ModelOutput leaves out its None fields: no labels, no 'loss'
+            raise TypeError(
+                f"{who!r}: the step must return a loss tensor, got a mapping with keys {list(loss)} "
+                f"({type(loss).__name__}) and no 'loss'; a transformers model computes .loss only when called "
+                "with labels=: return model(**batch).loss with labels in the batch, or compute it from .logits"
             )
         raise TypeError(
             f"{who!r}: the step must return a loss tensor or (loss, metrics), got {show(out)}; "

@@ -26,7 +26,9 @@ def shifted_tokens(labels_key: str | int = "labels", *, ignore_index: int = -100
     ``(labels[..., 1:] != ignore_index).sum()``, so ``accumulate(n, weight=shifted_tokens())`` is the
     update of one loss averaged over every predicted token of the whole batch, also across ranks
     (``distributed`` and ``sharded`` sum the counts). A model that does not shift (token
-    classification, a loss you shift yourself before the step) counts ``(labels != -100).sum()``.
+    classification, a loss you shift yourself before the step) counts ``(labels != -100).sum()``; so do
+    encoder-decoder models (T5, BART: the decoder is fed the labels shifted right, and the loss compares
+    logits and labels position by position) and masked LMs (``*ForMaskedLM``).
 
     Args:
         labels_key: where the labels are in a batch: a key of a mapping (a dict, HF's
@@ -65,18 +67,30 @@ class _ShiftedTokens:
 
     def __call__(self, batch: Any) -> torch.Tensor:
         labels = self._labels(batch)
-        if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
+        if not isinstance(labels, torch.Tensor):
             raise TypeError(f"{self.__name__}: the labels must be an integer tensor, got {show(labels)}")
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:  # bool: never -100
+            raise TypeError(
+                f"{self.__name__}: the labels must be an integer tensor, got a {labels.dtype} tensor; "
+                "give the token ids the loss compares with (-100 where nothing is predicted)"
+            )
         if labels.dim() < 2:
             raise ValueError(
-                f"{self.__name__}: the labels must be (batch, sequence), got shape {tuple(labels.shape)}; "
-                "a batch of single sequences keeps its batch dimension (labels[None])"
+                f"{self.__name__}: the labels must be (batch, sequence), got shape {tuple(labels.shape)}: one label "
+                "per sequence (sequence classification), whose loss is a mean over sequences, not tokens; leave "
+                "weight out: accumulate(n) weighs micro-batches by their sequences"
             )
         # the model predicts labels[..., 1:] from the tokens before them: the first is never a target
         return (labels[..., 1:] != self.ignore_index).sum()
 
     def _labels(self, batch: Any) -> Any:
         if isinstance(batch, Mapping):
+            if "num_items_in_batch" in batch:  # transformers divides the summed loss by it: a mean already
+                raise ValueError(
+                    f"{self.__name__}: the batch holds num_items_in_batch, by which model(**batch) divides its "
+                    "summed loss (HF Trainer's normalisation), and accumulate weighs each micro-batch's loss again: "
+                    "the loss divided twice; drop it from the batch (the model then returns its mean loss)"
+                )
             if self.key in batch:
                 return batch[self.key]
             keys = ", ".join(repr(k) for k in batch)
