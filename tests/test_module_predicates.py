@@ -110,3 +110,13 @@ def test_checkpoint_activations_takes_the_same_predicate():
         build(step)(states[-1], batch)
     for x, y in zip(states[0].model.parameters(), states[1].model.parameters(), strict=True):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("given", [[Block, nn.Linear], (Block, nn.Linear)])
+def test_sharded_takes_classes_as_a_list_or_a_tuple_as_checkpoint_activations_does(given):
+    """A list of classes chooses the same units as the tuple (before: a list of classes was refused as
+    'must be submodule names', while checkpoint_activations took the same list; found by the a-hf adversary
+    with modules=[GPT2Block, nn.Embedding])."""
+    chosen = select_units(Net(), check_units_argument(given), "sharded(test)")
+    assert sorted(n for n, _ in chosen) == ["inp", "layers.0", "layers.0.lin", "layers.1", "layers.1.lin", "out"]
+    assert repr(ct.sharded(modules=given)) == "sharded(modules=Block, Linear)"

@@ -87,9 +87,9 @@ def check_units_argument(modules: Any) -> Any:
     if modules is None:
         return modules
     if isinstance(modules, type) or (
-        isinstance(modules, tuple) and modules and all(isinstance(m, type) for m in modules)
+        isinstance(modules, (tuple, list)) and modules and all(isinstance(m, type) for m in modules)
     ):
-        classes = modules if isinstance(modules, tuple) else (modules,)
+        classes = tuple(modules) if isinstance(modules, (tuple, list)) else (modules,)
         if not all(issubclass(c, nn.Module) for c in classes):
             raise TypeError(f"sharded: modules classes must be nn.Module subclasses, got {show(modules)}")
         return classes
