@@ -2,45 +2,46 @@
 
 T = "tests/test_hdf5.py::"
 H = "src/composetrain/data/hdf5.py"
+F = "src/composetrain/data/h5files.py"
 
 MUTANTS = [
     {
-        "file": H,
+        "file": F,
         "find": "if end is None or dset.id.get_storage_size() < dset.size * dset.dtype.itemsize:",
         "replace": "if end is None:",
         "tests": [T + "test_external_compact_and_unwritten_data_are_read_by_h5py"],
         "why": "an unwritten dataset (no storage) behind a userblock has an undefined address inside the file: mapped",
     },
     {
-        "file": H,
+        "file": F,
         "find": "        return out.astype(self.dtype, copy=False)",
         "replace": "        return out",
         "tests": [T + "test_any_index_list_reads_what_h5py_reads"],
         "why": "rows h5py reads from a big-endian chunked dataset handed to torch unswapped",
     },
     {
-        "file": H,
+        "file": F,
         "find": 'return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype',
         "replace": "return dtype",
         "tests": [T + "test_big_endian_rows_come_native"],
         "why": "big-endian rows handed to torch as they are (torch has no big-endian tensors)",
     },
     {
-        "file": H,
+        "file": F,
         "find": "return self.array[index].astype(native(self.array.dtype))",
         "replace": "return self.array[index]",
         "tests": [T + "test_big_endian_rows_come_native"],
         "why": "a big-endian memory map gathered but not swapped",
     },
     {
-        "file": H,
+        "file": F,
         "find": "out = out if len(unique) == len(index) and (unique == index).all() else out[inverse.reshape(-1)]",
         "replace": "out = out if len(unique) == len(index) else out[inverse.reshape(-1)]",
         "tests": [T + "test_any_index_list_reads_what_h5py_reads"],
         "why": "distinct but unsorted indices returned in h5py's sorted order",
     },
     {
-        "file": H,
+        "file": F,
         "find": "out = out if len(unique) == len(index) and (unique == index).all() else out[inverse.reshape(-1)]",
         "replace": "out = out",
         "tests": [T + "test_any_index_list_reads_what_h5py_reads"],
@@ -62,8 +63,8 @@ MUTANTS = [
     },
     {
         "file": H,
-        "find": "path = os.path.abspath(os.fspath(file))",
-        "replace": "path = os.fspath(file)",
+        "find": "path = os.path.abspath(os.fsdecode(file))",
+        "replace": "path = os.fsdecode(file)",
         "tests": [T + "test_a_relative_path_still_reads_after_a_change_of_folder"],
         "why": "a relative path kept: a change of folder (or a worker started elsewhere) reads another file",
     },

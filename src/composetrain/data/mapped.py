@@ -110,9 +110,14 @@ class MappedDataset(Dataset[Any]):
         return int(i) % self.length
 
     def _indices(self, indices: Sequence[int]) -> torch.Tensor:
-        idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
-        if not len(idx):
-            return idx
+        idx = torch.as_tensor(indices)
+        if not idx.numel():  # [] is a float tensor
+            return torch.empty(0, dtype=torch.int64)
+        if idx.ndim != 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
+            raise TypeError(  # never rounded, cast or flattened into other rows
+                f"{type(self).__name__}.read_batch: indices must be a flat list of ints, got {indices!r}"
+            )
+        idx = idx.to(torch.int64)
         low, high = idx.aminmax()
         if not (-self.length <= int(low) and int(high) < self.length):
             raise IndexError(
@@ -215,6 +220,9 @@ def _as_collated(batch: Any) -> Any:
 def split_batch(batch: Any, n: int) -> list[Any]:
     """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
     if isinstance(batch, torch.Tensor):
+        if batch.ndim and len(batch) != n:  # its rows would be handed to other indices, or some lost
+            raise ValueError(f"MappedDataset: augment returned a batch of {len(batch)} rows for {n} indices: "
+                             "return one row per index (the batch's first dimension)")  # fmt: skip
         return list(batch.unbind(0)) if batch.ndim else [batch] * n
     if isinstance(batch, list | tuple):
         columns = [split_batch(b, n) for b in batch]
