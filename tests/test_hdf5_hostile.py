@@ -136,3 +136,21 @@ def test_an_augment_that_changes_the_number_of_rows_is_named(tmp_path, rows):
     data = ct.hdf5(path, ["x"], augment=lambda b, g: [torch.cat([b[0], b[0]])[:rows]])
     with pytest.raises(ValueError, match=rf"augment returned a batch of {rows} rows for 2 indices"):
         data.__getitems__([4, 5])
+
+
+def test_the_bottleneck_report_advises_what_fits_an_hdf5_file(tmp_path):
+    """Not "a ct.cache store already: make its augment cheaper" for a file h5py reads without any augment."""
+    from composetrain.driver.monitor import _cheaper
+    from composetrain.driver.reader import Reader
+
+    path = h5(tmp_path / "data.h5", x=(ROWS, {}), packed=(ROWS, {"chunks": (4, 3), "compression": "gzip"}))
+
+    def advice(data):
+        return _cheaper(Reader(data, range(len(data)), 4, False, None, 0, lambda n: None, 1))
+
+    slow = advice(ct.hdf5(path, ["x", "packed"]))
+    assert "['packed'] through h5py" in slow and "contiguous" in slow and "augment" not in slow
+    assert "ct.cache store" not in slow
+    flat = advice(ct.hdf5(path, "x", augment=lambda b, g: b))
+    assert "make its augment cheaper" in flat and "ct.cache store" not in flat and "memory map" in flat
+    assert "augment" not in advice(ct.hdf5(path, "x"))

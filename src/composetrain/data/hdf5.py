@@ -70,6 +70,11 @@ class HDF5Dataset(MappedDataset):
         """Whether every dataset is read by one gather from a memory map (else h5py reads some: slower)."""
         return not self._by_h5py
 
+    @property
+    def read_by_h5py(self) -> list[str]:
+        """The names read by h5py (chunked, compressed, external, virtual, unwritten): not memory-mapped."""
+        return list(self._by_h5py)
+
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_file": None, "_pid": -1}  # an h5py file does not pickle: opened again
 
