@@ -154,3 +154,36 @@ def test_the_bottleneck_report_advises_what_fits_an_hdf5_file(tmp_path):
     flat = advice(ct.hdf5(path, "x", augment=lambda b, g: b))
     assert "make its augment cheaper" in flat and "ct.cache store" not in flat and "memory map" in flat
     assert "augment" not in advice(ct.hdf5(path, "x"))
+
+
+def _noise(batch, generator):
+    x, y = batch
+    return [x + torch.rand(x.shape, generator=generator, dtype=x.dtype), y]
+
+
+def _as_dict(items):
+    return {"x": torch.stack([x for x, _ in items]), "y": torch.stack([y for _, y in items])}
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn(tmp_path, workers):
+    """With a collate_fn ct.run read items (__getitems__) with the dataset's own epoch, never set: every epoch
+    drew the same "random" augmentation. Now as without one: the batch read whole, then the collate_fn."""
+    path = h5(tmp_path / "data.h5", x=(np.zeros((8, 2)), {}), y=(np.arange(8), {"chunks": (4,)}))
+    data = ct.hdf5(path, ["x", "y"], augment=_noise, seed=4)
+    runs = {}
+    for name, collate in (("none", None), ("default", torch.utils.data.default_collate), ("dict", _as_dict)):
+        seen = []
+
+        def step(model, batch, seen=seen):
+            x = batch["x"] if isinstance(batch, dict) else batch[0]
+            seen.append(x.clone())
+            return model(x).sum()
+
+        model = torch.nn.Linear(2, 1).double()
+        ct.run(step, ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.0)), data, batch_size=8,
+               epochs=3, shuffle=False, collate_fn=collate, num_workers=workers, progress=False)  # fmt: skip
+        runs[name] = seen
+    assert len(runs["none"]) == 3 and not torch.equal(runs["none"][0], runs["none"][1])
+    for name in ("default", "dict"):
+        assert all(torch.equal(a, b) for a, b in zip(runs[name], runs["none"], strict=True)), name

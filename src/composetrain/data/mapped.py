@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from composetrain.data.layout import Field, torch_dtype, unflatten
 
-__all__ = ["Augment", "Batches", "MappedDataset", "Region", "same", "split_batch"]
+__all__ = ["Augment", "Batches", "MappedDataset", "Region", "read_whole", "same", "split_batch"]
 
 Augment = Callable[[Any, torch.Generator], Any]
 
@@ -234,19 +234,27 @@ def split_batch(batch: Any, n: int) -> list[Any]:
                     "in lists and dicts, with the batch's first dimension")  # fmt: skip
 
 
+def read_whole(data: MappedDataset, indices: Sequence[int], epoch: int, rank: int,
+               collate: Callable[[list[Any]], Any] | None = None) -> Any:  # fmt: skip
+    """``data.read_batch(indices, epoch, rank)``, or, given a ``collate`` function, that batch's items collated by
+    it (an augmented batch is read whole, with its epoch and rank, whatever collates it)."""
+    batch = data.read_batch(indices, epoch, rank)
+    return batch if collate is None else collate(split_batch(batch, len(indices)))
+
+
 class Batches(Dataset[Any]):
-    """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_batch``, for loader workers given whole
+    """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_whole``, for loader workers given whole
     batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation."""
 
-    def __init__(self, data: MappedDataset) -> None:
-        self.data = data
+    def __init__(self, data: MappedDataset, collate: Callable[[list[Any]], Any] | None = None) -> None:
+        self.data, self.collate = data, collate
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, key: tuple[int, int, Sequence[int]]) -> Any:
         epoch, rank, indices = key
-        return self.data.read_batch(indices, epoch, rank)
+        return read_whole(self.data, indices, epoch, rank, self.collate)
 
 
 def same(batch: Any) -> Any:
