@@ -118,3 +118,138 @@ MUTANTS = [
         "why": "an item's tuple in the file's (sorted) order, not the order of the keys given",
     },
 ]
+
+# found by the adversary a-hdf5 (tests/test_hdf5_hostile.py, tests/test_cached_images_example.py)
+A = "tests/test_hdf5_hostile.py::"
+E = "tests/test_cached_images_example.py::"
+M = "src/composetrain/data/mapped.py"
+R = "src/composetrain/driver/reader.py"
+
+MUTANTS += [
+    {
+        "file": H,
+        "find": "name: Region(file_of(dset), offset, dset.dtype.str, tuple(dset.shape))",
+        "replace": "name: Region(path, offset, dset.dtype.str, tuple(dset.shape))",
+        "tests": [A + "test_a_dataset_behind_an_external_link_is_read_from_the_linked_file"],
+        "why": "an external link's dataset mapped at its offset in the linking file: other bytes, silently",
+    },
+    {
+        "file": F,
+        "find": "    return int(offset) if end <= os.path.getsize(file_of(dset)) else None",
+        "replace": "    return int(offset)",
+        "tests": [T + "test_external_compact_and_unwritten_data_are_read_by_h5py"],
+        "why": "an address past the end of the file (unwritten, behind a userblock) mapped",
+    },
+    {
+        "file": H,
+        "find": "            check_unchanged(self._stamps)\n",
+        "replace": "",
+        "tests": [A + "test_a_file_changed_after_ct_hdf5_is_refused_not_misread"],
+        "why": "a file rewritten, moved, cut short or removed after ct.hdf5 is mapped as it is now: its rows misread",
+    },
+    {
+        "file": F,
+        "find": "        if now == then:",
+        "replace": "        if now is None or then is None or now[2] == then[2]:",
+        "tests": [A + "test_a_file_changed_after_ct_hdf5_is_refused_not_misread"],
+        "why": "only the size compared: a file rewritten with other values of the same size passes",
+    },
+    {
+        "file": H,
+        "find": "[path, *(file_of(d) for d in columns.values())]",
+        "replace": "[path]",
+        "tests": [A + "test_a_file_changed_after_ct_hdf5_is_refused_not_misread"],
+        "why": "only the opened file stamped, not one an external link leads to",
+    },
+    {
+        "file": F,
+        "find": "        self.opened = weakref.WeakMethod(opened)",
+        "replace": "        self.opened = lambda: opened",
+        "tests": [A + "test_a_dropped_dataset_closes_its_file_at_once"],
+        "why": "the h5py reader holds its dataset strongly: a cycle keeps the file open until a garbage collection",
+    },
+    {
+        "file": M,
+        "find": "if idx.ndim != 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():",
+        "replace": "if idx.ndim != 1:",
+        "tests": [A + "test_index_lists_that_are_not_integers_are_refused"],
+        "why": "read_batch([1.7]) reads row 1 and [True] row 1: indices rounded, never refused",
+    },
+    {
+        "file": M,
+        "find": "        if batch.ndim and len(batch) != n:",
+        "replace": "        if False:",
+        "tests": [A + "test_an_augment_that_changes_the_number_of_rows_is_named"],
+        "why": "an augment returning more or fewer rows than indices: items dropped or an IndexError",
+    },
+    {
+        "file": H,
+        "find": "    if not -(2**63) <= seed < 2**63:",
+        "replace": "    if False:",
+        "tests": [A + "test_a_seed_beyond_64_bits_is_refused_when_made"],
+        "why": "a seed past int64 accepted: an OverflowError at the first augmented read, far from the call",
+    },
+    {
+        "file": H,
+        "find": "    if os.path.isdir(path):",
+        "replace": "    if False:",
+        "tests": [A + "test_a_path_that_is_not_a_path_or_a_directory_is_named"],
+        "why": "a directory reported as 'no file'",
+    },
+    {
+        "file": H,
+        "find": "            if h5py.check_ref_dtype(dtype)\n",
+        "replace": "            if False\n",
+        "tests": [A + "test_a_dataset_of_object_references_is_named_as_such"],
+        "why": "a dataset of object references called variable-length",
+    },
+    {
+        "file": "src/composetrain/driver/monitor.py",
+        "find": "    if isinstance(data, HDF5Dataset) and not data.memory_mapped:",
+        "replace": "    if False:",
+        "tests": [A + "test_the_bottleneck_report_advises_what_fits_an_hdf5_file"],
+        "why": "a file h5py reads called 'a ct.cache store already: make its augment cheaper'",
+    },
+    {
+        "file": R,
+        "find": "    return dataset.augment is not None or (not dataset.ragged and collate_fn is None)",
+        "replace": "    return not dataset.ragged and collate_fn is None",
+        "tests": [A + "test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn"],
+        "why": "with a collate_fn, augmented items read with the dataset's epoch (never set): one draw for every epoch",
+    },
+    {
+        "file": R,
+        "find": 'getattr(inner, "rank", 0), self._given)',
+        "replace": 'getattr(inner, "rank", 0))',
+        "tests": [A + "test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn"],
+        "why": "the collate_fn given dropped in this process: batches collated by default_collate",
+    },
+    {
+        "file": "src/composetrain/driver/loading.py",
+        "find": "Batches(data, collate_fn) if whole else data,",
+        "replace": "Batches(data) if whole else data,",
+        "tests": [A + "test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn"],
+        "why": "the collate_fn given dropped in loader workers",
+    },
+    {
+        "file": "examples/cached_images.py",
+        "find": 'key={"size": args.size}, ',
+        "replace": "",
+        "tests": [E + "test_a_store_of_another_size_is_a_usage_error_not_a_shape_error"],
+        "why": "a --cache store of another --size mapped: a shape error from the model",
+    },
+    {
+        "file": "examples/cached_images.py",
+        "find": "        warm_up(args)\n",
+        "replace": "",
+        "tests": [E + "test_the_epoch_speedup_counts_the_fixed_costs_of_a_run_alike"],
+        "why": "the first run's one-off costs counted against the decoded epoch",
+    },
+    {
+        "file": "examples/cached_images.py",
+        "find": 'epoch = {"decoded": plain_s, "cached": once_s}',
+        "replace": 'epoch = {"decoded": plain_s, "cached": once_s / args.epochs}',
+        "tests": [E + "test_the_epoch_speedup_counts_the_fixed_costs_of_a_run_alike"],
+        "why": "a run's fixed cost divided by --epochs on the cached side only",
+    },
+]

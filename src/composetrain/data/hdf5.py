@@ -80,8 +80,7 @@ class HDF5Dataset(MappedDataset):
 
     def h5file(self) -> Any:
         """The file opened by h5py in this process (a handle inherited across fork is not safe to read)."""
-        if self._pid != os.getpid():
-            check_unchanged(self._stamps)
+        if self._pid != os.getpid():  # the file was checked when this process mapped it (``arrays``)
             self._file, self._pid = h5py_module().File(self.path, "r"), os.getpid()
         return self._file
 
