@@ -252,4 +252,11 @@ MUTANTS += [
         "tests": [E + "test_the_epoch_speedup_counts_the_fixed_costs_of_a_run_alike"],
         "why": "a run's fixed cost divided by --epochs on the cached side only",
     },
+    {
+        "file": F,
+        "find": "    except BlockingIOError as error:",
+        "replace": "    except KeyError as error:",
+        "tests": [A + "test_a_file_another_process_writes_is_named_with_the_fix"],
+        "why": "h5py's 'unable to lock file, errno = 11' passed on without the file's name or the fix",
+    },
 ]

@@ -187,3 +187,19 @@ def test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn(tmp_path,
     assert len(runs["none"]) == 3 and not torch.equal(runs["none"][0], runs["none"][1])
     for name in ("default", "dict"):
         assert all(torch.equal(a, b) for a, b in zip(runs[name], runs["none"], strict=True)), name
+
+
+def test_a_file_another_process_writes_is_named_with_the_fix(tmp_path):
+    """HDF5 locks a file open for writing: h5py's "unable to lock file, errno = 11" becomes what to do."""
+    import subprocess
+    import sys
+
+    path = h5(tmp_path / "data.h5", x=(ROWS, {}))
+    holder = "import h5py, sys, time; f = h5py.File(sys.argv[1], 'a'); print('open', flush=True); time.sleep(60)"
+    with subprocess.Popen([sys.executable, "-c", holder, str(path)], stdout=subprocess.PIPE, text=True) as writer:
+        try:
+            assert writer.stdout.readline().strip() == "open"
+            with pytest.raises(BlockingIOError, match=r"ct\.hdf5: .*data\.h5 is open for writing in another process"):
+                ct.hdf5(path, "x")
+        finally:
+            writer.kill()

@@ -10,7 +10,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INSTALL", "NAME", "Rows", "Swapped", "check_unchanged", "flat_offset", "h5py_module", "native", "stamp"]
+__all__ = [
+    "INSTALL", "NAME", "Rows", "Swapped", "check_unchanged", "file_of", "flat_offset", "h5py_module", "native",
+    "open_file", "stamp",
+]  # fmt: skip
 
 NAME, INSTALL = "ct.hdf5", "pip install composetrain[hdf5]"
 
@@ -24,6 +27,18 @@ def h5py_module() -> Any:
     except ImportError as error:
         raise ImportError(f"{NAME} reads HDF5 files with h5py, which is not installed: {INSTALL}") from error
     return h5py
+
+
+def open_file(path: str) -> Any:
+    """``h5py.File(path, "r")``; a file another process holds open for writing (HDF5's lock) named, with the fix."""
+    try:
+        return h5py_module().File(path, "r")
+    except BlockingIOError as error:
+        raise BlockingIOError(
+            error.errno,
+            f"{NAME}: {path} is open for writing in another process (HDF5 locks it: {error}); close it there "
+            "first, or let that process open it with locking=False if it does not change what is read",
+        ) from None
 
 
 def file_of(dset: Any) -> str:

@@ -25,6 +25,7 @@ from composetrain.data.h5files import (
     flat_offset,
     h5py_module,
     native,
+    open_file,
     stamp,
 )  # fmt: skip
 from composetrain.data.layout import Field
@@ -81,7 +82,7 @@ class HDF5Dataset(MappedDataset):
     def h5file(self) -> Any:
         """The file opened by h5py in this process (a handle inherited across fork is not safe to read)."""
         if self._pid != os.getpid():  # the file was checked when this process mapped it (``arrays``)
-            self._file, self._pid = h5py_module().File(self.path, "r"), os.getpid()
+            self._file, self._pid = open_file(self.path), os.getpid()
         return self._file
 
     def arrays(self) -> dict[str, Any]:
@@ -176,7 +177,7 @@ def hdf5(
         raise FileNotFoundError(f"{NAME}: no file {path}")
     if not h5py.is_hdf5(path):
         raise ValueError(f"{NAME}: {path} is not an HDF5 file (no HDF5 signature in it)")
-    with h5py.File(path, "r") as f:
+    with open_file(path) as f:
         columns = {}
         for name in names:
             dset = f.get(name)
