@@ -203,3 +203,11 @@ def test_a_file_another_process_writes_is_named_with_the_fix(tmp_path):
                 ct.hdf5(path, "x")
         finally:
             writer.kill()
+
+
+def test_a_file_cut_short_before_ct_hdf5_is_named(tmp_path):
+    """HDF5 refuses a file shorter than its superblock says: named by ct.hdf5, with the file, not h5py alone."""
+    path = h5(tmp_path / "data.h5", x=(np.zeros((1000, 10)), {}))
+    os.truncate(path, os.path.getsize(path) - 1000)
+    with pytest.raises(OSError, match=r"ct\.hdf5: h5py cannot open .*data\.h5: .*truncated file"):
+        ct.hdf5(path, "x")

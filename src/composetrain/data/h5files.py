@@ -39,6 +39,8 @@ def open_file(path: str) -> Any:
             f"{NAME}: {path} is open for writing in another process (HDF5 locks it: {error}); close it there "
             "first, or let that process open it with locking=False if it does not change what is read",
         ) from None
+    except OSError as error:  # cut short, damaged: h5py's words, with whose file it is
+        raise OSError(f"{NAME}: h5py cannot open {path}: {error}") from error
 
 
 def file_of(dset: Any) -> str:
