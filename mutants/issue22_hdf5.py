@@ -158,7 +158,7 @@ MUTANTS += [
         "file": H,
         "find": "[path, *(file_of(d) for d in columns.values())]",
         "replace": "[path]",
-        "tests": [A + "test_a_file_changed_after_ct_hdf5_is_refused_not_misread"],
+        "tests": [A + "test_a_dataset_behind_an_external_link_is_read_from_the_linked_file"],
         "why": "only the opened file stamped, not one an external link leads to",
     },
     {

@@ -38,8 +38,12 @@ def test_a_dataset_behind_an_external_link_is_read_from_the_linked_file(tmp_path
     data = ct.hdf5(path, ["x", "ext", "extc"])
     assert data.mapped == ["x", "ext"]
     index = [5, 0, 11, 5]
-    for got in (data.read_batch(index), pickle.loads(pickle.dumps(data)).read_batch(index)):
+    copy = pickle.dumps(data)
+    for got in (data.read_batch(index), pickle.loads(copy).read_batch(index)):
         assert [t.tolist() for t in got] == [ROWS[index].tolist(), (-ROWS[index]).tolist(), (-ROWS[index]).tolist()]
+    h5(tmp_path / "sub" / "other.h5", z=(ROWS, {}), zc=(ROWS, {}))  # the linked file rewritten: checked too
+    with pytest.raises(RuntimeError, match=r"ct\.hdf5: .*other\.h5 changed since ct\.hdf5 opened it"):
+        pickle.loads(copy).read_batch(index)
 
 
 @pytest.mark.parametrize("layout", [{}, {"chunks": (4, 3), "compression": "gzip"}])
