@@ -179,7 +179,8 @@ def test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn(tmp_path,
     for name, collate in (("none", None), ("default", torch.utils.data.default_collate), ("dict", _as_dict)):
         seen = []
 
-        def step(model, batch, seen=seen):
+        def step(model, batch, seen=seen, collate=collate):
+            assert isinstance(batch, dict) == (collate is _as_dict)  # the collate_fn given made it
             x = batch["x"] if isinstance(batch, dict) else batch[0]
             seen.append(x.clone())
             return model(x).sum()
