@@ -135,7 +135,9 @@ def hdf5(
     through h5py (one read per batch of the sorted distinct rows; slower: write such a file contiguous, or
     ``ct.cache`` it). ct.run reads either a whole batch at a time (``read_batch``, as it reads a ``ct.cache``
     store; under ``num_workers="auto"`` workers only for datasets h5py reads). The file must not change while
-    it is read; the dataset pickles by path, so loader workers open it again.
+    it is read: each process checks, before its first read, that it is as ``ct.hdf5`` found it (one ``stat``).
+    The dataset pickles by path, so loader workers open it again. A dataset behind an external link is read
+    from the file the link leads to.
 
     Args:
         file: the HDF5 file's path.
@@ -152,9 +154,11 @@ def hdf5(
 
     Raises:
         ImportError: h5py is not installed (``pip install composetrain[hdf5]``).
-        FileNotFoundError / ValueError / KeyError / TypeError: no such file, not an HDF5 file, a name that is
-            not a dataset of it, lengths that differ, a dtype torch has no tensor for (strings, compound,
-            variable-length), all named.
+        FileNotFoundError / IsADirectoryError / ValueError / KeyError / TypeError: no such file, a directory,
+            not an HDF5 file, a name that is not a dataset of it, lengths that differ, a dtype torch has no
+            tensor for (strings, compound, variable-length, references), a seed past 64 bits, all named.
+        BlockingIOError / OSError: another process has the file open for writing; h5py cannot open it.
+        RuntimeError (at the first read in a process): the file changed since ``ct.hdf5``.
 
     Example:
         >>> train = ct.hdf5("digits.h5", ["images", "labels"])       # items (image, label)
