@@ -259,4 +259,11 @@ MUTANTS += [
         "tests": [A + "test_a_file_another_process_writes_is_named_with_the_fix"],
         "why": "h5py's 'unable to lock file, errno = 11' passed on without the file's name or the fix",
     },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "    if isinstance(dataset, MappedDataset) and dataset.augment is not None:",
+        "replace": "    if False:",
+        "tests": [A + "test_caching_an_augmented_dataset_is_refused_not_one_draw_frozen"],
+        "why": "ct.cache of an augmented ct.hdf5 dataset stores one draw of the augmentation for every epoch",
+    },
 ]

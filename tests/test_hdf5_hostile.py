@@ -216,3 +216,15 @@ def test_a_file_cut_short_before_ct_hdf5_is_named(tmp_path):
     os.truncate(path, os.path.getsize(path) - 1000)
     with pytest.raises(OSError, match=r"ct\.hdf5: h5py cannot open .*data\.h5: .*truncated file"):
         ct.hdf5(path, "x")
+
+
+def test_caching_an_augmented_dataset_is_refused_not_one_draw_frozen(tmp_path):
+    """ct.cache of a ct.hdf5 (or ct.cache) dataset made with augment= would store one draw of the augmentation
+    for every epoch; refused with the fix, before anything is written. Without augment= it caches the rows."""
+    path = h5(tmp_path / "data.h5", x=(ROWS, {"chunks": (4, 3)}))
+    with pytest.raises(ValueError, match=r"cache: the dataset augments its batches.*give augment= to ct\.cache"):
+        ct.cache(ct.hdf5(path, ["x", "x"], augment=_noise), tmp_path / "store", progress=False)
+    assert not (tmp_path / "store").exists()
+    cached = ct.cache(ct.hdf5(path, ["x", "x"]), tmp_path / "store", augment=_noise, progress=False)
+    assert cached.__getitems__([2])[0][0].tolist() != ROWS[2].tolist()  # augmented as read, never stored
+    assert ct.cache(ct.hdf5(path, ["x", "x"]), tmp_path / "store", progress=False)[2][0].tolist() == ROWS[2].tolist()
