@@ -103,7 +103,7 @@ def _check(
                          f"{type(dataset).__name__}")  # fmt: skip
     if isinstance(dataset, MappedDataset) and dataset.augment is not None:  # its items are drawn, not data
         raise ValueError("cache: the dataset augments its batches (made with augment=): its store would hold "
-                         "one draw for every epoch; make it without augment= and give augment= to ct.cache")  # fmt: skip
+                         "one draw for all epochs; make it without augment= and give augment= to ct.cache")  # fmt: skip
     if not isinstance(path, str | os.PathLike) or not str(path):
         raise ValueError(f"cache: path must be a folder path, got {path!r}")
     if augment is not None and not callable(augment):
