@@ -110,6 +110,9 @@ def main() -> None:
     parser.add_argument("--images", type=Path, default=None, help="the image folder (default: a temporary one)")
     parser.add_argument("--cache", type=Path, default=None, help="the store (default: a temporary one)")
     args = parser.parse_args()
+    for option, folder in (("--images", args.images), ("--cache", args.cache)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            parser.error(f"{option}: {folder} is a file, not a folder")
 
     with tempfile.TemporaryDirectory() as scratch:
         files, labels = write_images(args.images or Path(scratch) / "images")

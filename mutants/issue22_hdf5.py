@@ -266,4 +266,11 @@ MUTANTS += [
         "tests": [A + "test_caching_an_augmented_dataset_is_refused_not_one_draw_frozen"],
         "why": "ct.cache of an augmented ct.hdf5 dataset stores one draw of the augmentation for every epoch",
     },
+    {
+        "file": "examples/cached_images.py",
+        "find": "        if folder is not None and folder.exists() and not folder.is_dir():",
+        "replace": "        if False:",
+        "tests": [E + "test_a_file_where_a_folder_belongs_is_a_usage_error_before_any_work"],
+        "why": "a file given for --images or --cache: a traceback after an epoch of decoding",
+    },
 ]

@@ -62,3 +62,16 @@ def test_the_epoch_speedup_counts_the_fixed_costs_of_a_run_alike(monkeypatch, ca
     out = capsys.readouterr().out
     speedup = float(re.search(r"epoch (\d+\.\d+)x faster", out).group(1))
     assert np.isclose(speedup, 0.7 / 0.25, atol=0.05), out
+
+
+@pytest.mark.parametrize("option", ["--images", "--cache"])
+def test_a_file_where_a_folder_belongs_is_a_usage_error_before_any_work(monkeypatch, capsys, tmp_path, option):
+    module = load("cached_images")
+    (tmp_path / "plain.txt").write_text("not a folder")
+    monkeypatch.setattr(module, "load_digits", lambda: pytest.fail("read the digits before refusing"))
+    monkeypatch.setattr(sys, "argv", ["cached_images.py", option, str(tmp_path / "plain.txt")])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert f"{option}: " in last and "plain.txt is a file, not a folder" in last, last
