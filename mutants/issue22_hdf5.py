@@ -273,4 +273,18 @@ MUTANTS += [
         "tests": [E + "test_a_file_where_a_folder_belongs_is_a_usage_error_before_any_work"],
         "why": "a file given for --images or --cache: a traceback after an epoch of decoding",
     },
+    {
+        "file": "src/composetrain/driver/loading.py",
+        "find": "        loader.dataset.set_epoch(epoch)  # seeds its augmentation",
+        "replace": "        pass  # seeds its augmentation",
+        "tests": [A + "test_a_dataloader_given_to_ct_run_augments_per_epoch"],
+        "why": "a DataLoader given to ct.run over an augmented dataset: the same draw every epoch",
+    },
+    {
+        "file": "src/composetrain/driver/loading.py",
+        "find": "        if augmented and data.num_workers > 0 and data.persistent_workers:",
+        "replace": "        if False:",
+        "tests": [A + "test_a_dataloader_whose_persistent_workers_never_see_the_epoch_is_refused"],
+        "why": "persistent workers over an augmented dataset accepted: they never see the epoch",
+    },
 ]

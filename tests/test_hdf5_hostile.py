@@ -228,3 +228,43 @@ def test_caching_an_augmented_dataset_is_refused_not_one_draw_frozen(tmp_path):
     cached = ct.cache(ct.hdf5(path, ["x", "x"]), tmp_path / "store", augment=_noise, progress=False)
     assert cached.__getitems__([2])[0][0].tolist() != ROWS[2].tolist()  # augmented as read, never stored
     assert ct.cache(ct.hdf5(path, ["x", "x"]), tmp_path / "store", progress=False)[2][0].tolist() == ROWS[2].tolist()
+
+
+def _augmented_run(data, loader, epochs=3, folder=None, max_steps=None):
+    seen = []
+
+    def step(model, batch):
+        seen.append(batch[0].clone())
+        return model(batch[0]).sum()
+
+    model = torch.nn.Linear(2, 1).double()
+    ct.run(step, ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.0)), loader, epochs=epochs,
+           progress=False, checkpoint_dir=folder, max_steps=max_steps)  # fmt: skip
+    return seen
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataloader_given_to_ct_run_augments_per_epoch(tmp_path, workers):
+    """ct.run sets the epoch of an augmented dataset under a DataLoader it was given (it never did: every epoch
+    drew the same augmentation), as a loop calling data.set_epoch(epoch) would; a resumed run draws alike."""
+    from torch.utils.data import DataLoader
+
+    path = h5(tmp_path / "data.h5", x=(np.zeros((8, 2)), {}), y=(np.arange(8), {"chunks": (4,)}))
+    data = ct.hdf5(path, ["x", "y"], augment=_noise, seed=1)
+    seen = _augmented_run(data, DataLoader(data, batch_size=4, num_workers=workers))
+    want = [data.read_batch(i, epoch)[0] for epoch in range(3) for i in ([0, 1, 2, 3], [4, 5, 6, 7])]
+    assert len(seen) == 6 and all(torch.equal(a, b) for a, b in zip(seen, want, strict=True))
+    _augmented_run(data, DataLoader(data, batch_size=4, num_workers=workers), folder=tmp_path / "ck", max_steps=3)
+    resumed = _augmented_run(data, DataLoader(data, batch_size=4, num_workers=workers), folder=tmp_path / "ck")
+    assert all(torch.equal(a, b) for a, b in zip(resumed, want[3:], strict=True)) and len(resumed) == 3
+
+
+def test_a_dataloader_whose_persistent_workers_never_see_the_epoch_is_refused(tmp_path):
+    from torch.utils.data import DataLoader
+
+    path = h5(tmp_path / "data.h5", x=(np.zeros((8, 2)), {}), y=(np.arange(8), {}))
+    data = ct.hdf5(path, ["x", "y"], augment=_noise)
+    loader = DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True)
+    with pytest.raises(ValueError, match=r"persistent workers .*never see the epoch.*persistent_workers=False"):
+        _augmented_run(data, loader)
+    assert loader._iterator is None  # refused before any worker started
