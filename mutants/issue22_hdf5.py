@@ -287,4 +287,18 @@ MUTANTS += [
         "tests": [A + "test_a_dataloader_whose_persistent_workers_never_see_the_epoch_is_refused"],
         "why": "persistent workers over an augmented dataset accepted: they never see the epoch",
     },
+    {
+        "file": "benchmarks/bench_cache.py",
+        "find": '    parser.add_argument("--rounds", type=at_least(1), default=7)',
+        "replace": '    parser.add_argument("--rounds", type=int, default=7)',
+        "tests": [E + "test_the_cache_benchmark_refuses_sizes_it_cannot_measure"],
+        "why": "--rounds 0 measured nothing: an IndexError from the report",
+    },
+    {
+        "file": "benchmarks/bench_cache.py",
+        "find": "    if int(args.mb * 1e6 / 4 / args.features) < 1:",
+        "replace": "    if False:",
+        "tests": [E + "test_the_cache_benchmark_refuses_sizes_it_cannot_measure"],
+        "why": "--mb too small for one row: NumPy's 'high <= 0' from the index draw",
+    },
 ]

@@ -75,3 +75,33 @@ def test_a_file_where_a_folder_belongs_is_a_usage_error_before_any_work(monkeypa
     assert stopped.value.code == 2
     last = capsys.readouterr().err.splitlines()[-1]
     assert f"{option}: " in last and "plain.txt is a file, not a folder" in last, last
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--rounds", "0"], r"--rounds: must be at least 1, got 0"),
+        (["--batches", "0"], r"--batches: must be at least 1, got 0"),
+        (["--batch", "-3"], r"--batch: must be at least 1, got -3"),
+        (["--features", "x"], r"--features: 'x' is not an integer"),
+        (["--mb", "0"], r"--mb: must be a positive number of MB, got '0'"),
+        (["--mb", "nan"], r"--mb: must be a positive number of MB, got 'nan'"),
+        (["--mb", "0.000001"], r"--mb 1e-06 holds no row of 784 float32 features"),
+    ],
+)
+def test_the_cache_benchmark_refuses_sizes_it_cannot_measure(args, said, monkeypatch, capsys):
+    """bench_cache.py's odd sizes are usage errors before any data is made (were tracebacks from NumPy)."""
+    import importlib.util
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))  # its `common`, beside it
+    spec = importlib.util.spec_from_file_location("bench_cache", bench / "bench_cache.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["bench_cache.py", "--parts", "hdf5", *args])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert re.search(said, last), last
