@@ -28,6 +28,7 @@ in memory (``index_select``, as ct.run reads a TensorDataset: the baseline), in 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,18 @@ from torch.utils.data import Dataset, TensorDataset
 import composetrain as ct
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # the image folder of part (a)
+from cli import at_least  # examples/cli.py: a bad size is a usage error
+
+
+def megabytes(text: str) -> float:
+    """An argparse type: a positive, finite number of MB."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of MB, got {text!r}")
+    return value
 
 
 class Rows(Dataset[Any]):
@@ -200,16 +213,20 @@ def reads_and_writes(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=["a", "b", "c", "hdf5"], default=["a", "b", "c", "hdf5"])
-    parser.add_argument("--mb", type=float, default=307.0, help="size of the float32 data, MB (b, c, hdf5)")
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--batches", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--features", type=int, default=784)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (the gather's); 1: both sides alike")
+    parser.add_argument("--mb", type=megabytes, default=307.0, help="size of the float32 data, MB (b, c, hdf5)")
+    parser.add_argument("--batch", type=at_least(1), default=256)
+    parser.add_argument("--batches", type=at_least(1), default=200)
+    parser.add_argument("--rounds", type=at_least(1), default=7)
+    parser.add_argument("--features", type=at_least(1), default=784)
+    parser.add_argument(
+        "--threads", type=at_least(1), default=1, help="torch threads (the gather's); 1: both sides alike"
+    )
     parser.add_argument("--dir", default=None, help="where stores and files are written (default: a temporary folder)")
-    parser.add_argument("--epochs", type=int, default=2, help="(a) epochs per call of ct.run")
-    parser.add_argument("--image-batch", type=int, default=128, help="(a) batch size")
+    parser.add_argument("--epochs", type=at_least(1), default=2, help="(a) epochs per call of ct.run")
+    parser.add_argument("--image-batch", type=at_least(1), default=128, help="(a) batch size")
     args = parser.parse_args()
+    if int(args.mb * 1e6 / 4 / args.features) < 1:
+        parser.error(f"--mb {args.mb:g} holds no row of {args.features} float32 features: give more")
     torch.set_num_threads(args.threads)  # on a loaded machine a threaded gather loses to its own threads
     if "b" in args.parts or "c" in args.parts:
         reads_and_writes(args)

@@ -81,8 +81,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/reader.py",
-        "find": 'return self.dataset.read_batch(indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0))',
-        "replace": 'return self.dataset.read_batch(indices, 0, getattr(inner, "rank", 0))',
+        "find": 'read_whole(self.dataset, indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0), self._given)',
+        "replace": 'read_whole(self.dataset, indices, 0, getattr(inner, "rank", 0), self._given)',
         "tests": [f"{T_RUN}::test_augmentation_in_loader_workers_draws_as_in_this_process"],
         "why": "ct.run's own reader augments every epoch as the first",
     },

@@ -16,67 +16,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from composetrain.data.h5files import (
+    NAME,
+    Rows,
+    Swapped,
+    check_unchanged,
+    file_of,
+    flat_offset,
+    h5py_module,
+    native,
+    open_file,
+    stamp,
+)  # fmt: skip
 from composetrain.data.layout import Field
 from composetrain.data.mapped import Augment, MappedDataset, Region
 
 __all__ = ["HDF5Dataset", "hdf5"]
-
-NAME, INSTALL = "ct.hdf5", "pip install composetrain[hdf5]"
-
-
-def _h5py() -> Any:
-    try:
-        import h5py
-    except ImportError as error:
-        raise ImportError(f"{NAME} reads HDF5 files with h5py, which is not installed: {INSTALL}") from error
-    return h5py
-
-
-def flat_offset(dset: Any) -> int | None:
-    """Where ``dset``'s rows lie in its file as one C-ordered array (bytes from the file's start, userblock
-    included), or None where they do not and h5py must read them: chunked or filtered (compressed, shuffled),
-    external, virtual, not yet written (HDF5 allocates a contiguous dataset's space at its first write)."""
-    h5py = _h5py()
-    plist = dset.id.get_create_plist()
-    if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count():
-        return None
-    offset = dset.id.get_offset()
-    end = None if offset is None else offset + dset.id.get_storage_size()
-    # an unwritten dataset has no address (None, or an undefined one past the end of the file)
-    if end is None or dset.id.get_storage_size() < dset.size * dset.dtype.itemsize:
-        return None
-    return int(offset) if end <= os.path.getsize(dset.file.filename) else None
-
-
-def native(dtype: np.dtype) -> np.dtype:
-    """The dtype rows are handed out in: the file's, in this machine's byte order (torch has no big-endian)."""
-    return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
-
-
-class _Swapped:
-    """A memory map of another byte order, gathered like an array and handed out in native order."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-
-    def __getitem__(self, index: np.ndarray) -> np.ndarray:
-        return self.array[index].astype(native(self.array.dtype))
-
-
-class _Rows:
-    """Rows of a dataset that h5py reads (chunked, filtered), gathered like an array: one read of the sorted
-    distinct rows (h5py reads a list of rows only increasing and distinct), then put in the order asked."""
-
-    def __init__(self, owner: HDF5Dataset, key: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.owner, self.key, self.shape, self.dtype = owner, key, shape, native(dtype)
-
-    def __getitem__(self, index: np.ndarray) -> np.ndarray:
-        if not len(index):
-            return np.empty((0, *self.shape[1:]), self.dtype)
-        unique, inverse = np.unique(index, return_inverse=True)
-        out = self.owner.h5file()[self.key][unique]
-        out = out if len(unique) == len(index) and (unique == index).all() else out[inverse.reshape(-1)]
-        return out.astype(self.dtype, copy=False)
 
 
 class HDF5Dataset(MappedDataset):
@@ -91,8 +46,8 @@ class HDF5Dataset(MappedDataset):
 
     def __init__(self, path: str, keys: Any, columns: Mapping[str, Any], augment: Augment | None, seed: int) -> None:
         offsets = {name: flat_offset(dset) if dset.shape[0] else None for name, dset in columns.items()}
-        regions = {
-            name: Region(path, offset, dset.dtype.str, tuple(dset.shape))
+        regions = {  # an external link's dataset lies in the file the link leads to
+            name: Region(file_of(dset), offset, dset.dtype.str, tuple(dset.shape))
             for (name, dset), offset in zip(columns.items(), offsets.values(), strict=True)
             if offset is not None
         }
@@ -108,29 +63,37 @@ class HDF5Dataset(MappedDataset):
         self.path, self.keys, self.mapped = path, keys, list(regions)
         self._file: Any = None
         self._pid = -1
+        # what each file was when opened here: checked once per process, before it maps or opens them
+        self._stamps = {p: stamp(p) for p in dict.fromkeys([path, *(file_of(d) for d in columns.values())])}
 
     @property
     def memory_mapped(self) -> bool:
         """Whether every dataset is read by one gather from a memory map (else h5py reads some: slower)."""
         return not self._by_h5py
 
+    @property
+    def read_by_h5py(self) -> list[str]:
+        """The names read by h5py (chunked, compressed, external, virtual, unwritten): not memory-mapped."""
+        return list(self._by_h5py)
+
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_file": None, "_pid": -1}  # an h5py file does not pickle: opened again
 
     def h5file(self) -> Any:
         """The file opened by h5py in this process (a handle inherited across fork is not safe to read)."""
-        if self._pid != os.getpid():
-            self._file, self._pid = _h5py().File(self.path, "r"), os.getpid()
+        if self._pid != os.getpid():  # the file was checked when this process mapped it (``arrays``)
+            self._file, self._pid = open_file(self.path), os.getpid()
         return self._file
 
     def arrays(self) -> dict[str, Any]:
         """The memory maps (big-endian ones swapped as they are gathered), and h5py's readers for the rest."""
         if self._arrays is None:
+            check_unchanged(self._stamps)
             opened: dict[str, Any] = super().arrays()
             for name, array in opened.items():
                 if native(array.dtype) != array.dtype:
-                    opened[name] = _Swapped(array)
-            opened.update({name: _Rows(self, name, *spec) for name, spec in self._by_h5py.items()})
+                    opened[name] = Swapped(array)
+            opened.update({name: Rows(self.h5file, name, *spec) for name, spec in self._by_h5py.items()})
         return self._arrays  # type: ignore[return-value]
 
     def __repr__(self) -> str:
@@ -172,7 +135,9 @@ def hdf5(
     through h5py (one read per batch of the sorted distinct rows; slower: write such a file contiguous, or
     ``ct.cache`` it). ct.run reads either a whole batch at a time (``read_batch``, as it reads a ``ct.cache``
     store; under ``num_workers="auto"`` workers only for datasets h5py reads). The file must not change while
-    it is read; the dataset pickles by path, so loader workers open it again.
+    it is read: each process checks, before its first read, that it is as ``ct.hdf5`` found it (one ``stat``).
+    The dataset pickles by path, so loader workers open it again. A dataset behind an external link is read
+    from the file the link leads to.
 
     Args:
         file: the HDF5 file's path.
@@ -189,33 +154,41 @@ def hdf5(
 
     Raises:
         ImportError: h5py is not installed (``pip install composetrain[hdf5]``).
-        FileNotFoundError / ValueError / KeyError / TypeError: no such file, not an HDF5 file, a name that is
-            not a dataset of it, lengths that differ, a dtype torch has no tensor for (strings, compound,
-            variable-length), all named.
+        FileNotFoundError / IsADirectoryError / ValueError / KeyError / TypeError: no such file, a directory,
+            not an HDF5 file, a name that is not a dataset of it, lengths that differ, a dtype torch has no
+            tensor for (strings, compound, variable-length, references), a seed past 64 bits, all named.
+        BlockingIOError / OSError: another process has the file open for writing; h5py cannot open it.
+        RuntimeError (at the first read in a process): the file changed since ``ct.hdf5``.
 
     Example:
         >>> train = ct.hdf5("digits.h5", ["images", "labels"])       # items (image, label)
         >>> ct.run(ct.accumulate(2)(step), state, train, batch_size=256)
     """
-    h5py = _h5py()
+    h5py = h5py_module()
     names = _names(keys)
     if augment is not None and not callable(augment):
         raise TypeError(f"{NAME}: augment must be a function (batch, generator) -> batch, got {augment!r}")
     if type(seed) is not int:
         raise TypeError(f"{NAME}: seed must be an int, got {seed!r}")
-    path = os.path.abspath(os.fspath(file))
+    if not -(2**63) <= seed < 2**63:  # it seeds the augmentation as an int64
+        raise ValueError(f"{NAME}: seed must fit in 64 bits (-2**63 <= seed < 2**63), got {seed}")
+    if not isinstance(file, str | bytes | os.PathLike):
+        raise TypeError(f"{NAME}: file must be a path (str or os.PathLike), got {file!r}")
+    path = os.path.abspath(os.fsdecode(file))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{NAME}: {path} is a directory, not an HDF5 file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{NAME}: no file {path}")
     if not h5py.is_hdf5(path):
         raise ValueError(f"{NAME}: {path} is not an HDF5 file (no HDF5 signature in it)")
-    with h5py.File(path, "r") as f:
+    with open_file(path) as f:
         columns = {}
         for name in names:
             dset = f.get(name)
             if not isinstance(dset, h5py.Dataset):
                 what = "no such dataset" if dset is None else f"a {type(dset).__name__}, not a dataset"
                 raise KeyError(f"{NAME}: {name!r} in {path}: {what}; its top level has {sorted(f.keys())}")
-            _check_dtype(name, dset, path)
+            _check_dtype(h5py, name, dset, path)
             if dset.ndim == 0:
                 raise ValueError(f"{NAME}: {name!r} in {path} is a scalar; a dataset needs a first dimension of rows")
             columns[name] = dset
@@ -225,14 +198,21 @@ def hdf5(
         return HDF5Dataset(path, keys, columns, augment, seed)
 
 
-def _check_dtype(name: str, dset: Any, path: str) -> None:
+def _check_dtype(h5py: Any, name: str, dset: Any, path: str) -> None:
     dtype = dset.dtype
     try:
         if dtype.kind not in "biufc":
             raise TypeError
         torch.from_numpy(np.empty(0, native(dtype)))
     except TypeError:
+        kind = (
+            "object references"
+            if h5py.check_ref_dtype(dtype)
+            else "variable-length"
+            if dtype.kind == "O"
+            else dtype.kind
+        )
         raise TypeError(
-            f"{NAME}: {name!r} in {path} has dtype {dtype} ({'variable-length' if dtype.kind == 'O' else dtype.kind}),"
+            f"{NAME}: {name!r} in {path} has dtype {dtype} ({kind}),"
             " which torch has no tensor for; give numeric or bool datasets (encode strings as integer ids)"
         ) from None

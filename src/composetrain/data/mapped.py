@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from composetrain.data.layout import Field, torch_dtype, unflatten
 
-__all__ = ["Augment", "Batches", "MappedDataset", "Region", "same", "split_batch"]
+__all__ = ["Augment", "Batches", "MappedDataset", "Region", "read_whole", "same", "split_batch"]
 
 Augment = Callable[[Any, torch.Generator], Any]
 
@@ -110,9 +110,14 @@ class MappedDataset(Dataset[Any]):
         return int(i) % self.length
 
     def _indices(self, indices: Sequence[int]) -> torch.Tensor:
-        idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
-        if not len(idx):
-            return idx
+        idx = torch.as_tensor(indices)
+        if not idx.numel():  # [] is a float tensor
+            return torch.empty(0, dtype=torch.int64)
+        if idx.ndim != 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
+            raise TypeError(  # never rounded, cast or flattened into other rows
+                f"{type(self).__name__}.read_batch: indices must be a flat list of ints, got {indices!r}"
+            )
+        idx = idx.to(torch.int64)
         low, high = idx.aminmax()
         if not (-self.length <= int(low) and int(high) < self.length):
             raise IndexError(
@@ -215,6 +220,9 @@ def _as_collated(batch: Any) -> Any:
 def split_batch(batch: Any, n: int) -> list[Any]:
     """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
     if isinstance(batch, torch.Tensor):
+        if batch.ndim and len(batch) != n:  # its rows would be handed to other indices, or some lost
+            raise ValueError(f"MappedDataset: augment returned a batch of {len(batch)} rows for {n} indices: "
+                             "return one row per index (the batch's first dimension)")  # fmt: skip
         return list(batch.unbind(0)) if batch.ndim else [batch] * n
     if isinstance(batch, list | tuple):
         columns = [split_batch(b, n) for b in batch]
@@ -226,19 +234,27 @@ def split_batch(batch: Any, n: int) -> list[Any]:
                     "in lists and dicts, with the batch's first dimension")  # fmt: skip
 
 
+def read_whole(data: MappedDataset, indices: Sequence[int], epoch: int, rank: int,
+               collate: Callable[[list[Any]], Any] | None = None) -> Any:  # fmt: skip
+    """``data.read_batch(indices, epoch, rank)``, or, given a ``collate`` function, that batch's items collated by
+    it (an augmented batch is read whole, with its epoch and rank, whatever collates it)."""
+    batch = data.read_batch(indices, epoch, rank)
+    return batch if collate is None else collate(split_batch(batch, len(indices)))
+
+
 class Batches(Dataset[Any]):
-    """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_batch``, for loader workers given whole
+    """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_whole``, for loader workers given whole
     batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation."""
 
-    def __init__(self, data: MappedDataset) -> None:
-        self.data = data
+    def __init__(self, data: MappedDataset, collate: Callable[[list[Any]], Any] | None = None) -> None:
+        self.data, self.collate = data, collate
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, key: tuple[int, int, Sequence[int]]) -> Any:
         epoch, rank, indices = key
-        return self.data.read_batch(indices, epoch, rank)
+        return read_whole(self.data, indices, epoch, rank, self.collate)
 
 
 def same(batch: Any) -> Any:

@@ -15,7 +15,7 @@ from torch.utils.data import (
 from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, restore_rng, seed_everything
 from composetrain.core.util import RUN
-from composetrain.data.mapped import Batches, same
+from composetrain.data.mapped import Batches, MappedDataset, same
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import EpochBatches, Reader, ResumableSampler, mapped
@@ -79,6 +79,13 @@ def build_loader(
                 "the same data; pass the Dataset (ct.run builds a loader with a DistributedSampler) or give "
                 "the DataLoader a DistributedSampler"
             )
+        augmented = isinstance(data.dataset, MappedDataset) and data.dataset.augment is not None
+        if augmented and data.num_workers > 0 and data.persistent_workers:
+            raise ValueError(
+                f"{RUN}: the DataLoader given has persistent workers over a dataset that augments its batches: "
+                "their copies never see the epoch, so every epoch would draw the same augmentation; give it "
+                "persistent_workers=False, or pass the dataset (ct.run's loader hands each batch its epoch)"
+            )
         _check_not_empty(data.dataset)
         return data, None
     batch_size, drop_last, seed, collate_fn = options.batch_size, options.drop_last, options.seed, options.collate_fn
@@ -101,7 +108,7 @@ def build_loader(
 
     def workers(n: int) -> DataLoader[Any]:
         return DataLoader(
-            Batches(data) if whole else data,
+            Batches(data, collate_fn) if whole else data,
             batch_size=None if whole else batch_size,
             sampler=EpochBatches(sampler, batch_size, drop_last) if whole else sampler,
             drop_last=False if whole else drop_last,
@@ -220,6 +227,8 @@ def epoch_batches(
     and of non-persistent workers, which reading alone reproduces; the process's own random
     state is then put back as it was.
     """
+    if sampler is None and isinstance(loader.dataset, MappedDataset):
+        loader.dataset.set_epoch(epoch)  # seeds its augmentation (workers get a copy at each epoch's start)
     if sampler is not None:
         sampler.set_epoch(epoch, start=start * (loader.batch_size or 1))
         batches = iter(loader)

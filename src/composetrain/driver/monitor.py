@@ -20,6 +20,7 @@ import torch.distributed as dist
 from composetrain.core.protocol import StepOutput
 from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
+from composetrain.data.hdf5 import HDF5Dataset
 from composetrain.data.mapped import MappedDataset
 from composetrain.driver.compiling import compile_totals
 from composetrain.driver.loading import auto_workers
@@ -234,9 +235,19 @@ class Meter:
 
 
 def _cheaper(loader: Any) -> str:
-    """How to make reading cheaper: cache the items once with ct.cache, unless the data is a cache already."""
-    if isinstance(getattr(loader, "dataset", None), MappedDataset):
-        return "the data is a ct.cache store already: make its augment cheaper or give the job more CPUs"
+    """How to make reading cheaper: cache the items once with ct.cache, unless the data is memory-mapped already
+    (a ct.cache store, an HDF5 file's contiguous datasets); datasets of an HDF5 file that h5py reads, contiguous."""
+    data = getattr(loader, "dataset", None)
+    if isinstance(data, HDF5Dataset) and not data.memory_mapped:
+        return (
+            f"ct.hdf5 reads {data.read_by_h5py} through h5py (chunked or compressed), far slower than a memory map: "
+            "write them contiguous and uncompressed, ct.cache(dataset, path) them, or give the job more CPUs"
+        )
+    if isinstance(data, MappedDataset):
+        what = "an HDF5 file's memory maps" if isinstance(data, HDF5Dataset) else "a ct.cache store"
+        if data.augment is not None:
+            return f"the data is {what} already: make its augment cheaper or give the job more CPUs"
+        return f"the data is {what} already, read a whole batch at a time: give the job more CPUs"
     return (
         "make the dataset's __getitem__ cheaper: preprocess once with ct.cache(dataset, path) (items decoded "
         "once, then read a whole batch at a time from a memory map), smaller inputs, or give the job more CPUs"

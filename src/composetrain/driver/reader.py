@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
 
-from composetrain.data.mapped import MappedDataset
+from composetrain.data.mapped import MappedDataset, read_whole
 
 __all__ = [
     "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers",
@@ -85,8 +85,12 @@ def indexable(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bo
 
 
 def mapped(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
-    """Whether a batch is one ``read_batch`` of a memory-mapped dataset (ct.cache's): no per-sample collate."""
-    return isinstance(dataset, MappedDataset) and not dataset.ragged and collate_fn is None
+    """Whether a batch is one ``read_batch`` of a memory-mapped dataset (ct.cache's, ct.hdf5's): without a
+    collate_fn (no per-sample collate), or augmented whatever collates it (the augmentation is seeded by the
+    epoch and rank, which only ``read_batch`` is given; a collate_fn then gets the augmented batch's items)."""
+    if not isinstance(dataset, MappedDataset):
+        return False
+    return dataset.augment is not None or (not dataset.ragged and collate_fn is None)
 
 
 class EpochBatches(Sampler[tuple[int, int, list[int]]]):
@@ -134,7 +138,7 @@ class Reader:
         spare: int,
     ) -> None:
         self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
-        self.collate_fn = collate_fn or default_collate
+        self.collate_fn, self._given = collate_fn or default_collate, collate_fn
         self._tensors = dataset.tensors if indexable(dataset, collate_fn) else None
         self._mapped = mapped(dataset, collate_fn)
         self._loader: DataLoader[Any] | None = None
@@ -185,7 +189,7 @@ class Reader:
             return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
         if self._mapped:  # one gather per field, as default_collate would stack the items
             inner = getattr(self.sampler, "inner", None)  # ct.run's sampler: the epoch and rank seed augmentation
-            return self.dataset.read_batch(indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0))
+            return read_whole(self.dataset, indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0), self._given)
         getitems = getattr(self.dataset, "__getitems__", None)
         return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
 
