@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import numbers
 import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -145,28 +146,47 @@ def check(
             "one process's update with the plain step on the same batch; run check in one process (no process "
             "group: distributed and sharded are then the plain step), or check the composition inside them"
         )
+    rtol, atol = _tolerance(rtol, "rtol"), _tolerance(atol, "atol")
     layers, plain = _peel(step)
+    rng = capture_rng()
     try:
-        gaps, used = _compare(step, _reference(layers, plain), state, batch, dtype)
-    except Exception:  # the model refuses float64 (a kernel, a dtype-checked input): in its own precision
-        if dtype is None:
-            raise
-        gaps, used = _compare(step, _reference(layers, plain), state, batch, None)
-    low = _lowest(used, step)
-    rtol = TOLERANCES.get(low, TOLERANCES[torch.float32])[0] if rtol is None else float(rtol)
-    atol = TOLERANCES.get(low, TOLERANCES[torch.float32])[1] if atol is None else float(atol)
-    ok = all(_within(g, rtol, atol) for g in gaps)
-    found, seen = None, []
-    if not ok:
-        for i in range(len(layers) - 1, -1, -1):  # innermost first: layers[i] around what is inside it
-            inner = _compare(layers[i], _reference(layers[i:], plain), state, batch, used)[0]
-            agreed = all(_within(g, rtol, atol) for g in inner)
-            seen.append((repr(layers[i]), agreed))
-            if not agreed:
-                found = getattr(layers[i], "label", type(layers[i]).__name__)
-                break
+        try:
+            gaps, used = _compare(step, _reference(layers, plain), state, batch, dtype)
+        except Exception:  # the model refuses float64 (a kernel, a dtype-checked input): in its own precision
+            if dtype is None:
+                raise
+            restore_rng(rng)  # the failed attempt may have drawn (dropout before the failing kernel)
+            gaps, used = _compare(step, _reference(layers, plain), state, batch, None)
+        low = _lowest(used, step)
+        rtol = TOLERANCES.get(low, TOLERANCES[torch.float32])[0] if rtol is None else rtol
+        atol = TOLERANCES.get(low, TOLERANCES[torch.float32])[1] if atol is None else atol
+        ok = all(_within(g, rtol, atol) for g in gaps)
+        found, seen = None, []
+        if not ok:
+            for i in range(len(layers) - 1, -1, -1):  # innermost first: layers[i] around what is inside it
+                inner = _compare(layers[i], _reference(layers[i:], plain), state, batch, used)[0]
+                agreed = all(_within(g, rtol, atol) for g in inner)
+                seen.append((repr(layers[i]), agreed))
+                if not agreed:
+                    found = getattr(layers[i], "label", type(layers[i]).__name__)
+                    break
+    finally:  # the user's generators as they were, whatever failed
+        restore_rng(rng)
     ref = repr(_reference(layers, plain))
     return CheckResult(ok, repr(step), ref, used, rtol, atol, *gaps, diverges_at=found, layers=tuple(seen))
+
+
+def _tolerance(value: Any, name: str) -> float | None:
+    """A tolerance given (None: the dtype's), refused unless a non-negative, finite real number."""
+    if value is None:
+        return None
+    problem = isinstance(value, bool) or not isinstance(value, numbers.Real)
+    if problem or not (math.isfinite(float(value)) and float(value) >= 0):
+        raise (TypeError if problem else ValueError)(
+            f"check: {name} must be a non-negative, finite number, got {show(value)}; e.g. {name}=1e-6, or None "
+            "(by the lowest precision involved)"
+        )
+    return float(value)
 
 
 def _peel(step: TrainStep) -> tuple[list[TrainStep], TrainStep]:
@@ -245,13 +265,24 @@ def _copy(state: TrainState, batch: Any, dtype: torch.dtype | None) -> tuple[Tra
     copied = TrainState(model, optimizer, scheduler)
     copied.load_state_dict(copy.deepcopy(state.state_dict()))
     if dtype is not None:
-        model.to(dtype)  # in place: the optimizer keeps the same Parameter objects
+        # in place: the optimizer keeps the same Parameter objects; not model.to(dtype), which casts a complex
+        # tensor to real (its imaginary part dropped: another model): complex ones go to dtype's complex
+        model._apply(lambda t: _cast(t, dtype))
         for entries in optimizer.state.values():
             for key, value in entries.items():
-                if isinstance(value, torch.Tensor) and value.is_floating_point() and key != "step":
-                    entries[key] = value.to(dtype)
-    data = map_tensors(copy.deepcopy(batch), lambda t: t.to(dtype) if dtype and t.is_floating_point() else t)
+                if isinstance(value, torch.Tensor) and key != "step":
+                    entries[key] = _cast(value, dtype)
+    data = map_tensors(copy.deepcopy(batch), lambda t: _cast(t, dtype) if dtype else t)
     return copied, data
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` if floating, in its complex counterpart if complex; any other tensor as it is."""
+    if t.is_floating_point():
+        return t.to(dtype)
+    if t.is_complex():
+        return t.to(torch.complex128 if dtype is torch.float64 else torch.complex64)
+    return t
 
 
 def _largest(got: Mapping[str, torch.Tensor | None], want: Mapping[str, torch.Tensor | None]) -> Gap:
@@ -262,8 +293,8 @@ def _largest(got: Mapping[str, torch.Tensor | None], want: Mapping[str, torch.Te
         a, b = got.get(name), want[name]
         if a is None and b is None:
             continue
-        ref = (b if b is not None else torch.zeros_like(a)).double()  # type: ignore[arg-type]
-        mine = (a if a is not None else torch.zeros_like(ref)).double()
+        ref = _wide(b if b is not None else torch.zeros_like(a))  # type: ignore[arg-type]
+        mine = _wide(a if a is not None else torch.zeros_like(ref))
         if not ref.numel():
             continue
         scale = max(scale, float(ref.abs().max()))
@@ -273,6 +304,11 @@ def _largest(got: Mapping[str, torch.Tensor | None], want: Mapping[str, torch.Te
         if diff > worst:
             worst, where = diff, name
     return Gap(worst, where, scale)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64, or complex128 (``.double()`` would drop an imaginary part)."""
+    return t.to(torch.complex128) if t.is_complex() else t.double()
 
 
 def _within(gap: Gap, rtol: float, atol: float) -> bool:
