@@ -5,7 +5,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from helpers import classify, make_batch, make_state
 from torch import nn
 
