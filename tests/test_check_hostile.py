@@ -74,3 +74,56 @@ def test_complex_parameters_are_checked_in_complex128_not_cast_to_real():
 def test_nonsense_tolerances_are_clear_errors(option, value, error):
     with pytest.raises(error, match=rf"check: {option} must be a non-negative, finite number, got"):
         ct.check(classify, make_state(), make_batch(4), **{option: value})
+
+
+class ExtraForward(ct.TrainStep):
+    """A planted bug that leaves the gradients alone: a forward of its own before the step's (a "warm-up" pass,
+    a logging pass), so BatchNorm's running statistics take two steps where the plain step takes one."""
+
+    label = "extra_forward"
+
+    def grads(self, state, batch, ctx):
+        with torch.no_grad():
+            state.model(batch[0])
+        return self._inner().grads(state, batch, ctx)
+
+
+def batchnormed():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+
+def test_buffers_a_composition_updates_wrongly_are_a_difference_and_its_layer_named():
+    result = ct.check(
+        ct.accumulate(1)(ExtraForward(ct.train_step(classify))), make_state(model=batchnormed()), make_batch(12)
+    )
+    assert not result and result.diverges_at == "extra_forward", result
+    assert result.grads.largest == 0 and result.params.largest == 0  # only the buffers tell
+    assert result.buffers is not None and result.buffers.largest > 0 and "buffers:" in repr(result)
+
+
+def test_right_compositions_agree_in_the_buffers_too():
+    result = ct.check(ct.checkpoint_activations(["1"])(classify), make_state(model=batchnormed()), make_batch(12))
+    assert result and result.buffers is not None and result.buffers.scale > 0, result
+    assert result.buffers.largest == 0, result
+    plain = ct.check(classify, make_state(), make_batch(4))
+    assert plain.buffers is None and "buffers:" not in repr(plain)  # a model without buffers: no such line
+
+
+def test_a_state_with_averages_already_is_checked_in_float64():
+    """ct.ema's averages (float32, like the model) are cast with the copies, not a reason to fall back."""
+    torch.manual_seed(0)
+    state = make_state(model=nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)))
+    train = ct.ema(0.99, warmup=5)(ct.accumulate(2)(classify))
+    for i in range(3):
+        train(state, make_batch(12, seed=i, dtype=torch.float32))
+    before = copy.deepcopy(state.state_dict())
+    result = ct.check(train, state, make_batch(12, dtype=torch.float32))
+    assert result and result.dtype is torch.float64, result
+    after = state.state_dict()["transforms"]
+    assert all(
+        torch.equal(a, b) and a.dtype is torch.float32
+        for a, b in zip(
+            after["ema"]["averages"].values(), before["transforms"]["ema"]["averages"].values(), strict=True
+        )
+    )

@@ -65,6 +65,8 @@ class CheckResult:
         dtype: the precision of the copies; ``rtol``, ``atol``: the tolerance.
         loss, grads, params: the largest differences (``Gap``) in the reported loss, in the gradients the update
             phase receives, and in the parameters after the update.
+        buffers: the largest difference in the model's buffers after the update (BatchNorm's running statistics
+            and count: a composition that runs the forward once too often shows only here); None: it has none.
         diverges_at: the first layer, from the inside out, whose update differs from its reference (None: none).
         layers: each peeled composition checked and whether it agreed, innermost first (only when one diverges).
     """
@@ -78,6 +80,7 @@ class CheckResult:
     loss: Gap
     grads: Gap
     params: Gap
+    buffers: Gap | None = None
     diverges_at: str | None = None
     layers: tuple[tuple[str, bool], ...] = ()
 
@@ -93,6 +96,8 @@ class CheckResult:
             f"  gradients:  {self.grads!r}",
             f"  parameters: {self.params!r}",
         ]
+        if self.buffers is not None:
+            lines.append(f"  buffers:    {self.buffers!r}")
         if self.diverges_at is not None:
             lines.append(f"  first diverging layer: {self.diverges_at}")
             lines += [f"    {'ok  ' if agreed else 'DIFF'} {printed}" for printed, agreed in self.layers]
@@ -160,12 +165,12 @@ def check(
         low = _lowest(used, step)
         rtol = TOLERANCES.get(low, TOLERANCES[torch.float32])[0] if rtol is None else rtol
         atol = TOLERANCES.get(low, TOLERANCES[torch.float32])[1] if atol is None else atol
-        ok = all(_within(g, rtol, atol) for g in gaps)
+        ok = all(_within(g, rtol, atol) for g in gaps if g is not None)
         found, seen = None, []
         if not ok:
             for i in range(len(layers) - 1, -1, -1):  # innermost first: layers[i] around what is inside it
                 inner = _compare(layers[i], _reference(layers[i:], plain), state, batch, used)[0]
-                agreed = all(_within(g, rtol, atol) for g in inner)
+                agreed = all(_within(g, rtol, atol) for g in inner if g is not None)
                 seen.append((repr(layers[i]), agreed))
                 if not agreed:
                     found = getattr(layers[i], "label", type(layers[i]).__name__)
@@ -231,8 +236,9 @@ class _Probe(TrainStep):
 
 def _compare(
     step: TrainStep, reference: TrainStep, state: TrainState, batch: Any, dtype: torch.dtype | None
-) -> tuple[tuple[Gap, Gap, Gap], torch.dtype]:
-    """Both steps on fresh copies: the gaps in loss, gradients and parameters, and the copies' dtype (the
+) -> tuple[tuple[Gap, Gap, Gap, Gap | None], torch.dtype]:
+    """Both steps on fresh copies: the gaps in loss, gradients, parameters and buffers (None: the model has
+    none), and the copies' dtype (the
     reference first: a model that refuses ``dtype`` fails there, before the composition changes anything)."""
     runs, rng = [], capture_rng()
     for s in (reference, step):
@@ -245,14 +251,16 @@ def _compare(
             warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
             out = _Probe(s, grads)(copied, data)
         params = {n: p.detach().to("cpu", copy=True) for n, p in copied.model.named_parameters()}
-        runs.append((out.loss.detach().to("cpu", torch.float64), grads, params))
+        buffers = {n: b.detach().to("cpu", copy=True) for n, b in copied.model.named_buffers()}
+        runs.append((out.loss.detach().to("cpu", torch.float64), grads, params, buffers))
     restore_rng(rng)
-    (ref_loss, ref_grads, ref_params), (loss, grads, params) = runs
+    (ref_loss, ref_grads, ref_params, ref_buffers), (loss, grads, params, buffers) = runs
     loss_gap = float((loss - ref_loss).abs())
     gaps = (
         Gap(loss_gap, "loss", float(ref_loss.abs())),
         _largest(grads, ref_grads),
         _largest(params, ref_params),
+        _largest(buffers, ref_buffers) if ref_buffers else None,
     )
     used = _dtype_of(state, dtype)
     return gaps, used
@@ -263,7 +271,10 @@ def _copy(state: TrainState, batch: Any, dtype: torch.dtype | None) -> tuple[Tra
     of the batch, in ``dtype`` (None: as they are)."""
     model, optimizer, scheduler = copy.deepcopy((state.model, state.optimizer, state.scheduler))
     copied = TrainState(model, optimizer, scheduler)
-    copied.load_state_dict(copy.deepcopy(state.state_dict()))
+    saved = copy.deepcopy(state.state_dict())
+    if dtype is not None:  # transform state that mirrors the model (ct.ema's averages) in the copies' precision
+        saved["transforms"] = map_tensors(saved["transforms"], lambda t: _cast(t, dtype))
+    copied.load_state_dict(saved)
     if dtype is not None:
         # in place: the optimizer keeps the same Parameter objects; not model.to(dtype), which casts a complex
         # tensor to real (its imaginary part dropped: another model): complex ones go to dtype's complex
