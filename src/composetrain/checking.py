@@ -3,7 +3,7 @@
 The library's equivalence properties (DESIGN 2.1), made a tool for a user's own setup: their step, model,
 optimizer and batch, through their composition and through ``ct.train_step`` alone, on deep copies (in
 float64 where the model allows), compared in loss, gradients (as the update phase receives them: after
-accumulation, unscaling and synchronisation, before clipping) and parameters after the update. When they
+accumulation, unscaling and synchronisation, before clipping) and parameters and buffers after the update. When they
 differ, the composition is peeled from the inside out (``TrainStep.inner``): each layer around the plain step,
 then the next around that, until the first whose update differs from its reference: that layer diverges.
 """
