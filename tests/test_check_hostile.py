@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import classify, make_batch, make_state
 from torch import nn
 
@@ -127,3 +128,39 @@ def test_a_state_with_averages_already_is_checked_in_float64():
             after["ema"]["averages"].values(), before["transforms"]["ema"]["averages"].values(), strict=True
         )
     )
+
+
+@pytest.mark.filterwarnings("ignore:accumulate.*BatchNorm")
+def test_a_step_that_reaches_the_users_own_model_is_refused_and_the_model_restored():
+    """A step that uses a global model instead of its argument trains the user's model, not check's copy: the
+    copies got no gradient and check would agree about nothing. It is refused, the user's model put back."""
+    model = batchnormed()
+
+    def global_model(_, batch):
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    state = make_state(model=model)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(
+        ValueError, match=r"check: the step changed your own model .*the gradient of '0.weight'.* model argument"
+    ):
+        ct.check(ct.accumulate(2)(global_model), state, make_batch(12))
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_tensor_outside_the_model_the_step_closes_over_is_refused():
+    """The optimizer's copy of it never gets a gradient: the user's own one does (and check would not see it)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 3)).double()
+    temperature = nn.Parameter(torch.ones((), dtype=torch.float64))
+    state = ct.TrainState(model, torch.optim.SGD([*model.parameters(), temperature], lr=0.1))
+
+    def scaled(model, batch):
+        x, y = batch
+        return F.cross_entropy(model(x) * temperature, y)
+
+    with pytest.raises(ValueError, match=r"check: the step changed your own .*gradient of the optimizer's"):
+        ct.check(scaled, state, make_batch(12))
+    assert temperature.grad is None and temperature.item() == 1.0

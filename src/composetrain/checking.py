@@ -153,7 +153,7 @@ def check(
         )
     rtol, atol = _tolerance(rtol, "rtol"), _tolerance(atol, "atol")
     layers, plain = _peel(step)
-    rng = capture_rng()
+    rng, own = capture_rng(), _Untouched(state)
     try:
         try:
             gaps, used = _compare(step, _reference(layers, plain), state, batch, dtype)
@@ -175,10 +175,60 @@ def check(
                 if not agreed:
                     found = getattr(layers[i], "label", type(layers[i]).__name__)
                     break
-    finally:  # the user's generators as they were, whatever failed
+    finally:  # the user's generators and tensors as they were, whatever failed
         restore_rng(rng)
+        changed = own.restore()
+        if changed is not None:  # from finally: the cause of any error on the way, which it replaces
+            raise ValueError(
+                f"check: the step changed your own model and optimizer ({changed}), not check's copies: it reaches "
+                "them another way than its model argument (a global, a closure, a bound method), so check would "
+                "compare copies that never trained; check put them back. Write step(model, batch) with the model "
+                "it is given, and keep trained tensors inside the model"
+            )
     ref = repr(_reference(layers, plain))
     return CheckResult(ok, repr(step), ref, used, rtol, atol, *gaps, diverges_at=found, layers=tuple(seen))
+
+
+class _Untouched:
+    """The user's own tensors (the model's parameters and buffers, the optimizer's parameters, their gradients),
+    kept to find and undo a step that reaches them past its model argument (BatchNorm's kernels update running
+    statistics in place without a version bump: values are compared)."""
+
+    def __init__(self, state: TrainState) -> None:
+        named: dict[int, tuple[str, torch.Tensor]] = {id(p): (f"{n!r}", p) for n, p in state.model.named_parameters()}
+        for group in state.optimizer.param_groups:
+            for p in group["params"]:
+                named.setdefault(id(p), ("an optimizer parameter outside the model", p))
+        named.update({id(b): (f"{n!r}", b) for n, b in state.model.named_buffers()})
+        self.kept = [(name, t, t.detach().clone(), _grad_copy(t)) for name, t in named.values()]
+
+    def restore(self) -> str | None:
+        """Put back what changed; what it was (None: nothing)."""
+        changed = []
+        for name, t, value, grad in self.kept:
+            if not _same(t.detach(), value):
+                changed.append(name)
+                with torch.no_grad():
+                    t.copy_(value)
+            if not (t.grad is None if grad is None else t.grad is not None and _same(t.grad, grad)):
+                where = "the optimizer's parameter outside the model" if name.startswith("an ") else name
+                changed.append(f"the gradient of {where}")
+                t.grad = grad
+        return None if not changed else ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
+
+
+def _grad_copy(t: torch.Tensor) -> torch.Tensor | None:
+    return None if t.grad is None else t.grad.detach().clone()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where NaN was (a user's NaN is not a change)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(
+        torch.equal(a, b)
+        or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    )
 
 
 def _tolerance(value: Any, name: str) -> float | None:
