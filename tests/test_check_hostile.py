@@ -164,3 +164,14 @@ def test_a_tensor_outside_the_model_the_step_closes_over_is_refused():
     with pytest.raises(ValueError, match=r"check: the step changed your own .*gradient of the optimizer's"):
         ct.check(scaled, state, make_batch(12))
     assert temperature.grad is None and temperature.item() == 1.0
+
+
+def test_a_state_whose_scheduler_steps_per_epoch_is_checked():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 3)).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+    state = ct.TrainState(model, opt, sched, scheduler_interval="epoch")
+    result = ct.check(ct.accumulate(3)(classify), state, make_batch(12))
+    assert result and result.params.largest < 1e-15 and result.params.scale > 0, result
+    assert sched.last_epoch == 0 and state.scheduler_interval == "epoch"

@@ -320,7 +320,7 @@ def _copy(state: TrainState, batch: Any, dtype: torch.dtype | None) -> tuple[Tra
     """Independent copies of the state (through its own ``state_dict`` round trip, which checkpoints trust) and
     of the batch, in ``dtype`` (None: as they are)."""
     model, optimizer, scheduler = copy.deepcopy((state.model, state.optimizer, state.scheduler))
-    copied = TrainState(model, optimizer, scheduler)
+    copied = TrainState(model, optimizer, scheduler, scheduler_interval=state.scheduler_interval)
     saved = copy.deepcopy(state.state_dict())
     if dtype is not None:  # transform state that mirrors the model (ct.ema's averages) in the copies' precision
         saved["transforms"] = map_tensors(saved["transforms"], lambda t: _cast(t, dtype))
