@@ -141,7 +141,7 @@ MUTANTS = [
         "replace": "        changed = own.restore()\n",
         "tests": [
             CHECK + "test_both_sides_draw_the_same_random_numbers_and_the_users_generators_stay_as_they_were",
-            HOSTILE_CHECK + "test_the_users_generators_stay_as_they_were_when_float64_fails_half_way",
+            HOSTILE_CHECK + "test_the_users_generators_stay_as_they_were_when_the_step_raises_after_drawing",
         ],
         "why": "24.6: the user's random generators left advanced by check's two updates",
     },
@@ -193,6 +193,14 @@ MUTANTS = [
         "why": "24.6: a NaN difference compares as no difference (nan > worst is False): a NaN update passes",
     },
     # -- found by the adversary a-recipes (hostile inputs) ---------------------------------------------------------
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "            restore_rng(rng)  # the failed attempt may have drawn",
+        "replace": "            pass  # the failed attempt may have drawn",
+        "tests": [HOSTILE_CHECK + "test_the_users_generators_stay_as_they_were_when_float64_fails_half_way"],
+        "why": "a-recipes: the fallback starts from where the failed float64 attempt left the generators, and "
+        "leaves the user's stream there",
+    },
     {
         "file": "src/composetrain/checking.py",
         "find": "        model._apply(lambda t: _cast(t, dtype))",

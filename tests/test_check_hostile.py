@@ -175,3 +175,17 @@ def test_a_state_whose_scheduler_steps_per_epoch_is_checked():
     result = ct.check(ct.accumulate(3)(classify), state, make_batch(12))
     assert result and result.params.largest < 1e-15 and result.params.scale > 0, result
     assert sched.last_epoch == 0 and state.scheduler_interval == "epoch"
+
+
+def test_the_users_generators_stay_as_they_were_when_the_step_raises_after_drawing():
+    def draws_then_fails(model, batch):
+        torch.rand(4)  # dropout, a random crop: then the user's own bug
+        raise KeyError("label")
+
+    state, batch = make_state(), make_batch(12)  # (make_state seeds)
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    with pytest.raises(KeyError, match="label"):
+        ct.check(ct.accumulate(2)(draws_then_fails), state, batch)
+    assert torch.equal(torch.rand(3), expected)

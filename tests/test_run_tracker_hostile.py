@@ -30,8 +30,15 @@ class AsyncCall:
 
 @pytest.mark.parametrize(
     "tracker",
-    [generator, coroutine, async_generator, AsyncCall(), functools.partial(coroutine)],
-    ids=["generator", "coroutine", "async generator", "async __call__", "partial of a coroutine"],
+    [generator, coroutine, async_generator, AsyncCall(), functools.partial(coroutine), functools.partial(AsyncCall())],
+    ids=[
+        "generator",
+        "coroutine",
+        "async generator",
+        "async __call__",
+        "partial of a coroutine",
+        "partial of an object",
+    ],
 )
 def test_a_tracker_whose_call_runs_nothing_is_refused_before_anything_runs(tmp_path, tracker):
     state = run_script.state()
