@@ -189,3 +189,12 @@ def test_the_users_generators_stay_as_they_were_when_the_step_raises_after_drawi
     with pytest.raises(KeyError, match="label"):
         ct.check(ct.accumulate(2)(draws_then_fails), state, batch)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_batch_the_plain_step_itself_cannot_train_on_is_refused_not_blamed_on_a_layer():
+    """NaN in the batch: the plain step's own loss and gradients are NaN, so every layer "differs" from it and the
+    innermost was named as the culprit. Nothing can be compared: refused, saying so."""
+    x, y = make_batch(12)
+    x[3, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"check: the plain step's own update .* is not finite \(loss nan"):
+        ct.check(ct.clip_grad_norm(1.0)(ct.accumulate(2)(classify)), make_state(), (x, y))

@@ -299,6 +299,12 @@ def _compare(
             # without it), so the scheduler's first step() would warn of a wrong call order that is not there
             warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
             out = _Probe(s, grads)(copied, data)
+        if s is reference and not _finite(out.loss, grads):
+            raise ValueError(
+                f"check: the plain step's own update on this batch ({reference!r}) is not finite (loss "
+                f"{float(out.loss):g}, or a gradient): every layer would differ from it, none is to blame; check "
+                "on a batch the plain step trains on"
+            )
         params = {n: p.detach().to("cpu", copy=True) for n, p in copied.model.named_parameters()}
         buffers = {n: b.detach().to("cpu", copy=True) for n, b in copied.model.named_buffers()}
         runs.append((out.loss.detach().to("cpu", torch.float64), grads, params, buffers))
@@ -313,6 +319,10 @@ def _compare(
     )
     used = _dtype_of(state, dtype)
     return gaps, used
+
+
+def _finite(loss: torch.Tensor, grads: Mapping[str, torch.Tensor | None]) -> bool:
+    return bool(loss.isfinite().all()) and all(g is None or bool(g.isfinite().all()) for g in grads.values())
 
 
 def _copy(state: TrainState, batch: Any, dtype: torch.dtype | None) -> tuple[TrainState, Any]:
