@@ -307,4 +307,11 @@ MUTANTS = [
         ],
         "why": "a-recipes: a NaN batch makes the plain step NaN too: the innermost layer blamed for the data",
     },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "    return t.to_dense() if t.is_sparse else t",
+        "replace": "    return t",
+        "tests": [HOSTILE_CHECK + "test_sparse_gradients_are_compared_and_the_users_left_as_they_were"],
+        "why": "a-recipes: a sparse gradient (nn.Embedding(sparse=True)) compared as is: check raises NotImplementedError",
+    },
 ]

@@ -198,3 +198,27 @@ def test_a_batch_the_plain_step_itself_cannot_train_on_is_refused_not_blamed_on_
     x[3, 1] = float("nan")
     with pytest.raises(ValueError, match=r"check: the plain step's own update .* is not finite \(loss nan"):
         ct.check(ct.clip_grad_norm(1.0)(ct.accumulate(2)(classify)), make_state(), (x, y))
+
+
+class SparseEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.linear = nn.Embedding(10, 4, sparse=True), nn.Linear(4, 3)
+
+    def forward(self, ids):
+        return self.linear(self.embed(ids).mean(1))
+
+
+def test_sparse_gradients_are_compared_and_the_users_left_as_they_were():
+    torch.manual_seed(0)
+    model = SparseEmbedding().double()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randint(0, 10, (6, 3), generator=g), torch.randint(0, 3, (6,), generator=g))
+    classify(model, batch)[0].backward()  # the user's own sparse gradient, left there
+    kept = model.embed.weight.grad.to_dense().clone()
+    result = ct.check(ct.accumulate(2)(classify), state, batch)
+    assert result and result.grads.scale > 0, result
+    assert model.embed.weight.grad.is_sparse and torch.equal(model.embed.weight.grad.to_dense(), kept)
+    wrong = ct.check(ct.accumulate(2)(lambda m, b: classify(m, b)[0] * len(b[0])), state, batch)
+    assert not wrong and wrong.diverges_at == "accumulate(2)", wrong

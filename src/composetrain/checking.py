@@ -222,12 +222,18 @@ def _grad_copy(t: torch.Tensor) -> torch.Tensor | None:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal values, NaN where NaN was (a user's NaN is not a change)."""
+    a, b = _dense(a), _dense(b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(
         torch.equal(a, b)
         or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
     )
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient (``nn.Embedding(sparse=True)``) as the dense one it stands for: compared by value."""
+    return t.to_dense() if t.is_sparse else t
 
 
 def _tolerance(value: Any, name: str) -> float | None:
@@ -279,7 +285,7 @@ class _Probe(TrainStep):
 
     def update(self, state: TrainState, ctx: Context) -> Update:
         for name, p in state.model.named_parameters():
-            self.kept[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)
+            self.kept[name] = None if p.grad is None else _dense(p.grad.detach()).to("cpu", copy=True)
         return self._inner().update(state, ctx)
 
 
