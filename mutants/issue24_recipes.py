@@ -5,6 +5,9 @@ CLIP = "tests/test_clip_order.py::"
 LR = "tests/test_run_lr.py::"
 TRACK = "tests/test_run_tracker.py::"
 CHECK = "tests/test_check.py::"
+HOSTILE_CHECK = "tests/test_check_hostile.py::"
+HOSTILE_TRACK = "tests/test_run_tracker_hostile.py::"
+HOSTILE_LR = "tests/test_run_lr_hostile.py::"
 
 MUTANTS = [
     # -- 24.1: the clipping norm summed in model.parameters() order ------------------------------------------------
@@ -62,16 +65,16 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": '    lr = optimizer.param_groups[0]["lr"]',
-        "replace": '    lr = optimizer.param_groups[-1]["lr"]',
+        "find": '    lr = optimizer.param_groups[0].get("lr")',
+        "replace": '    lr = optimizer.param_groups[-1].get("lr")',
         "tests": [LR + "test_with_several_groups_the_first_groups_rate_is_logged"],
         "why": "24.2: the last group's rate logged, not the first's as documented",
     },
     # -- 24.5: on_record -------------------------------------------------------------------------------------------
     {
         "file": "src/composetrain/driver/tracking.py",
-        "find": "            self.on_record(copy.deepcopy(record))",
-        "replace": "            self.on_record(record)",
+        "find": "            returned = self.on_record(copy.deepcopy(record))",
+        "replace": "            returned = self.on_record(record)",
         "tests": [TRACK + "test_every_record_reaches_the_tracker_once_as_the_metrics_file_holds_it"],
         "why": "24.5: the tracker gets the history's own record, and what it changes there changes the history",
     },
@@ -134,9 +137,12 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checking.py",
-        "find": "grads, params))\n    restore_rng(rng)\n",
-        "replace": "grads, params))\n",
-        "tests": [CHECK + "test_both_sides_draw_the_same_random_numbers_and_the_users_generators_stay_as_they_were"],
+        "find": "        restore_rng(rng)\n        changed = own.restore()\n",
+        "replace": "        changed = own.restore()\n",
+        "tests": [
+            CHECK + "test_both_sides_draw_the_same_random_numbers_and_the_users_generators_stay_as_they_were",
+            HOSTILE_CHECK + "test_the_users_generators_stay_as_they_were_when_the_step_raises_after_drawing",
+        ],
         "why": "24.6: the user's random generators left advanced by check's two updates",
     },
     {
@@ -149,11 +155,11 @@ MUTANTS = [
     {
         "file": "src/composetrain/checking.py",
         "find": "        for name, p in state.model.named_parameters():\n"
-        '            self.kept[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)\n'
+        '            self.kept[name] = None if p.grad is None else _dense(p.grad.detach()).to("cpu", copy=True)\n'
         "        return self._inner().update(state, ctx)",
         "replace": "        done = self._inner().update(state, ctx)\n"
         "        for name, p in state.model.named_parameters():\n"
-        '            self.kept[name] = None if p.grad is None else p.grad.detach().to("cpu", copy=True)\n'
+        '            self.kept[name] = None if p.grad is None else _dense(p.grad.detach()).to("cpu", copy=True)\n'
         "        return done",
         "tests": [CHECK + "test_the_reference_keeps_the_transforms_that_change_the_update"],
         "why": "24.6: the gradients read after the update phase: clipped, not those the update received",
@@ -185,5 +191,127 @@ MUTANTS = [
         "replace": "",
         "tests": [CHECK + "test_a_non_finite_update_is_a_difference"],
         "why": "24.6: a NaN difference compares as no difference (nan > worst is False): a NaN update passes",
+    },
+    # -- found by the adversary a-recipes (hostile inputs) ---------------------------------------------------------
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "        model._apply(lambda t: _cast(t, dtype))",
+        "replace": "        model.to(dtype)",
+        "tests": [HOSTILE_CHECK + "test_complex_parameters_are_checked_in_complex128_not_cast_to_real"],
+        "why": "a-recipes: Module.to(float64) casts a complex parameter to real: check compares another model",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "    return t.to(torch.complex128) if t.is_complex() else t.double()",
+        "replace": "    return t.double()",
+        "tests": [HOSTILE_CHECK + "test_complex_parameters_are_checked_in_complex128_not_cast_to_real"],
+        "why": "a-recipes: the gaps measured on the real parts of complex tensors only",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "    if problem or not (math.isfinite(float(value)) and float(value) >= 0):",
+        "replace": "    if problem or not math.isfinite(float(value)):",
+        "tests": [HOSTILE_CHECK + "test_nonsense_tolerances_are_clear_errors"],
+        "why": "a-recipes: a negative tolerance accepted: every check fails, a right composition reported wrong",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "    problem = isinstance(value, bool) or not isinstance(value, numbers.Real)",
+        "replace": "    problem = not isinstance(value, numbers.Real)",
+        "tests": [HOSTILE_CHECK + "test_nonsense_tolerances_are_clear_errors"],
+        "why": "a-recipes: rtol=True taken as 1.0: a 100% tolerance passes anything",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "        _largest(buffers, ref_buffers) if ref_buffers else None,",
+        "replace": "        None,",
+        "tests": [HOSTILE_CHECK + "test_buffers_a_composition_updates_wrongly_are_a_difference_and_its_layer_named"],
+        "why": "a-recipes: buffers not compared: a forward run twice (BatchNorm statistics stepped twice) passes",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": '        saved["transforms"] = map_tensors(saved["transforms"], lambda t: _cast(t, dtype))',
+        "replace": "        pass",
+        "tests": [HOSTILE_CHECK + "test_a_state_with_averages_already_is_checked_in_float64"],
+        "why": "a-recipes: ct.ema's float32 averages refused by the float64 copy: silently checked in float32",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "                t.grad = grad\n",
+        "replace": "",
+        "tests": [HOSTILE_CHECK + "test_a_tensor_outside_the_model_the_step_closes_over_is_refused"],
+        "why": "a-recipes: a changed gradient of the user's reported but left behind",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": '                named.setdefault(id(p), ("an optimizer parameter outside the model", p))',
+        "replace": "                pass",
+        "tests": [HOSTILE_CHECK + "test_a_tensor_outside_the_model_the_step_closes_over_is_refused"],
+        "why": "a-recipes: the optimizer's tensors outside the model not watched: a closure over one goes unseen",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "            if not _same(t.detach(), value):",
+        "replace": "            if t._version != value._version:",
+        "tests": [HOSTILE_CHECK + "test_a_step_that_reaches_the_users_own_model_is_refused_and_the_model_restored"],
+        "why": "a-recipes: changes found by version counters, which BatchNorm's in-place statistics do not bump",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "    copied = TrainState(model, optimizer, scheduler, scheduler_interval=state.scheduler_interval)",
+        "replace": "    copied = TrainState(model, optimizer, scheduler)",
+        "tests": [HOSTILE_CHECK + "test_a_state_whose_scheduler_steps_per_epoch_is_checked"],
+        "why": "a-recipes: the copy steps its scheduler per update: a per-epoch state's scheduler refused (raised)",
+    },
+    {
+        "file": "src/composetrain/driver/tracking.py",
+        "find": "    while isinstance(fn, functools.partial):\n        fn = fn.func\n",
+        "replace": "",
+        "tests": [HOSTILE_TRACK + "test_a_tracker_whose_call_runs_nothing_is_refused_before_anything_runs"],
+        "why": "a-recipes: a partial of an async function not unwrapped: every record lost without a word",
+    },
+    {
+        "file": "src/composetrain/driver/tracking.py",
+        "find": '    for target in (fn, inspect.getattr_static(type(fn), "__call__", None)):',
+        "replace": "    for target in (fn,):",
+        "tests": [HOSTILE_TRACK + "test_a_tracker_whose_call_runs_nothing_is_refused_before_anything_runs"],
+        "why": "a-recipes: an object with an async __call__ taken as a plain function",
+    },
+    {
+        "file": "src/composetrain/driver/tracking.py",
+        "find": "            if kind is not None:  # nothing of it ran",
+        "replace": "            if False:  # nothing of it ran",
+        "tests": [HOSTILE_TRACK + "test_a_tracker_that_returns_a_generator_stops_the_run_and_says_why"],
+        "why": "a-recipes: a tracker returning a generator at run time: its records silently never tracked",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": '    lr = optimizer.param_groups[0].get("lr")',
+        "replace": '    lr = optimizer.param_groups[0]["lr"]',
+        "tests": [HOSTILE_LR + "test_an_optimizer_without_a_rate_trains_and_logs_none"],
+        "why": "a-recipes: an optimizer without an lr key: KeyError before the first update",
+    },
+    {
+        "file": "src/composetrain/plot.py",
+        "find": '                if not _is_number(v) and not (key == "lr" and v is None)',
+        "replace": "                if not _is_number(v)",
+        "tests": [HOSTILE_LR + "test_the_plot_takes_a_null_rate_as_no_point_without_a_warning"],
+        "why": "a-recipes: ct.run's own lr null warned about as bad data, once per record",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "        if s is reference and not _finite(out.loss, grads):",
+        "replace": "        if False:",
+        "tests": [
+            HOSTILE_CHECK + "test_a_batch_the_plain_step_itself_cannot_train_on_is_refused_not_blamed_on_a_layer"
+        ],
+        "why": "a-recipes: a NaN batch makes the plain step NaN too: the innermost layer blamed for the data",
+    },
+    {
+        "file": "src/composetrain/checking.py",
+        "find": "    return t.to_dense() if t.is_sparse else t",
+        "replace": "    return t",
+        "tests": [HOSTILE_CHECK + "test_sparse_gradients_are_compared_and_the_users_left_as_they_were"],
+        "why": "a-recipes: a sparse gradient (nn.Embedding(sparse=True)) compared as is: NotImplementedError",
     },
 ]

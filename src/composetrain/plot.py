@@ -104,7 +104,12 @@ def curves(run: str | Path) -> dict[str, dict[str, tuple[list[int], list[float]]
         series: dict[str, tuple[list[int], list[float]]] = {}
         for label, records in sources.items():
             points = [(step, values[key]) for step, values in records if key in values]
-            odd += [f"{key!r} at update {step}: {type(v).__name__}" for step, v in points if not _is_number(v)]
+            # ct.run's own "lr": null (no rate known for that record) is no point, not bad data
+            odd += [
+                f"{key!r} at update {step}: {type(v).__name__}"
+                for step, v in points
+                if not _is_number(v) and not (key == "lr" and v is None)
+            ]
             good = [(step, float(v)) for step, v in points if _is_number(v)]
             if good:
                 series[label] = ([s for s, _ in good], [v for _, v in good])

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from composetrain.core.util import RUN, check_int, check_real, show
 from composetrain.driver.checks import check_eval_data, check_flag, dataloader_settings
+from composetrain.driver.tracking import deferred_kind
 
 __all__ = ["CheckpointOptions", "EvalOptions", "LoaderOptions", "LogOptions", "RunOptions"]
 
@@ -230,6 +231,13 @@ class LogOptions:
             raise TypeError(
                 f"{RUN}: on_record must be a function on_record(record) (called with each log and evaluation "
                 f"record), got {show(self.on_record)}; e.g. on_record=lambda r: wandb.log(..., step=r['step'])"
+            )
+        deferred = None if self.on_record is None else deferred_kind(self.on_record)
+        if deferred is not None:
+            raise TypeError(
+                f"{RUN}: on_record must be a plain function on_record(record), got {show(self.on_record)}, which "
+                f"returns {deferred} when called and runs none of its body: no record would reach the tracker; "
+                "log in a plain def (e.g. lambda r: wandb.log(r, step=r['step'])), or drive an async client from it"
             )
         for name in ("log_file", "tensorboard"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), Path):

@@ -476,5 +476,5 @@ def _rate_used(optimizer: Any) -> Any:
     update (the scheduler steps inside it), a tensor rate copied on its device (schedulers fill it in place;
     reading it is the log point's host sync), a NumPy one as it is (``float`` at the log point: JSON takes
     neither)."""
-    lr = optimizer.param_groups[0]["lr"]
+    lr = optimizer.param_groups[0].get("lr")  # None: an optimizer with no rate (a custom one), logged as null
     return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr

@@ -10,16 +10,38 @@ more; the driver stops after a save and raises ``error()``, so a lost tracker ne
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from composetrain.core.util import RUN
+from composetrain.core.util import RUN, show
 
-__all__ = ["Records", "Tracker"]
+__all__ = ["Records", "Tracker", "deferred_kind"]
 
 Tracker: TypeAlias = Callable[[dict[str, Any]], Any]  # ct.run's on_record: receives each record, returns nothing
+
+
+# what calling such a function returns instead of running its body (a record it was given would be lost)
+_DEFERRED = (
+    (inspect.isasyncgenfunction, inspect.isasyncgen, "an async generator"),
+    (inspect.iscoroutinefunction, inspect.isawaitable, "a coroutine"),
+    (inspect.isgeneratorfunction, inspect.isgenerator, "a generator"),
+)
+
+
+def deferred_kind(fn: Any) -> str | None:
+    """What ``fn(record)`` would return without running a line of ``fn`` (a generator, a coroutine; None: it
+    runs): a generator or ``async def`` function, also behind ``functools.partial`` or as ``__call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    for target in (fn, inspect.getattr_static(type(fn), "__call__", None)):
+        for is_function, _, kind in _DEFERRED:
+            if target is not None and is_function(target):
+                return kind
+    return None
 
 
 class Records:
@@ -49,7 +71,14 @@ class Records:
         if self.on_record is None or self.failed is not None or (record["step"], "eval" in record) in self.sent:
             return
         try:
-            self.on_record(copy.deepcopy(record))
+            returned = self.on_record(copy.deepcopy(record))
+            kind = next((kind for _, is_kind, kind in _DEFERRED if is_kind(returned)), None)
+            if kind is not None:  # nothing of it ran: the record would be lost without a word
+                getattr(returned, "close", lambda: None)()  # no "never awaited" warning besides the error
+                raise TypeError(
+                    f"on_record returned {kind} ({show(returned)}): it ran none of its body, so the record "
+                    "never reached the tracker; on_record must do its work when called (log synchronously)"
+                )
         except Exception as e:  # any error of the user's tracker; KeyboardInterrupt passes
             self.failed = (record, e)
 
