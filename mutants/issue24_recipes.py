@@ -129,7 +129,7 @@ MUTANTS = [
     },
     # -- 24.6: ct.check --------------------------------------------------------------------------------------------
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_peeling.py",
         "find": "        restore_rng(rng)  # both draw the same random numbers",
         "replace": "        pass  # both draw the same random numbers",
         "tests": [CHECK + "test_both_sides_draw_the_same_random_numbers_and_the_users_generators_stay_as_they_were"],
@@ -153,13 +153,13 @@ MUTANTS = [
         "why": "24.6: the fallback to the model's own precision catches too little: a float32-only model fails check",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_peeling.py",
         "find": "        for name, p in state.model.named_parameters():\n"
-        '            self.kept[name] = None if p.grad is None else _dense(p.grad.detach()).to("cpu", copy=True)\n'
+        '            self.kept[name] = None if p.grad is None else dense(p.grad.detach()).to("cpu", copy=True)\n'
         "        return self._inner().update(state, ctx)",
         "replace": "        done = self._inner().update(state, ctx)\n"
         "        for name, p in state.model.named_parameters():\n"
-        '            self.kept[name] = None if p.grad is None else _dense(p.grad.detach()).to("cpu", copy=True)\n'
+        '            self.kept[name] = None if p.grad is None else dense(p.grad.detach()).to("cpu", copy=True)\n'
         "        return done",
         "tests": [CHECK + "test_the_reference_keeps_the_transforms_that_change_the_update"],
         "why": "24.6: the gradients read after the update phase: clipped, not those the update received",
@@ -186,7 +186,7 @@ MUTANTS = [
         "why": "24.6: a distributed composition under a group of two checked against a one-process reference",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_peeling.py",
         "find": "        if math.isnan(diff):\n            return Gap(diff, name, scale)\n",
         "replace": "",
         "tests": [CHECK + "test_a_non_finite_update_is_a_difference"],
@@ -194,14 +194,14 @@ MUTANTS = [
     },
     # -- found by the adversary a-recipes (hostile inputs) ---------------------------------------------------------
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_copies.py",
         "find": "        model._apply(lambda t: _cast(t, dtype))",
         "replace": "        model.to(dtype)",
         "tests": [HOSTILE_CHECK + "test_complex_parameters_are_checked_in_complex128_not_cast_to_real"],
         "why": "a-recipes: Module.to(float64) casts a complex parameter to real: check compares another model",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_peeling.py",
         "find": "    return t.to(torch.complex128) if t.is_complex() else t.double()",
         "replace": "    return t.double()",
         "tests": [HOSTILE_CHECK + "test_complex_parameters_are_checked_in_complex128_not_cast_to_real"],
@@ -222,42 +222,42 @@ MUTANTS = [
         "why": "a-recipes: rtol=True taken as 1.0: a 100% tolerance passes anything",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_peeling.py",
         "find": "        _largest(buffers, ref_buffers) if ref_buffers else None,",
         "replace": "        None,",
         "tests": [HOSTILE_CHECK + "test_buffers_a_composition_updates_wrongly_are_a_difference_and_its_layer_named"],
         "why": "a-recipes: buffers not compared: a forward run twice (BatchNorm statistics stepped twice) passes",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_copies.py",
         "find": '        saved["transforms"] = map_tensors(saved["transforms"], lambda t: _cast(t, dtype))',
         "replace": "        pass",
         "tests": [HOSTILE_CHECK + "test_a_state_with_averages_already_is_checked_in_float64"],
         "why": "a-recipes: ct.ema's float32 averages refused by the float64 copy: silently checked in float32",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_copies.py",
         "find": "                t.grad = grad\n",
         "replace": "",
         "tests": [HOSTILE_CHECK + "test_a_tensor_outside_the_model_the_step_closes_over_is_refused"],
         "why": "a-recipes: a changed gradient of the user's reported but left behind",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_copies.py",
         "find": '                named.setdefault(id(p), ("an optimizer parameter outside the model", p))',
         "replace": "                pass",
         "tests": [HOSTILE_CHECK + "test_a_tensor_outside_the_model_the_step_closes_over_is_refused"],
         "why": "a-recipes: the optimizer's tensors outside the model not watched: a closure over one goes unseen",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_copies.py",
         "find": "            if not _same(t.detach(), value):",
         "replace": "            if t._version != value._version:",
         "tests": [HOSTILE_CHECK + "test_a_step_that_reaches_the_users_own_model_is_refused_and_the_model_restored"],
         "why": "a-recipes: changes found by version counters, which BatchNorm's in-place statistics do not bump",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_copies.py",
         "find": "    copied = TrainState(model, optimizer, scheduler, scheduler_interval=state.scheduler_interval)",
         "replace": "    copied = TrainState(model, optimizer, scheduler)",
         "tests": [HOSTILE_CHECK + "test_a_state_whose_scheduler_steps_per_epoch_is_checked"],
@@ -299,7 +299,7 @@ MUTANTS = [
         "why": "a-recipes: ct.run's own lr null warned about as bad data, once per record",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_peeling.py",
         "find": "        if s is reference and not _finite(out.loss, grads):",
         "replace": "        if False:",
         "tests": [
@@ -308,7 +308,7 @@ MUTANTS = [
         "why": "a-recipes: a NaN batch makes the plain step NaN too: the innermost layer blamed for the data",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/_check_copies.py",
         "find": "    return t.to_dense() if t.is_sparse else t",
         "replace": "    return t",
         "tests": [HOSTILE_CHECK + "test_sparse_gradients_are_compared_and_the_users_left_as_they_were"],

@@ -1,8 +1,8 @@
 """The package's layers, from the imports of its source (``ast``, nothing imported): each module imports only
 its own layer or a lower one (core < launch < data < transforms < checkpoint < driver < the top level:
-``__init__``, ``checking``, ``plot``), TYPE_CHECKING and function-local imports included; no import cycle between
-modules; no private name (``_x``) taken from another module; a private module (``_x.py``) imported only from its
-own folder."""
+``__init__``, ``checking`` and its private ``_check_*`` parts, ``plot``), TYPE_CHECKING and function-local imports
+included; no import cycle between modules; no private name (``_x``) taken from another module; a private module
+(``_x.py``) imported only from its own folder."""
 
 from __future__ import annotations
 
@@ -129,7 +129,8 @@ def test_the_package_keeps_its_layers():
 
 def test_every_module_sits_in_a_layer_folder_or_is_the_top_level():
     top = {m for m in sources() if layer(m) == len(LAYERS)}
-    assert top == {"composetrain", "composetrain.checking", "composetrain.plot"}
+    checking = {f"composetrain.{m}" for m in ("checking", "_check_result", "_check_copies", "_check_peeling")}
+    assert top == {"composetrain", "composetrain.plot", *checking}
 
 
 @pytest.mark.parametrize(

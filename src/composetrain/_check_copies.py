@@ -1,0 +1,91 @@
+"""``ct.check``'s copies and the user's own state (internal to ``composetrain.checking``): the state and batch
+copied through the state's own ``state_dict`` and cast to the check's precision (complex tensors to the matching
+complex dtype), and the user's tensors watched and put back when a step reaches them past its model argument."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from composetrain.core.batching import map_tensors
+from composetrain.core.state import TrainState
+
+
+def copy_state(state: TrainState, batch: Any, dtype: torch.dtype | None) -> tuple[TrainState, Any]:
+    """Independent copies of the state (through its own ``state_dict`` round trip, which checkpoints trust) and
+    of the batch, in ``dtype`` (None: as they are)."""
+    model, optimizer, scheduler = copy.deepcopy((state.model, state.optimizer, state.scheduler))
+    copied = TrainState(model, optimizer, scheduler, scheduler_interval=state.scheduler_interval)
+    saved = copy.deepcopy(state.state_dict())
+    if dtype is not None:  # transform state that mirrors the model (ct.ema's averages) in the copies' precision
+        saved["transforms"] = map_tensors(saved["transforms"], lambda t: _cast(t, dtype))
+    copied.load_state_dict(saved)
+    if dtype is not None:
+        # in place: the optimizer keeps the same Parameter objects; not model.to(dtype), which casts a complex
+        # tensor to real (its imaginary part dropped: another model): complex ones go to dtype's complex
+        model._apply(lambda t: _cast(t, dtype))
+        for entries in optimizer.state.values():
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    entries[key] = _cast(value, dtype)
+    data = map_tensors(copy.deepcopy(batch), lambda t: _cast(t, dtype) if dtype else t)
+    return copied, data
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` if floating, in its complex counterpart if complex; any other tensor as it is."""
+    if t.is_floating_point():
+        return t.to(dtype)
+    if t.is_complex():
+        return t.to(torch.complex128 if dtype is torch.float64 else torch.complex64)
+    return t
+
+
+class Untouched:
+    """The user's own tensors (the model's parameters and buffers, the optimizer's parameters, their gradients),
+    kept to find and undo a step that reaches them past its model argument (BatchNorm's kernels update running
+    statistics in place without a version bump: values are compared)."""
+
+    def __init__(self, state: TrainState) -> None:
+        named: dict[int, tuple[str, torch.Tensor]] = {id(p): (f"{n!r}", p) for n, p in state.model.named_parameters()}
+        for group in state.optimizer.param_groups:
+            for p in group["params"]:
+                named.setdefault(id(p), ("an optimizer parameter outside the model", p))
+        named.update({id(b): (f"{n!r}", b) for n, b in state.model.named_buffers()})
+        self.kept = [(name, t, t.detach().clone(), _grad_copy(t)) for name, t in named.values()]
+
+    def restore(self) -> str | None:
+        """Put back what changed; what it was (None: nothing)."""
+        changed = []
+        for name, t, value, grad in self.kept:
+            if not _same(t.detach(), value):
+                changed.append(name)
+                with torch.no_grad():
+                    t.copy_(value)
+            if not (t.grad is None if grad is None else t.grad is not None and _same(t.grad, grad)):
+                where = "the optimizer's parameter outside the model" if name.startswith("an ") else name
+                changed.append(f"the gradient of {where}")
+                t.grad = grad
+        return None if not changed else ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
+
+
+def _grad_copy(t: torch.Tensor) -> torch.Tensor | None:
+    return None if t.grad is None else t.grad.detach().clone()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where NaN was (a user's NaN is not a change)."""
+    a, b = dense(a), dense(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(
+        torch.equal(a, b)
+        or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    )
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient (``nn.Embedding(sparse=True)``) as the dense one it stands for: compared by value."""
+    return t.to_dense() if t.is_sparse else t

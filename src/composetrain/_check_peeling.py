@@ -1,0 +1,134 @@
+"""``ct.check``'s comparison (internal to ``composetrain.checking``): a composition peeled into its layers, the
+reference built from the plain step and the layers that change the update, and both run on fresh copies with
+the gradients the update phase receives kept, compared as the largest differences (``Gap``)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from composetrain._check_copies import copy_state, dense
+from composetrain._check_result import Gap
+from composetrain.core.protocol import Context, TrainStep, Update
+from composetrain.core.rng import capture_rng, restore_rng
+from composetrain.core.state import TrainState
+
+
+def peel(step: TrainStep) -> tuple[list[TrainStep], TrainStep]:
+    """The layers of a composition, outermost first, and the lifted plain step inside them."""
+    layers = []
+    while step.inner is not None:
+        layers.append(step)
+        step = step.inner
+    return layers, step
+
+
+def reference_step(layers: list[TrainStep], plain: TrainStep) -> TrainStep:
+    """The plain step with the layers that change the update itself around it, in their order."""
+    step = plain
+    for layer in reversed(layers):
+        if layer.changes_update:
+            step = _rewrapped(layer, step)
+    return step
+
+
+def _rewrapped(layer: TrainStep, inner: TrainStep) -> TrainStep:
+    """``layer`` around another inner step: a copy of its configuration (closures and attributes hold only
+    that; its state lives in the TrainState), its identity rebuilt by TrainStep around ``inner``."""
+    own_weight = layer.weight if layer.inner is None or layer.weight is not layer.inner.weight else None
+    new = copy.copy(layer)
+    TrainStep.__init__(new, inner, weight=own_weight)
+    return new
+
+
+class _Probe(TrainStep):
+    """Outermost: keeps the gradients the update phase receives (after every pass, before any update)."""
+
+    def __init__(self, inner: TrainStep, kept: dict[str, torch.Tensor | None]) -> None:
+        self.kept = kept
+        super().__init__(inner)
+
+    def update(self, state: TrainState, ctx: Context) -> Update:
+        for name, p in state.model.named_parameters():
+            self.kept[name] = None if p.grad is None else dense(p.grad.detach()).to("cpu", copy=True)
+        return self._inner().update(state, ctx)
+
+
+def compare(
+    step: TrainStep, reference: TrainStep, state: TrainState, batch: Any, dtype: torch.dtype | None
+) -> tuple[tuple[Gap, Gap, Gap, Gap | None], torch.dtype]:
+    """Both steps on fresh copies: the gaps in loss, gradients, parameters and buffers (None: the model has
+    none), and the copies' dtype (the reference first: a model that refuses ``dtype`` fails there, before the
+    composition changes anything)."""
+    runs, rng = [], capture_rng()
+    for s in (reference, step):
+        restore_rng(rng)  # both draw the same random numbers (dropout): the user's generators, left as they were
+        copied, data = copy_state(state, batch, dtype)
+        grads: dict[str, torch.Tensor | None] = {}
+        with warnings.catch_warnings():
+            # a copied optimizer's step() lost the wrapper its scheduler counts calls with (Optimizer pickles
+            # without it), so the scheduler's first step() would warn of a wrong call order that is not there
+            warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
+            out = _Probe(s, grads)(copied, data)
+        if s is reference and not _finite(out.loss, grads):
+            raise ValueError(
+                f"check: the plain step's own update on this batch ({reference!r}) is not finite (loss "
+                f"{float(out.loss):g}, or a gradient): every layer would differ from it, none is to blame; check "
+                "on a batch the plain step trains on"
+            )
+        params = {n: p.detach().to("cpu", copy=True) for n, p in copied.model.named_parameters()}
+        buffers = {n: b.detach().to("cpu", copy=True) for n, b in copied.model.named_buffers()}
+        runs.append((out.loss.detach().to("cpu", torch.float64), grads, params, buffers))
+    restore_rng(rng)
+    (ref_loss, ref_grads, ref_params, ref_buffers), (loss, grads, params, buffers) = runs
+    loss_gap = float((loss - ref_loss).abs())
+    gaps = (
+        Gap(loss_gap, "loss", float(ref_loss.abs())),
+        _largest(grads, ref_grads),
+        _largest(params, ref_params),
+        _largest(buffers, ref_buffers) if ref_buffers else None,
+    )
+    used = _dtype_of(state, dtype)
+    return gaps, used
+
+
+def _finite(loss: torch.Tensor, grads: Mapping[str, torch.Tensor | None]) -> bool:
+    return bool(loss.isfinite().all()) and all(g is None or bool(g.isfinite().all()) for g in grads.values())
+
+
+def _largest(got: Mapping[str, torch.Tensor | None], want: Mapping[str, torch.Tensor | None]) -> Gap:
+    """The largest element-wise difference over all tensors, and the reference's largest magnitude; a tensor on
+    one side only (a gradient that is None on the other) differs by its magnitude. NaN is the largest."""
+    worst, where, scale = 0.0, "-", 0.0
+    for name in want:
+        a, b = got.get(name), want[name]
+        if a is None and b is None:
+            continue
+        ref = _wide(b if b is not None else torch.zeros_like(a))  # type: ignore[arg-type]
+        mine = _wide(a if a is not None else torch.zeros_like(ref))
+        if not ref.numel():
+            continue
+        scale = max(scale, float(ref.abs().max()))
+        diff = float((mine - ref).abs().max())
+        if math.isnan(diff):
+            return Gap(diff, name, scale)
+        if diff > worst:
+            worst, where = diff, name
+    return Gap(worst, where, scale)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64, or complex128 (``.double()`` would drop an imaginary part)."""
+    return t.to(torch.complex128) if t.is_complex() else t.double()
+
+
+def _dtype_of(state: TrainState, dtype: torch.dtype | None) -> torch.dtype:
+    if dtype is not None:
+        return dtype
+    floats = [p.dtype for p in state.model.parameters() if p.is_floating_point()]
+    return max(floats, key=lambda d: torch.finfo(d).eps) if floats else torch.float32
