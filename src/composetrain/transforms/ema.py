@@ -78,6 +78,12 @@ class _Ema(TrainStep):
         self.label, self.decay, self.every, self.warmup, self.formula = label, decay, every, warmup, formula
         super().__init__(inner)
 
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        ctx = self._inner().prepare(state, batch, ctx)  # the inner steps first: they may shard or place the model
+        if state.step % self.every == 0:  # an applied update would average: the model must still match, before it
+            state.transform_state(KEY, lambda: Averages.of(state.model)).matched(state.model)
+        return ctx
+
     def update(self, state: TrainState, ctx: Context) -> Update:
         before = state.step
         applied = self._inner().update(state, ctx)
@@ -118,10 +124,26 @@ class Averages:
     def of(cls, model: nn.Module) -> Averages:
         return cls({k: t.clone() for k, t in _tensors(model).items()})
 
-    @torch.no_grad()
-    def update(self, model: nn.Module, decay: float, formula: str, *, follow: bool) -> None:
+    def matched(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """``model``'s tensors, checked against the averages (names, shapes, dtypes, kinds) before anything is
+        written; an average on another device than its weight follows it (a model placed after the EMA began)."""
         live = _tensors(model)
         _same_names(self.tensors, live, "the model's")
+        for k, w in live.items():
+            a = self.tensors[k]
+            if a.shape != w.shape or a.dtype != w.dtype or type(a) is not type(w):
+                raise ValueError(
+                    f"ema: the model's {k!r} is {_described(w)}, its average {_described(a)}; average one model "
+                    "throughout: a model changed after the EMA began needs a new TrainState"
+                )
+        for k, w in live.items():
+            if self.tensors[k].device != w.device:
+                self.tensors[k] = self.tensors[k].to(w.device)
+        return live
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, decay: float, formula: str, *, follow: bool) -> None:
+        live = self.matched(model)
         pairs = [(self.tensors[k], w) for k, w in live.items()]
         if self.n_averaged == 0:
             for a, w in pairs:
@@ -176,6 +198,11 @@ def _laid_out(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def _described(t: torch.Tensor) -> str:
+    kind = "" if type(t) is torch.Tensor else f" {type(t).__name__}"
+    return f"{tuple(t.shape)} {t.dtype}{kind}"
+
+
 def _same_names(mine: Mapping[str, Any], theirs: Mapping[str, Any], whose: str) -> None:
     if mine.keys() != theirs.keys():
         missing, extra = sorted(mine.keys() - theirs.keys()), sorted(map(str, theirs.keys() - mine.keys()))
@@ -188,8 +215,7 @@ def _same_names(mine: Mapping[str, Any], theirs: Mapping[str, Any], whose: str) 
 @contextlib.contextmanager
 def _swapped(model: nn.Module, averages: Averages) -> Iterator[None]:
     """``model`` holds the averages inside, its own weights again after (also on an error), bit for bit."""
-    live = _tensors(model)
-    _same_names(averages.tensors, live, "the model's")
+    live = averages.matched(model)  # checked before the first copy: an error leaves the model whole
     kept = {k: t.clone() for k, t in live.items()}
     with torch.no_grad():
         for k, t in live.items():
