@@ -122,3 +122,23 @@ def run_resumed(rank: int, world: int, kind: str, folder: str) -> dict[str, Any]
             }
         )
     return {"straight": found[0], "resumed": found[1]}
+
+
+def run_disagreeing(rank: int, world: int, kind: str) -> str:
+    """ct.run on two ranks whose ct.ema differ in decay (a rank-dependent config): the refusal every rank gives."""
+    import run_script
+
+    wrap = ct.distributed if kind == "distributed" else ct.sharded
+    state = _run_state()
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    try:
+        ct.run(ct.ema([0.9, 0.95][rank])(wrap(run_script.step)), state, run_script.dataset(), batch_size=12, epochs=1,
+               num_workers=0, progress=False)  # fmt: skip
+    except ValueError as e:
+        return str(e) if state.step == 0 and _same(before, state) else f"changed: {e}"
+    return "ran"
+
+
+def _same(before: dict[str, torch.Tensor], state: ct.TrainState) -> bool:
+    after = ct.ema_model(state, into=_net()).state_dict()  # gathered whole under sharded
+    return all(torch.equal(after[k], v) for k, v in before.items())

@@ -34,3 +34,10 @@ def test_ct_run_resumed_mid_epoch_on_two_ranks_ends_with_the_same_average_and_sc
         assert resumed["evals"] == straight["evals"]
         if kind == "distributed":
             assert [set(e["eval_ema"]) for e in straight["evals"]] == [{"loss"}] * 3
+
+
+@pytest.mark.parametrize("kind", ["distributed", "sharded"])
+def test_ranks_that_average_differently_are_refused_by_ct_run_before_the_first_update(pool, kind):
+    """Each rank would keep its own average (the checkpoint rank 0's, an evaluation their mean), silently."""
+    for got in pool.run("ema_workers", "run_disagreeing", kind):
+        assert "the ranks' ct.ema differ: rank 0 ema(0.9), rank 1 ema(0.95)" in got, got

@@ -9,12 +9,14 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from composetrain.core.protocol import Context, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
 from composetrain.core.util import check_int, check_real, show
+from composetrain.launch.rendezvous import group_world
 
 __all__ = ["Averages", "ema", "ema_model"]
 
@@ -65,10 +67,14 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
             f"ema: formula must be 'lerp' (torch's get_ema_multi_avg_fn) or 'sum' (torchvision's "
             f"ExponentialMovingAverage), got {show(formula)}"
         )
+    label = _shown(decay, every, warmup, formula)
+    return Transform(label, lambda step: _Ema(step, label, decay, every, warmup, formula))
+
+
+def _shown(decay: float, every: int, warmup: int, formula: str) -> str:
     given = (("every", every, 1), ("warmup", warmup, 0), ("formula", formula, "lerp"))
     options = [f"{k}={v!r}" for k, v, default in given if v != default]
-    label = f"ema({', '.join([repr(decay), *options])})"
-    return Transform(label, lambda step: _Ema(step, label, decay, every, warmup, formula))
+    return f"ema({', '.join([repr(decay), *options])})"
 
 
 class _Ema(TrainStep):
@@ -98,6 +104,26 @@ class _Ema(TrainStep):
         weights, before a checkpoint loads into them."""
         super().setup(state)
         state.transform_state(KEY, lambda: Averages.of(state.model))
+        self._agree()
+
+    def _agree(self) -> None:
+        """Every rank averages alike, or none starts: each would keep its own average silently (a
+        checkpoint rank 0's, an evaluation their mean). ct.run calls ``setup`` on every rank together."""
+        world, device = group_world(None, self)
+        if world == 1:
+            return
+        mine = [self.decay, self.every, self.warmup, FORMULAS.index(self.formula)]
+        every = [torch.empty(4, dtype=torch.float64, device=device) for _ in range(world)]
+        dist.all_gather(every, torch.tensor(mine, dtype=torch.float64, device=device))
+        configs = [c.tolist() for c in every]
+        if any(c != configs[0] for c in configs):
+            shown = ", ".join(
+                f"rank {r} {_shown(d, int(e), int(w), FORMULAS[int(f)])}" for r, (d, e, w, f) in enumerate(configs)
+            )
+            raise ValueError(
+                f"{self!r}: the ranks' ct.ema differ: {shown}; each would keep its own average (a checkpoint keeps "
+                "rank 0's): build it with the same decay, every, warmup and formula on every rank"
+            )
 
     def eval_weights(self, state: TrainState) -> dict[str, AbstractContextManager[Any]]:
         averages = state.transform_state(KEY, lambda: Averages.of(state.model))
