@@ -142,3 +142,21 @@ def run_disagreeing(rank: int, world: int, kind: str) -> str:
 def _same(before: dict[str, torch.Tensor], state: ct.TrainState) -> bool:
     after = ct.ema_model(state, into=_net()).state_dict()  # gathered whole under sharded
     return all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def _bn_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+    ).double()
+
+
+def run_batchnorm(rank: int, world: int) -> dict[str, torch.Tensor]:
+    """A BatchNorm model under distributed through ct.run: this rank's averages."""
+    import run_script
+
+    model = _bn_net()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    ct.run(ct.ema(0.7)(ct.distributed(run_script.step)), state, run_script.dataset(48), batch_size=12, epochs=1,
+           num_workers=0, progress=False)  # fmt: skip
+    return averages(state)

@@ -35,9 +35,12 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
     the weights (it copies them), as torchvision's recipe resets its EMA during the learning-rate warmup.
     Integer buffers (BatchNorm's ``num_batches_tracked``) are averaged and truncated, as torch does.
     Averages keep their tensor's shape, dtype and layout: float32 under ``mixed_precision``, DTensor
-    shards under ``ct.sharded`` (``ct.ema_model`` gathers them), the same on every rank under
-    ``ct.distributed``. They are checkpointed with the state. It runs after the inner update, so it is
-    right in any nesting order.
+    shards under ``ct.sharded`` (``ct.ema_model`` gathers them). Under ``ct.distributed`` the parameters'
+    averages are the same on every rank; buffers a forward updates (BatchNorm's running statistics) are each
+    rank's own, and so are their averages: a checkpoint keeps rank 0's (``nn.SyncBatchNorm`` makes them
+    agree). Every rank must build it alike (``ct.run`` checks). They are checkpointed with the state.
+    It runs after the inner update, so it is right in any nesting order; a model changed after the EMA
+    began is refused before the update, and averages follow their weights to another device.
 
     Args:
         decay: the weight of the old average, in [0, 1], e.g. 0.999.
