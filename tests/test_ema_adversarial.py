@@ -144,3 +144,20 @@ def test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first
         stops = one_cycle_state(2)  # max_steps ends it after 2 epochs
         ct.run(ct.train_step(step), stops, data, batch_size=12, epochs=4, max_steps=7, progress=False)
         assert stops.step == 7 and stops.scheduler.last_epoch == 2
+
+
+@pytest.mark.parametrize(
+    "crafted",
+    [None, {"n_averaged": 1}, {"averages": [1, 2], "n_averaged": 1}, {"averages": {"0.weight": 3}, "n_averaged": 1}],
+)
+def test_ema_model_of_a_crafted_unclaimed_checkpoint_is_refused_clearly(crafted):
+    state = state_of(net())
+    ct.ema(0.9)(step)(state, batch())
+    saved = copy.deepcopy(state.state_dict())
+    if isinstance(crafted, dict) and isinstance(crafted.get("averages"), dict):
+        crafted = {**crafted, "averages": {**saved["transforms"]["ema"]["averages"], **crafted["averages"]}}
+    saved["transforms"]["ema"] = crafted
+    fresh = state_of(net(1))
+    fresh.load_state_dict(saved)  # held for ct.ema, which checks it when it claims it
+    with pytest.raises(TypeError, match=r"ema_model: the state's EMA \(loaded from a checkpoint\) is not ct\.ema's"):
+        ct.ema_model(fresh)  # was: a bare TypeError, KeyError or AttributeError

@@ -280,8 +280,8 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
 
     if not isinstance(state, TrainState):
         raise TypeError(f"ema_model: state must be a ct.TrainState, got {show(state)}")
-    saved = state.state_dict()["transforms"].get(KEY)  # read, not created: live, or loaded and not yet claimed
-    averages = saved["averages"] if saved is not None else _tensors(state.model)
+    transforms = state.state_dict()["transforms"]  # read, not created: live, or loaded and not yet claimed
+    averages = _saved_averages(transforms[KEY]) if KEY in transforms else _tensors(state.model)
     sharded = any(isinstance(t, DTensor) for t in averages.values())
     if into is None:
         if sharded:
@@ -302,3 +302,14 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
         for k, t in target.items():
             t.copy_(whole[k])
     return into
+
+
+def _saved_averages(saved: Any) -> Mapping[str, torch.Tensor]:
+    """The averages of ct.ema's state_dict; one loaded from a checkpoint is checked in full when ct.ema claims it."""
+    found = saved.get("averages") if isinstance(saved, Mapping) else None
+    if not (isinstance(found, Mapping) and all(isinstance(t, torch.Tensor) for t in found.values())):
+        raise TypeError(
+            f"ema_model: the state's EMA (loaded from a checkpoint) is not ct.ema's: {show(saved)}; load a "
+            "checkpoint saved by a run with ct.ema"
+        )
+    return found
