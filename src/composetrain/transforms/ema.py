@@ -148,6 +148,7 @@ class Averages:
 
     def __init__(self, tensors: dict[str, torch.Tensor], n_averaged: int = 0) -> None:
         self.tensors, self.n_averaged = tensors, n_averaged
+        self.checked: dict[str, torch.Tensor] | None = None  # the model's tensors as ``matched`` last found them
 
     @classmethod
     def of(cls, model: nn.Module) -> Averages:
@@ -158,21 +159,25 @@ class Averages:
         written; an average on another device than its weight follows it (a model placed after the EMA began)."""
         live = _tensors(model)
         _same_names(self.tensors, live, "the model's")
-        for k, w in live.items():
-            a = self.tensors[k]
+        mine = self.tensors
+        differ = [k for k, w in live.items() if not _alike(mine[k], w)]  # one pass; the rare mismatch looked at after
+        for k in differ:
+            a, w = mine[k], live[k]
             if a.shape != w.shape or a.dtype != w.dtype or type(a) is not type(w):
                 raise ValueError(
                     f"ema: the model's {k!r} is {_described(w)}, its average {_described(a)}; average one model "
                     "throughout: a model changed after the EMA began needs a new TrainState"
                 )
-        for k, w in live.items():
-            if self.tensors[k].device != w.device:
-                self.tensors[k] = self.tensors[k].to(w.device)
+        for k in differ:  # on another device only: it follows its weight
+            mine[k] = mine[k].to(live[k].device)
+        self.checked = live
         return live
 
     @torch.no_grad()
     def update(self, model: nn.Module, decay: float, formula: str, *, follow: bool) -> None:
-        live = self.matched(model)
+        """Average ``model``'s tensors in, as ``matched`` found them in this update's ``prepare`` (before the
+        optimizer step; views of the same storage), else checked now."""
+        live, self.checked = self.checked or self.matched(model), None
         pairs = [(self.tensors[k], w) for k, w in live.items()]
         if self.n_averaged == 0:
             for a, w in pairs:
@@ -225,6 +230,10 @@ def _laid_out(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if isinstance(like, DTensor) and not isinstance(value, DTensor):
         return distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
     return value
+
+
+def _alike(a: torch.Tensor, w: torch.Tensor) -> bool:
+    return a.shape == w.shape and a.dtype == w.dtype and a.device == w.device and type(a) is type(w)
 
 
 def _described(t: torch.Tensor) -> str:
