@@ -161,3 +161,13 @@ def test_ema_model_of_a_crafted_unclaimed_checkpoint_is_refused_clearly(crafted)
     fresh.load_state_dict(saved)  # held for ct.ema, which checks it when it claims it
     with pytest.raises(TypeError, match=r"ema_model: the state's EMA \(loaded from a checkpoint\) is not ct\.ema's"):
         ct.ema_model(fresh)  # was: a bare TypeError, KeyError or AttributeError
+
+
+def test_reduce_lr_on_plateau_is_refused_for_the_interval_asked():
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    with pytest.raises(TypeError, match=r"cannot step once per update;"):
+        ct.TrainState(model, opt, plateau)
+    with pytest.raises(TypeError, match=r"needs a metric at every step, which end_epoch\(\) does not have; keep it out"):
+        ct.TrainState(model, opt, plateau, scheduler_interval="epoch")  # was: 'cannot step once per update'

@@ -117,9 +117,14 @@ class TrainState:
             )
         if scheduler is not None:
             if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                why = (
+                    "which end_epoch() does not have; keep it out of the TrainState and"
+                    if scheduler_interval == "epoch"
+                    else "so it cannot step once per update;"
+                )
                 raise TypeError(
-                    "TrainState: scheduler ReduceLROnPlateau needs a metric at every step, so it "
-                    "cannot step once per update; call its step(metric) yourself after evaluation"
+                    f"TrainState: scheduler ReduceLROnPlateau needs a metric at every step, {why} call its "
+                    "step(metric) yourself after evaluation"
                 )
             if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
                 raise TypeError(
