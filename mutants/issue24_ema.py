@@ -3,6 +3,7 @@
 
 EMA = "tests/test_ema.py"
 EPOCHS = "tests/test_epoch_schedules.py"
+ADV = "tests/test_ema_adversarial.py"
 
 MUTANTS = [
     {
@@ -153,5 +154,87 @@ MUTANTS = [
         "replace": '            entry[f"eval_{kind}"] = self.evaluator(self.state.model)',
         "tests": [f"{EMA}::test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_untouched"],
         "why": "24.4: eval_ema evaluates the model's own weights",
+    },
+    # -- adversarial (a-ema): the fixes of the hostile pass, each undone or bent
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "        if state.step % self.every == 0:  # an applied update would average",
+        "replace": "        if False:  # an applied update would average",
+        "tests": [f"{ADV}::test_a_model_changed_after_the_ema_began_is_refused_before_the_update"],
+        "why": "adversarial: no check before the update: a changed model is found after the optimizer stepped",
+    },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "            if a.shape != w.shape or a.dtype != w.dtype or type(a) is not type(w):",
+        "replace": "            if a.shape != w.shape or type(a) is not type(w):",
+        "tests": [f"{ADV}::test_a_model_changed_after_the_ema_began_is_refused_before_the_update"],
+        "why": "adversarial: a model cast to another dtype passes the check; the fused update fails after the step",
+    },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "    live = averages.matched(model)  # checked before the first copy",
+        "replace": "    live = _tensors(model)  # checked before the first copy",
+        "tests": [f"{ADV}::test_evaluating_the_average_of_a_changed_model_leaves_the_model_whole"],
+        "why": "adversarial: the evaluation's swap fails part-way, leaving some tensors holding the averages",
+    },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "            mine[k] = mine[k].to(live[k].device)",
+        "replace": "            pass",
+        "tests": [f"{ADV}::test_the_averages_follow_their_weights_to_another_device"],
+        "why": "adversarial: averages stay behind when the model is placed after they were made (pipeline_split)",
+    },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "    averages = _saved_averages(transforms[KEY]) if KEY in transforms else _tensors(state.model)",
+        "replace": "    averages = transforms[KEY]['averages'] if transforms.get(KEY) is not None else _tensors(state.model)",
+        "tests": [f"{ADV}::test_ema_model_of_a_crafted_unclaimed_checkpoint_is_refused_clearly"],
+        "why": "adversarial: a crafted unclaimed EMA state gives the model's own weights or a bare KeyError",
+    },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "        self._agree()\n",
+        "replace": "\n",
+        "tests": [
+            "tests/test_ema_ranks.py::test_ranks_that_average_differently_are_refused_by_ct_run_before_the_first_update"
+        ],
+        "why": "adversarial: ranks with different decays each keep their own average, silently",
+    },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "        mine = [self.decay, self.every, self.warmup, FORMULAS.index(self.formula)]",
+        "replace": "        mine = [0.0, self.every, self.warmup, FORMULAS.index(self.formula)]",
+        "tests": [
+            "tests/test_ema_ranks.py::test_ranks_that_average_differently_are_refused_by_ct_run_before_the_first_update"
+        ],
+        "why": "adversarial: the ranks compare everything but the decay",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "            _check_epochs_left(state, schedule, at)\n",
+        "replace": "",
+        "tests": [f"{ADV}::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
+        "why": "adversarial: a too-short per-epoch OneCycleLR fails after training the last epoch, before its checkpoint",
+    },
+    {
+        "file": "src/composetrain/core/schedules.py",
+        "find": "or steps <= total - taken:",
+        "replace": "or steps < total - taken:",
+        "tests": [f"{ADV}::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
+        "why": "adversarial: off by one: a OneCycleLR with exactly the epochs' steps is refused",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        by_steps = (schedule.max_steps - state.step + at.position) // schedule.per_epoch",
+        "replace": "        by_steps = schedule.epochs or 0",
+        "tests": [f"{ADV}::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
+        "why": "adversarial: max_steps ignored: a run that stops before the schedule ends is refused",
+    },
+    {
+        "file": "src/composetrain/core/state.py",
+        "find": '                    if scheduler_interval == "epoch"',
+        "replace": '                    if scheduler_interval == "update"',
+        "tests": [f"{ADV}::test_reduce_lr_on_plateau_is_refused_for_the_interval_asked"],
+        "why": "adversarial: ReduceLROnPlateau refused with the other interval's reason",
     },
 ]

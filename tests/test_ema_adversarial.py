@@ -171,3 +171,19 @@ def test_reduce_lr_on_plateau_is_refused_for_the_interval_asked():
         ct.TrainState(model, opt, plateau)
     with pytest.raises(TypeError, match=r"which end_epoch\(\) does not have; keep it out"):
         ct.TrainState(model, opt, plateau, scheduler_interval="epoch")  # was: 'cannot step once per update'
+
+
+def test_string_likes_are_kept_as_plain_strings_so_checkpoints_load_without_code():
+    import io
+
+    import numpy as np
+
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, 1), scheduler_interval=np.str_("epoch"))
+    assert type(state.scheduler_interval) is str
+    buffer = io.BytesIO()
+    torch.save(state.state_dict(), buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)["scheduler_interval"] == "epoch"  # was: ct.run's first save refused
+    assert repr(ct.ema(0.9, formula=np.str_("sum"))(step)) == "ema(0.9, formula='sum')(step)"

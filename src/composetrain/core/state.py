@@ -139,7 +139,7 @@ class TrainState:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.scheduler_interval = scheduler_interval
+        self.scheduler_interval = INTERVALS[INTERVALS.index(scheduler_interval)]  # a plain str, as a checkpoint holds
         self.step = 0
         # parameters the optimizer does not hold: their gradients are cleared too. Found once, not per update,
         # and frozen ones included: a parameter unfrozen later would otherwise keep a growing .grad

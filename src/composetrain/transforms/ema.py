@@ -70,6 +70,7 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
             f"ema: formula must be 'lerp' (torch's get_ema_multi_avg_fn) or 'sum' (torchvision's "
             f"ExponentialMovingAverage), got {show(formula)}"
         )
+    formula = FORMULAS[FORMULAS.index(formula)]  # a plain str (not NumPy's), as it prints
     label = _shown(decay, every, warmup, formula)
     return Transform(label, lambda step: _Ema(step, label, decay, every, warmup, formula))
 
