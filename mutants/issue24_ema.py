@@ -237,4 +237,18 @@ MUTANTS = [
         "tests": [f"{ADV}::test_reduce_lr_on_plateau_is_refused_for_the_interval_asked"],
         "why": "adversarial: ReduceLROnPlateau refused with the other interval's reason",
     },
+    {
+        "file": "src/composetrain/core/state.py",
+        "find": "        self.scheduler_interval = INTERVALS[INTERVALS.index(scheduler_interval)]",
+        "replace": "        self.scheduler_interval = scheduler_interval",
+        "tests": [f"{ADV}::test_string_likes_are_kept_as_plain_strings_so_checkpoints_load_without_code"],
+        "why": "adversarial: a NumPy string kept as given: ct.run's first checkpoint refuses the state",
+    },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "    formula = FORMULAS[FORMULAS.index(formula)]",
+        "replace": "    formula = formula",
+        "tests": [f"{ADV}::test_string_likes_are_kept_as_plain_strings_so_checkpoints_load_without_code"],
+        "why": "adversarial: a NumPy string formula kept as given: the step prints formula=np.str_('sum')",
+    },
 ]
