@@ -99,8 +99,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "found.update((k, b.detach()) for k, b in model.named_buffers())",
-        "replace": "pass",
+        "find": "    return params, {k: b.detach() for k, b in model.named_buffers()}",
+        "replace": "    return params, {}",
         "tests": [f"{EMA}::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit"],
         "why": "24.4: buffers not averaged (AveragedModel's use_buffers=True averages them)",
     },
@@ -120,7 +120,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/ema.py",
-        "find": "    try:\n        yield\n    finally:\n        with torch.no_grad():\n            for k, t in live.items():\n                t.copy_(kept[k])",
+        "find": '    try:\n        yield\n    finally:\n        with torch.no_grad():\n            for k, t in live.items():\n                t.copy_(kept[k])\n        for k, b in model.named_buffers():\n            if k in buffers and b is not buffers[k]:  # the model\'s own tensor back, not one made from the average\n                owner, _, leaf = k.rpartition(".")\n                setattr(model.get_submodule(owner), leaf, buffers[k])',
         "replace": "    yield",
         "tests": [f"{EMA}::test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_untouched"],
         "why": "24.4: the evaluation leaves the EMA weights in the model: training goes on from them",
@@ -250,5 +250,19 @@ MUTANTS = [
         "replace": "    formula = formula",
         "tests": [f"{ADV}::test_string_likes_are_kept_as_plain_strings_so_checkpoints_load_without_code"],
         "why": "adversarial: a NumPy string formula kept as given: the step prints formula=np.str_('sum')",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "        live = {**params, **buffers} if params is not None else {}",
+        "replace": "        live = dict(params) if params is not None else {}",
+        "tests": [f"{ADV}::test_a_buffer_the_forward_reassigns_is_averaged_as_averaged_model_averages_it"],
+        "why": "adversarial: the buffers averaged as they were before the forward (prepare's views), not as they are",
+    },
+    {
+        "file": "src/composetrain/transforms/ema.py",
+        "find": "                setattr(model.get_submodule(owner), leaf, buffers[k])",
+        "replace": "                pass",
+        "tests": [f"{ADV}::test_evaluating_the_average_restores_a_buffer_the_forward_reassigned"],
+        "why": "adversarial: a buffer the evaluation's forward reassigned keeps the value made from the average",
     },
 ]

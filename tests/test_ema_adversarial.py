@@ -187,3 +187,46 @@ def test_string_likes_are_kept_as_plain_strings_so_checkpoints_load_without_code
     buffer.seek(0)
     assert torch.load(buffer, weights_only=True)["scheduler_interval"] == "epoch"  # was: ct.run's first save refused
     assert repr(ct.ema(0.9, formula=np.str_("sum"))(step)) == "ema(0.9, formula='sum')(step)"
+
+
+class Counting(nn.Module):
+    """A module that reassigns its buffer in forward (a new tensor, in eval mode too), as hand-written statistics do."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 3)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x):
+        self.seen = self.seen + x.shape[0]
+        return self.lin(x)
+
+
+def test_evaluating_the_average_restores_a_buffer_the_forward_reassigned():
+    torch.manual_seed(0)
+    state = state_of(Counting())
+    train = ct.ema(0.5)(step)
+    for seed in range(3):
+        train(state, batch(seed))
+    before = snapshot(state)
+    (weights,) = train.eval_weights(state).values()
+    with weights, torch.no_grad():
+        state.model(batch(7)[0])  # seen: the average's + 12, in a new tensor
+    assert_unchanged(state, before)  # was: the model kept the average's count + 12, and trained on from it
+
+
+def test_a_buffer_the_forward_reassigns_is_averaged_as_averaged_model_averages_it():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    torch.manual_seed(0)
+    state, plain = state_of(Counting()), state_of(copy.deepcopy(Counting()))
+    plain.model.load_state_dict(state.model.state_dict())
+    ref = AveragedModel(plain.model, multi_avg_fn=get_ema_multi_avg_fn(0.5), use_buffers=True)
+    train = ct.ema(0.5)(step)
+    for seed in range(3):
+        train(state, batch(seed))
+        ct.train_step(step)(plain, batch(seed))
+        ref.update_parameters(plain.model)
+    found = state.state_dict()["transforms"]["ema"]["averages"]
+    assert found["seen"].item() == ref.module.seen.item() == 27.0  # 12, (12 + 24) / 2, (18 + 36) / 2
+    assert all(torch.equal(found[k], v) for k, v in ref.module.state_dict().items())

@@ -15,9 +15,13 @@ __all__ = ["Averages", "model_tensors", "same_names"]
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """Parameters, then buffers, detached, by name: what AveragedModel(use_buffers=True) averages."""
-    found = {k: p.detach() for k, p in model.named_parameters()}
-    found.update((k, b.detach()) for k, b in model.named_buffers())
-    return found
+    params, buffers = _parts(model)
+    return {**params, **buffers}
+
+
+def _parts(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    return params, {k: b.detach() for k, b in model.named_buffers()}
 
 
 class Averages:
@@ -25,7 +29,7 @@ class Averages:
 
     def __init__(self, tensors: dict[str, torch.Tensor], n_averaged: int = 0) -> None:
         self.tensors, self.n_averaged = tensors, n_averaged
-        self.checked: dict[str, torch.Tensor] | None = None  # the model's tensors as ``matched`` last found them
+        self.checked: dict[str, torch.Tensor] | None = None  # the parameters as ``matched`` last found them
 
     @classmethod
     def of(cls, model: nn.Module) -> Averages:
@@ -34,7 +38,8 @@ class Averages:
     def matched(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """``model``'s tensors, checked against the averages (names, shapes, dtypes, kinds) before anything is
         written; an average on another device than its weight follows it (a model placed after the EMA began)."""
-        live = model_tensors(model)
+        params, buffers = _parts(model)
+        live = {**params, **buffers}
         same_names(self.tensors, live, "the model's")
         mine = self.tensors
         differ = [k for k, w in live.items() if not _alike(mine[k], w)]  # one pass; the rare mismatch looked at after
@@ -47,14 +52,24 @@ class Averages:
                 )
         for k in differ:  # on another device only: it follows its weight
             mine[k] = mine[k].to(live[k].device)
-        self.checked = live
+        self.checked = params  # buffers are read again in update
         return live
 
     @torch.no_grad()
     def update(self, model: nn.Module, decay: float, formula: str, *, follow: bool) -> None:
-        """Average ``model``'s tensors in, as ``matched`` found them in this update's ``prepare`` (before the
-        optimizer step; views of the same storage), else checked now."""
-        live, self.checked = self.checked or self.matched(model), None
+        """Average ``model``'s tensors in: its parameters as ``matched`` found them in this update's ``prepare``
+        (views of the same storage, which the optimizer steps in place), else checked now; its buffers as they
+        are now (a forward may have reassigned one: a new tensor)."""
+        params, self.checked = self.checked, None
+        buffers = {k: b.detach() for k, b in model.named_buffers()}
+        live = {**params, **buffers} if params is not None else {}
+        if (
+            params is None
+            or live.keys() != self.tensors.keys()
+            or not all(_alike(self.tensors[k], b) for k, b in buffers.items())
+        ):
+            live = self.matched(model)  # not checked in prepare, or a buffer changed: checked now (raises)
+            self.checked = None
         pairs = [(self.tensors[k], w) for k, w in live.items()]
         if self.n_averaged == 0:
             for a, w in pairs:

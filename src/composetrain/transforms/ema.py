@@ -143,6 +143,7 @@ def _swapped(model: nn.Module, averages: Averages) -> Iterator[None]:
     """``model`` holds the averages inside, its own weights again after (also on an error), bit for bit."""
     live = averages.matched(model)  # checked before the first copy: an error leaves the model whole
     kept = {k: t.clone() for k, t in live.items()}
+    buffers = dict(model.named_buffers())  # the registered tensors: a forward may reassign one (a new tensor)
     with torch.no_grad():
         for k, t in live.items():
             t.copy_(averages.tensors[k])
@@ -152,6 +153,10 @@ def _swapped(model: nn.Module, averages: Averages) -> Iterator[None]:
         with torch.no_grad():
             for k, t in live.items():
                 t.copy_(kept[k])
+        for k, b in model.named_buffers():
+            if k in buffers and b is not buffers[k]:  # the model's own tensor back, not one made from the average
+                owner, _, leaf = k.rpartition(".")
+                setattr(model.get_submodule(owner), leaf, buffers[k])
 
 
 def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
