@@ -252,13 +252,6 @@ MUTANTS = [
         "why": "adversarial: a NumPy string formula kept as given: the step prints formula=np.str_('sum')",
     },
     {
-        "file": "src/composetrain/transforms/_averages.py",
-        "find": "        live = {**params, **buffers} if params is not None else {}",
-        "replace": "        live = dict(params) if params is not None else {}",
-        "tests": [f"{ADV}::test_a_buffer_the_forward_reassigns_is_averaged_as_averaged_model_averages_it"],
-        "why": "adversarial: the buffers averaged as they were before the forward (prepare's views), not as they are",
-    },
-    {
         "file": "src/composetrain/transforms/ema.py",
         "find": "                setattr(model.get_submodule(owner), leaf, buffers[k])",
         "replace": "                pass",
