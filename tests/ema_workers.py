@@ -160,3 +160,18 @@ def run_batchnorm(rank: int, world: int) -> dict[str, torch.Tensor]:
     ct.run(ct.ema(0.7)(ct.distributed(run_script.step)), state, run_script.dataset(48), batch_size=12, epochs=1,
            num_workers=0, progress=False)  # fmt: skip
     return averages(state)
+
+
+def run_ema_on_one_rank(rank: int, world: int) -> str:
+    """ct.run on two ranks where only rank 0 composes ct.ema."""
+    import run_script
+
+    step = ct.distributed(run_script.step)
+    if rank == 0:
+        step = ct.ema(0.9)(step)
+    try:
+        ct.run(step, _run_state(), run_script.dataset(), batch_size=12, epochs=1, num_workers=0, progress=False,
+               timeout=20)  # fmt: skip
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "ran"

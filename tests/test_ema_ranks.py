@@ -50,3 +50,9 @@ def test_under_distributed_batchnorm_statistics_are_averaged_per_rank_as_documen
     ranks = pool.run("ema_workers", "run_batchnorm")
     for k, v in ranks[0].items():
         assert torch.equal(ranks[1][k], v) == (k not in ("1.running_mean", "1.running_var")), k
+
+
+def test_ct_ema_on_one_rank_only_is_refused_on_every_rank_before_the_setup(pool):
+    """Was: rank 0's agreement collective met rank 1's next one: a 60 s gloo timeout, then unclear errors."""
+    for got in pool.run("ema_workers", "run_ema_on_one_rank", timeout=60):
+        assert "run: the ranks' train steps apply different transforms: rank 0 ['distributed', 'ema'], rank 1 " in got

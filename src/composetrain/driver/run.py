@@ -327,6 +327,15 @@ class _Driver:
             self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard)
             self.saved_at: Path | None = None  # the last checkpoint written
             self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
+            # every rank composes the same transforms, or a setup's collective (ct.ema's agreement on its
+            # settings, ct.sharded's plan) would meet another rank's next one: a timeout, unclear errors
+            everyone = proc.differing(sorted(step_fn.roles))
+            if everyone is not None:
+                shown = ", ".join(f"rank {r} {roles}" for r, roles in enumerate(everyone))
+                raise ValueError(
+                    f"{RUN}: the ranks' train steps apply different transforms: {shown}; build the same "
+                    "composition on every rank"
+                )
             # last, so that nothing above can fail with the model set up; before resuming: e.g. a
             # checkpoint's shards load straight into the shards
             step_fn.setup(state)
