@@ -6,7 +6,7 @@ epochs, then follows a cosine to 0 over the remaining epochs, stepped once per e
 after every --ema-steps updates, with the recipe's decay adjusted to the batch, and copies them during the warmup.
 
     python examples/ema_schedule.py --epochs 12
-    torchrun --nproc-per-node=2 examples/ema_schedule.py     # the same under DDP: every rank the same EMA
+    torchrun --nproc-per-node=2 examples/ema_schedule.py     # under DDP (BatchNorm's statistics averaged per rank)
 """
 
 from __future__ import annotations

@@ -122,3 +122,56 @@ def run_resumed(rank: int, world: int, kind: str, folder: str) -> dict[str, Any]
             }
         )
     return {"straight": found[0], "resumed": found[1]}
+
+
+def run_disagreeing(rank: int, world: int, kind: str) -> str:
+    """ct.run on two ranks whose ct.ema differ in decay (a rank-dependent config): the refusal every rank gives."""
+    import run_script
+
+    wrap = ct.distributed if kind == "distributed" else ct.sharded
+    state = _run_state()
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    try:
+        ct.run(ct.ema([0.9, 0.95][rank])(wrap(run_script.step)), state, run_script.dataset(), batch_size=12, epochs=1,
+               num_workers=0, progress=False)  # fmt: skip
+    except ValueError as e:
+        return str(e) if state.step == 0 and _same(before, state) else f"changed: {e}"
+    return "ran"
+
+
+def _same(before: dict[str, torch.Tensor], state: ct.TrainState) -> bool:
+    after = ct.ema_model(state, into=_net()).state_dict()  # gathered whole under sharded
+    return all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def _bn_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+    ).double()
+
+
+def run_batchnorm(rank: int, world: int) -> dict[str, torch.Tensor]:
+    """A BatchNorm model under distributed through ct.run: this rank's averages."""
+    import run_script
+
+    model = _bn_net()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    ct.run(ct.ema(0.7)(ct.distributed(run_script.step)), state, run_script.dataset(48), batch_size=12, epochs=1,
+           num_workers=0, progress=False)  # fmt: skip
+    return averages(state)
+
+
+def run_ema_on_one_rank(rank: int, world: int) -> str:
+    """ct.run on two ranks where only rank 0 composes ct.ema."""
+    import run_script
+
+    step = ct.distributed(run_script.step)
+    if rank == 0:
+        step = ct.ema(0.9)(step)
+    try:
+        ct.run(step, _run_state(), run_script.dataset(), batch_size=12, epochs=1, num_workers=0, progress=False,
+               timeout=20)  # fmt: skip
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "ran"

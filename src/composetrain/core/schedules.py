@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.optim import lr_scheduler
 
-__all__ = ["horizon", "horizon_problem"]
+__all__ = ["horizon", "horizon_problem", "steps_left_problem"]
 
 
 def horizon(scheduler: Any) -> tuple[int, str] | None:
@@ -64,6 +64,20 @@ def horizon_problem(scheduler: Any, interval: str, steps: int, per_epoch: int) -
     return (
         f"the scheduler {kind} ends after {reach} of its steps ({why}), but this run steps it {steps} times "
         f"(once per {interval}, {per_epoch} updates per epoch): past its end it {_after(scheduler)}; {fix}"
+    )
+
+
+def steps_left_problem(scheduler: Any, steps: int) -> str | None:
+    """Why ``scheduler``, stepped ``steps`` more times at epoch ends, would be exhausted on the way
+    (OneCycleLR raises past ``total_steps``); else None. Said before the run: the epoch end that
+    fails comes after its epoch's training, before its checkpoint."""
+    total, taken = getattr(scheduler, "total_steps", None), getattr(scheduler, "last_epoch", None)
+    if not (isinstance(total, int) and isinstance(taken, int)) or steps <= total - taken:
+        return None
+    return (
+        f"the scheduler {type(scheduler).__name__} has {total - taken} steps left (total_steps={total}), but this "
+        f"run reaches {steps} epoch ends, each stepping it once: the last would fail after training its epoch; "
+        f"build it with total_steps={taken + steps}, or stop earlier"
     )
 
 

@@ -124,9 +124,14 @@ class TrainState:
             )
         if scheduler is not None:
             if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                why = (
+                    "which end_epoch() does not have; keep it out of the TrainState and"
+                    if scheduler_interval == "epoch"
+                    else "so it cannot step once per update;"
+                )
                 raise TypeError(
-                    "TrainState: scheduler ReduceLROnPlateau needs a metric at every step, so it "
-                    "cannot step once per update; call its step(metric) yourself after evaluation"
+                    f"TrainState: scheduler ReduceLROnPlateau needs a metric at every step, {why} call its "
+                    "step(metric) yourself after evaluation"
                 )
             if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
                 raise TypeError(
@@ -141,7 +146,7 @@ class TrainState:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.scheduler_interval = scheduler_interval
+        self.scheduler_interval = INTERVALS[INTERVALS.index(scheduler_interval)]  # a plain str, as a checkpoint holds
         self.step = 0
         # parameters the optimizer does not hold: their gradients are cleared too. Found once, not per update,
         # and frozen ones included: a parameter unfrozen later would otherwise keep a growing .grad

@@ -24,7 +24,7 @@ from composetrain.checkpoint.files import Checkpoints
 from composetrain.checkpoint.sharded import ShardFiles
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import restore_rng, seed_everything
-from composetrain.core.schedules import horizon_problem
+from composetrain.core.schedules import horizon_problem, steps_left_problem
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN
@@ -211,6 +211,7 @@ def run(
             )  # fmt: skip
             _check_horizon(state, schedule)
             at = d.resume(schedule, options.loader.seed)
+            _check_epochs_left(state, schedule, at)
             d.log.start(at.history, at.evals, at.resumed, state.step)
             d.start(log.progress and proc.is_main, schedule.total_updates)  # bar, stop signal, phases
             if at.evaluation_missed(state.step):
@@ -279,6 +280,19 @@ def _check_horizon(state: TrainState, schedule: Schedule) -> None:
         warnings.warn(f"{RUN}: {problem}", stacklevel=3)
 
 
+def _check_epochs_left(state: TrainState, schedule: Schedule, at: Progress) -> None:
+    """Refuse a per-epoch scheduler with too few steps left for the epoch ends this run reaches at least."""
+    if state.scheduler is None or state.scheduler_interval != "epoch":
+        return
+    ends = schedule.epochs - at.epoch if schedule.epochs is not None else None
+    if schedule.max_steps is not None:  # each update takes a batch at least: this many epoch ends at least
+        by_steps = (schedule.max_steps - state.step + at.position) // schedule.per_epoch
+        ends = by_steps if ends is None else min(ends, by_steps)
+    problem = steps_left_problem(state.scheduler, ends) if ends is not None else None
+    if problem is not None:
+        raise ValueError(f"{RUN}: {problem}")
+
+
 class _Driver:
     """What ``run`` sets up before its loop, and the loop's actions: one update, the log, the agreement on
     stopping, the save and the evaluation, each written once (the loop decides when)."""
@@ -339,6 +353,15 @@ class _Driver:
             self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard, options.log.on_record)
             self.saved_at: Path | None = None  # the last checkpoint written
             self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
+            # every rank composes the same transforms, or a setup's collective (ct.ema's agreement on its
+            # settings, ct.sharded's plan) would meet another rank's next one: a timeout, unclear errors
+            everyone = proc.differing(sorted(step_fn.roles))
+            if everyone is not None:
+                shown = ", ".join(f"rank {r} {roles}" for r, roles in enumerate(everyone))
+                raise ValueError(
+                    f"{RUN}: the ranks' train steps apply different transforms: {shown}; build the same "
+                    "composition on every rank"
+                )
             # last, so that nothing above can fail with the model set up; before resuming: e.g. a
             # checkpoint's shards load straight into the shards
             step_fn.setup(state)

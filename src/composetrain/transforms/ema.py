@@ -9,14 +9,17 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from composetrain.core.protocol import Context, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
 from composetrain.core.util import check_int, check_real, show
+from composetrain.launch.rendezvous import group_world
+from composetrain.transforms._averages import Averages, model_tensors, same_names
 
-__all__ = ["Averages", "ema", "ema_model"]
+__all__ = ["ema", "ema_model"]
 
 KEY = "ema"  # its state in TrainState.transform_state
 FORMULAS = ("lerp", "sum")
@@ -33,9 +36,12 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
     the weights (it copies them), as torchvision's recipe resets its EMA during the learning-rate warmup.
     Integer buffers (BatchNorm's ``num_batches_tracked``) are averaged and truncated, as torch does.
     Averages keep their tensor's shape, dtype and layout: float32 under ``mixed_precision``, DTensor
-    shards under ``ct.sharded`` (``ct.ema_model`` gathers them), the same on every rank under
-    ``ct.distributed``. They are checkpointed with the state. It runs after the inner update, so it is
-    right in any nesting order.
+    shards under ``ct.sharded`` (``ct.ema_model`` gathers them). Under ``ct.distributed`` the parameters'
+    averages are the same on every rank; buffers a forward updates (BatchNorm's running statistics) are each
+    rank's own, and so are their averages: a checkpoint keeps rank 0's (``nn.SyncBatchNorm`` makes them
+    agree). Every rank must build it alike (``ct.run`` checks). They are checkpointed with the state.
+    It runs after the inner update, so it is right in any nesting order; a model changed after the EMA
+    began is refused before the update, and averages follow their weights to another device.
 
     Args:
         decay: the weight of the old average, in [0, 1], e.g. 0.999.
@@ -65,10 +71,15 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
             f"ema: formula must be 'lerp' (torch's get_ema_multi_avg_fn) or 'sum' (torchvision's "
             f"ExponentialMovingAverage), got {show(formula)}"
         )
+    formula = FORMULAS[FORMULAS.index(formula)]  # a plain str (not NumPy's), as it prints
+    label = _shown(decay, every, warmup, formula)
+    return Transform(label, lambda step: _Ema(step, label, decay, every, warmup, formula))
+
+
+def _shown(decay: float, every: int, warmup: int, formula: str) -> str:
     given = (("every", every, 1), ("warmup", warmup, 0), ("formula", formula, "lerp"))
     options = [f"{k}={v!r}" for k, v, default in given if v != default]
-    label = f"ema({', '.join([repr(decay), *options])})"
-    return Transform(label, lambda step: _Ema(step, label, decay, every, warmup, formula))
+    return f"ema({', '.join([repr(decay), *options])})"
 
 
 class _Ema(TrainStep):
@@ -77,6 +88,12 @@ class _Ema(TrainStep):
     def __init__(self, inner: TrainStep, label: str, decay: float, every: int, warmup: int, formula: str) -> None:
         self.label, self.decay, self.every, self.warmup, self.formula = label, decay, every, warmup, formula
         super().__init__(inner)
+
+    def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
+        ctx = self._inner().prepare(state, batch, ctx)  # the inner steps first: they may shard or place the model
+        if state.step % self.every == 0:  # an applied update would average: the model must still match, before it
+            state.transform_state(KEY, lambda: Averages.of(state.model)).matched(state.model)
+        return ctx
 
     def update(self, state: TrainState, ctx: Context) -> Update:
         before = state.step
@@ -92,6 +109,26 @@ class _Ema(TrainStep):
         weights, before a checkpoint loads into them."""
         super().setup(state)
         state.transform_state(KEY, lambda: Averages.of(state.model))
+        self._agree()
+
+    def _agree(self) -> None:
+        """Every rank averages alike, or none starts: each would keep its own average silently (a
+        checkpoint rank 0's, an evaluation their mean). ct.run calls ``setup`` on every rank together."""
+        world, device = group_world(None, self)
+        if world == 1:
+            return
+        mine = [self.decay, self.every, self.warmup, FORMULAS.index(self.formula)]
+        every = [torch.empty(4, dtype=torch.float64, device=device) for _ in range(world)]
+        dist.all_gather(every, torch.tensor(mine, dtype=torch.float64, device=device))
+        configs = [c.tolist() for c in every]
+        if any(c != configs[0] for c in configs):
+            shown = ", ".join(
+                f"rank {r} {_shown(d, int(e), int(w), FORMULAS[int(f)])}" for r, (d, e, w, f) in enumerate(configs)
+            )
+            raise ValueError(
+                f"{self!r}: the ranks' ct.ema differ: {shown}; each would keep its own average (a checkpoint keeps "
+                "rank 0's): build it with the same decay, every, warmup and formula on every rank"
+            )
 
     def eval_weights(self, state: TrainState) -> dict[str, AbstractContextManager[Any]]:
         averages = state.transform_state(KEY, lambda: Averages.of(state.model))
@@ -101,96 +138,12 @@ class _Ema(TrainStep):
         return (self.decay, self.every, self.warmup, self.formula)
 
 
-def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters, then buffers, detached, by name: what AveragedModel(use_buffers=True) averages."""
-    found = {k: p.detach() for k, p in model.named_parameters()}
-    found.update((k, b.detach()) for k, b in model.named_buffers())
-    return found
-
-
-class Averages:
-    """The averages (``tensors``, by parameter or buffer name) and ``n_averaged``, as AveragedModel's."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], n_averaged: int = 0) -> None:
-        self.tensors, self.n_averaged = tensors, n_averaged
-
-    @classmethod
-    def of(cls, model: nn.Module) -> Averages:
-        return cls({k: t.clone() for k, t in _tensors(model).items()})
-
-    @torch.no_grad()
-    def update(self, model: nn.Module, decay: float, formula: str, *, follow: bool) -> None:
-        live = _tensors(model)
-        _same_names(self.tensors, live, "the model's")
-        pairs = [(self.tensors[k], w) for k, w in live.items()]
-        if self.n_averaged == 0:
-            for a, w in pairs:
-                a.copy_(w)
-        else:
-            groups: dict[tuple[Any, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-            for a, w in pairs:  # as AveragedModel: one fused call per device and dtype
-                groups.setdefault((str(a.device), a.dtype, type(a)), []).append((a, w))
-            for group in groups.values():
-                averages, weights = [a for a, _ in group], [w for _, w in group]
-                if not (averages[0].is_floating_point() or averages[0].is_complex()):
-                    for a, w in group:  # get_ema_multi_avg_fn's own path for integers: truncated
-                        a.copy_(a * decay + w * (1 - decay))
-                elif formula == "lerp":
-                    torch._foreach_lerp_(averages, weights, 1 - decay)
-                else:  # each product rounded, then the sum: torchvision's decay * a + (1 - decay) * w
-                    scaled = torch._foreach_mul(weights, 1 - decay)
-                    torch._foreach_mul_(averages, decay)
-                    torch._foreach_add_(averages, scaled)
-        self.n_averaged = 0 if follow else self.n_averaged + 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"averages": dict(self.tensors), "n_averaged": self.n_averaged}
-
-    def load_state_dict(self, saved: Any) -> None:
-        """All checked before anything is written; whole tensors are sharded as the live averages are."""
-        if not (isinstance(saved, Mapping) and isinstance(saved.get("averages"), Mapping)):
-            raise TypeError(f"ema: the checkpoint's EMA state must come from ct.ema's state_dict, got {show(saved)}")
-        n = check_int(saved.get("n_averaged"), "ema", "the checkpoint's n_averaged", minimum=0)
-        theirs = saved["averages"]
-        _same_names(self.tensors, theirs, "the checkpoint's")
-        for k, mine in self.tensors.items():
-            t = theirs[k]
-            if not isinstance(t, torch.Tensor) or t.shape != mine.shape or t.dtype != mine.dtype:
-                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else show(t)
-                raise ValueError(
-                    f"ema: the checkpoint's average of {k!r} is {got}, this model's {tuple(mine.shape)} {mine.dtype}; "
-                    "load a checkpoint of the same model, in the same dtype"
-                )
-        with torch.no_grad():
-            for k, mine in self.tensors.items():
-                mine.copy_(_laid_out(theirs[k], mine))
-        self.n_averaged = n
-
-
-def _laid_out(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``value`` sharded as ``like`` when ``like`` is a DTensor and ``value`` is whole."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(like, DTensor) and not isinstance(value, DTensor):
-        return distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
-    return value
-
-
-def _same_names(mine: Mapping[str, Any], theirs: Mapping[str, Any], whose: str) -> None:
-    if mine.keys() != theirs.keys():
-        missing, extra = sorted(mine.keys() - theirs.keys()), sorted(map(str, theirs.keys() - mine.keys()))
-        raise ValueError(
-            f"ema: {whose} parameters and buffers differ from the averaged ones (missing {missing[:5]}, new "
-            f"{extra[:5]}); average one model throughout: a model changed after the EMA began needs a new TrainState"
-        )
-
-
 @contextlib.contextmanager
 def _swapped(model: nn.Module, averages: Averages) -> Iterator[None]:
     """``model`` holds the averages inside, its own weights again after (also on an error), bit for bit."""
-    live = _tensors(model)
-    _same_names(averages.tensors, live, "the model's")
+    live = averages.matched(model)  # checked before the first copy: an error leaves the model whole
     kept = {k: t.clone() for k, t in live.items()}
+    buffers = dict(model.named_buffers())  # the registered tensors: a forward may reassign one (a new tensor)
     with torch.no_grad():
         for k, t in live.items():
             t.copy_(averages.tensors[k])
@@ -200,6 +153,10 @@ def _swapped(model: nn.Module, averages: Averages) -> Iterator[None]:
         with torch.no_grad():
             for k, t in live.items():
                 t.copy_(kept[k])
+        for k, b in model.named_buffers():
+            if k in buffers and b is not buffers[k]:  # the model's own tensor back, not one made from the average
+                owner, _, leaf = k.rpartition(".")
+                setattr(model.get_submodule(owner), leaf, buffers[k])
 
 
 def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
@@ -225,8 +182,8 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
 
     if not isinstance(state, TrainState):
         raise TypeError(f"ema_model: state must be a ct.TrainState, got {show(state)}")
-    saved = state.state_dict()["transforms"].get(KEY)  # read, not created: live, or loaded and not yet claimed
-    averages = saved["averages"] if saved is not None else _tensors(state.model)
+    transforms = state.state_dict()["transforms"]  # read, not created: live, or loaded and not yet claimed
+    averages = _saved_averages(transforms[KEY]) if KEY in transforms else model_tensors(state.model)
     sharded = any(isinstance(t, DTensor) for t in averages.values())
     if into is None:
         if sharded:
@@ -237,8 +194,8 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
         into = copy.deepcopy(state.model)
     elif not isinstance(into, nn.Module):
         raise TypeError(f"ema_model: into must be a torch.nn.Module, got {show(into)}")
-    target = _tensors(into)
-    _same_names(averages, target, "into's")
+    target = model_tensors(into)
+    same_names(averages, target, "into's")
     whole = {k: a.full_tensor() if isinstance(a, DTensor) else a for k, a in averages.items()}
     for k, t in target.items():
         if t.shape != whole[k].shape:
@@ -247,3 +204,14 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
         for k, t in target.items():
             t.copy_(whole[k])
     return into
+
+
+def _saved_averages(saved: Any) -> Mapping[str, torch.Tensor]:
+    """The averages of ct.ema's state_dict; one loaded from a checkpoint is checked in full when ct.ema claims it."""
+    found = saved.get("averages") if isinstance(saved, Mapping) else None
+    if not (isinstance(found, Mapping) and all(isinstance(t, torch.Tensor) for t in found.values())):
+        raise TypeError(
+            f"ema_model: the state's EMA (loaded from a checkpoint) is not ct.ema's: {show(saved)}; load a "
+            "checkpoint saved by a run with ct.ema"
+        )
+    return found
