@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from composetrain.data.files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
 from composetrain.data.mapped import Augment, MappedDataset
 from composetrain.data.writer import write_store
@@ -98,6 +100,9 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
 def _check(
     dataset: Any, path: Any, augment: Any, rebuild: Any, seed: Any, key: Any, workers: Any, timeout: Any
 ) -> Path:
+    if isinstance(dataset, IterableDataset):  # it may define __len__, and inherits a __getitem__ that raises
+        raise ValueError(f"cache: dataset is an IterableDataset ({type(dataset).__name__}): ct.cache needs a "
+                         "map-style Dataset (items by index, __len__ and __getitem__)")  # fmt: skip
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise ValueError(f"cache: dataset must be a map-style Dataset (with __len__ and __getitem__), got a "
                          f"{type(dataset).__name__}")  # fmt: skip

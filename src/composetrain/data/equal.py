@@ -18,7 +18,7 @@ def same_item(a: Any, b: Any) -> bool:
         >>> same_item((torch.ones(2), 3), (torch.ones(2), 3)), same_item(1, 1.0)
         (True, False)
     """
-    if type(a) is not type(b):
+    if _kind(a) is not _kind(b):
         return False
     if isinstance(a, tuple | list):
         return len(a) == len(b) and all(same_item(x, y) for x, y in zip(a, b, strict=True))
@@ -29,7 +29,7 @@ def same_item(a: Any, b: Any) -> bool:
             return False
         size = a.element_size()
         ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}[size]
-        flat_a, flat_b = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+        flat_a, flat_b = (t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1) for t in (a, b))
         if size == 16:  # complex128: two int64 per element
             return torch.equal(flat_a.view(torch.float64).view(ints), flat_b.view(torch.float64).view(ints))
         return torch.equal(flat_a.view(ints), flat_b.view(ints))
@@ -38,3 +38,8 @@ def same_item(a: Any, b: Any) -> bool:
     if isinstance(a, float):
         return np.float64(a).tobytes() == np.float64(b).tobytes()
     return bool(a == b)
+
+
+def _kind(x: Any) -> type:
+    """``x``'s type, a NumPy memmap counted as the array it is (a dataset's rows of a memmap are arrays)."""
+    return np.ndarray if type(x) is np.memmap else type(x)

@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 FORMAT, MANIFEST = 1, "manifest.json"
+# never through a symbolic link, and never waiting: opening a FIFO for reading would block until it has a writer
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 _HEADER = 256  # bytes kept for the .npy header, written once the number of items is known
 
 
@@ -87,7 +89,7 @@ def write_manifest(folder: Path, item: Any, length: int, origin: dict[str, Any])
 
 def _read_plain(path: Path, limit: int) -> bytes:
     """A regular file's bytes, never through a symbolic link, at most ``limit`` of them."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(path, _READ)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise StoreError(f"{path} is not a regular file")
@@ -104,7 +106,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of a complete store, its structure checked; FileNotFoundError when there is none."""
     try:
         raw = json.loads(_read_plain(folder / MANIFEST, 1 << 24))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise StoreError(f"{folder / MANIFEST} is not JSON: {e}") from None
     except OSError as e:
         if isinstance(e, FileNotFoundError):
@@ -149,7 +151,7 @@ def _region(folder: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...
         raise StoreError(f"{folder}: the array name {name!r} is not a plain name")
     path = folder / f"{name}.npy"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, _READ)
     except OSError as e:
         raise StoreError(f"{path} cannot be opened ({e.strerror or e}): a store's arrays are regular files") from None
     with os.fdopen(fd, "rb") as f:
@@ -181,6 +183,7 @@ def _check_ragged(folder: Path, f: Field, found: dict[str, Region], length: int)
     ok = (
         len(data.shape) == 1 and shapes.ndim == 2 and shapes.shape[0] == length and offsets[0] == 0
         and offsets[-1] == data.shape[0] and bool(np.all(np.diff(offsets) >= 0)) and bool(np.all(shapes >= 0))
+        and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))  # no product wraps around
         and bool(np.all(np.prod(shapes, axis=1) == np.diff(offsets)))
     )  # fmt: skip
     if not ok:

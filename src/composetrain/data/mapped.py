@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -103,14 +104,21 @@ class MappedDataset(Dataset[Any]):
         return self._arrays
 
     def _index(self, i: int) -> int:
-        if not isinstance(i, int | np.integer) or isinstance(i, bool):
-            raise TypeError(f"{type(self).__name__}: an index must be an int, got {type(i).__name__}")
+        try:  # what indexes a list indexes this: ints, NumPy ints, 0-dim integer tensors; never a bool
+            if isinstance(i, bool | np.bool_) or (isinstance(i, torch.Tensor) and i.dtype == torch.bool):
+                raise TypeError
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"{type(self).__name__}: an index must be an int, got {type(i).__name__}") from None
         if not -self.length <= i < self.length:
             raise IndexError(f"{type(self).__name__}: index {i} out of range for {self.length} items")
         return int(i) % self.length
 
     def _indices(self, indices: Sequence[int]) -> torch.Tensor:
-        idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
+        idx = torch.as_tensor(indices if len(indices) else [], dtype=None if len(indices) else torch.int64)
+        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:  # never rounded to an index
+            raise TypeError(f"{type(self).__name__}: indices must be ints, got {idx.dtype} {list(indices)[:8]}")
+        idx = idx.to(torch.int64).reshape(-1)
         if not len(idx):
             return idx
         low, high = idx.aminmax()

@@ -64,7 +64,7 @@ class _Column:
             raise ValueError(f"has {len(shape)} dimensions here and {len(self.shapes[0])} in item 0: "
                              "a leaf's number of dimensions must not change")  # fmt: skip
         if isinstance(value, torch.Tensor):
-            t = value.detach().contiguous()
+            t = value.detach().resolve_conj().resolve_neg().contiguous()  # numpy() refuses lazy views
             array = t.numpy() if t.dtype in _NATIVE else t.view(_as_int(t.dtype)).numpy()
         else:
             array = np.asarray(value)

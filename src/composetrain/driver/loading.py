@@ -15,7 +15,7 @@ from torch.utils.data import (
 from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, restore_rng, seed_everything
 from composetrain.core.util import RUN
-from composetrain.data.mapped import Batches, same
+from composetrain.data.mapped import Batches, MappedDataset, same
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import EpochBatches, Reader, ResumableSampler, mapped
@@ -232,15 +232,22 @@ def epoch_batches(
         set_generator_states(loader, order["generators"])
         if order["sampler_seed"] is not None:
             loader.sampler.seed = order["sampler_seed"]  # type: ignore[attr-defined]
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
+        _set_epoch(loader, epoch)
         batches = iter(loader)
         for _ in range(start):
             next(batches)
         restore_rng(now)
     else:
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
+        _set_epoch(loader, epoch)
         batches = iter(loader)
     for position, (batch, waited) in enumerate(device_batches(batches, device, end - start), start + 1):
         yield position, batch, waited
+
+
+def _set_epoch(loader: DataLoader[Any], epoch: int) -> None:
+    """The epoch for a given DataLoader's sampler and, over a ct.cache store, for its dataset: the epoch seeds
+    the store's augmentation (its workers see it when they start; persistent ones keep their first epoch's)."""
+    if hasattr(loader.sampler, "set_epoch"):
+        loader.sampler.set_epoch(epoch)
+    if isinstance(loader.dataset, MappedDataset):
+        loader.dataset.set_epoch(epoch)
