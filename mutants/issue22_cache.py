@@ -8,8 +8,8 @@ T_PROC = "tests/test_cache_processes.py"
 MUTANTS = [
     {
         "file": "src/composetrain/data/files.py",
-        "find": "        self.file.flush()\n        os.fsync(self.file.fileno())\n        self.file.close()",
-        "replace": "        self.file.flush()\n        self.file.close()",
+        "find": "            f.flush()\n            os.fsync(f.fileno())",
+        "replace": "            f.flush()",
         "tests": [f"{T}::test_every_file_and_the_folder_are_fsynced_before_the_store_is_renamed_into_place"],
         "why": "an array file not fsynced before the store is renamed into place: a crash can publish zeros",
     },
@@ -60,8 +60,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/files.py",
-        "find": "        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)\n    except OSError as e:",
-        "replace": "        fd = os.open(path, os.O_RDONLY)\n    except OSError as e:",
+        "find": "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "replace": "_READ = os.O_RDONLY | os.O_NONBLOCK",
         "tests": [f"{T_BAD}::test_symbolic_links_inside_a_store_are_refused"],
         "why": "an array file that is a symbolic link (to anywhere) is followed and mapped",
     },
@@ -95,9 +95,9 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/mapped.py",
-        "find": "        t = torch.from_numpy(np.array(row))\n        dtype = torch_dtype(field.dtype)\n"
+        "find": "            t = torch.empty(t.shape, dtype=t.dtype)\n        dtype = torch_dtype(field.dtype)\n"
         "        return t if t.dtype == dtype else t.view(dtype)",
-        "replace": "        return torch.from_numpy(np.array(row))",
+        "replace": "            t = torch.empty(t.shape, dtype=t.dtype)\n        return t",
         "tests": [f"{T}::test_dtypes_numpy_lacks_come_back_as_themselves"],
         "why": "a bfloat16 or float8 tensor comes back as the integers it is stored as",
     },

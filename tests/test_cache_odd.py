@@ -146,3 +146,44 @@ def test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew(tmp_path: Pat
     ct.run(ct.train_step(record), make_state(), DataLoader(cached, batch_size=4), epochs=2, progress=False)
     want = [cached.read_batch(range(s, s + 4), epoch=e)[0] for e in range(2) for s in (0, 4)]
     assert len(seen) == 4 and all(torch.equal(a, b) for a, b in zip(seen, want, strict=True))
+
+
+def test_items_with_more_leaves_than_open_files_allowed_are_written(tmp_path: Path) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    items = [{f"k{j}": float(i * j) for j in range(300)} for i in range(3)]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # fewer than the item's leaves
+    try:
+        cached = ct.cache(items, tmp_path / "store", progress=False, num_workers=0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert all(same_item(cached[i], items[i]) for i in range(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".store.lock", "store"]
+
+
+def test_a_link_to_a_store_is_followed_and_a_rebuild_writes_where_it_points(tmp_path: Path) -> None:
+    (tmp_path / "big").mkdir()
+    os.symlink(tmp_path / "big" / "store", tmp_path / "link")  # dangling until the store is written
+    ct.cache([torch.ones(2)] * 3, tmp_path / "link", progress=False)
+    again = ct.cache([torch.zeros(2)] * 3, tmp_path / "link", rebuild=True, progress=False)
+    assert torch.equal(again[0], torch.zeros(2)) and again.path == tmp_path / "big" / "store"
+    assert os.path.islink(tmp_path / "link") and sorted(p.name for p in (tmp_path / "big").iterdir()) == [
+        ".store.lock", "store"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "link"]
+
+
+def test_an_augment_that_changes_the_batch_size_is_named(tmp_path: Path) -> None:
+    cached = ct.cache([(torch.ones(3) * i, i) for i in range(6)], tmp_path / "store", progress=False,
+                      augment=lambda b, g: [b[0][:1], b[1]])  # fmt: skip
+    with pytest.raises(ValueError, match=r"augment returned a tensor of shape \(1, 3\) in a batch of 3 items"):
+        next(iter(DataLoader(cached, batch_size=3)))
+
+
+def test_empty_complex_tensors_come_back_viewable_and_verify_compares_them(tmp_path: Path) -> None:
+    items = [(torch.empty(0, dtype=torch.complex128), torch.empty(2, 0, dtype=torch.complex64))] * 2
+    ct.cache(items, tmp_path / "store", progress=False)
+    cached = ct.cache(items, tmp_path / "store", progress=False, verify=True)  # same_item of empty tensors
+    for got in (cached[1], cached.__getitems__([0])[0]):
+        assert same_item(got, items[0])
+        assert got[0].view(torch.float64).shape == (0,) and got[1].view(torch.float32).shape == (2, 0)

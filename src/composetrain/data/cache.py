@@ -124,7 +124,7 @@ def _check(
         raise ValueError(
             f"cache: key must be something JSON can hold (str, numbers, lists, dicts), got {key!r}"
         ) from None
-    path = Path(os.path.abspath(path))
+    path = Path(os.path.realpath(path))  # a link to a folder on a larger disk: the store is written there
     if not path.parent.is_dir():
         raise ValueError(f"cache: the folder that holds the store, {path.parent}, does not exist; create it first")
     if path.exists() and not path.is_dir():

@@ -27,6 +27,8 @@ def same_item(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         if a.dtype != b.dtype or a.shape != b.shape:
             return False
+        if not a.numel():  # nothing to compare (and an empty tensor's strides may forbid .view)
+            return True
         size = a.element_size()
         ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}[size]
         flat_a, flat_b = (t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1) for t in (a, b))

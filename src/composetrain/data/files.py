@@ -41,32 +41,44 @@ class StoreError(ValueError):
 
 
 class NpyWriter:
-    """An ``.npy`` file written as a stream of items' bytes; its header (shape) is filled in at the end."""
+    """An ``.npy`` file written as a stream of items' bytes; its header (shape) is filled in at the end.
 
-    def __init__(self, path: Path, dtype: np.dtype[Any]) -> None:
-        self.path, self.dtype, self.count = path, dtype, 0
-        self.file = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 (closed by finish or the writer's cleanup)
-        self.file.write(b"\0" * _HEADER)
+    No file stays open between writes: an item may have thousands of leaves (one file each), more than a
+    process may hold open. The bytes wait in memory until ``limit`` of them, then are appended in one open.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype[Any], limit: int = 1 << 20) -> None:
+        self.path, self.dtype, self.count, self.limit = path, dtype, 0, limit
+        self.pending: list[bytes] = [b"\0" * _HEADER]
+        self.size = _HEADER
+        with open(path, "xb"):
+            pass  # created now: a path that cannot be written fails before any item is read
 
     def append(self, values: np.ndarray[Any, Any]) -> None:
-        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        data = np.ascontiguousarray(values, dtype=self.dtype).tobytes()
+        self.pending.append(data)
+        self.size += len(data)
         self.count += values.size
+        if self.size >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        with open(self.path, "ab") as f:
+            f.writelines(self.pending)
+        self.pending, self.size = [], 0
 
     def finish(self, shape: tuple[int, ...]) -> None:
-        """Write the header for ``shape`` (its size must be what was appended), flush and fsync."""
+        """Write the header for ``shape`` (its size must be what was appended), then fsync."""
         assert int(np.prod(shape)) == self.count, (shape, self.count)
         header = repr({"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
         header = header.ljust(_HEADER - 10 - 1) + "\n"
         if len(header) + 10 != _HEADER:
             raise ValueError(f"cache: an array of shape {shape} needs a longer .npy header than {_HEADER} bytes")
-        self.file.seek(0)
-        self.file.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1"))
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-
-    def close(self) -> None:
-        self.file.close()
+        self.flush()
+        with open(self.path, "r+b") as f:
+            f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1"))
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def fsync_folder(folder: Path) -> None:

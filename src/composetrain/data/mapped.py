@@ -195,6 +195,8 @@ def _value(field: Field, row: Any) -> Any:
     """One item's leaf, as the type it was stored from."""
     if field.kind == "tensor":
         t = torch.from_numpy(np.array(row))
+        if not t.numel():  # NumPy may give an empty array zero strides: a tensor made so cannot .view(dtype)
+            t = torch.empty(t.shape, dtype=t.dtype)
         dtype = torch_dtype(field.dtype)
         return t if t.dtype == dtype else t.view(dtype)
     if field.kind == "numpy":
@@ -223,6 +225,9 @@ def _as_collated(batch: Any) -> Any:
 def split_batch(batch: Any, n: int) -> list[Any]:
     """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
     if isinstance(batch, torch.Tensor):
+        if batch.ndim and len(batch) != n:
+            raise ValueError(f"MappedDataset: augment returned a tensor of shape {tuple(batch.shape)} in a batch of "
+                             f"{n} items: keep the batch's first dimension")  # fmt: skip
         return list(batch.unbind(0)) if batch.ndim else [batch] * n
     if isinstance(batch, list | tuple):
         columns = [split_batch(b, n) for b in batch]

@@ -20,6 +20,7 @@ from composetrain.data.mapped import same
 __all__ = ["write_store"]
 
 _TIMED = 8  # items read in this process first, to decide on workers
+_HELD, _LEAST = 64 << 20, 64 << 10  # bytes held in memory before writing: in all, and at least per field
 _WORTH = 2.0  # seconds of reading, as timed, before workers are worth starting
 
 
@@ -141,6 +142,8 @@ def write_store(
                 kind, dtype, _, scalar = leaf_kind(value, where)
                 kinds.append((kind, dtype, scalar))
                 columns.append(_Column(folder, len(columns), kind, dtype, scalar))
+            for column in columns:  # bytes held back per field: at most about 64 MB in all, however many
+                column.out.limit = max(_LEAST, min(1 << 20, _HELD // len(columns)))
         elif here != paths:
             raise ValueError(f"cache: item {i} has the leaves {here} and item 0 has {paths}: every item must "
                              "have the same structure")  # fmt: skip
