@@ -187,3 +187,16 @@ def test_empty_complex_tensors_come_back_viewable_and_verify_compares_them(tmp_p
     for got in (cached[1], cached.__getitems__([0])[0]):
         assert same_item(got, items[0])
         assert got[0].view(torch.float64).shape == (0,) and got[1].view(torch.float32).shape == (2, 0)
+
+
+def test_a_map_refused_for_lack_of_address_space_says_so(tmp_path: Path, monkeypatch: Any) -> None:
+    import errno
+
+    cached = ct.cache([torch.ones(4)] * 3, tmp_path / "store", progress=False)
+
+    def no_room(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(np, "memmap", no_room)  # what mmap does past RLIMIT_AS (ulimit -v)
+    with pytest.raises(OSError, match=r"mapping .*f0\.npy .* address space limit \(ulimit -v, RLIMIT_AS\)"):
+        cached.read_batch([0])

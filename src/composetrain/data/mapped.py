@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import operator
 import os
+import resource
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,7 +95,7 @@ class MappedDataset(Dataset[Any]):
                 if int(np.prod(r.shape)) * dtype.itemsize == 0:  # mmap cannot map nothing
                     opened[name] = np.empty(r.shape, dtype)
                 else:
-                    mapped = np.memmap(r.path, dtype=dtype, mode="r", offset=r.offset, shape=r.shape)
+                    mapped = _map(r, dtype)
                     opened[name] = mapped.view(np.ndarray)  # plain indexing: no memmap subclass per read
             self._arrays = opened
             self._views = {}
@@ -172,6 +174,21 @@ class MappedDataset(Dataset[Any]):
         key = np.array([self.seed, epoch, rank, *indices], dtype=np.int64).tobytes()
         digest = hashlib.blake2b(key, digest_size=8).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+def _map(r: Region, dtype: np.dtype[Any]) -> np.memmap[Any, Any]:
+    """``r`` mapped read-only; a process whose address space is capped below it (``ulimit -v``) is told so."""
+    try:
+        return np.memmap(r.path, dtype=dtype, mode="r", offset=r.offset, shape=r.shape)
+    except OSError as e:
+        if e.errno != errno.ENOMEM:
+            raise
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        cap = "no limit" if limit == resource.RLIM_INFINITY else f"{limit / 2**30:.1f} GiB"
+        size = int(np.prod(r.shape)) * dtype.itemsize
+        raise OSError(errno.ENOMEM, f"mapping {r.path} ({size / 2**30:.2f} GiB) failed: a memory map takes address "
+                      f"space, not memory, and this process's address space limit (ulimit -v, RLIMIT_AS) is {cap}: "
+                      "raise it (ulimit -v unlimited)") from None  # fmt: skip
 
 
 def _rank() -> int:
