@@ -4,6 +4,7 @@ T = "tests/test_cache.py"
 T_RUN = "tests/test_cache_run.py"
 T_BAD = "tests/test_cache_hostile.py"
 T_PROC = "tests/test_cache_processes.py"
+T_ODD = "tests/test_cache_odd.py"  # the adversary a-cache's findings
 
 MUTANTS = [
     {
@@ -144,5 +145,126 @@ MUTANTS = [
         "replace": "return dict(self.__dict__)",
         "tests": [f"{T}::test_the_store_is_mapped_never_loaded_and_loader_workers_get_no_copy_of_it"],
         "why": "every loader worker receives a pickled copy of the whole store",
+    },
+    # a-cache (adversary): the fixes for what it found
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "    if isinstance(dataset, IterableDataset):",
+        "replace": "    if False:",
+        "tests": [f"{T_ODD}::test_an_iterable_dataset_is_refused_even_with_a_len"],
+        "why": "an IterableDataset with a __len__ fails in torch's inherited __getitem__ (NotImplementedError)",
+    },
+    {
+        "file": "src/composetrain/data/writer.py",
+        "find": "t = value.detach().resolve_conj().resolve_neg().contiguous()",
+        "replace": "t = value.detach().contiguous()",
+        "tests": [f"{T_ODD}::test_conjugate_and_negative_views_are_stored_as_their_values"],
+        "why": "a conjugate view (x.conj()) cannot be written: numpy() refuses it",
+    },
+    {
+        "file": "src/composetrain/data/layout.py",
+        "find": "        if value.is_quantized:",
+        "replace": "        if False:",
+        "tests": [f"{T_ODD}::test_quantized_tensors_are_refused_rather_than_read_back_without_their_scale"],
+        "why": "a quantized tensor is stored without its scale and read back as an unusable tensor",
+    },
+    {
+        "file": "src/composetrain/data/layout.py",
+        "find": "type(value) not in (np.ndarray, np.memmap):",
+        "replace": "type(value) not in (np.ndarray, np.memmap, np.ma.MaskedArray, np.matrix):",
+        "tests": [f"{T_ODD}::test_numpy_memmap_rows_are_stored_and_verify_accepts_them_other_subclasses_are_refused"],
+        "why": "a masked array's mask is silently dropped",
+    },
+    {
+        "file": "src/composetrain/data/equal.py",
+        "find": "    if _kind(a) is not _kind(b):",
+        "replace": "    if type(a) is not type(b):",
+        "tests": [f"{T_ODD}::test_numpy_memmap_rows_are_stored_and_verify_accepts_them_other_subclasses_are_refused"],
+        "why": "verify=True refuses a correct store of a dataset returning rows of a np.memmap",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:",
+        "replace": "        if idx.is_complex():",
+        "tests": [f"{T_ODD}::test_indices_that_are_not_ints_are_refused_and_integer_tensors_index_as_in_the_dataset"],
+        "why": "read_batch([1.7]) silently reads item 1, read_batch([True, False]) items 1 and 0",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "            i = operator.index(i)",
+        "replace": "            i = i if isinstance(i, int | np.integer) else int(i.foo)",
+        "tests": [f"{T_ODD}::test_indices_that_are_not_ints_are_refused_and_integer_tensors_index_as_in_the_dataset"],
+        "why": "a 0-dim integer tensor indexes the original dataset but not the cache",
+    },
+    {
+        "file": "src/composetrain/data/files.py",
+        "find": "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "replace": "_READ = os.O_RDONLY | os.O_NOFOLLOW",
+        "tests": [f"{T_ODD}::test_a_fifo_in_a_store_is_refused_without_blocking"],
+        "why": "a FIFO in a crafted store blocks the reader for ever",
+    },
+    {
+        "file": "src/composetrain/data/files.py",
+        "find": "json.JSONDecodeError, RecursionError)",
+        "replace": "json.JSONDecodeError)",
+        "tests": [f"{T_ODD}::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error"],
+        "why": "a deeply nested manifest escapes as a RecursionError rather than a StoreError",
+    },
+    {
+        "file": "src/composetrain/data/files.py",
+        "find": "        and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))",
+        "replace": "",
+        "tests": [f"{T_ODD}::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error"],
+        "why": "ragged shapes whose product wraps around int64 pass the check and fail when read",
+    },
+    {
+        "file": "src/composetrain/driver/loading.py",
+        "find": "    if isinstance(loader.dataset, MappedDataset):\n        loader.dataset.set_epoch(epoch)",
+        "replace": "    pass",
+        "tests": [f"{T_ODD}::test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew"],
+        "why": "ct.run over a given DataLoader of an augmented cache draws the same augmentation every epoch",
+    },
+    {
+        "file": "src/composetrain/data/files.py",
+        "find": '        with open(self.path, "ab") as f:\n            f.writelines(self.pending)',
+        "replace": '        self.keep = getattr(self, "keep", None) or open(self.path, "ab")  # noqa: SIM115\n'
+        "        self.keep.writelines(self.pending)\n        self.keep.flush()",
+        "tests": [f"{T_ODD}::test_items_with_more_leaves_than_open_files_allowed_are_written"],
+        "why": "one file held open per leaf: an item with more leaves than the open-file limit fails (EMFILE)",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "    path = Path(os.path.realpath(path))",
+        "replace": "    path = Path(os.path.abspath(path))",
+        "tests": [f"{T_ODD}::test_a_link_to_a_store_is_followed_and_a_rebuild_writes_where_it_points"],
+        "why": "a rebuild through a link replaces the link by a folder (on the wrong disk) and leaves the link beside",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "        if batch.ndim and len(batch) != n:",
+        "replace": "        if False:",
+        "tests": [f"{T_ODD}::test_an_augment_that_changes_the_batch_size_is_named"],
+        "why": "an augment returning fewer rows fails with IndexError: list index out of range",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "        if not t.numel():  # NumPy may give",
+        "replace": "        if False:  # NumPy may give",
+        "tests": [f"{T_ODD}::test_empty_complex_tensors_come_back_viewable_and_verify_compares_them"],
+        "why": "an empty tensor comes back with zero strides: .view(dtype) on it fails",
+    },
+    {
+        "file": "src/composetrain/data/equal.py",
+        "find": "        if not a.numel():",
+        "replace": "        if False:",
+        "tests": [f"{T_ODD}::test_empty_complex_tensors_come_back_viewable_and_verify_compares_them"],
+        "why": "verify=True crashes comparing an empty complex tensor",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "        if e.errno != errno.ENOMEM:",
+        "replace": "        if True:",
+        "tests": [f"{T_ODD}::test_a_map_refused_for_lack_of_address_space_says_so"],
+        "why": "a store mapped past ulimit -v fails with a bare 'Cannot allocate memory'",
     },
 ]

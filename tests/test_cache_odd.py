@@ -200,3 +200,25 @@ def test_a_map_refused_for_lack_of_address_space_says_so(tmp_path: Path, monkeyp
     monkeypatch.setattr(np, "memmap", no_room)  # what mmap does past RLIMIT_AS (ulimit -v)
     with pytest.raises(OSError, match=r"mapping .*f0\.npy .* address space limit \(ulimit -v, RLIMIT_AS\)"):
         cached.read_batch([0])
+
+
+def test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle(
+    tmp_path: Path,
+) -> None:
+    from composetrain.data.writer import fingerprint
+
+    items = [(torch.full((3,), float(i)), i, {"m": np.int16(i)}) for i in range(9)]
+    path = tmp_path / "store"
+    ct.cache(items, path, progress=False, num_workers=0)
+    recorded = json.loads((path / "manifest.json").read_text())["origin"]["fingerprint"]
+    assert recorded == {"items": [0, 4, 8], "blake2b": fingerprint([items[0], items[4], items[8]])}
+    ct.cache(items, path, progress=False, verify=True)  # the same items: accepted
+    changed = list(items)
+    changed[4] = (torch.full((3,), 4.5), 4, {"m": np.int16(4)})  # same type and length, first and last alike
+    assert len(ct.cache(changed, path, progress=False)) == 9  # not compared by default: that calls the dataset
+    with pytest.raises(ValueError, match=r"items \[0, 4, 8\] of the dataset differ from those the store .* made"):
+        ct.cache(changed, path, progress=False, verify=True)
+    retyped = list(items)
+    retyped[4] = (torch.full((3,), 4.0, dtype=torch.float64), 4, {"m": np.int16(4)})
+    with pytest.raises(ValueError, match="differ from those the store"):
+        ct.cache(retyped, path, progress=False, verify=True)

@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset
 
 from composetrain.data.files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
 from composetrain.data.mapped import Augment, MappedDataset
-from composetrain.data.writer import write_store
+from composetrain.data.writer import fingerprint, write_store
 
 __all__ = ["CachedDataset", "cache"]
 
@@ -47,7 +47,8 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
     One process writes (a lock file beside ``path`` elects it: one per node for node-local storage, one in
     all for a shared path); the others wait for it, then map the store. The store holds ``.npy`` files and a
     JSON manifest, no pickle: opening one never runs code. It records the dataset's type and length (and
-    ``key``); a store made from something else is refused, unless ``rebuild=True``.
+    ``key``) and a fingerprint of its first, middle and last items (compared under ``verify=True``: that
+    calls the dataset); a store made from something else is refused, unless ``rebuild=True``.
 
     Args:
         dataset: a map-style Dataset (``len`` and ``__getitem__``) whose items are deterministic: tensors,
@@ -60,7 +61,8 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         seed: the augmentation's seed.
         key: anything JSON can hold that describes how the items were made (a preprocessing config); a store
             written with another key is refused.
-        verify: also compare the first and last items with the dataset's (calls ``__getitem__`` twice).
+        verify: also compare the first and last items with the dataset's, and its first, middle and last items
+            with the fingerprint the store recorded of them (calls ``__getitem__`` three times).
         num_workers: loader workers reading the dataset while writing; "auto": by the time an item takes.
         timeout: seconds to wait for another process writing the store.
         progress: a progress bar, with its ETA, while writing.
@@ -161,13 +163,24 @@ def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: 
 
 
 def _verify(dataset: Any, data: CachedDataset) -> None:
+    """The dataset's first and last items against the store's, then its sampled items against the fingerprint
+    the store recorded of the items it was made from (a change in the middle shows there)."""
     from composetrain.data.equal import same_item
 
-    plain = CachedDataset(data.regions, data.item, data.length)
-    for i in {0, len(data) - 1} if len(data) else ():
-        if not same_item(plain[i], dataset[i]):
+    plain, n = CachedDataset(data.regions, data.item, data.length), len(data)
+    recorded = data.origin.get("fingerprint")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    sampled = recorded.get("items")
+    if not (isinstance(sampled, list) and all(type(i) is int and 0 <= i < n for i in sampled)):
+        sampled = []  # none recorded (or malformed): the first and last items are compared only
+    items = {i: dataset[i] for i in sorted({0, n - 1, *sampled})} if n else {}
+    for i in sorted({0, n - 1}) if n else ():
+        if not same_item(plain[i], items[i]):
             raise ValueError(f"cache: item {i} of the store at {data.path} differs from the dataset's: pass "
                              "rebuild=True to write it again")  # fmt: skip
+    if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):
+        raise ValueError(f"cache: items {sampled} of the dataset differ from those the store at {data.path} was "
+                         "made from (the fingerprint it recorded): pass rebuild=True to write it again")  # fmt: skip
 
 
 @contextlib.contextmanager
