@@ -82,8 +82,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/reader.py",
-        "find": 'return self.dataset.read_batch(indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0))',
-        "replace": 'return self.dataset.read_batch(indices, 0, getattr(inner, "rank", 0))',
+        "find": 'batch = self.dataset.read_batch(indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0))',
+        "replace": 'batch = self.dataset.read_batch(indices, 0, getattr(inner, "rank", 0))',
         "tests": [f"{T_RUN}::test_augmentation_in_loader_workers_draws_as_in_this_process"],
         "why": "ct.run's own reader augments every epoch as the first",
     },
@@ -266,5 +266,46 @@ MUTANTS = [
         "replace": "        if True:",
         "tests": [f"{T_ODD}::test_a_map_refused_for_lack_of_address_space_says_so"],
         "why": "a store mapped past ulimit -v fails with a bare 'Cannot allocate memory'",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": '    if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):',
+        "replace": "    if False:",
+        "tests": [
+            f"{T_ODD}::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle"
+        ],
+        "why": "verify=True misses a dataset changed only between its first and last items",
+    },
+    {
+        "file": "src/composetrain/data/writer.py",
+        "find": "    return sorted({0, n // 2, n - 1}) if n else []",
+        "replace": "    return sorted({0, n - 1}) if n else []",
+        "tests": [
+            f"{T_ODD}::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle"
+        ],
+        "why": "the fingerprint samples only the items verify already compares with the store",
+    },
+    {
+        "file": "src/composetrain/data/writer.py",
+        "find": "            digest.update(repr((where, leaf_kind(value, where))).encode())\n",
+        "replace": "",
+        "tests": [
+            f"{T_ODD}::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle"
+        ],
+        "why": "the fingerprint ignores structure, dtype and shape: only bytes",
+    },
+    {
+        "file": "src/composetrain/driver/reader.py",
+        "find": "    return collate_fn is None or dataset.augment is not None",
+        "replace": "    return collate_fn is None",
+        "tests": [f"{T_ODD}::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run"],
+        "why": "ct.run over an augmented cache with a collate_fn draws the same augmentation every epoch",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "return batch if self.collate_fn is None else self.collate_fn(split_batch(batch, len(indices)))",
+        "replace": "return batch",
+        "tests": [f"{T_ODD}::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run"],
+        "why": "loader workers ignore the collate_fn given to ct.run for an augmented cache",
     },
 ]

@@ -222,3 +222,25 @@ def test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change
     retyped[4] = (torch.full((3,), 4.0, dtype=torch.float64), 4, {"m": np.int16(4)})
     with pytest.raises(ValueError, match="differ from those the store"):
         ct.cache(retyped, path, progress=False, verify=True)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run(tmp_path: Path, workers: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    items = [(torch.randn(IN, dtype=torch.float64, generator=g), i % 3) for i in range(8)]
+
+    def noise(batch: Any, generator: torch.Generator) -> Any:
+        x, y = batch
+        return [x + torch.randn(x.shape, generator=generator, dtype=x.dtype), y]
+
+    cached = ct.cache(items, tmp_path / "store", augment=noise, progress=False)
+    seen: list[torch.Tensor] = []
+
+    def record(model: Any, batch: Any) -> Any:
+        seen.append(batch[0].clone())
+        return classify(model, batch)
+
+    ct.run(ct.train_step(record), make_state(), cached, batch_size=4, epochs=2, progress=False, shuffle=False,
+           num_workers=workers, collate_fn=lambda rows: default_collate(rows))  # fmt: skip
+    want = [cached.read_batch(range(s, s + 4), epoch=e)[0] for e in range(2) for s in (0, 4)]
+    assert len(seen) == 4 and all(torch.equal(a, b) for a, b in zip(seen, want, strict=True))

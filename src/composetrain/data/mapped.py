@@ -258,17 +258,19 @@ def split_batch(batch: Any, n: int) -> list[Any]:
 
 class Batches(Dataset[Any]):
     """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_batch``, for loader workers given whole
-    batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation."""
+    batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation;
+    with ``collate_fn``, the batch's rows collated by it."""
 
-    def __init__(self, data: MappedDataset) -> None:
-        self.data = data
+    def __init__(self, data: MappedDataset, collate_fn: Callable[[list[Any]], Any] | None = None) -> None:
+        self.data, self.collate_fn = data, collate_fn
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, key: tuple[int, int, Sequence[int]]) -> Any:
         epoch, rank, indices = key
-        return self.data.read_batch(indices, epoch, rank)
+        batch = self.data.read_batch(indices, epoch, rank)
+        return batch if self.collate_fn is None else self.collate_fn(split_batch(batch, len(indices)))
 
 
 def same(batch: Any) -> Any:

@@ -101,7 +101,7 @@ def build_loader(
 
     def workers(n: int) -> DataLoader[Any]:
         return DataLoader(
-            Batches(data) if whole else data,
+            Batches(data, collate_fn) if whole else data,
             batch_size=None if whole else batch_size,
             sampler=EpochBatches(sampler, batch_size, drop_last) if whole else sampler,
             drop_last=False if whole else drop_last,

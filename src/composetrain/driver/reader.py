@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
 
-from composetrain.data.mapped import MappedDataset
+from composetrain.data.mapped import MappedDataset, split_batch
 
 __all__ = [
     "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers",
@@ -85,8 +85,11 @@ def indexable(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bo
 
 
 def mapped(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
-    """Whether a batch is one ``read_batch`` of a memory-mapped dataset (ct.cache's): no per-sample collate."""
-    return isinstance(dataset, MappedDataset) and not dataset.ragged and collate_fn is None
+    """Whether a batch is one ``read_batch`` of a memory-mapped dataset (ct.cache's): no per-sample collate, or,
+    with an augment, the augmented batch's rows given to ``collate_fn`` (the epoch and rank seed the augment)."""
+    if not isinstance(dataset, MappedDataset) or dataset.ragged:
+        return False
+    return collate_fn is None or dataset.augment is not None
 
 
 class EpochBatches(Sampler[tuple[int, int, list[int]]]):
@@ -135,6 +138,7 @@ class Reader:
     ) -> None:
         self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
         self.collate_fn = collate_fn or default_collate
+        self._collate = collate_fn  # given: applied to the rows of a MappedDataset's augmented batch
         self._tensors = dataset.tensors if indexable(dataset, collate_fn) else None
         self._mapped = mapped(dataset, collate_fn)
         self._loader: DataLoader[Any] | None = None
@@ -185,7 +189,8 @@ class Reader:
             return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
         if self._mapped:  # one gather per field, as default_collate would stack the items
             inner = getattr(self.sampler, "inner", None)  # ct.run's sampler: the epoch and rank seed augmentation
-            return self.dataset.read_batch(indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0))
+            batch = self.dataset.read_batch(indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0))
+            return batch if self._collate is None else self._collate(split_batch(batch, len(indices)))
         getitems = getattr(self.dataset, "__getitems__", None)
         return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
 
