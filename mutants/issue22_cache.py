@@ -308,4 +308,11 @@ MUTANTS = [
         "tests": [f"{T_ODD}::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run"],
         "why": "loader workers ignore the collate_fn given to ct.run for an augmented cache",
     },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "        with contextlib.suppress(OSError):  # who holds it",
+        "replace": "        with contextlib.nullcontext():  # who holds it",
+        "tests": [f"{T_ODD}::test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_cache_message"],
+        "why": "a disk full at the lock's first byte fails with a bare errno, without the cache's message",
+    },
 ]

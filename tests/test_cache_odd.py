@@ -244,3 +244,18 @@ def test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run(t
            num_workers=workers, collate_fn=lambda rows: default_collate(rows))  # fmt: skip
     want = [cached.read_batch(range(s, s + 4), epoch=e)[0] for e in range(2) for s in (0, 4)]
     assert len(seen) == 4 and all(torch.equal(a, b) for a, b in zip(seen, want, strict=True))
+
+
+def test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_cache_message(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import errno
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)  # the lock's "who holds it" note: the first byte written
+    monkeypatch.setattr("composetrain.data.files.NpyWriter.flush", full)
+    with pytest.raises(OSError, match=r"cache: writing .*store failed: No space left on device; nothing was kept"):
+        ct.cache([torch.ones(2)] * 3, tmp_path / "store", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".store.lock"]

@@ -203,8 +203,9 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
                         "or remove the store if its writer is gone"
                     ) from None
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        with contextlib.suppress(OSError):  # who holds it, for waiters' messages; a full disk fails the write itself
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
         yield waited
     finally:
         os.close(fd)  # releases the lock
