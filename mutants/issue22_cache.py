@@ -30,8 +30,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "fresh = waited or _created(path) >= started",
-        "replace": "fresh = _created(path) >= started",
+        "find": "fresh = waited or started <= _created(path) <= time.time()",
+        "replace": "fresh = started <= _created(path) <= time.time()",
         "tests": [f"{T}::test_processes_waiting_for_a_rebuild_map_it_instead_of_rebuilding_again"],
         "why": "every rank of a job called with rebuild=True rebuilds the store again, one after the other",
     },
@@ -314,5 +314,12 @@ MUTANTS = [
         "replace": "        with contextlib.nullcontext():  # who holds it",
         "tests": [f"{T_ODD}::test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_cache_message"],
         "why": "a disk full at the lock's first byte fails with a bare errno, without the cache's message",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "fresh = waited or started <= _created(path) <= time.time()",
+        "replace": "fresh = waited or started <= _created(path)",
+        "tests": [f"{T_ODD}::test_rebuild_is_not_skipped_for_a_store_dated_in_the_future"],
+        "why": "rebuild=True keeps (and maps) a store whose clock was ahead: stale items, silently",
     },
 ]

@@ -219,7 +219,7 @@ def test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change
     with pytest.raises(ValueError, match=r"items \[0, 4, 8\] of the dataset differ from those the store .* made"):
         ct.cache(changed, path, progress=False, verify=True)
     retyped = list(items)
-    retyped[4] = (torch.full((3,), 4.0, dtype=torch.float64), 4, {"m": np.int16(4)})
+    retyped[4] = (torch.full((3,), 4.0).view(torch.int32), 4, {"m": np.int16(4)})  # the same bytes, another dtype
     with pytest.raises(ValueError, match="differ from those the store"):
         ct.cache(retyped, path, progress=False, verify=True)
 
@@ -259,3 +259,13 @@ def test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_c
     with pytest.raises(OSError, match=r"cache: writing .*store failed: No space left on device; nothing was kept"):
         ct.cache([torch.ones(2)] * 3, tmp_path / "store", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".store.lock"]
+
+
+def test_rebuild_is_not_skipped_for_a_store_dated_in_the_future(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    ct.cache([torch.zeros(2)] * 3, path, progress=False)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["origin"]["created"] += 3600.0  # written on a node whose clock is an hour ahead
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    rebuilt = ct.cache([torch.ones(2)] * 3, path, rebuild=True, progress=False)
+    assert torch.equal(rebuilt[0], torch.ones(2))

@@ -92,7 +92,8 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         except StoreError as e:
             raise StoreError(f"cache: {e}; pass rebuild=True to write the store again") from None
     with _locked(path, timeout) as waited:
-        fresh = waited or _created(path) >= started  # another process rebuilt it while this one waited
+        # another process rebuilt it while this one waited (a store dated later than now is not that)
+        fresh = waited or started <= _created(path) <= time.time()
         if (path / MANIFEST).exists() and (not rebuild or fresh):
             return _open(dataset, path, origin, augment, seed, verify)
         _write(dataset, path, {**origin, "created": time.time()}, num_workers, progress)
