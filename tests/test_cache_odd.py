@@ -118,11 +118,11 @@ def test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error(tmp
         ct.cache(items, path, progress=False)
     (path / "manifest.json").write_text(good)
     shapes = np.array([[1], [2], [1], [2]], np.int64)
-    shapes2 = np.array([[1, 1], [2**32, 2**32], [1, 1], [2, 1]], np.int64)  # 2**64 elements: 0 once it wraps
+    shapes2 = np.array([[1, 1], [2**32, 2**32], [1, 1], [4, 1]], np.int64)  # 2**64 elements: 0 once it wraps
     manifest = json.loads(good)
     assert np.array_equal(np.load(path / "f0s.npy"), shapes)
     np.save(path / "f0s.npy", shapes2)
-    np.save(path / "f0o.npy", np.array([0, 1, 1, 2, 4], np.int64))
+    np.save(path / "f0o.npy", np.array([0, 1, 1, 2, 6], np.int64))  # all else consistent with the 6 values
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(StoreError, match="offsets and shapes of ragged array"):
         ct.cache(items, path, progress=False)
