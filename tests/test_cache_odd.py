@@ -269,3 +269,12 @@ def test_rebuild_is_not_skipped_for_a_store_dated_in_the_future(tmp_path: Path) 
     (path / "manifest.json").write_text(json.dumps(manifest))
     rebuilt = ct.cache([torch.ones(2)] * 3, path, rebuild=True, progress=False)
     assert torch.equal(rebuilt[0], torch.ones(2))
+
+
+def test_numpy_scalars_of_an_alias_type_pass_verify(tmp_path: Path) -> None:
+    items = [(np.array([i], "q")[0], np.array([i], "Q")[0], np.float32(i)) for i in range(3)]
+    assert type(items[0][0]) is np.longlong  # the same dtype as np.int64, another type
+    ct.cache(items, tmp_path / "store", progress=False)
+    cached = ct.cache(items, tmp_path / "store", progress=False, verify=True)
+    assert all(same_item(cached[i], items[i]) for i in range(3)) and cached[2][0].dtype == np.int64
+    assert not same_item(np.int64(1), np.int32(1)) and not same_item(np.float32(1), np.int32(1))

@@ -43,5 +43,8 @@ def same_item(a: Any, b: Any) -> bool:
 
 
 def _kind(x: Any) -> type:
-    """``x``'s type, a NumPy memmap counted as the array it is (a dataset's rows of a memmap are arrays)."""
+    """``x``'s type; a NumPy memmap counted as the array it is, NumPy scalars by their dtype (compared next:
+    ``np.longlong`` and ``np.int64`` are both int64)."""
+    if isinstance(x, np.generic):
+        return np.generic
     return np.ndarray if type(x) is np.memmap else type(x)
