@@ -187,6 +187,9 @@ def test_empty_complex_tensors_come_back_viewable_and_verify_compares_them(tmp_p
     for got in (cached[1], cached.__getitems__([0])[0]):
         assert same_item(got, items[0])
         assert got[0].view(torch.float64).shape == (0,) and got[1].view(torch.float32).shape == (2, 0)
+    zero_strides = torch.from_numpy(np.array(np.empty((2, 0), np.complex128)[np.asarray([1])][0]))
+    assert zero_strides.stride() == (0,)  # what a dataset built on NumPy may return
+    assert same_item(zero_strides, items[0][0]) and not same_item(zero_strides, items[0][1])
 
 
 def test_a_map_refused_for_lack_of_address_space_says_so(tmp_path: Path, monkeypatch: Any) -> None:
