@@ -240,11 +240,12 @@ def test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run(t
     seen: list[torch.Tensor] = []
 
     def record(model: Any, batch: Any) -> Any:
+        assert isinstance(batch, tuple)  # what the collate_fn made of the augmented rows
         seen.append(batch[0].clone())
         return classify(model, batch)
 
     ct.run(ct.train_step(record), make_state(), cached, batch_size=4, epochs=2, progress=False, shuffle=False,
-           num_workers=workers, collate_fn=lambda rows: default_collate(rows))  # fmt: skip
+           num_workers=workers, collate_fn=lambda rows: tuple(default_collate(rows)))  # fmt: skip
     want = [cached.read_batch(range(s, s + 4), epoch=e)[0] for e in range(2) for s in (0, 4)]
     assert len(seen) == 4 and all(torch.equal(a, b) for a, b in zip(seen, want, strict=True))
 
