@@ -329,4 +329,11 @@ MUTANTS = [
         "tests": [f"{T_ODD}::test_numpy_scalars_of_an_alias_type_pass_verify"],
         "why": "verify=True refuses a correct store of np.longlong scalars (read back as np.int64, the same dtype)",
     },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0",
+        "replace": "isinstance(timeout, int | float) and timeout > 0",
+        "tests": [f"{T_ODD}::test_a_bool_timeout_is_refused_rather_than_taken_for_one_second"],
+        "why": "timeout=True is taken for one second",
+    },
 ]

@@ -282,3 +282,9 @@ def test_numpy_scalars_of_an_alias_type_pass_verify(tmp_path: Path) -> None:
     cached = ct.cache(items, tmp_path / "store", progress=False, verify=True)
     assert all(same_item(cached[i], items[i]) for i in range(3)) and cached[2][0].dtype == np.int64
     assert not same_item(np.int64(1), np.int32(1)) and not same_item(np.float32(1), np.int32(1))
+
+
+def test_a_bool_timeout_is_refused_rather_than_taken_for_one_second(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cache: timeout must be a positive number of seconds, got True"):
+        ct.cache([torch.ones(1)], tmp_path / "store", timeout=True, progress=False)  # type: ignore[arg-type]
+    assert not (tmp_path / "store").exists()

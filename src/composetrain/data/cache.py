@@ -119,7 +119,7 @@ def _check(
         raise ValueError(f"cache: seed must be an int (int64), got {seed!r}")
     if not (workers == "auto" or (type(workers) is int and workers >= 0)):
         raise ValueError(f'cache: num_workers must be "auto" or an int >= 0, got {workers!r}')
-    if not (isinstance(timeout, int | float) and timeout > 0):
+    if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0):
         raise ValueError(f"cache: timeout must be a positive number of seconds, got {timeout!r}")
     try:
         json.dumps(key, allow_nan=False)
