@@ -4,12 +4,13 @@ T = "tests/test_cache.py"
 T_RUN = "tests/test_cache_run.py"
 T_BAD = "tests/test_cache_hostile.py"
 T_PROC = "tests/test_cache_processes.py"
+T_ODD = "tests/test_cache_odd.py"  # the adversary a-cache's findings
 
 MUTANTS = [
     {
         "file": "src/composetrain/data/files.py",
-        "find": "        self.file.flush()\n        os.fsync(self.file.fileno())\n        self.file.close()",
-        "replace": "        self.file.flush()\n        self.file.close()",
+        "find": "            f.flush()\n            os.fsync(f.fileno())",
+        "replace": "            f.flush()",
         "tests": [f"{T}::test_every_file_and_the_folder_are_fsynced_before_the_store_is_renamed_into_place"],
         "why": "an array file not fsynced before the store is renamed into place: a crash can publish zeros",
     },
@@ -29,8 +30,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "fresh = waited or _created(path) >= started",
-        "replace": "fresh = _created(path) >= started",
+        "find": "fresh = waited or started <= _created(path) <= time.time()",
+        "replace": "fresh = started <= _created(path) <= time.time()",
         "tests": [f"{T}::test_processes_waiting_for_a_rebuild_map_it_instead_of_rebuilding_again"],
         "why": "every rank of a job called with rebuild=True rebuilds the store again, one after the other",
     },
@@ -60,8 +61,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/files.py",
-        "find": "        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)\n    except OSError as e:",
-        "replace": "        fd = os.open(path, os.O_RDONLY)\n    except OSError as e:",
+        "find": "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "replace": "_READ = os.O_RDONLY | os.O_NONBLOCK",
         "tests": [f"{T_BAD}::test_symbolic_links_inside_a_store_are_refused"],
         "why": "an array file that is a symbolic link (to anywhere) is followed and mapped",
     },
@@ -95,9 +96,9 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/mapped.py",
-        "find": "        t = torch.from_numpy(np.array(row))\n        dtype = torch_dtype(field.dtype)\n"
+        "find": "            t = torch.empty(t.shape, dtype=t.dtype)\n        dtype = torch_dtype(field.dtype)\n"
         "        return t if t.dtype == dtype else t.view(dtype)",
-        "replace": "        return torch.from_numpy(np.array(row))",
+        "replace": "            t = torch.empty(t.shape, dtype=t.dtype)\n        return t",
         "tests": [f"{T}::test_dtypes_numpy_lacks_come_back_as_themselves"],
         "why": "a bfloat16 or float8 tensor comes back as the integers it is stored as",
     },
@@ -144,5 +145,195 @@ MUTANTS = [
         "replace": "return dict(self.__dict__)",
         "tests": [f"{T}::test_the_store_is_mapped_never_loaded_and_loader_workers_get_no_copy_of_it"],
         "why": "every loader worker receives a pickled copy of the whole store",
+    },
+    # a-cache (adversary): the fixes for what it found
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "    if isinstance(dataset, IterableDataset):",
+        "replace": "    if False:",
+        "tests": [f"{T_ODD}::test_an_iterable_dataset_is_refused_even_with_a_len"],
+        "why": "an IterableDataset with a __len__ fails in torch's inherited __getitem__ (NotImplementedError)",
+    },
+    {
+        "file": "src/composetrain/data/writer.py",
+        "find": "t = value.detach().resolve_conj().resolve_neg().contiguous()",
+        "replace": "t = value.detach().contiguous()",
+        "tests": [f"{T_ODD}::test_conjugate_and_negative_views_are_stored_as_their_values"],
+        "why": "a conjugate view (x.conj()) cannot be written: numpy() refuses it",
+    },
+    {
+        "file": "src/composetrain/data/layout.py",
+        "find": "        if value.is_quantized:",
+        "replace": "        if False:",
+        "tests": [f"{T_ODD}::test_quantized_tensors_are_refused_rather_than_read_back_without_their_scale"],
+        "why": "a quantized tensor is stored without its scale and read back as an unusable tensor",
+    },
+    {
+        "file": "src/composetrain/data/layout.py",
+        "find": "type(value) not in (np.ndarray, np.memmap):",
+        "replace": "type(value) not in (np.ndarray, np.memmap, np.ma.MaskedArray, np.matrix):",
+        "tests": [f"{T_ODD}::test_numpy_memmap_rows_are_stored_and_verify_accepts_them_other_subclasses_are_refused"],
+        "why": "a masked array's mask is silently dropped",
+    },
+    {
+        "file": "src/composetrain/data/equal.py",
+        "find": "    if _kind(a) is not _kind(b):",
+        "replace": "    if type(a) is not type(b):",
+        "tests": [f"{T_ODD}::test_numpy_memmap_rows_are_stored_and_verify_accepts_them_other_subclasses_are_refused"],
+        "why": "verify=True refuses a correct store of a dataset returning rows of a np.memmap",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "        if idx.ndim > 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():",
+        "replace": "        if idx.ndim > 1 or idx.is_complex():",
+        "tests": [f"{T_ODD}::test_indices_that_are_not_ints_are_refused_and_integer_tensors_index_as_in_the_dataset"],
+        "why": "read_batch([1.7]) silently reads item 1, read_batch([True, False]) items 1 and 0",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "            i = operator.index(i)",
+        "replace": "            i = i if isinstance(i, int | np.integer) else int(i.foo)",
+        "tests": [f"{T_ODD}::test_indices_that_are_not_ints_are_refused_and_integer_tensors_index_as_in_the_dataset"],
+        "why": "a 0-dim integer tensor indexes the original dataset but not the cache",
+    },
+    {
+        "file": "src/composetrain/data/files.py",
+        "find": "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "replace": "_READ = os.O_RDONLY | os.O_NOFOLLOW",
+        "tests": [f"{T_ODD}::test_a_fifo_in_a_store_is_refused_without_blocking"],
+        "why": "a FIFO in a crafted store blocks the reader for ever",
+    },
+    {
+        "file": "src/composetrain/data/files.py",
+        "find": "json.JSONDecodeError, RecursionError)",
+        "replace": "json.JSONDecodeError)",
+        "tests": [f"{T_ODD}::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error"],
+        "why": "a deeply nested manifest escapes as a RecursionError rather than a StoreError",
+    },
+    {
+        "file": "src/composetrain/data/files.py",
+        "find": "        and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))",
+        "replace": "",
+        "tests": [f"{T_ODD}::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error"],
+        "why": "ragged shapes whose product wraps around int64 pass the check and fail when read",
+    },
+    {
+        "file": "src/composetrain/driver/loading.py",
+        "find": "    if (mapped_data := as_mapped(loader.dataset)) is not None:\n        mapped_data.set_epoch(epoch)",
+        "replace": "    pass",
+        "tests": [f"{T_ODD}::test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew"],
+        "why": "ct.run over a given DataLoader of an augmented cache draws the same augmentation every epoch",
+    },
+    {
+        "file": "src/composetrain/data/files.py",
+        "find": '        with open(self.path, "ab") as f:\n            f.writelines(self.pending)',
+        "replace": '        self.keep = getattr(self, "keep", None) or open(self.path, "ab")  # noqa: SIM115\n'
+        "        self.keep.writelines(self.pending)\n        self.keep.flush()",
+        "tests": [f"{T_ODD}::test_items_with_more_leaves_than_open_files_allowed_are_written"],
+        "why": "one file held open per leaf: an item with more leaves than the open-file limit fails (EMFILE)",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "    path = Path(os.path.realpath(path))",
+        "replace": "    path = Path(os.path.abspath(path))",
+        "tests": [f"{T_ODD}::test_a_link_to_a_store_is_followed_and_a_rebuild_writes_where_it_points"],
+        "why": "a rebuild through a link replaces the link by a folder (on the wrong disk) and leaves the link beside",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "        if batch.ndim and len(batch) != n:",
+        "replace": "        if False:",
+        "tests": [f"{T_ODD}::test_an_augment_that_changes_the_batch_size_is_named"],
+        "why": "an augment returning fewer rows fails with IndexError: list index out of range",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "        if not t.numel():  # NumPy may give",
+        "replace": "        if False:  # NumPy may give",
+        "tests": [f"{T_ODD}::test_empty_complex_tensors_come_back_viewable_and_verify_compares_them"],
+        "why": "an empty tensor comes back with zero strides: .view(dtype) on it fails",
+    },
+    {
+        "file": "src/composetrain/data/equal.py",
+        "find": "        if not a.numel():",
+        "replace": "        if False:",
+        "tests": [f"{T_ODD}::test_empty_complex_tensors_come_back_viewable_and_verify_compares_them"],
+        "why": "verify=True crashes comparing an empty complex tensor",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "        if e.errno != errno.ENOMEM:",
+        "replace": "        if True:",
+        "tests": [f"{T_ODD}::test_a_map_refused_for_lack_of_address_space_says_so"],
+        "why": "a store mapped past ulimit -v fails with a bare 'Cannot allocate memory'",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": '    if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):',
+        "replace": "    if False:",
+        "tests": [
+            f"{T_ODD}::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle"
+        ],
+        "why": "verify=True misses a dataset changed only between its first and last items",
+    },
+    {
+        "file": "src/composetrain/data/writer.py",
+        "find": "    return sorted({0, n // 2, n - 1}) if n else []",
+        "replace": "    return sorted({0, n - 1}) if n else []",
+        "tests": [
+            f"{T_ODD}::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle"
+        ],
+        "why": "the fingerprint samples only the items verify already compares with the store",
+    },
+    {
+        "file": "src/composetrain/data/writer.py",
+        "find": "            digest.update(repr((where, leaf_kind(value, where))).encode())\n",
+        "replace": "",
+        "tests": [
+            f"{T_ODD}::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle"
+        ],
+        "why": "the fingerprint ignores structure, dtype and shape: only bytes",
+    },
+    {
+        "file": "src/composetrain/driver/reader.py",
+        "find": "    return dataset.augment is not None or (not dataset.ragged and collate_fn is None)",
+        "replace": "    return not dataset.ragged and collate_fn is None",
+        "tests": [f"{T_ODD}::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run"],
+        "why": "ct.run over an augmented cache with a collate_fn draws the same augmentation every epoch",
+    },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "    return batch if collate is None else collate(split_batch(batch, len(indices)))",
+        "replace": "    return batch",
+        "tests": [f"{T_ODD}::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run"],
+        "why": "loader workers ignore the collate_fn given to ct.run for an augmented cache",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "        with contextlib.suppress(OSError):  # who holds it",
+        "replace": "        with contextlib.nullcontext():  # who holds it",
+        "tests": [f"{T_ODD}::test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_cache_message"],
+        "why": "a disk full at the lock's first byte fails with a bare errno, without the cache's message",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "fresh = waited or started <= _created(path) <= time.time()",
+        "replace": "fresh = waited or started <= _created(path)",
+        "tests": [f"{T_ODD}::test_rebuild_is_not_skipped_for_a_store_dated_in_the_future"],
+        "why": "rebuild=True keeps (and maps) a store whose clock was ahead: stale items, silently",
+    },
+    {
+        "file": "src/composetrain/data/equal.py",
+        "find": "    if isinstance(x, np.generic):\n        return np.generic\n",
+        "replace": "",
+        "tests": [f"{T_ODD}::test_numpy_scalars_of_an_alias_type_pass_verify"],
+        "why": "verify=True refuses a correct store of np.longlong scalars (read back as np.int64, the same dtype)",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0",
+        "replace": "isinstance(timeout, int | float) and timeout > 0",
+        "tests": [f"{T_ODD}::test_a_bool_timeout_is_refused_rather_than_taken_for_one_second"],
+        "why": "timeout=True is taken for one second",
     },
 ]

@@ -125,10 +125,10 @@ def main():
 
         original_check = preemption.StopSignal.check
 
-        def dying_check(self):
+        def dying_check(self, *args, **kwargs):
             calls["agree"] += 1
             die("agree", calls["agree"])
-            return original_check(self)
+            return original_check(self, *args, **kwargs)
 
         preemption.StopSignal.check = dying_check
 

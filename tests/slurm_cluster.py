@@ -169,7 +169,7 @@ class SlurmCluster:
         _run(*command)
         deadline = time.monotonic() + 20
         while True:
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, IndexError):  # IndexError: created, not yet written
                 pid = int(pid_file.read_text().split()[0])
                 if _comm(pid) == name:
                     self.started[name] = pid

@@ -46,3 +46,29 @@ def test_import_star_and_unknown_names():
         "composetrain.driver.run TrainState",
         "module 'composetrain' has no attribute 'no_such_thing'",
     ]
+
+
+def test_without_numpy_ct_run_trains_and_only_the_data_layers_names_need_it():
+    """NumPy is optional for torch and for composetrain except ct.cache and ct.hdf5: a run over a TensorDataset
+    works without it, and asking for ct.cache names what is missing (before: the first public name imported the
+    data layer, whose NumPy import failed every name, and ct.run's driver imported it too)."""
+    out = run(
+        "import sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "sys.modules['numpy'] = None\n"
+        "import torch, torch.nn.functional as F\n"
+        "from torch.utils.data import TensorDataset\n"
+        "import composetrain as ct\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(3, 2)\n"
+        "state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+        "data = TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))\n"
+        "step = lambda m, b: F.cross_entropy(m(b[0]), b[1])\n"
+        "result = ct.run(ct.accumulate(2)(step), state, data, batch_size=4, epochs=1, progress=False)\n"
+        "print(result.steps, 'numpy' in sys.modules and sys.modules['numpy'] is not None)\n"
+        "try:\n"
+        "    ct.cache\n"
+        "except ImportError as e:\n"
+        "    print('refused', 'numpy' in str(e))\n"
+    )
+    assert out.splitlines() == ["4 False", "refused True"], out

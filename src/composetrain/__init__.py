@@ -89,8 +89,14 @@ def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'composetrain' has no attribute {name!r}")
     for public, module in _WHERE.items():  # all at once: the package then reads as it did eagerly
+        try:
+            value = getattr(importlib.import_module(module), public)
+        except ImportError:  # the data layer needs NumPy, which the rest does not: only its own names fail
+            if public == name or not module.startswith("composetrain.data."):
+                raise
+            continue
         # setdefault: a name the user assigned on the package before (ct.run = fake) keeps that value
-        globals().setdefault(public, getattr(importlib.import_module(module), public))
+        globals().setdefault(public, value)
     return globals()[name]
 
 

@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from composetrain.data.files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
 from composetrain.data.mapped import Augment, MappedDataset
-from composetrain.data.writer import write_store
+from composetrain.data.writer import fingerprint, write_store
 
 __all__ = ["CachedDataset", "cache"]
 
@@ -45,7 +47,8 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
     One process writes (a lock file beside ``path`` elects it: one per node for node-local storage, one in
     all for a shared path); the others wait for it, then map the store. The store holds ``.npy`` files and a
     JSON manifest, no pickle: opening one never runs code. It records the dataset's type and length (and
-    ``key``); a store made from something else is refused, unless ``rebuild=True``.
+    ``key``) and a fingerprint of its first, middle and last items (compared under ``verify=True``: that
+    calls the dataset); a store made from something else is refused, unless ``rebuild=True``.
 
     Args:
         dataset: a map-style Dataset (``len`` and ``__getitem__``) whose items are deterministic: tensors,
@@ -58,7 +61,8 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         seed: the augmentation's seed.
         key: anything JSON can hold that describes how the items were made (a preprocessing config); a store
             written with another key is refused.
-        verify: also compare the first and last items with the dataset's (calls ``__getitem__`` twice).
+        verify: also compare the first and last items with the dataset's, and its first, middle and last items
+            with the fingerprint the store recorded of them (calls ``__getitem__`` three times).
         num_workers: loader workers reading the dataset while writing; "auto": by the time an item takes.
         timeout: seconds to wait for another process writing the store.
         progress: a progress bar, with its ETA, while writing.
@@ -88,7 +92,8 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         except StoreError as e:
             raise StoreError(f"cache: {e}; pass rebuild=True to write the store again") from None
     with _locked(path, timeout) as waited:
-        fresh = waited or _created(path) >= started  # another process rebuilt it while this one waited
+        # another process rebuilt it while this one waited (a store dated later than now is not that)
+        fresh = waited or started <= _created(path) <= time.time()
         if (path / MANIFEST).exists() and (not rebuild or fresh):
             return _open(dataset, path, origin, augment, seed, verify)
         _write(dataset, path, {**origin, "created": time.time()}, num_workers, progress)
@@ -98,6 +103,9 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
 def _check(
     dataset: Any, path: Any, augment: Any, rebuild: Any, seed: Any, key: Any, workers: Any, timeout: Any
 ) -> Path:
+    if isinstance(dataset, IterableDataset):  # it may define __len__, and inherits a __getitem__ that raises
+        raise ValueError(f"cache: dataset is an IterableDataset ({type(dataset).__name__}): ct.cache needs a "
+                         "map-style Dataset (items by index, __len__ and __getitem__)")  # fmt: skip
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise ValueError(f"cache: dataset must be a map-style Dataset (with __len__ and __getitem__), got a "
                          f"{type(dataset).__name__}")  # fmt: skip
@@ -114,7 +122,7 @@ def _check(
         raise ValueError(f"cache: seed must be an int (int64), got {seed!r}")
     if not (workers == "auto" or (type(workers) is int and workers >= 0)):
         raise ValueError(f'cache: num_workers must be "auto" or an int >= 0, got {workers!r}')
-    if not (isinstance(timeout, int | float) and timeout > 0):
+    if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0):
         raise ValueError(f"cache: timeout must be a positive number of seconds, got {timeout!r}")
     try:
         json.dumps(key, allow_nan=False)
@@ -122,7 +130,7 @@ def _check(
         raise ValueError(
             f"cache: key must be something JSON can hold (str, numbers, lists, dicts), got {key!r}"
         ) from None
-    path = Path(os.path.abspath(path))
+    path = Path(os.path.realpath(path))  # a link to a folder on a larger disk: the store is written there
     if not path.parent.is_dir():
         raise ValueError(f"cache: the folder that holds the store, {path.parent}, does not exist; create it first")
     if path.exists() and not path.is_dir():
@@ -159,13 +167,24 @@ def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: 
 
 
 def _verify(dataset: Any, data: CachedDataset) -> None:
+    """The dataset's first and last items against the store's, then its sampled items against the fingerprint
+    the store recorded of the items it was made from (a change in the middle shows there)."""
     from composetrain.data.equal import same_item
 
-    plain = CachedDataset(data.regions, data.item, data.length)
-    for i in {0, len(data) - 1} if len(data) else ():
-        if not same_item(plain[i], dataset[i]):
+    plain, n = CachedDataset(data.regions, data.item, data.length), len(data)
+    recorded = data.origin.get("fingerprint")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    sampled = recorded.get("items")
+    if not (isinstance(sampled, list) and all(type(i) is int and 0 <= i < n for i in sampled)):
+        sampled = []  # none recorded (or malformed): the first and last items are compared only
+    items = {i: dataset[i] for i in sorted({0, n - 1, *sampled})} if n else {}
+    for i in sorted({0, n - 1}) if n else ():
+        if not same_item(plain[i], items[i]):
             raise ValueError(f"cache: item {i} of the store at {data.path} differs from the dataset's: pass "
                              "rebuild=True to write it again")  # fmt: skip
+    if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):
+        raise ValueError(f"cache: items {sampled} of the dataset differ from those the store at {data.path} was "
+                         "made from (the fingerprint it recorded): pass rebuild=True to write it again")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -188,8 +207,9 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
                         "or remove the store if its writer is gone"
                     ) from None
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        with contextlib.suppress(OSError):  # who holds it, for waiters' messages; a full disk fails the write itself
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
         yield waited
     finally:
         os.close(fd)  # releases the lock

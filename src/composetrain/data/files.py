@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 FORMAT, MANIFEST = 1, "manifest.json"
+# never through a symbolic link, and never waiting: opening a FIFO for reading would block until it has a writer
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 _HEADER = 256  # bytes kept for the .npy header, written once the number of items is known
 
 
@@ -39,32 +41,44 @@ class StoreError(ValueError):
 
 
 class NpyWriter:
-    """An ``.npy`` file written as a stream of items' bytes; its header (shape) is filled in at the end."""
+    """An ``.npy`` file written as a stream of items' bytes; its header (shape) is filled in at the end.
 
-    def __init__(self, path: Path, dtype: np.dtype[Any]) -> None:
-        self.path, self.dtype, self.count = path, dtype, 0
-        self.file = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 (closed by finish or the writer's cleanup)
-        self.file.write(b"\0" * _HEADER)
+    No file stays open between writes: an item may have thousands of leaves (one file each), more than a
+    process may hold open. The bytes wait in memory until ``limit`` of them, then are appended in one open.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype[Any], limit: int = 1 << 20) -> None:
+        self.path, self.dtype, self.count, self.limit = path, dtype, 0, limit
+        self.pending: list[bytes] = [b"\0" * _HEADER]
+        self.size = _HEADER
+        with open(path, "xb"):
+            pass  # created now: a path that cannot be written fails before any item is read
 
     def append(self, values: np.ndarray[Any, Any]) -> None:
-        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        data = np.ascontiguousarray(values, dtype=self.dtype).tobytes()
+        self.pending.append(data)
+        self.size += len(data)
         self.count += values.size
+        if self.size >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        with open(self.path, "ab") as f:
+            f.writelines(self.pending)
+        self.pending, self.size = [], 0
 
     def finish(self, shape: tuple[int, ...]) -> None:
-        """Write the header for ``shape`` (its size must be what was appended), flush and fsync."""
+        """Write the header for ``shape`` (its size must be what was appended), then fsync."""
         assert int(np.prod(shape)) == self.count, (shape, self.count)
         header = repr({"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
         header = header.ljust(_HEADER - 10 - 1) + "\n"
         if len(header) + 10 != _HEADER:
             raise ValueError(f"cache: an array of shape {shape} needs a longer .npy header than {_HEADER} bytes")
-        self.file.seek(0)
-        self.file.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1"))
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-
-    def close(self) -> None:
-        self.file.close()
+        self.flush()
+        with open(self.path, "r+b") as f:
+            f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1"))
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def fsync_folder(folder: Path) -> None:
@@ -87,7 +101,7 @@ def write_manifest(folder: Path, item: Any, length: int, origin: dict[str, Any])
 
 def _read_plain(path: Path, limit: int) -> bytes:
     """A regular file's bytes, never through a symbolic link, at most ``limit`` of them."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(path, _READ)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise StoreError(f"{path} is not a regular file")
@@ -104,7 +118,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of a complete store, its structure checked; FileNotFoundError when there is none."""
     try:
         raw = json.loads(_read_plain(folder / MANIFEST, 1 << 24))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise StoreError(f"{folder / MANIFEST} is not JSON: {e}") from None
     except OSError as e:
         if isinstance(e, FileNotFoundError):
@@ -149,7 +163,7 @@ def _region(folder: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...
         raise StoreError(f"{folder}: the array name {name!r} is not a plain name")
     path = folder / f"{name}.npy"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, _READ)
     except OSError as e:
         raise StoreError(f"{path} cannot be opened ({e.strerror or e}): a store's arrays are regular files") from None
     with os.fdopen(fd, "rb") as f:
@@ -181,6 +195,7 @@ def _check_ragged(folder: Path, f: Field, found: dict[str, Region], length: int)
     ok = (
         len(data.shape) == 1 and shapes.ndim == 2 and shapes.shape[0] == length and offsets[0] == 0
         and offsets[-1] == data.shape[0] and bool(np.all(np.diff(offsets) >= 0)) and bool(np.all(shapes >= 0))
+        and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))  # no product wraps around
         and bool(np.all(np.prod(shapes, axis=1) == np.diff(offsets)))
     )  # fmt: skip
     if not ok:

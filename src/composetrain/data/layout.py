@@ -22,6 +22,7 @@ KINDS = ("tensor", "numpy", "int", "float", "bool")
 NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")  # an array's name: also its file name, so never a path
 _NUMPY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: the dtypes a buffer holds as plain bytes
 _SCALARS = {"int": np.dtype("<i8"), "float": np.dtype("<f8"), "bool": np.dtype("bool")}
+_QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}  # data plus scale
 _BY_SIZE = {1: "<u1", 2: "<i2", 4: "<i4", 8: "<i8"}  # how a tensor dtype NumPy lacks (bfloat16, ...) is held
 
 
@@ -71,6 +72,8 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
 def storage_dtype(kind: str, dtype: str) -> np.dtype[Any]:
     if kind == "tensor":
         t = torch_dtype(dtype)
+        if t in _QUANTIZED:
+            raise ValueError(f"a {dtype} tensor cannot be stored (its scale and zero point are not data)")
         try:
             return np.dtype(torch.empty(0, dtype=t).numpy().dtype).newbyteorder("<")
         except TypeError:  # bfloat16, float8, complex32, ...: held as integers of the same width
@@ -92,8 +95,15 @@ def leaf_kind(value: Any, where: str) -> tuple[str, str, tuple[int, ...], bool]:
             raise ValueError(f"{where} is a {type(value).__name__} ({value.layout}, on {value.device}): only dense "
                              "CPU tensors are stored; return plain CPU tensors from __getitem__")  # fmt: skip
         name = str(value.dtype).removeprefix("torch.")
+        if value.is_quantized:
+            raise ValueError(f"{where} is a quantized tensor ({name}): its scale and zero point would be lost; return "
+                             "value.int_repr() (and the scale) or value.dequantize() from __getitem__")  # fmt: skip
         storage_dtype("tensor", name)
         return "tensor", name, tuple(value.shape), False
+    if isinstance(value, np.ndarray) and type(value) not in (np.ndarray, np.memmap):
+        raise ValueError(f"{where} is a NumPy {type(value).__name__}: it would come back as a plain array (a "
+                         "mask or subclass lost); return np.asarray(value), or value.filled(...) for a masked "
+                         "array, from __getitem__")  # fmt: skip
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.kind not in _NUMPY_KINDS or value.dtype.fields is not None:
             raise ValueError(f"{where} is a NumPy {value.dtype} value: only numbers and booleans are stored")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import operator
 import os
+import resource
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -92,7 +95,7 @@ class MappedDataset(Dataset[Any]):
                 if int(np.prod(r.shape)) * dtype.itemsize == 0:  # mmap cannot map nothing
                     opened[name] = np.empty(r.shape, dtype)
                 else:
-                    mapped = np.memmap(r.path, dtype=dtype, mode="r", offset=r.offset, shape=r.shape)
+                    mapped = _map(r, dtype)
                     opened[name] = mapped.view(np.ndarray)  # plain indexing: no memmap subclass per read
             self._arrays = opened
             self._views = {}
@@ -103,8 +106,12 @@ class MappedDataset(Dataset[Any]):
         return self._arrays
 
     def _index(self, i: int) -> int:
-        if not isinstance(i, int | np.integer) or isinstance(i, bool):
-            raise TypeError(f"{type(self).__name__}: an index must be an int, got {type(i).__name__}")
+        try:  # what indexes a list indexes this: ints, NumPy ints, 0-dim integer tensors; never a bool
+            if isinstance(i, bool | np.bool_) or (isinstance(i, torch.Tensor) and i.dtype == torch.bool):
+                raise TypeError
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"{type(self).__name__}: an index must be an int, got {type(i).__name__}") from None
         if not -self.length <= i < self.length:
             raise IndexError(f"{type(self).__name__}: index {i} out of range for {self.length} items")
         return int(i) % self.length
@@ -113,11 +120,12 @@ class MappedDataset(Dataset[Any]):
         idx = torch.as_tensor(indices)
         if not idx.numel():  # [] is a float tensor
             return torch.empty(0, dtype=torch.int64)
-        if idx.ndim != 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
+        if idx.ndim > 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
             raise TypeError(  # never rounded, cast or flattened into other rows
-                f"{type(self).__name__}.read_batch: indices must be a flat list of ints, got {indices!r}"
+                f"{type(self).__name__}.read_batch: indices must be a flat list of ints, got {idx.dtype} "
+                f"{idx.reshape(-1)[:8].tolist()}"
             )
-        idx = idx.to(torch.int64)
+        idx = idx.to(torch.int64).reshape(-1)  # a 0-dim integer tensor indexes as in a list or a TensorDataset
         low, high = idx.aminmax()
         if not (-self.length <= int(low) and int(high) < self.length):
             raise IndexError(
@@ -171,6 +179,21 @@ class MappedDataset(Dataset[Any]):
         return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
+def _map(r: Region, dtype: np.dtype[Any]) -> np.memmap[Any, Any]:
+    """``r`` mapped read-only; a process whose address space is capped below it (``ulimit -v``) is told so."""
+    try:
+        return np.memmap(r.path, dtype=dtype, mode="r", offset=r.offset, shape=r.shape)
+    except OSError as e:
+        if e.errno != errno.ENOMEM:
+            raise
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        cap = "no limit" if limit == resource.RLIM_INFINITY else f"{limit / 2**30:.1f} GiB"
+        size = int(np.prod(r.shape)) * dtype.itemsize
+        raise OSError(errno.ENOMEM, f"mapping {r.path} ({size / 2**30:.2f} GiB) failed: a memory map takes address "
+                      f"space, not memory, and this process's address space limit (ulimit -v, RLIMIT_AS) is {cap}: "
+                      "raise it (ulimit -v unlimited)") from None  # fmt: skip
+
+
 def _rank() -> int:
     """This process's rank: its process group's, else the launcher's (loader workers have no group)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -192,6 +215,8 @@ def _value(field: Field, row: Any) -> Any:
     """One item's leaf, as the type it was stored from."""
     if field.kind == "tensor":
         t = torch.from_numpy(np.array(row))
+        if not t.numel():  # NumPy may give an empty array zero strides: a tensor made so cannot .view(dtype)
+            t = torch.empty(t.shape, dtype=t.dtype)
         dtype = torch_dtype(field.dtype)
         return t if t.dtype == dtype else t.view(dtype)
     if field.kind == "numpy":
@@ -221,8 +246,9 @@ def split_batch(batch: Any, n: int) -> list[Any]:
     """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
     if isinstance(batch, torch.Tensor):
         if batch.ndim and len(batch) != n:  # its rows would be handed to other indices, or some lost
-            raise ValueError(f"MappedDataset: augment returned a batch of {len(batch)} rows for {n} indices: "
-                             "return one row per index (the batch's first dimension)")  # fmt: skip
+            raise ValueError(f"MappedDataset: augment returned a batch of {len(batch)} rows for {n} indices (a tensor "
+                             f"of shape {tuple(batch.shape)}): return one row per index (keep the batch's first "
+                             "dimension)")  # fmt: skip
         return list(batch.unbind(0)) if batch.ndim else [batch] * n
     if isinstance(batch, list | tuple):
         columns = [split_batch(b, n) for b in batch]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,10 @@ from composetrain.data.files import NpyWriter, write_manifest
 from composetrain.data.layout import Field, leaf_kind, storage_dtype
 from composetrain.data.mapped import same
 
-__all__ = ["write_store"]
+__all__ = ["fingerprint", "sampled", "write_store"]
 
 _TIMED = 8  # items read in this process first, to decide on workers
+_HELD, _LEAST = 64 << 20, 64 << 10  # bytes held in memory before writing: in all, and at least per field
 _WORTH = 2.0  # seconds of reading, as timed, before workers are worth starting
 
 
@@ -63,12 +65,7 @@ class _Column:
         if self.shapes and len(shape) != len(self.shapes[0]):
             raise ValueError(f"has {len(shape)} dimensions here and {len(self.shapes[0])} in item 0: "
                              "a leaf's number of dimensions must not change")  # fmt: skip
-        if isinstance(value, torch.Tensor):
-            t = value.detach().contiguous()
-            array = t.numpy() if t.dtype in _NATIVE else t.view(_as_int(t.dtype)).numpy()
-        else:
-            array = np.asarray(value)
-        self.out.append(array.reshape(-1))
+        self.out.append(_array(value).reshape(-1))
         self.shapes.append(shape)
 
     def finish(self, count: int) -> Field:
@@ -89,6 +86,33 @@ class _Column:
 _NATIVE = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
            torch.float32, torch.float64, torch.complex64, torch.complex128, torch.uint16, torch.uint32,
            torch.uint64}  # fmt: skip
+
+
+def _array(value: Any) -> np.ndarray[Any, Any]:
+    """A leaf's values as the array of the bytes the store holds."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().resolve_conj().resolve_neg().contiguous()  # numpy() refuses lazy views
+        return t.numpy() if t.dtype in _NATIVE else t.view(_as_int(t.dtype)).numpy()
+    return np.asarray(value)
+
+
+def sampled(n: int) -> list[int]:
+    """The items whose fingerprint a store of ``n`` items records: the first, the middle and the last."""
+    return sorted({0, n // 2, n - 1}) if n else []
+
+
+def fingerprint(items: Iterable[Any]) -> str:
+    """A digest of the items' structure, leaf types, dtypes, shapes and bytes.
+
+    Raises:
+        ValueError: an item that cannot be stored.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for item in items:
+        for where, value in _leaves(item, "cache: an item", []):
+            digest.update(repr((where, leaf_kind(value, where))).encode())
+            digest.update(_array(value).tobytes())
+    return digest.hexdigest()
 
 
 def _as_int(dtype: torch.dtype) -> torch.dtype:
@@ -130,7 +154,10 @@ def write_store(
     item0: Any = None
     paths: list[str] = []
     bar = _bar(n, progress)
+    kept: dict[int, Any] = dict.fromkeys(sampled(n))  # the items the store's fingerprint is made of
     for i, item in enumerate(_items(dataset, workers)):
+        if i in kept:
+            kept[i] = item
         prefix = f"cache: item {i}"
         leaves = _leaves(item, prefix, [])
         here = [where[len(prefix) :] for where, _ in leaves]
@@ -141,6 +168,8 @@ def write_store(
                 kind, dtype, _, scalar = leaf_kind(value, where)
                 kinds.append((kind, dtype, scalar))
                 columns.append(_Column(folder, len(columns), kind, dtype, scalar))
+            for column in columns:  # bytes held back per field: at most about 64 MB in all, however many
+                column.out.limit = max(_LEAST, min(1 << 20, _HELD // len(columns)))
         elif here != paths:
             raise ValueError(f"cache: item {i} has the leaves {here} and item 0 has {paths}: every item must "
                              "have the same structure")  # fmt: skip
@@ -159,6 +188,7 @@ def write_store(
         bar.close()
     fields = iter([c.finish(n) for c in columns])
     item = _skeleton(item0, fields) if n else ()
+    origin = {**origin, "fingerprint": {"items": list(kept), "blake2b": fingerprint(kept.values())}}
     write_manifest(folder, item, n, origin)
 
 

@@ -15,7 +15,7 @@ from torch.utils.data import (
 from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, restore_rng, seed_everything
 from composetrain.core.util import RUN
-from composetrain.data.mapped import Batches, MappedDataset, same
+from composetrain.data.kinds import as_mapped
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import EpochBatches, Reader, ResumableSampler, mapped
@@ -79,7 +79,7 @@ def build_loader(
                 "the same data; pass the Dataset (ct.run builds a loader with a DistributedSampler) or give "
                 "the DataLoader a DistributedSampler"
             )
-        augmented = isinstance(data.dataset, MappedDataset) and data.dataset.augment is not None
+        augmented = (mapped_data := as_mapped(data.dataset)) is not None and mapped_data.augment is not None
         if augmented and data.num_workers > 0 and data.persistent_workers:
             raise ValueError(
                 f"{RUN}: the DataLoader given has persistent workers over a dataset that augments its batches: "
@@ -107,6 +107,8 @@ def build_loader(
     whole = mapped(data, collate_fn)
 
     def workers(n: int) -> DataLoader[Any]:
+        if whole:  # only then is the data layer loaded (it imports NumPy)
+            from composetrain.data.mapped import Batches, same
         return DataLoader(
             Batches(data, collate_fn) if whole else data,
             batch_size=None if whole else batch_size,
@@ -227,8 +229,6 @@ def epoch_batches(
     and of non-persistent workers, which reading alone reproduces; the process's own random
     state is then put back as it was.
     """
-    if sampler is None and isinstance(loader.dataset, MappedDataset):
-        loader.dataset.set_epoch(epoch)  # seeds its augmentation (workers get a copy at each epoch's start)
     if sampler is not None:
         sampler.set_epoch(epoch, start=start * (loader.batch_size or 1))
         batches = iter(loader)
@@ -241,15 +241,22 @@ def epoch_batches(
         set_generator_states(loader, order["generators"])
         if order["sampler_seed"] is not None:
             loader.sampler.seed = order["sampler_seed"]  # type: ignore[attr-defined]
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
+        _set_epoch(loader, epoch)
         batches = iter(loader)
         for _ in range(start):
             next(batches)
         restore_rng(now)
     else:
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
+        _set_epoch(loader, epoch)
         batches = iter(loader)
     for position, (batch, waited) in enumerate(device_batches(batches, device, end - start), start + 1):
         yield position, batch, waited
+
+
+def _set_epoch(loader: DataLoader[Any], epoch: int) -> None:
+    """The epoch for a given DataLoader's sampler and, over a ct.cache store, for its dataset: the epoch seeds
+    the store's augmentation (its workers see it when they start; persistent ones keep their first epoch's)."""
+    if hasattr(loader.sampler, "set_epoch"):
+        loader.sampler.set_epoch(epoch)
+    if (mapped_data := as_mapped(loader.dataset)) is not None:
+        mapped_data.set_epoch(epoch)

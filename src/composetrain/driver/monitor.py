@@ -20,8 +20,7 @@ import torch.distributed as dist
 from composetrain.core.protocol import StepOutput
 from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
-from composetrain.data.hdf5 import HDF5Dataset
-from composetrain.data.mapped import MappedDataset
+from composetrain.data.kinds import as_hdf5, as_mapped
 from composetrain.driver.compiling import compile_totals
 from composetrain.driver.loading import auto_workers
 from composetrain.driver.tracking import Records, Tracker
@@ -237,14 +236,16 @@ class Meter:
 def _cheaper(loader: Any) -> str:
     """How to make reading cheaper: cache the items once with ct.cache, unless the data is memory-mapped already
     (a ct.cache store, an HDF5 file's contiguous datasets); datasets of an HDF5 file that h5py reads, contiguous."""
-    data = getattr(loader, "dataset", None)
-    if isinstance(data, HDF5Dataset) and not data.memory_mapped:
+    dataset = getattr(loader, "dataset", None)
+    h5 = as_hdf5(dataset)
+    if h5 is not None and not h5.memory_mapped:
         return (
-            f"ct.hdf5 reads {data.read_by_h5py} through h5py (chunked or compressed), far slower than a memory map: "
+            f"ct.hdf5 reads {h5.read_by_h5py} through h5py (chunked or compressed), far slower than a memory map: "
             "write them contiguous and uncompressed, ct.cache(dataset, path) them, or give the job more CPUs"
         )
-    if isinstance(data, MappedDataset):
-        what = "an HDF5 file's memory maps" if isinstance(data, HDF5Dataset) else "a ct.cache store"
+    data = as_mapped(dataset)
+    if data is not None:
+        what = "an HDF5 file's memory maps" if h5 is not None else "a ct.cache store"
         if data.augment is not None:
             return f"the data is {what} already: make its augment cheaper or give the job more CPUs"
         return f"the data is {what} already, read a whole batch at a time: give the job more CPUs"

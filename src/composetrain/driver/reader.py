@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
 
-from composetrain.data.mapped import MappedDataset, read_whole
+from composetrain.data.kinds import as_mapped
 
 __all__ = [
     "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers",
@@ -88,7 +88,8 @@ def mapped(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
     """Whether a batch is one ``read_batch`` of a memory-mapped dataset (ct.cache's, ct.hdf5's): without a
     collate_fn (no per-sample collate), or augmented whatever collates it (the augmentation is seeded by the
     epoch and rank, which only ``read_batch`` is given; a collate_fn then gets the augmented batch's items)."""
-    if not isinstance(dataset, MappedDataset):
+    dataset = as_mapped(dataset)
+    if dataset is None:
         return False
     return dataset.augment is not None or (not dataset.ragged and collate_fn is None)
 
@@ -189,6 +190,8 @@ class Reader:
             return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
         if self._mapped:  # one gather per field, as default_collate would stack the items
             inner = getattr(self.sampler, "inner", None)  # ct.run's sampler: the epoch and rank seed augmentation
+            from composetrain.data.mapped import read_whole  # loaded: the dataset is one of its MappedDatasets
+
             return read_whole(self.dataset, indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0), self._given)
         getitems = getattr(self.dataset, "__getitems__", None)
         return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
