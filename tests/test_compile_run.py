@@ -117,3 +117,24 @@ def test_a_run_that_fails_gives_the_cache_folder_back_at_once(tmp_path):
     with pytest.raises(ZeroDivisionError) as failed:
         go(train, make_state(0), tmp_path, max_steps=2, eval_step=failing_eval, eval_data=data(4), eval_every=1)
     assert failed.traceback and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+
+
+def test_compile_seconds_include_the_backward_compiled_at_the_first_backward():
+    """AOTAutograd compiles a graph's backward lazily, in the first backward, outside the frame's compilation: a
+    backend whose backward compiler takes 1 s shows that second in compile_s and in the bottleneck."""
+    import time
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def forward_compiler(graph, inputs):
+        return make_boxed_func(graph.forward)
+
+    def slow_backward_compiler(graph, inputs):
+        time.sleep(1.0)
+        return make_boxed_func(graph.forward)
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=slow_backward_compiler)
+    result = go(ct.compile(backend=backend)(classify), make_state(0), max_steps=1, log_every=1)
+    assert result.history[0]["compiles"] == 1 and result.history[0]["compile_s"] >= 1.0
+    assert result.bottleneck.startswith("torch.compile took ")
