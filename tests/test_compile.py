@@ -172,6 +172,7 @@ def test_the_capability_says_the_driver_keeps_the_cache():
             r"compile: mode='reduce-overhead' replays CUDA graphs.*no-cudagraphs",
         ),
         ({"mode": "max-autotune"}, ValueError, r"compile: mode='max-autotune' replays CUDA graphs"),
+        ({"backend": "cudagraphs"}, ValueError, r"compile: backend='cudagraphs' replays CUDA graphs.*inductor"),
         ({"mode": "fast"}, ValueError, r"compile: mode must be one of \[None, 'default', .*got 'fast'"),
         ({"dynamic": 1}, TypeError, r"compile: dynamic must be True or False, got 1 \(int\)"),
         ({"fullgraph": "yes"}, TypeError, r"compile: fullgraph must be True or False, got 'yes'"),
@@ -264,3 +265,15 @@ def test_under_ct_run_every_rank_logs_the_same_compile_record(pool):
     fields = ("step", "loss", "compiles", "compile_s")  # the timings (updates_per_s, data_wait) are each rank's
     assert [[r[k] for k in fields] for r in first] == [[r[k] for k in fields] for r in second]
     assert first[0]["compiles"] >= 1 and first[0]["compile_s"] > 0 and first[-1]["compiles"] == 0
+
+
+@pytest.mark.parametrize("outside", [False, True])
+def test_fullgraph_with_checkpointed_submodules_is_refused_when_built(outside):
+    """checkpoint_activations' submodules run eagerly between the graphs, a graph break that fullgraph=True
+    forbids: torch said so only at the first update, with the hint to remove torch.compiler.disable."""
+    full = ct.compile(backend="aot_eager", fullgraph=True)
+    checkpointed = ct.checkpoint_activations("0")
+    with pytest.raises(ValueError, match=r"checkpoint_activations.*eagerly.*fullgraph=True forbids.*fullgraph=False"):
+        checkpointed(full(classify)) if outside else full(ct.accumulate(2)(checkpointed(classify)))
+    ct.compile(backend="aot_eager")(checkpointed(classify))  # the default, fullgraph=False, composes
+    checkpointed(ct.compile(backend="aot_eager")(classify))

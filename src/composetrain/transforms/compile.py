@@ -19,6 +19,13 @@ _MODES = (None, "default", "max-autotune-no-cudagraphs")
 # CUDA graphs reuse their output buffers on the next replay: a micro-batch's loss share, kept until the update
 # ends (and a StepOutput kept until the log point) would be overwritten under the caller
 _CUDAGRAPHS = ("reduce-overhead", "max-autotune")
+# checkpoint_activations' submodules run eagerly between the compiled graphs (a graph break): what fullgraph forbids.
+# The role a fullgraph compile adds to the composition's, so that checkpoint_activations outside refuses it too
+FULLGRAPH = "compile(fullgraph=True)"
+_FULLGRAPH_WHY = (
+    "its chosen submodules run eagerly between the compiled graphs (TorchDynamo cannot trace checkpoint's exact "
+    "replay), a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)"
+)
 
 
 @transform_factory
@@ -39,7 +46,7 @@ def compile(
     buckets and the gradient all-reduce still overlaps backward, once per update), the sharded
     model under ``ct.sharded`` (FSDP2's hooks run between the compiled graphs), under
     ``ct.mixed_precision``'s autocast; the submodules ``ct.checkpoint_activations`` recomputes run eagerly
-    between the graphs (so ``fullgraph=True`` fails with them). So the order of
+    between the graphs (so ``fullgraph=True`` with them is refused when built). So the order of
     ``compile`` among the other transforms does not matter. Backward, the loss scaling and the optimizer
     step stay eager. The model itself is not wrapped or changed: its ``state_dict`` keys stay the same,
     and checkpoints move between compiled and eager runs.
@@ -50,17 +57,18 @@ def compile(
     (a size of 1 is specialised by torch: one more). ``ct.run`` logs the compilations and their time.
 
     Warm restarts: with ``cache=True``, while ``ct.run`` trains with a ``checkpoint_dir``, torch's compile
-    caches (TorchInductor's graphs and compiled kernels, TorchDynamo's shape profiles) live in
-    ``checkpoint_dir/compile_cache/`` beside the checkpoints instead of the machine's ``/tmp``, so a
-    requeued job, on whichever node, compiles from them. They hold pickles and kernels that torch loads
+    caches (TorchInductor's graphs and compiled kernels; TorchDynamo's shape profiles only where
+    ``torch.compiler.config.job_id`` is set) live in ``checkpoint_dir/compile_cache/`` beside the checkpoints
+    instead of the machine's ``/tmp`` (also instead of a ``TORCHINDUCTOR_CACHE_DIR`` of yours, put back
+    afterwards), so a requeued job, on whichever node, compiles from them. They hold pickles and kernels that torch loads
     and runs: they are read from your own checkpoint_dir only; give ``cache=False`` where that folder is
     not yours alone.
 
     Args:
         step: the step to wrap; omit it to get a transform.
         mode: torch.compile's mode: None, "default" or "max-autotune-no-cudagraphs" (the modes that
-            use CUDA graphs are refused: their outputs are overwritten by the next call, and a
-            composition keeps outputs across micro-batches and updates).
+            use CUDA graphs are refused, as is the "cudagraphs" backend: their outputs are overwritten by
+            the next call, and a composition keeps outputs across micro-batches and updates).
         dynamic: torch.compile's ``dynamic``: None (automatic, the default), True (compile for any
             size at once), False (a compilation per size).
         fullgraph: fail on a graph break instead of running that part eagerly.
@@ -100,6 +108,12 @@ def _check_options(mode: Any, dynamic: Any, fullgraph: Any, backend: Any, cache:
             f"compile: mode={mode!r} replays CUDA graphs, whose outputs the next call overwrites, while a "
             "composition keeps each micro-batch's loss until the update ends; use mode="
             "'max-autotune-no-cudagraphs' (or the default)"
+        )
+    if isinstance(backend, str) and backend == "cudagraphs":
+        raise ValueError(
+            "compile: backend='cudagraphs' replays CUDA graphs, whose outputs the next call overwrites, while a "
+            "composition keeps each micro-batch's loss until the update ends; use backend='inductor' (with "
+            "mode='max-autotune-no-cudagraphs' to autotune)"
         )
     if mode not in _MODES:
         raise ValueError(f"compile: mode must be one of {list(_MODES)}, got {show(mode)}")
@@ -147,7 +161,11 @@ class _Compile(TrainStep):
         self.label = label
         self.options = options
         self.compile_cache = options["cache"]  # the driver keeps torch's caches beside the checkpoints
+        if options["fullgraph"] and "checkpoint_activations" in inner.roles:
+            raise ValueError(f"{label}: cannot wrap a step that applies checkpoint_activations: {_FULLGRAPH_WHY}")
         super().__init__(inner)
+        if options["fullgraph"]:
+            self.roles = self.roles | {FULLGRAPH}
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         compiled = state.transform_state(self.role, _Compiled)
