@@ -1,12 +1,12 @@
 """What ct.run knows of torch.compile: how often and how long it compiled, and its caches beside the checkpoints.
 
-A composition that compiles (``ct.compile``) says so in ``Capabilities.compile_cache``. While ``ct.run`` trains
-it, torch's compile caches (TorchInductor's: FX graphs, AOTAutograd, the compiled C++/Triton kernels;
-TorchDynamo's dynamic-shape profiles only where ``torch.compiler.config.job_id`` is set) live in ``checkpoint_dir/compile_cache/`` instead of the machine's
-``/tmp``, so that a requeued job, on whichever node, compiles from them. The folder rather than torch's
-portable artefacts (``torch.compiler.save_cache_artifacts``): those hold the graphs but not the compiled C++
-kernels, and a restart measured here on the CPU gained nothing from them (benchmarks/README.md). Loading a
-cache entry unpickles it and loads its kernels: the folder is the run's own checkpoint_dir only
+A composition that compiles (``ct.compile``) says so in ``Capabilities.compile_cache``. While ``ct.run`` trains it,
+torch's compile caches (TorchInductor's: FX graphs, AOTAutograd, the compiled C++/Triton kernels; TorchDynamo's
+dynamic-shape profiles only where ``torch.compiler.config.job_id`` is set) live in ``checkpoint_dir/compile_cache/``
+instead of the machine's ``/tmp``, so that a requeued job, on whichever node, compiles from them. The folder rather
+than torch's portable artefacts (``torch.compiler.save_cache_artifacts``): those hold the graphs but not the
+compiled C++ kernels, and a restart measured here on the CPU gained nothing from them (benchmarks/README.md).
+Loading a cache entry unpickles it and loads its kernels: the folder is the run's own checkpoint_dir only
 (``ct.compile(cache=False)`` opts out).
 """
 

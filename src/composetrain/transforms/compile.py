@@ -60,9 +60,9 @@ def compile(
     caches (TorchInductor's graphs and compiled kernels; TorchDynamo's shape profiles only where
     ``torch.compiler.config.job_id`` is set) live in ``checkpoint_dir/compile_cache/`` beside the checkpoints
     instead of the machine's ``/tmp`` (also instead of a ``TORCHINDUCTOR_CACHE_DIR`` of yours, put back
-    afterwards), so a requeued job, on whichever node, compiles from them. They hold pickles and kernels that torch loads
-    and runs: they are read from your own checkpoint_dir only; give ``cache=False`` where that folder is
-    not yours alone.
+    afterwards), so a requeued job, on whichever node, compiles from them. They hold pickles and kernels
+    that torch loads and runs: they are read from your own checkpoint_dir only; give ``cache=False`` where
+    that folder is not yours alone.
 
     Args:
         step: the step to wrap; omit it to get a transform.
