@@ -49,7 +49,9 @@ def compile(
     between the graphs (so ``fullgraph=True`` with them is refused when built). So the order of
     ``compile`` among the other transforms does not matter. Backward, the loss scaling and the optimizer
     step stay eager. The model itself is not wrapped or changed: its ``state_dict`` keys stay the same,
-    and checkpoints move between compiled and eager runs.
+    and checkpoints move between compiled and eager runs. Inductor draws random numbers (dropout's masks)
+    from its own generator, not eager's: ``torch._inductor.config.fallback_random = True`` makes them
+    eager's, where a run must match an eager one (``ct.check``).
 
     Shapes: torch's automatic dynamic shapes apply (``dynamic=None``): the first call compiles for its
     shapes, and the first call with another batch size (``accumulate``'s short last micro-batch, the
