@@ -181,4 +181,18 @@ MUTANTS = [
         "tests": [f"{T}::test_fullgraph_with_checkpointed_submodules_is_refused_when_built"],
         "why": "23.24: checkpoint_activations names a role nobody has: outside fullgraph it is not refused",
     },
+    {
+        "file": "src/composetrain/transforms/compile.py",
+        "find": "    def __getstate__(self) -> dict[str, Any]:\n        return {}",
+        "replace": "    def __getstate__(self) -> dict[str, Any]:\n        return dict(vars(self))",
+        "tests": [f"{T}::test_a_compiled_state_pickles_and_its_copies_compile_their_own_wrappers"],
+        "why": "23.25: the wrappers travel with the state: torch.save(state) fails, a copy shares the original's",
+    },
+    {
+        "file": "src/composetrain/transforms/compile.py",
+        "find": "        self.steps, self.plain = {}, []\n",
+        "replace": "        self.steps = {}\n",
+        "tests": [f"{T}::test_a_compiled_state_pickles_and_its_copies_compile_their_own_wrappers"],
+        "why": "23.26: a copied state's compile store lacks its list of steps: the first compiled update fails",
+    },
 ]

@@ -277,3 +277,23 @@ def test_fullgraph_with_checkpointed_submodules_is_refused_when_built(outside):
         checkpointed(full(classify)) if outside else full(ct.accumulate(2)(checkpointed(classify)))
     ct.compile(backend="aot_eager")(checkpointed(classify))  # the default, fullgraph=False, composes
     checkpointed(ct.compile(backend="aot_eager")(classify))
+
+
+def test_a_compiled_state_pickles_and_its_copies_compile_their_own_wrappers():
+    """torch.compile's wrappers do not pickle (torch.save(state) failed once a compiled update ran), and a copy
+    (ct.check's deepcopy) shared them; a copy gets none, and makes its own without compiling again."""
+    import pickle
+
+    state, eager = make_state(3), make_state(3)
+    train = AOT(ct.accumulate(2)(classify))
+    train(state, make_batch(8))
+    ct.accumulate(2)(classify)(eager, make_batch(8))
+    for copied in (pickle.loads(pickle.dumps(state)), copy.deepcopy(state)):
+        assert copied.transform_state("compile", dict).steps == {}
+        train(copied, make_batch(8, seed=1))
+        assert len(copied.transform_state("compile", dict).steps) == 1
+    train(state, make_batch(8, seed=1))
+    ct.accumulate(2)(classify)(eager, make_batch(8, seed=1))
+    assert_states_close(copied, eager, rtol=1e-12, atol=1e-14)
+    assert_states_close(state, eager, rtol=1e-12, atol=1e-14)
+    assert graphs() == 1  # the copies' wrappers found the code compiled for the first

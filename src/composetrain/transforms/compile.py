@@ -145,6 +145,15 @@ class _Compiled(RuntimeState):
         self.steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.plain: list[Callable[..., Any]] = []  # the steps keyed by id, kept alive so that no id is reused
 
+    # torch.compile's wrappers do not pickle, and a copy (ct.check's deepcopy) would share them, keyed by the
+    # ids of the original's steps: a copy starts without any (torch keeps the compiled code with the step's
+    # code object, so its own wrappers compile nothing again)
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        self.steps, self.plain = {}, []
+
     def get(self, step: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
         # by identity: a plain step may be a callable object that is unhashable, or equal to another
         key = (id(step), *(id(options[k]) if k == "backend" else options[k] for k in _COMPILE_OPTIONS))
