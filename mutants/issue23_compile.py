@@ -195,4 +195,11 @@ MUTANTS = [
         "tests": [f"{T}::test_a_compiled_state_pickles_and_its_copies_compile_their_own_wrappers"],
         "why": "23.26: a copied state's compile store lacks its list of steps: the first compiled update fails",
     },
+    {
+        "file": "src/composetrain/driver/compiling.py",
+        "find": "            except FileExistsError:",
+        "replace": "            except NotADirectoryError:",
+        "tests": [f"{R}::test_a_compile_cache_that_is_no_folder_is_refused_with_the_fix"],
+        "why": "23.27: a compile_cache that is a file or a dangling link fails with mkdir's bare FileExistsError",
+    },
 ]

@@ -138,3 +138,22 @@ def test_compile_seconds_include_the_backward_compiled_at_the_first_backward():
     result = go(ct.compile(backend=backend)(classify), make_state(0), max_steps=1, log_every=1)
     assert result.history[0]["compiles"] == 1 and result.history[0]["compile_s"] >= 1.0
     assert result.bottleneck.startswith("torch.compile took ")
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link"])
+def test_a_compile_cache_that_is_no_folder_is_refused_with_the_fix(tmp_path, kind):
+    """It was a bare FileExistsError from mkdir."""
+    import os
+
+    cache = tmp_path / CACHE_DIR
+    if kind == "file":
+        cache.write_text("not a folder")
+    else:
+        cache.symlink_to(tmp_path / "gone")
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    state = make_state(0)
+    with pytest.raises(FileExistsError, match=r"run: .*compile_cache is not a folder.*ct.compile.*cache=False"):
+        go(ct.compile(backend="eager")(classify), state, tmp_path, max_steps=1)
+    assert state.step == 0 and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+    go(ct.compile(backend="eager", cache=False)(classify), state, tmp_path, max_steps=1)  # the fix it names
+    assert state.step == 1

@@ -18,6 +18,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from composetrain.core.util import RUN
+
 __all__ = ["CACHE_DIR", "CompileCache", "compile_totals"]
 
 CACHE_DIR = "compile_cache"
@@ -51,7 +53,13 @@ class CompileCache:
         from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
         if self._inside is None:
-            self.path.mkdir(exist_ok=True)
+            try:
+                self.path.mkdir(exist_ok=True)
+            except FileExistsError:  # a file, or a link to nothing: mkdir's own message names neither
+                raise FileExistsError(
+                    f"{RUN}: {self.path} is not a folder, but ct.compile keeps torch's compile caches there; "
+                    "move it away, or give ct.compile(cache=False)"
+                ) from None
             inside = temporary_cache_dir(os.fspath(self.path))
             inside.__enter__()
             self._inside = inside
