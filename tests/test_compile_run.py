@@ -157,3 +157,13 @@ def test_a_compile_cache_that_is_no_folder_is_refused_with_the_fix(tmp_path, kin
     assert state.step == 0 and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
     go(ct.compile(backend="eager", cache=False)(classify), state, tmp_path, max_steps=1)  # the fix it names
     assert state.step == 1
+
+
+def test_a_train_step_given_as_eval_step_is_refused_before_training():
+    """ct.compile(eval_fn) as eval_step trained a whole epoch, then failed in the evaluation with 'state must be a
+    ct.TrainState, got Sequential'."""
+    state = make_state(0)
+    refused = r"run: eval_step must be a function .*got the TrainStep compile.*torch\.compile"
+    with pytest.raises(TypeError, match=refused):
+        go(AOT(classify), state, eval_step=AOT(classify), eval_data=data(4), epochs=1)
+    assert state.step == 0
