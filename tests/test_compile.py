@@ -267,16 +267,25 @@ def test_under_ct_run_every_rank_logs_the_same_compile_record(pool):
     assert first[0]["compiles"] >= 1 and first[0]["compile_s"] > 0 and first[-1]["compiles"] == 0
 
 
+BREAK_GRAPHS = {  # transforms whose hooks run eagerly between the compiled graphs
+    "checkpoint_activations": ct.checkpoint_activations("0"),
+    "pipeline_split": ct.pipeline_split({"0": "cpu", "2": "cpu"}),
+    "sharded": ct.sharded,
+}
+
+
+@pytest.mark.parametrize("role", sorted(BREAK_GRAPHS))
 @pytest.mark.parametrize("outside", [False, True])
-def test_fullgraph_with_checkpointed_submodules_is_refused_when_built(outside):
-    """checkpoint_activations' submodules run eagerly between the graphs, a graph break that fullgraph=True
-    forbids: torch said so only at the first update, with the hint to remove torch.compiler.disable."""
+def test_fullgraph_with_a_transform_that_breaks_the_graph_is_refused_when_built(role, outside):
+    """Their hooks run eagerly between the graphs, a graph break that fullgraph=True forbids: torch said so only at
+    the first update ("Skip calling torch.compiler.disable()d function", hinting to remove it; "dict.copy";
+    "Call to torch._dynamo.disable()" on every rank)."""
     full = ct.compile(backend="aot_eager", fullgraph=True)
-    checkpointed = ct.checkpoint_activations("0")
-    with pytest.raises(ValueError, match=r"checkpoint_activations.*eagerly.*fullgraph=True forbids.*fullgraph=False"):
-        checkpointed(full(classify)) if outside else full(ct.accumulate(2)(checkpointed(classify)))
-    ct.compile(backend="aot_eager")(checkpointed(classify))  # the default, fullgraph=False, composes
-    checkpointed(ct.compile(backend="aot_eager")(classify))
+    breaking = BREAK_GRAPHS[role]
+    with pytest.raises(ValueError, match=rf"{role}.*eagerly.*fullgraph=True forbids.*fullgraph=False"):
+        breaking(full(classify)) if outside else full(ct.accumulate(2)(breaking(classify)))
+    ct.compile(backend="aot_eager")(breaking(classify))  # the default, fullgraph=False, composes
+    breaking(ct.compile(backend="aot_eager")(classify))
 
 
 def test_a_compiled_state_pickles_and_its_copies_compile_their_own_wrappers():

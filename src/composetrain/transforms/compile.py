@@ -19,13 +19,17 @@ _MODES = (None, "default", "max-autotune-no-cudagraphs")
 # CUDA graphs reuse their output buffers on the next replay: a micro-batch's loss share, kept until the update
 # ends (and a StepOutput kept until the log point) would be overwritten under the caller
 _CUDAGRAPHS = ("reduce-overhead", "max-autotune")
-# checkpoint_activations' submodules run eagerly between the compiled graphs (a graph break): what fullgraph forbids.
-# The role a fullgraph compile adds to the composition's, so that checkpoint_activations outside refuses it too
+# The transforms whose hooks run eagerly between the compiled graphs (graph breaks, by design): what fullgraph
+# forbids. The role a fullgraph compile adds to the composition's, so that they refuse it from outside too (their
+# refuses_inside)
 FULLGRAPH = "compile(fullgraph=True)"
-_FULLGRAPH_WHY = (
-    "its chosen submodules run eagerly between the compiled graphs (TorchDynamo cannot trace checkpoint's exact "
-    "replay), a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)"
-)
+_BREAKS_GRAPH = {
+    "checkpoint_activations": "its chosen submodules run eagerly between the compiled graphs (TorchDynamo cannot "
+    "trace checkpoint's exact replay)",
+    "pipeline_split": "its hooks move activations between devices eagerly, between the compiled graphs",
+    "sharded": "FSDP2's hooks gather and free the shards eagerly, between the compiled graphs",
+}
+_FULLGRAPH_FIX = "a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)"
 
 
 @transform_factory
@@ -73,7 +77,8 @@ def compile(
             the next call, and a composition keeps outputs across micro-batches and updates).
         dynamic: torch.compile's ``dynamic``: None (automatic, the default), True (compile for any
             size at once), False (a compilation per size).
-        fullgraph: fail on a graph break instead of running that part eagerly.
+        fullgraph: fail on a graph break instead of running that part eagerly (refused with
+            ``checkpoint_activations``, ``pipeline_split`` and ``sharded``, whose hooks run between graphs).
         backend: torch.compile's backend ("inductor", or "aot_eager", "eager" to debug).
         cache: keep torch's compile caches in ``ct.run``'s checkpoint_dir (warm restarts).
 
@@ -172,8 +177,9 @@ class _Compile(TrainStep):
         self.label = label
         self.options = options
         self.compile_cache = options["cache"]  # the driver keeps torch's caches beside the checkpoints
-        if options["fullgraph"] and "checkpoint_activations" in inner.roles:
-            raise ValueError(f"{label}: cannot wrap a step that applies checkpoint_activations: {_FULLGRAPH_WHY}")
+        for role in sorted(inner.roles & _BREAKS_GRAPH.keys()) if options["fullgraph"] else ():
+            why = f"{_BREAKS_GRAPH[role]}, {_FULLGRAPH_FIX}"
+            raise ValueError(f"{label}: cannot wrap a step that applies {role}: {why}")
         super().__init__(inner)
         if options["fullgraph"]:
             self.roles = self.roles | {FULLGRAPH}
