@@ -269,6 +269,7 @@ def test_under_ct_run_every_rank_logs_the_same_compile_record(pool):
 
 BREAK_GRAPHS = {  # transforms whose hooks run eagerly between the compiled graphs
     "checkpoint_activations": ct.checkpoint_activations("0"),
+    "distributed": ct.distributed,
     "pipeline_split": ct.pipeline_split({"0": "cpu", "2": "cpu"}),
     "sharded": ct.sharded,
 }
@@ -279,7 +280,7 @@ BREAK_GRAPHS = {  # transforms whose hooks run eagerly between the compiled grap
 def test_fullgraph_with_a_transform_that_breaks_the_graph_is_refused_when_built(role, outside):
     """Their hooks run eagerly between the graphs, a graph break that fullgraph=True forbids: torch said so only at
     the first update ("Skip calling torch.compiler.disable()d function", hinting to remove it; "dict.copy";
-    "Call to torch._dynamo.disable()" on every rank)."""
+    "Call to torch._dynamo.disable()" on every rank; "Avoid calling Logger.set_runtime_stats_and_log")."""
     full = ct.compile(backend="aot_eager", fullgraph=True)
     breaking = BREAK_GRAPHS[role]
     with pytest.raises(ValueError, match=rf"{role}.*eagerly.*fullgraph=True forbids.*fullgraph=False"):

@@ -26,6 +26,8 @@ FULLGRAPH = "compile(fullgraph=True)"
 _BREAKS_GRAPH = {
     "checkpoint_activations": "its chosen submodules run eagerly between the compiled graphs (TorchDynamo cannot "
     "trace checkpoint's exact replay)",
+    "distributed": "DDP's forward runs its own bookkeeping (the reducer's logging, the buckets' preparation) "
+    "eagerly, between the compiled graphs",
     "pipeline_split": "its hooks move activations between devices eagerly, between the compiled graphs",
     "sharded": "FSDP2's hooks gather and free the shards eagerly, between the compiled graphs",
 }
@@ -78,7 +80,8 @@ def compile(
         dynamic: torch.compile's ``dynamic``: None (automatic, the default), True (compile for any
             size at once), False (a compilation per size).
         fullgraph: fail on a graph break instead of running that part eagerly (refused with
-            ``checkpoint_activations``, ``pipeline_split`` and ``sharded``, whose hooks run between graphs).
+            ``checkpoint_activations``, ``pipeline_split``, ``distributed`` and ``sharded``, whose hooks run
+            between the graphs).
         backend: torch.compile's backend ("inductor", or "aot_eager", "eager" to debug).
         cache: keep torch's compile caches in ``ct.run``'s checkpoint_dir (warm restarts).
 
