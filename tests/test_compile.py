@@ -172,6 +172,7 @@ def test_the_capability_says_the_driver_keeps_the_cache():
             r"compile: mode='reduce-overhead' replays CUDA graphs.*no-cudagraphs",
         ),
         ({"mode": "max-autotune"}, ValueError, r"compile: mode='max-autotune' replays CUDA graphs"),
+        ({"backend": "cudagraphs"}, ValueError, r"compile: backend='cudagraphs' replays CUDA graphs.*inductor"),
         ({"mode": "fast"}, ValueError, r"compile: mode must be one of \[None, 'default', .*got 'fast'"),
         ({"dynamic": 1}, TypeError, r"compile: dynamic must be True or False, got 1 \(int\)"),
         ({"fullgraph": "yes"}, TypeError, r"compile: fullgraph must be True or False, got 'yes'"),
@@ -264,3 +265,45 @@ def test_under_ct_run_every_rank_logs_the_same_compile_record(pool):
     fields = ("step", "loss", "compiles", "compile_s")  # the timings (updates_per_s, data_wait) are each rank's
     assert [[r[k] for k in fields] for r in first] == [[r[k] for k in fields] for r in second]
     assert first[0]["compiles"] >= 1 and first[0]["compile_s"] > 0 and first[-1]["compiles"] == 0
+
+
+BREAK_GRAPHS = {  # transforms whose hooks run eagerly between the compiled graphs
+    "checkpoint_activations": ct.checkpoint_activations("0"),
+    "distributed": ct.distributed,
+    "pipeline_split": ct.pipeline_split({"0": "cpu", "2": "cpu"}),
+    "sharded": ct.sharded,
+}
+
+
+@pytest.mark.parametrize("role", sorted(BREAK_GRAPHS))
+@pytest.mark.parametrize("outside", [False, True])
+def test_fullgraph_with_a_transform_that_breaks_the_graph_is_refused_when_built(role, outside):
+    """Their hooks run eagerly between the graphs, a graph break that fullgraph=True forbids: torch said so only at
+    the first update ("Skip calling torch.compiler.disable()d function", hinting to remove it; "dict.copy";
+    "Call to torch._dynamo.disable()" on every rank; "Avoid calling Logger.set_runtime_stats_and_log")."""
+    full = ct.compile(backend="aot_eager", fullgraph=True)
+    breaking = BREAK_GRAPHS[role]
+    with pytest.raises(ValueError, match=rf"{role}.*eagerly.*fullgraph=True forbids.*fullgraph=False"):
+        breaking(full(classify)) if outside else full(ct.accumulate(2)(breaking(classify)))
+    ct.compile(backend="aot_eager")(breaking(classify))  # the default, fullgraph=False, composes
+    breaking(ct.compile(backend="aot_eager")(classify))
+
+
+def test_a_compiled_state_pickles_and_its_copies_compile_their_own_wrappers():
+    """torch.compile's wrappers do not pickle (torch.save(state) failed once a compiled update ran), and a copy
+    (ct.check's deepcopy) shared them; a copy gets none, and makes its own without compiling again."""
+    import pickle
+
+    state, eager = make_state(3), make_state(3)
+    train = AOT(ct.accumulate(2)(classify))
+    train(state, make_batch(8))
+    ct.accumulate(2)(classify)(eager, make_batch(8))
+    for copied in (pickle.loads(pickle.dumps(state)), copy.deepcopy(state)):
+        assert copied.transform_state("compile", dict).steps == {}
+        train(copied, make_batch(8, seed=1))
+        assert len(copied.transform_state("compile", dict).steps) == 1
+    train(state, make_batch(8, seed=1))
+    ct.accumulate(2)(classify)(eager, make_batch(8, seed=1))
+    assert_states_close(copied, eager, rtol=1e-12, atol=1e-14)
+    assert_states_close(state, eager, rtol=1e-12, atol=1e-14)
+    assert graphs() == 1  # the copies' wrappers found the code compiled for the first

@@ -117,3 +117,53 @@ def test_a_run_that_fails_gives_the_cache_folder_back_at_once(tmp_path):
     with pytest.raises(ZeroDivisionError) as failed:
         go(train, make_state(0), tmp_path, max_steps=2, eval_step=failing_eval, eval_data=data(4), eval_every=1)
     assert failed.traceback and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+
+
+def test_compile_seconds_include_the_backward_compiled_at_the_first_backward():
+    """AOTAutograd compiles a graph's backward lazily, in the first backward, outside the frame's compilation: a
+    backend whose backward compiler takes 1 s shows that second in compile_s and in the bottleneck."""
+    import time
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def forward_compiler(graph, inputs):
+        return make_boxed_func(graph.forward)
+
+    def slow_backward_compiler(graph, inputs):
+        time.sleep(1.0)
+        return make_boxed_func(graph.forward)
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=slow_backward_compiler)
+    result = go(ct.compile(backend=backend)(classify), make_state(0), max_steps=1, log_every=1)
+    assert result.history[0]["compiles"] == 1 and result.history[0]["compile_s"] >= 1.0
+    assert result.bottleneck.startswith("torch.compile took ")
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link"])
+def test_a_compile_cache_that_is_no_folder_is_refused_with_the_fix(tmp_path, kind):
+    """It was a bare FileExistsError from mkdir."""
+    import os
+
+    cache = tmp_path / CACHE_DIR
+    if kind == "file":
+        cache.write_text("not a folder")
+    else:
+        cache.symlink_to(tmp_path / "gone")
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    state = make_state(0)
+    with pytest.raises(FileExistsError, match=r"run: .*compile_cache is not a folder.*ct.compile.*cache=False"):
+        go(ct.compile(backend="eager")(classify), state, tmp_path, max_steps=1)
+    assert state.step == 0 and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+    go(ct.compile(backend="eager", cache=False)(classify), state, tmp_path, max_steps=1)  # the fix it names
+    assert state.step == 1
+
+
+def test_a_train_step_given_as_eval_step_is_refused_before_training():
+    """ct.compile(eval_fn) as eval_step trained a whole epoch, then failed in the evaluation with 'state must be a
+    ct.TrainState, got Sequential'."""
+    state = make_state(0)
+    refused = r"run: eval_step must be a function .*got the TrainStep compile.*torch\.compile"
+    with pytest.raises(TypeError, match=refused):
+        go(AOT(classify), state, eval_step=AOT(classify), eval_data=data(4), epochs=1)
+    assert state.step == 0

@@ -18,6 +18,7 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from composetrain.core.protocol import TrainStep
 from composetrain.core.util import RUN, check_int, check_real, show
 from composetrain.driver.checks import check_eval_data, check_flag, dataloader_settings
 from composetrain.driver.tracking import deferred_kind
@@ -330,6 +331,12 @@ class EvalOptions:
             raise TypeError(
                 f"{RUN}: eval_step must be a function, got {show(self.eval_step)}; "
                 "e.g. eval_step=lambda model, batch: {'acc': ...}"
+            )
+        if isinstance(self.eval_step, TrainStep):  # found now, not when the first evaluation calls it
+            raise TypeError(
+                f"{RUN}: eval_step must be a function eval_step(model, batch) -> {{name: mean}}, got the TrainStep "
+                f"{self.eval_step!r}, which trains (an optimizer update per call); give the plain function "
+                "(torch.compile(fn) compiles it)"
             )
         if self.eval_data is not None and not isinstance(self.eval_data, DataLoader):
             _not_tensors(self.eval_data, "eval_data")

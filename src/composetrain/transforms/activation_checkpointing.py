@@ -141,7 +141,11 @@ class _CheckpointActivations(TrainStep):
         {
             "data_parallel": "data_parallel's replicas are copies of the model that the chosen submodules are not "
             "part of; run one process per device with distributed instead: "
-            "distributed(checkpoint_activations(modules)(step))"
+            "distributed(checkpoint_activations(modules)(step))",
+            # ct.compile's role when fullgraph=True (transforms/compile.py)
+            "compile(fullgraph=True)": "the chosen submodules run eagerly between the compiled graphs (TorchDynamo "
+            "cannot trace checkpoint's exact replay), a graph break that fullgraph=True forbids; use "
+            "ct.compile(fullgraph=False) (the default)",
         }
     )
 

@@ -19,6 +19,19 @@ _MODES = (None, "default", "max-autotune-no-cudagraphs")
 # CUDA graphs reuse their output buffers on the next replay: a micro-batch's loss share, kept until the update
 # ends (and a StepOutput kept until the log point) would be overwritten under the caller
 _CUDAGRAPHS = ("reduce-overhead", "max-autotune")
+# The transforms whose hooks run eagerly between the compiled graphs (graph breaks, by design): what fullgraph
+# forbids. The role a fullgraph compile adds to the composition's, so that they refuse it from outside too (their
+# refuses_inside)
+FULLGRAPH = "compile(fullgraph=True)"
+_BREAKS_GRAPH = {
+    "checkpoint_activations": "its chosen submodules run eagerly between the compiled graphs (TorchDynamo cannot "
+    "trace checkpoint's exact replay)",
+    "distributed": "DDP's forward runs its own bookkeeping (the reducer's logging, the buckets' preparation) "
+    "eagerly, between the compiled graphs",
+    "pipeline_split": "its hooks move activations between devices eagerly, between the compiled graphs",
+    "sharded": "FSDP2's hooks gather and free the shards eagerly, between the compiled graphs",
+}
+_FULLGRAPH_FIX = "a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)"
 
 
 @transform_factory
@@ -39,10 +52,12 @@ def compile(
     buckets and the gradient all-reduce still overlaps backward, once per update), the sharded
     model under ``ct.sharded`` (FSDP2's hooks run between the compiled graphs), under
     ``ct.mixed_precision``'s autocast; the submodules ``ct.checkpoint_activations`` recomputes run eagerly
-    between the graphs (so ``fullgraph=True`` fails with them). So the order of
+    between the graphs (so ``fullgraph=True`` with them is refused when built). So the order of
     ``compile`` among the other transforms does not matter. Backward, the loss scaling and the optimizer
     step stay eager. The model itself is not wrapped or changed: its ``state_dict`` keys stay the same,
-    and checkpoints move between compiled and eager runs.
+    and checkpoints move between compiled and eager runs. Inductor draws random numbers (dropout's masks)
+    from its own generator, not eager's: ``torch._inductor.config.fallback_random = True`` makes them
+    eager's, where a run must match an eager one (``ct.check``).
 
     Shapes: torch's automatic dynamic shapes apply (``dynamic=None``): the first call compiles for its
     shapes, and the first call with another batch size (``accumulate``'s short last micro-batch, the
@@ -50,20 +65,23 @@ def compile(
     (a size of 1 is specialised by torch: one more). ``ct.run`` logs the compilations and their time.
 
     Warm restarts: with ``cache=True``, while ``ct.run`` trains with a ``checkpoint_dir``, torch's compile
-    caches (TorchInductor's graphs and compiled kernels, TorchDynamo's shape profiles) live in
-    ``checkpoint_dir/compile_cache/`` beside the checkpoints instead of the machine's ``/tmp``, so a
-    requeued job, on whichever node, compiles from them. They hold pickles and kernels that torch loads
-    and runs: they are read from your own checkpoint_dir only; give ``cache=False`` where that folder is
-    not yours alone.
+    caches (TorchInductor's graphs and compiled kernels; TorchDynamo's shape profiles only where
+    ``torch.compiler.config.job_id`` is set) live in ``checkpoint_dir/compile_cache/`` beside the checkpoints
+    instead of the machine's ``/tmp`` (also instead of a ``TORCHINDUCTOR_CACHE_DIR`` of yours, put back
+    afterwards), so a requeued job, on whichever node, compiles from them. They hold pickles and kernels
+    that torch loads and runs: they are read from your own checkpoint_dir only; give ``cache=False`` where
+    that folder is not yours alone.
 
     Args:
         step: the step to wrap; omit it to get a transform.
         mode: torch.compile's mode: None, "default" or "max-autotune-no-cudagraphs" (the modes that
-            use CUDA graphs are refused: their outputs are overwritten by the next call, and a
-            composition keeps outputs across micro-batches and updates).
+            use CUDA graphs are refused, as is the "cudagraphs" backend: their outputs are overwritten by
+            the next call, and a composition keeps outputs across micro-batches and updates).
         dynamic: torch.compile's ``dynamic``: None (automatic, the default), True (compile for any
             size at once), False (a compilation per size).
-        fullgraph: fail on a graph break instead of running that part eagerly.
+        fullgraph: fail on a graph break instead of running that part eagerly (refused with
+            ``checkpoint_activations``, ``pipeline_split``, ``distributed`` and ``sharded``, whose hooks run
+            between the graphs).
         backend: torch.compile's backend ("inductor", or "aot_eager", "eager" to debug).
         cache: keep torch's compile caches in ``ct.run``'s checkpoint_dir (warm restarts).
 
@@ -101,6 +119,12 @@ def _check_options(mode: Any, dynamic: Any, fullgraph: Any, backend: Any, cache:
             "composition keeps each micro-batch's loss until the update ends; use mode="
             "'max-autotune-no-cudagraphs' (or the default)"
         )
+    if isinstance(backend, str) and backend == "cudagraphs":
+        raise ValueError(
+            "compile: backend='cudagraphs' replays CUDA graphs, whose outputs the next call overwrites, while a "
+            "composition keeps each micro-batch's loss until the update ends; use backend='inductor' (with "
+            "mode='max-autotune-no-cudagraphs' to autotune)"
+        )
     if mode not in _MODES:
         raise ValueError(f"compile: mode must be one of {list(_MODES)}, got {show(mode)}")
     if dynamic is not None:
@@ -129,6 +153,15 @@ class _Compiled(RuntimeState):
         self.steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.plain: list[Callable[..., Any]] = []  # the steps keyed by id, kept alive so that no id is reused
 
+    # torch.compile's wrappers do not pickle, and a copy (ct.check's deepcopy) would share them, keyed by the
+    # ids of the original's steps: a copy starts without any (torch keeps the compiled code with the step's
+    # code object, so its own wrappers compile nothing again)
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        self.steps, self.plain = {}, []
+
     def get(self, step: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
         # by identity: a plain step may be a callable object that is unhashable, or equal to another
         key = (id(step), *(id(options[k]) if k == "backend" else options[k] for k in _COMPILE_OPTIONS))
@@ -147,7 +180,12 @@ class _Compile(TrainStep):
         self.label = label
         self.options = options
         self.compile_cache = options["cache"]  # the driver keeps torch's caches beside the checkpoints
+        for role in sorted(inner.roles & _BREAKS_GRAPH.keys()) if options["fullgraph"] else ():
+            why = f"{_BREAKS_GRAPH[role]}, {_FULLGRAPH_FIX}"
+            raise ValueError(f"{label}: cannot wrap a step that applies {role}: {why}")
         super().__init__(inner)
+        if options["fullgraph"]:
+            self.roles = self.roles | {FULLGRAPH}
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         compiled = state.transform_state(self.role, _Compiled)

@@ -127,6 +127,10 @@ class _Distributed(TrainStep):
             "data_parallel": "DDP reduces the gradients of one module, not of thread replicas; run one process "
             "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node",
             "sharded": "a model is either replicated (DDP) or sharded (FSDP), not both; use ct.sharded alone",
+            # ct.compile's role when fullgraph=True (transforms/compile.py)
+            "compile(fullgraph=True)": "DDP's forward runs its own bookkeeping (the reducer's logging, the buckets' "
+            "preparation) eagerly, between the compiled graphs, a graph break that fullgraph=True forbids; use "
+            "ct.compile(fullgraph=False) (the default)",
         }
     )
 

@@ -136,6 +136,9 @@ class _Pipeline(TrainStep):
             "data_parallel": "a model split across devices cannot also be replicated on each of them",
             "sharded": "FSDP2 here shards a model on one device per process; split the model with sharded's "
             "modules= (its units are gathered one at a time) instead of pipeline_split",
+            # ct.compile's role when fullgraph=True (transforms/compile.py)
+            "compile(fullgraph=True)": "its hooks move activations between devices eagerly, between the compiled "
+            "graphs, a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)",
         }
     )
 

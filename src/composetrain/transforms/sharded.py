@@ -130,6 +130,9 @@ class _Sharded(TrainStep):
             "accumulate_auto": "an out-of-memory retry must be agreed by every rank before FSDP2's collectives, "
             "which sharded does not arrange yet: use a fixed accumulate(n) inside sharded, or "
             "distributed(accumulate('auto')(step))",
+            # ct.compile's role when fullgraph=True (transforms/compile.py)
+            "compile(fullgraph=True)": "FSDP2's hooks gather and free the shards eagerly, between the compiled "
+            "graphs, a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)",
         }
     )
 
