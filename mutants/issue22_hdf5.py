@@ -16,7 +16,7 @@ MUTANTS = [
         "file": F,
         "find": "        return out.astype(self.dtype, copy=False)",
         "replace": "        return out",
-        "tests": [T + "test_any_index_list_reads_what_h5py_reads"],
+        "tests": [T + "test_big_endian_rows_that_h5py_reads_come_native"],
         "why": "rows h5py reads from a big-endian chunked dataset handed to torch unswapped",
     },
     {

@@ -235,6 +235,6 @@ MUTANTS = [
         "find": '"compile(fullgraph=True)": "DDP',
         "replace": '"compile(fullgraph=True) ": "DDP',
         "tests": [f"{T}::test_fullgraph_with_a_transform_that_breaks_the_graph_is_refused_when_built"],
-        "why": "23.32: distributed outside compile(fullgraph=True) is built; torch then hints 'avoid calling Logger...'",
+        "why": "23.32: distributed outside compile(fullgraph=True) is built (torch then hints at Logger)",
     },
 ]

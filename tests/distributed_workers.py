@@ -194,3 +194,18 @@ def fewest(rank: int, world: int) -> int:
     """Each rank offers a different count; all agree on the smallest."""
     proc = ct.rendezvous(rank=rank, world_size=world)  # the pool's group: reused, not re-created
     return proc.fewest(10 + 3 * rank)
+
+
+def static_graph_updates(rank: int, world: int, n: int) -> dict[str, Any]:
+    """Two updates of distributed(static_graph=True)(accumulate(n)(classify)): what it said, or the parameters."""
+    state = make_state("classify", 0, torch.float64)
+    before = [p.detach().clone() for p in state.model.parameters()]
+    batch = shard(global_batch("classify", [4] * world, 1, torch.float64), [4] * world, rank)
+    train = ct.distributed(static_graph=True)(ct.accumulate(n)(classify))
+    try:
+        for _ in range(2):
+            train(state, batch)
+    except (ValueError, RuntimeError) as e:
+        unchanged = all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))
+        return {"said": str(e), "step": state.step, "unchanged": unchanged}
+    return {"said": None, "step": state.step, "params": [p.detach().clone() for p in state.model.parameters()]}

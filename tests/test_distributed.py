@@ -179,3 +179,16 @@ def test_options_are_checked_and_shown():
     assert repr(ct.distributed(ct.mixed_precision(ct.accumulate(16)(classify)))) == (
         "distributed(mixed_precision(accumulate(16)(classify)))"
     )
+
+
+def test_static_graph_with_micro_batches_is_refused_before_any_change_and_works_without_them(pool):
+    """DDP's static_graph cannot skip the sync of accumulate's non-final micro-batches (no_sync): torch failed at
+    the first update with "expect_autograd_hooks_ INTERNAL ASSERT FAILED" (found by the a-compile adversary). It is
+    refused before the first forward, naming the fix; with one micro-batch static_graph trains as before."""
+    for r in pool.run("distributed_workers", "static_graph_updates", 2):
+        assert r["said"] is not None and "static_graph=True" in r["said"] and "accumulate" in r["said"], r["said"]
+        assert r["step"] == 0 and r["unchanged"]
+    first, *others = pool.run("distributed_workers", "static_graph_updates", 1)
+    assert first["said"] is None and first["step"] == 2
+    for other in others:
+        assert all(torch.equal(p, q) for p, q in zip(first["params"], other["params"], strict=True))

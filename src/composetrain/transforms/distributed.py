@@ -173,7 +173,15 @@ class _Distributed(TrainStep):
         ddp = self._ddp(state, ctx.model)
 
         def no_sync_unless_last(c: Context) -> contextlib.AbstractContextManager[Any]:
-            return contextlib.nullcontext() if c.last_backward else ddp.no_sync()
+            if c.last_backward:
+                return contextlib.nullcontext()
+            if ddp.static_graph:  # before the pass's forward: nothing has changed yet
+                # torch's reducer asserts at the first no_sync backward ("expect_autograd_hooks_ INTERNAL ASSERT")
+                raise ValueError(
+                    f"{self!r}: DDP's static_graph=True cannot skip the gradient sync of a non-final micro-batch "
+                    "(no_sync), which accumulate's micro-batches need; drop static_graph=True, or use accumulate(1)"
+                )
+            return ddp.no_sync()
 
         # for accumulate("auto"): synchronise after passes that may run out of memory, never inside them
         deferred = DDPDeferredSync(ddp, self.group, device, self)
