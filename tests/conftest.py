@@ -30,3 +30,15 @@ def pool():
     p = Pool(2)
     yield p
     p.close()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """A test that compiles starts from nothing and counts its own compilations (test_compile*.py)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()

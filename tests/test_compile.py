@@ -19,13 +19,7 @@ import composetrain as ct
 AOT = ct.compile(backend="aot_eager")
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Each test compiles from nothing and counts its own compilations."""
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest.py: each test compiles from nothing
 
 
 def graphs() -> int:

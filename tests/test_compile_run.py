@@ -17,12 +17,7 @@ from composetrain.driver.compiling import CACHE_DIR
 AOT = ct.compile(backend="aot_eager")
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest.py: each test compiles from nothing
 
 
 def data(n: int = 20) -> TensorDataset:
