@@ -128,7 +128,8 @@ def test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error(tmp
         ct.cache(items, path, progress=False)
 
 
-def test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew(tmp_path: Path) -> None:
+def noisy_store(tmp_path: Path) -> Any:
+    """Eight items in a store whose augment adds noise drawn from its generator (seeded per epoch and batch)."""
     g = torch.Generator().manual_seed(0)
     items = [(torch.randn(IN, dtype=torch.float64, generator=g), i % 3) for i in range(8)]
 
@@ -136,7 +137,11 @@ def test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew(tmp_path: Pat
         x, y = batch
         return [x + torch.randn(x.shape, generator=generator, dtype=x.dtype), y]
 
-    cached = ct.cache(items, tmp_path / "store", augment=noise, progress=False)
+    return ct.cache(items, tmp_path / "store", augment=noise, progress=False)
+
+
+def test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew(tmp_path: Path) -> None:
+    cached = noisy_store(tmp_path)
     seen: list[torch.Tensor] = []
 
     def record(model: Any, batch: Any) -> Any:
@@ -231,14 +236,7 @@ def test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run(tmp_path: Path, workers: int) -> None:
-    g = torch.Generator().manual_seed(0)
-    items = [(torch.randn(IN, dtype=torch.float64, generator=g), i % 3) for i in range(8)]
-
-    def noise(batch: Any, generator: torch.Generator) -> Any:
-        x, y = batch
-        return [x + torch.randn(x.shape, generator=generator, dtype=x.dtype), y]
-
-    cached = ct.cache(items, tmp_path / "store", augment=noise, progress=False)
+    cached = noisy_store(tmp_path)
     seen: list[torch.Tensor] = []
 
     def record(model: Any, batch: Any) -> Any:
