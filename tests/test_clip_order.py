@@ -37,11 +37,11 @@ def grouped(model: nn.Module, order: list[int], cut: int, lr: float = 0.1) -> to
     return torch.optim.SGD([g for g in groups if g["params"]], lr=lr, momentum=0.9)
 
 
-def by_hand(state: ct.TrainState, batch, max_norm: float, norm_type: float = 2.0, params=None):
+def by_hand(state: ct.TrainState, batch, max_norm: float, norm_type: float = 2.0, params=None, foreach=None):
     """The recipe's loop: backward, clip_grad_norm_(model.parameters()), step, zero_grad."""
     step(state.model, batch).backward()
     norm = torch.nn.utils.clip_grad_norm_(
-        state.model.parameters() if params is None else params, max_norm, norm_type=norm_type
+        state.model.parameters() if params is None else params, max_norm, norm_type=norm_type, foreach=foreach
     )
     state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
@@ -149,11 +149,7 @@ def test_foreach_is_passed_on(foreach):
     )
     for i in range(2):
         out = train(a, batch(i))
-        step(b.model, batch(i)).backward()
-        norm = torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.05, foreach=foreach)
-        b.optimizer.step()
-        b.zero_grad()
-        b.step += 1
+        norm = by_hand(b, batch(i), 0.05, foreach=foreach)
         assert torch.equal(out.metrics["grad_norm"], norm)
     assert_states_equal(a, b)
     with pytest.raises(TypeError, match=r"clip_grad_norm: foreach must be True, False or None, got 1 \(int\)"):
@@ -173,11 +169,7 @@ def test_on_cuda_the_foreach_kernels_sum_in_model_order_too(foreach):
     for i in range(5):
         x, y = batch(i, 64)
         out = ct.clip_grad_norm(0.05, foreach=foreach)(step)(a, (x.cuda(), y.cuda()))
-        step(theirs, (x.cuda(), y.cuda())).backward()
-        norm = torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.05, foreach=foreach)
-        b.optimizer.step()
-        b.zero_grad()
-        b.step += 1
+        norm = by_hand(b, (x.cuda(), y.cuda()), 0.05, foreach=foreach)
         assert torch.equal(out.metrics["grad_norm"], norm)
     assert_states_equal(a, b)
 
