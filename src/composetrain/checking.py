@@ -113,7 +113,8 @@ def check(
         if not ok:  # the plain step against itself first: one that is not deterministic differs from anything
             again = compare(reference, reference, state, batch, used)[0]
             if not _agree(again, rtol, atol):
-                reason = _not_deterministic(reference, _worst([g for q in again if q is not None for g in q], rtol, atol))
+                every = [g for quantity in again if quantity is not None for g in quantity]
+                reason = _not_deterministic(reference, _worst(every, rtol, atol))
         if not ok and reason is None:
             for i in range(len(layers) - 1, -1, -1):  # innermost first: layers[i] around what is inside it
                 inner = compare(layers[i], reference_step(layers[i:], plain), state, batch, used)[0]
