@@ -121,3 +121,19 @@ def test_a_model_holding_half_and_single_precision_is_judged_at_the_half(half):
     assert result and result.dtype is half and result.lowest is half, result
     assert result.grads.largest > 0  # rounded differently, within the half's tolerance
     assert ct.check(ct.accumulate(3)(classify), state, make_batch(12, dtype=torch.float32)).dtype is torch.float64
+
+
+class PoisonLast(ct.TrainStep):
+    """A planted bug: the last layer's bias updated with a NaN gradient (every other tensor right)."""
+
+    label = "poison"
+
+    def update(self, state, ctx):
+        state.model[2].bias.grad.fill_(float("nan"))
+        return self._inner().update(state, ctx)
+
+
+def test_a_nan_in_one_tensor_is_what_is_reported_not_a_finite_one_beside_it():
+    result = ct.check(ct.accumulate(2)(PoisonLast(ct.train_step(classify))), make_state(), make_batch(8))
+    assert not result and result.diverges_at == "poison", result
+    assert result.params.where == "2.bias" and result.params.largest != result.params.largest, result  # NaN
