@@ -173,7 +173,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checking.py",
-        "find": '    if used is torch.float64 or "mixed_precision" not in step.roles:',
+        "find": '    if low is torch.float64 or "mixed_precision" not in step.roles:',
         "replace": "    if True:",
         "tests": [CHECK + "test_mixed_precision_is_checked_in_its_own_precision_with_its_tolerance"],
         "why": "24.6: mixed_precision judged by float32's tolerance: its own rounding reported as a divergence",
@@ -186,9 +186,9 @@ MUTANTS = [
         "why": "24.6: a distributed composition under a group of two checked against a one-process reference",
     },
     {
-        "file": "src/composetrain/_check_peeling.py",
-        "find": "        if math.isnan(diff):\n            return Gap(diff, name, scale)\n",
-        "replace": "",
+        "file": "src/composetrain/checking.py",
+        "find": "    return gap.largest <= atol + rtol * gap.scale",
+        "replace": "    return not gap.largest > atol + rtol * gap.scale",
         "tests": [CHECK + "test_a_non_finite_update_is_a_difference"],
         "why": "24.6: a NaN difference compares as no difference (nan > worst is False): a NaN update passes",
     },
@@ -223,7 +223,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/_check_peeling.py",
-        "find": "        _largest(buffers, ref_buffers) if ref_buffers else None,",
+        "find": "        _per_tensor(buffers, ref_buffers) if ref_buffers else None,",
         "replace": "        None,",
         "tests": [HOSTILE_CHECK + "test_buffers_a_composition_updates_wrongly_are_a_difference_and_its_layer_named"],
         "why": "a-recipes: buffers not compared: a forward run twice (BatchNorm statistics stepped twice) passes",

@@ -301,3 +301,28 @@ def test_a_compiled_state_pickles_and_its_copies_compile_their_own_wrappers():
     assert_states_close(copied, eager, rtol=1e-12, atol=1e-14)
     assert_states_close(state, eager, rtol=1e-12, atol=1e-14)
     assert graphs() == 1  # the copies' wrappers found the code compiled for the first
+
+
+def scaled(factor):
+    """classify's loss times ``factor``: each one another step, all of one code object (closures differ)."""
+
+    def step(model, batch):
+        loss, metrics = classify(model, batch)
+        return loss * factor, metrics
+
+    return step
+
+
+def test_compiled_compositions_of_different_plain_steps_on_one_state_each_run_their_own():
+    """issue 30.3: one TrainState, a compiled train step and compiled steps with other losses, taken in turn: each
+    runs its own forward and loss (the state's compiled wrappers are kept per plain step, never shared)."""
+    plains = [classify, scaled(0.25), scaled(3.0)]
+    fast = [AOT(ct.accumulate(2)(plain)) for plain in plains]
+    slow = [ct.accumulate(2)(plain) for plain in plains]
+    compiled, eager = make_state(3), make_state(3)
+    for i in range(2):
+        for a, b in zip(fast, slow, strict=True):
+            batch = make_batch(8, seed=i)
+            torch.testing.assert_close(a(compiled, batch).loss, b(eager, batch).loss, rtol=1e-12, atol=1e-14)
+    assert_states_close(compiled, eager, rtol=1e-12, atol=1e-14)
+    assert len(compiled.transform_state("compile", dict).steps) == len(plains)

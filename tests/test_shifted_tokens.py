@@ -164,3 +164,19 @@ def test_one_label_per_sequence_is_told_to_weigh_by_sequences_not_to_add_a_dimen
     with pytest.raises(ValueError, match=r"one label per sequence .*leave weight out: accumulate\(n\)") as error:
         ct.shifted_tokens()({"labels": torch.tensor([0, 2, 1])})
     assert "labels[None]" not in str(error.value)
+
+
+def test_a_negative_index_finds_the_labels_as_indexing_the_batch_does():
+    """issue 30.7: labels last in a tuple batch, shifted_tokens(-1): batch[-1], through accumulate too."""
+    padded = padded_batch([2, 3, 9, 9, 5], seed=4)
+    batch = (padded["input_ids"], padded["input_ids"] != 0, padded["labels"])
+    assert ct.shifted_tokens(-1)(batch).item() == ct.shifted_tokens(2)(batch).item() == (1 + 2 + 8 + 8 + 4)
+    assert ct.shifted_tokens(-3, ignore_index=PAD)(batch[::-1]).item() == 1 + 2 + 8 + 8 + 4
+    with pytest.raises(IndexError, match=r"shifted_tokens\(-4\): the batch holds 3 items, no index -4"):
+        ct.shifted_tokens(-4)(batch)
+    model, ref = twin(1)
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.5))
+    ct.accumulate(2, weight=ct.shifted_tokens(-1))(lambda m, b: m(b[0], b[-1]))(state, batch)
+    textbook(ref, [padded], 0.5)
+    for (key, p), q in zip(model.state_dict().items(), ref.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=key)

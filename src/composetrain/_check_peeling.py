@@ -5,7 +5,6 @@ the gradients the update phase receives kept, compared as the largest difference
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -59,13 +58,18 @@ class _Probe(TrainStep):
         return self._inner().update(state, ctx)
 
 
+# the gaps of one comparison, per tensor: loss, gradients, parameters, buffers (None: the model has none)
+Gaps = tuple[list[Gap], list[Gap], list[Gap], list[Gap] | None]
+
+
 def compare(
     step: TrainStep, reference: TrainStep, state: TrainState, batch: Any, dtype: torch.dtype | None
-) -> tuple[tuple[Gap, Gap, Gap, Gap | None], torch.dtype]:
-    """Both steps on fresh copies: the gaps in loss, gradients, parameters and buffers (None: the model has
-    none), and the copies' dtype (the reference first: a model that refuses ``dtype`` fails there, before the
-    composition changes anything)."""
-    runs, rng = [], capture_rng()
+) -> tuple[Gaps, torch.dtype, torch.dtype]:
+    """Both steps on fresh copies: the gaps in loss, gradients, parameters and buffers, per tensor; the copies'
+    dtype; and the lowest precision involved (the copies', or the loss's where the step computes it lower:
+    transformers' float32 ``.loss`` of a float64 model). The reference runs first: a model that refuses
+    ``dtype`` fails there, before the composition changes anything."""
+    runs, rng, losses = [], capture_rng(), []
     for s in (reference, step):
         restore_rng(rng)  # both draw the same random numbers (dropout): the user's generators, left as they were
         copied, data = copy_state(state, batch, dtype)
@@ -74,7 +78,17 @@ def compare(
             # a copied optimizer's step() lost the wrapper its scheduler counts calls with (Optimizer pickles
             # without it), so the scheduler's first step() would warn of a wrong call order that is not there
             warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
-            out = _Probe(s, grads)(copied, data)
+            try:
+                out = _Probe(s, grads)(copied, data)
+            except torch.OutOfMemoryError as e:
+                if s is not reference:
+                    raise
+                raise torch.OutOfMemoryError(
+                    f"check: the plain step {reference!r} runs out of memory on this batch ({e}): check compares "
+                    "your composition with the plain step's update of the whole batch in one pass (accumulate's "
+                    "pieces too), so that must fit; check on a smaller batch"
+                ) from e
+        losses.append(out.loss.dtype)
         if s is reference and not _finite(out.loss, grads):
             raise ValueError(
                 f"check: the plain step's own update on this batch ({reference!r}) is not finite (loss "
@@ -88,38 +102,33 @@ def compare(
     (ref_loss, ref_grads, ref_params, ref_buffers), (loss, grads, params, buffers) = runs
     loss_gap = float((loss - ref_loss).abs())
     gaps = (
-        Gap(loss_gap, "loss", float(ref_loss.abs())),
-        _largest(grads, ref_grads),
-        _largest(params, ref_params),
-        _largest(buffers, ref_buffers) if ref_buffers else None,
+        [Gap(loss_gap, "loss", float(ref_loss.abs()))],
+        _per_tensor(grads, ref_grads),
+        _per_tensor(params, ref_params),
+        _per_tensor(buffers, ref_buffers) if ref_buffers else None,
     )
     used = _dtype_of(state, dtype)
-    return gaps, used
+    return gaps, used, coarsest([used, *losses])
 
 
 def _finite(loss: torch.Tensor, grads: Mapping[str, torch.Tensor | None]) -> bool:
     return bool(loss.isfinite().all()) and all(g is None or bool(g.isfinite().all()) for g in grads.values())
 
 
-def _largest(got: Mapping[str, torch.Tensor | None], want: Mapping[str, torch.Tensor | None]) -> Gap:
-    """The largest element-wise difference over all tensors, and the reference's largest magnitude; a tensor on
-    one side only (a gradient that is None on the other) differs by its magnitude. NaN is the largest."""
-    worst, where, scale = 0.0, "-", 0.0
+def _per_tensor(got: Mapping[str, torch.Tensor | None], want: Mapping[str, torch.Tensor | None]) -> list[Gap]:
+    """Each tensor's largest element-wise difference and the reference's largest magnitude in it (a small
+    tensor's tolerance is its own, not the largest tensor's); a tensor on one side only (a gradient that is
+    None on the other) differs by its magnitude. NaN is the largest."""
+    gaps = []
     for name in want:
         a, b = got.get(name), want[name]
         if a is None and b is None:
             continue
         ref = _wide(b if b is not None else torch.zeros_like(a))  # type: ignore[arg-type]
         mine = _wide(a if a is not None else torch.zeros_like(ref))
-        if not ref.numel():
-            continue
-        scale = max(scale, float(ref.abs().max()))
-        diff = float((mine - ref).abs().max())
-        if math.isnan(diff):
-            return Gap(diff, name, scale)
-        if diff > worst:
-            worst, where = diff, name
-    return Gap(worst, where, scale)
+        if ref.numel():
+            gaps.append(Gap(float((mine - ref).abs().max()), name, float(ref.abs().max())))
+    return gaps
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -131,4 +140,9 @@ def _dtype_of(state: TrainState, dtype: torch.dtype | None) -> torch.dtype:
     if dtype is not None:
         return dtype
     floats = [p.dtype for p in state.model.parameters() if p.is_floating_point()]
-    return max(floats, key=lambda d: torch.finfo(d).eps) if floats else torch.float32
+    return coarsest(floats) if floats else torch.float32
+
+
+def coarsest(dtypes: list[torch.dtype]) -> torch.dtype:
+    """The lowest precision among floating dtypes (the largest machine epsilon); others are ignored."""
+    return max((d for d in dtypes if d.is_floating_point), key=lambda d: torch.finfo(d).eps)

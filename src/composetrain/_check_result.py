@@ -12,7 +12,8 @@ import torch
 
 class Gap(NamedTuple):
     """The largest absolute difference of one quantity (``largest``), where it is (a parameter's name, or
-    "loss"), and the reference's largest magnitude there (``scale``: the tolerance is relative to it)."""
+    "loss"), and the reference's largest magnitude in that tensor (``scale``: its tolerance is relative to it;
+    each tensor is judged by its own, and the one furthest past its tolerance is reported)."""
 
     largest: float
     where: str
@@ -31,7 +32,7 @@ class CheckResult:
     """What ``ct.check`` found; true when the composition's update is the plain step's within the tolerance.
 
     Attributes:
-        ok: every gap within ``atol + rtol * (the reference's largest magnitude)``.
+        ok: every tensor's gap within ``atol + rtol * (the reference's largest magnitude in that tensor)``.
         step: the composition, as it prints; ``reference``: what it was compared with.
         dtype: the precision of the copies; ``rtol``, ``atol``: the tolerance.
         loss, grads, params: the largest differences (``Gap``) in the reported loss, in the gradients the update
@@ -40,6 +41,9 @@ class CheckResult:
             and count: a composition that runs the forward once too often shows only here); None: it has none.
         diverges_at: the first layer, from the inside out, whose update differs from its reference (None: none).
         layers: each peeled composition checked and whether it agreed, innermost first (only when one diverges).
+        reason: why no layer is to blame, when the plain step differs from itself (None: it does not).
+        lowest: the lowest precision involved, which the default tolerance follows: the copies', the loss's
+            where the step computes it lower (transformers' float32 ``.loss``), mixed_precision's autocast.
     """
 
     ok: bool
@@ -54,15 +58,18 @@ class CheckResult:
     buffers: Gap | None = None
     diverges_at: str | None = None
     layers: tuple[tuple[str, bool], ...] = ()
+    reason: str | None = None
+    lowest: torch.dtype | None = None
 
     def __bool__(self) -> bool:
         return self.ok
 
     def __repr__(self) -> str:
         verdict = "agrees with" if self.ok else "DIFFERS from"
+        low = "" if self.lowest in (None, self.dtype) else f", the lowest precision involved: {_name(self.lowest)}"
         lines = [
-            f"check: {self.step} {verdict} {self.reference} in {str(self.dtype).removeprefix('torch.')} "
-            f"(rtol={self.rtol:g}, atol={self.atol:g})",
+            f"check: {self.step} {verdict} {self.reference} in {_name(self.dtype)} "
+            f"(rtol={self.rtol:g}, atol={self.atol:g}{low})",
             f"  loss:       {self.loss!r}",
             f"  gradients:  {self.grads!r}",
             f"  parameters: {self.params!r}",
@@ -72,7 +79,13 @@ class CheckResult:
         if self.diverges_at is not None:
             lines.append(f"  first diverging layer: {self.diverges_at}")
             lines += [f"    {'ok  ' if agreed else 'DIFF'} {printed}" for printed, agreed in self.layers]
+        if self.reason is not None:
+            lines.append(f"  {self.reason}")
         return "\n".join(lines)
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 # both are composetrain.checking's public names: they print and pickle as its own, as before this module was split off

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from composetrain._check_copies import Untouched
-from composetrain._check_peeling import compare, peel, reference_step
+from composetrain._check_peeling import Gaps, coarsest, compare, peel, reference_step
 from composetrain._check_result import CheckResult, Gap
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import capture_rng, restore_rng
@@ -33,7 +33,7 @@ from composetrain.core.util import show
 __all__ = ["CheckResult", "Gap", "check"]
 
 
-# (rtol, atol) of a norm-wise comparison, by the lowest precision the update computes in
+# (rtol, atol) of each tensor's comparison, by the lowest precision the update computes in
 TOLERANCES = {
     torch.float64: (1e-9, 1e-12),
     torch.float32: (1e-4, 1e-6),
@@ -66,10 +66,16 @@ def check(
         dtype: the precision of the copies, float64 by default (where the model allows: if the plain step fails
             in float64 they keep their own); None keeps the model's. ``mixed_precision``'s autocast leaves
             float64 alone: its rounding is checked with ``dtype=None`` (then with the 16-bit tolerance).
-        rtol, atol: the tolerance, by default by the lowest precision involved (float64: 1e-9, 1e-12).
+        rtol, atol: the tolerance of each tensor (relative to its own largest magnitude), by default by the
+            lowest precision involved: the copies', or the loss's where the step computes it lower (transformers'
+            float32 ``.loss`` of a float64 model), or mixed_precision's (float64: 1e-9, 1e-12).
 
     Returns:
-        The CheckResult (true when it agrees); print it for the numbers.
+        The CheckResult (true when it agrees); print it for the numbers. When they differ because the plain step
+        differs from itself (it draws from a generator of its own), no layer is named and ``reason`` says so.
+
+    Raises:
+        torch.OutOfMemoryError: the plain step does not fit the whole batch in memory (check on a smaller one).
 
     Example:
         >>> result = ct.check(ct.accumulate(4)(ct.clip_grad_norm(1.0)(step)), state, batch)
@@ -91,23 +97,28 @@ def check(
         )
     rtol, atol = _tolerance(rtol, "rtol"), _tolerance(atol, "atol")
     layers, plain = peel(step)
+    reference = reference_step(layers, plain)
     rng, own = capture_rng(), Untouched(state)
     try:
         try:
-            gaps, used = compare(step, reference_step(layers, plain), state, batch, dtype)
+            gaps, used, low = compare(step, reference, state, batch, dtype)
         except Exception:  # the model refuses float64 (a kernel, a dtype-checked input): in its own precision
             if dtype is None:
                 raise
-            gaps, used = compare(step, reference_step(layers, plain), state, batch, None)
-        low = _lowest(used, step)
+            gaps, used, low = compare(step, reference, state, batch, None)
+        low = _lowest(low, step)
         rtol = TOLERANCES.get(low, TOLERANCES[torch.float32])[0] if rtol is None else rtol
         atol = TOLERANCES.get(low, TOLERANCES[torch.float32])[1] if atol is None else atol
-        ok = all(_within(g, rtol, atol) for g in gaps if g is not None)
-        found, seen = None, []
-        if not ok:
+        ok, found, seen, reason = _agree(gaps, rtol, atol), None, [], None
+        if not ok:  # the plain step against itself first: one that is not deterministic differs from anything
+            again = compare(reference, reference, state, batch, used)[0]
+            if not _agree(again, rtol, atol):
+                every = [g for quantity in again if quantity is not None for g in quantity]
+                reason = _not_deterministic(reference, _worst(every, rtol, atol))
+        if not ok and reason is None:
             for i in range(len(layers) - 1, -1, -1):  # innermost first: layers[i] around what is inside it
                 inner = compare(layers[i], reference_step(layers[i:], plain), state, batch, used)[0]
-                agreed = all(_within(g, rtol, atol) for g in inner if g is not None)
+                agreed = _agree(inner, rtol, atol)
                 seen.append((repr(layers[i]), agreed))
                 if not agreed:
                     found = getattr(layers[i], "label", type(layers[i]).__name__)
@@ -122,8 +133,12 @@ def check(
                 "compare copies that never trained; check put them back. Write step(model, batch) with the model "
                 "it is given, and keep trained tensors inside the model"
             )
-    ref = repr(reference_step(layers, plain))
-    return CheckResult(ok, repr(step), ref, used, rtol, atol, *gaps, diverges_at=found, layers=tuple(seen))
+    loss, grads, params = (_worst(g, rtol, atol) for g in gaps[:3])
+    buffers = None if gaps[3] is None else _worst(gaps[3], rtol, atol)
+    return CheckResult(
+        ok, repr(step), repr(reference), used, rtol, atol, loss, grads, params, buffers, diverges_at=found,
+        layers=tuple(seen), reason=reason, lowest=low,
+    )  # fmt: skip
 
 
 def _tolerance(value: Any, name: str) -> float | None:
@@ -140,12 +155,38 @@ def _tolerance(value: Any, name: str) -> float | None:
 
 
 def _within(gap: Gap, rtol: float, atol: float) -> bool:
-    return gap.largest <= atol + rtol * gap.scale  # False for NaN
+    return gap.largest <= atol + rtol * gap.scale  # False for NaN; <=: equal is within a tolerance of zero
 
 
-def _lowest(used: torch.dtype, step: TrainStep) -> torch.dtype:
-    """The lowest precision the update computes in: the copies', or mixed_precision's autocast below it."""
-    if used is torch.float64 or "mixed_precision" not in step.roles:
-        return used
-    low = next((getattr(s, "dtype", None) for s in peel(step)[0] if s.role == "mixed_precision"), None)
-    return low if isinstance(low, torch.dtype) and low is not torch.float32 else torch.bfloat16
+def _agree(gaps: Gaps, rtol: float, atol: float) -> bool:
+    """Every tensor within its own tolerance (relative to its own largest magnitude)."""
+    return all(_within(g, rtol, atol) for quantity in gaps if quantity is not None for g in quantity)
+
+
+def _worst(gaps: list[Gap], rtol: float, atol: float) -> Gap:
+    """The tensor furthest past its tolerance (or nearest to it, when all are within): the one reported."""
+
+    def used(g: Gap) -> tuple[float, float]:  # the share of its tolerance a gap takes; NaN first
+        bound = atol + rtol * g.scale
+        share = g.largest / bound if bound > 0 else (math.inf if g.largest != 0 else 0.0)
+        return (math.inf if math.isnan(g.largest) else share), (math.inf if math.isnan(g.largest) else g.largest)
+
+    return max(gaps, key=used, default=Gap(0.0, "-", 0.0))
+
+
+def _not_deterministic(reference: TrainStep, gap: Gap) -> str:
+    return (
+        f"{reference!r} is not deterministic: run twice on the same copies, with your generators replayed for "
+        f"each, its own update differs ({gap!r}), so no layer is to blame; it draws from a generator of its own "
+        "(a torch.Generator, numpy, random) or runs a nondeterministic kernel: draw from torch's default "
+        "generator (check replays it), or set torch.use_deterministic_algorithms(True)"
+    )
+
+
+def _lowest(low: torch.dtype, step: TrainStep) -> torch.dtype:
+    """The lowest precision the update computes in: the copies' or the loss's, or mixed_precision's autocast
+    below it (autocast leaves float64 alone)."""
+    if low is torch.float64 or "mixed_precision" not in step.roles:
+        return low
+    auto = next((getattr(s, "dtype", None) for s in peel(step)[0] if s.role == "mixed_precision"), None)
+    return coarsest([low, auto if isinstance(auto, torch.dtype) and auto is not torch.float32 else torch.bfloat16])

@@ -32,7 +32,8 @@ def shifted_tokens(labels_key: str | int = "labels", *, ignore_index: int = -100
 
     Args:
         labels_key: where the labels are in a batch: a key of a mapping (a dict, HF's
-            ``BatchEncoding``) or an index into a tuple or list. Labels are ``(batch, sequence)``.
+            ``BatchEncoding``) or an index into a tuple or list (negative from its end: -1 for labels
+            last, as ``batch[-1]``). Labels are ``(batch, sequence)``.
         ignore_index: the label that is not predicted (padding, the prompt): the model's
             ``ignore_index``, -100 in Hugging Face and ``F.cross_entropy``.
 
