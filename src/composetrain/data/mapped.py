@@ -260,10 +260,15 @@ def split_batch(batch: Any, n: int) -> list[Any]:
                     "in lists and dicts, with the batch's first dimension")  # fmt: skip
 
 
-def read_whole(data: MappedDataset, indices: Sequence[int], epoch: int, rank: int,
+def read_whole(data: Any, indices: Sequence[int], epoch: int, rank: int,
                collate: Callable[[list[Any]], Any] | None = None) -> Any:  # fmt: skip
     """``data.read_batch(indices, epoch, rank)``, or, given a ``collate`` function, that batch's items collated by
-    it (an augmented batch is read whole, with its epoch and rank, whatever collates it)."""
+    it (an augmented batch is read whole, with its epoch and rank, whatever collates it); ``data`` may be a
+    Subset or ConcatDataset of augmented stores (``wrapped.read_wrapped``)."""
+    if not isinstance(data, MappedDataset):
+        from composetrain.data.wrapped import read_wrapped  # it imports this module
+
+        return read_wrapped(data, indices, epoch, rank, collate)
     batch = data.read_batch(indices, epoch, rank)
     return batch if collate is None else collate(split_batch(batch, len(indices)))
 
@@ -272,7 +277,7 @@ class Batches(Dataset[Any]):
     """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_whole``, for loader workers given whole
     batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation."""
 
-    def __init__(self, data: MappedDataset, collate: Callable[[list[Any]], Any] | None = None) -> None:
+    def __init__(self, data: Any, collate: Callable[[list[Any]], Any] | None = None) -> None:
         self.data, self.collate = data, collate
 
     def __len__(self) -> int:
