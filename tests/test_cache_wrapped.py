@@ -1,6 +1,6 @@
 """An augmented store inside torch's Subset, random_split and ConcatDataset: the epoch and rank reach it (ct.run's
 loader, in this process and in workers, and a DataLoader given), its batches are those of the store itself at the
-indices they lead to, a resumed run is bit-exact; a wrapper that cannot pass them on is refused, as is ct.cache of it."""
+indices they lead to, a resumed run is bit-exact; a wrapper that cannot pass them on is refused, as is ct.cache."""
 
 from __future__ import annotations
 
@@ -61,10 +61,16 @@ def test_a_subset_of_an_augmented_store_draws_anew_each_epoch_as_the_store_at_th
 def test_a_concat_of_augmented_stores_reads_each_with_its_epoch_also_with_a_collate_fn(tmp_path: Path) -> None:
     a, b = store(tmp_path, "a", 8), store(tmp_path, "bb", 4)
     seen = seen_batches(ConcatDataset([a, b]))
-    want = [s.read_batch(r, epoch=e)[0] for e in range(2) for s, r in ((a, [0, 1, 2, 3]), (a, [4, 5, 6, 7]), (b, [0, 1, 2, 3]))]
+    want = [
+        s.read_batch(r, epoch=e)[0]
+        for e in range(2)
+        for s, r in ((a, [0, 1, 2, 3]), (a, [4, 5, 6, 7]), (b, [0, 1, 2, 3]))
+    ]
     assert same(seen, want)
     # a batch across both stores: each store's rows as it gives them, with the same epoch
-    across = seen_batches(ConcatDataset([a, b]), epochs=1, batch_size=6, collate_fn=lambda rows: tuple(default_collate(rows)))
+    across = seen_batches(
+        ConcatDataset([a, b]), epochs=1, batch_size=6, collate_fn=lambda rows: tuple(default_collate(rows))
+    )
     assert torch.equal(across[0], a.read_batch(range(6), epoch=0)[0])
     assert torch.equal(across[1][:2], a.read_batch([6, 7], epoch=0)[0])
     assert torch.equal(across[1][2:], b.read_batch(range(4), epoch=0)[0])

@@ -82,6 +82,6 @@ def test_a_dangling_link_is_named_with_its_missing_file_or_target(tmp_path):
     for name, match in cases.items():
         with pytest.raises(FileNotFoundError, match=rf"ct\.hdf5: '{name}' in .*main\.h5: {match}"):
             ct.hdf5(path, name)
-    with pytest.raises(KeyError, match="'missing' in .*no such dataset"):  # no link at all: as before
+    with pytest.raises(KeyError, match=r"'missing' in .*no such dataset"):  # no link at all: as before
         ct.hdf5(path, "missing")
     assert ct.hdf5(path, ["x"]).read_batch([1])[0].tolist() == [ROWS[1].tolist()]
