@@ -162,6 +162,11 @@ def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: 
                          "rebuild=True to write it again, or another path")  # fmt: skip
     found = regions(path, manifest["item"], manifest["length"])
     data = CachedDataset(found, manifest["item"], manifest["length"], augment=augment, seed=seed)
+    if augment is not None and data.ragged:  # augment is given the stacked batch, which ragged items have not
+        raise ValueError(f"cache: augment= is given, but the items of the store at {path} differ in shape (a ragged "
+                         "store: its batches need a collate_fn that pads, and an augmented batch is stacked "
+                         "first); pad the items in the dataset, or augment in the collate_fn (the store is kept: "
+                         "it opens without augment=)")  # fmt: skip
     data.path, data.origin = path, made
     if verify:
         _verify(dataset, data)

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from composetrain.data.layout import Field, torch_dtype, unflatten
 
-__all__ = ["Augment", "Batches", "MappedDataset", "Region", "read_whole", "same", "split_batch"]
+__all__ = ["Augment", "Batches", "MappedDataset", "Region", "check_rows", "read_whole", "same", "split_batch"]
 
 Augment = Callable[[Any, torch.Generator], Any]
 
@@ -169,7 +169,8 @@ class MappedDataset(Dataset[Any]):
         if self.augment is None:
             return batch
         epoch = self.epoch if epoch is None else epoch
-        return self.augment(batch, self.generator(idx.tolist(), epoch, _rank() if rank is None else rank))
+        augmented = self.augment(batch, self.generator(idx.tolist(), epoch, _rank() if rank is None else rank))
+        return check_rows(augmented, len(idx))  # read whole or split into items, it must keep a row per index
 
     def generator(self, indices: Sequence[int], epoch: int, rank: int) -> torch.Generator:
         """The augmentation's generator for this batch: seeded from (seed, epoch, rank, indices), nothing else,
@@ -242,13 +243,27 @@ def _as_collated(batch: Any) -> Any:
     return batch
 
 
-def split_batch(batch: Any, n: int) -> list[Any]:
-    """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
+def check_rows(batch: Any, n: int) -> Any:
+    """``batch`` (an augment's), refused unless it is tensors in lists, tuples and dicts, each with a row per index
+    (or none: 0-dim), as ``split_batch`` needs: however the batch is read, the same augment is refused alike."""
     if isinstance(batch, torch.Tensor):
         if batch.ndim and len(batch) != n:  # its rows would be handed to other indices, or some lost
             raise ValueError(f"MappedDataset: augment returned a batch of {len(batch)} rows for {n} indices (a tensor "
                              f"of shape {tuple(batch.shape)}): return one row per index (keep the batch's first "
                              "dimension)")  # fmt: skip
+    elif isinstance(batch, list | tuple | dict):
+        for b in batch.values() if isinstance(batch, dict) else batch:
+            check_rows(b, n)
+    else:
+        raise TypeError(f"MappedDataset: augment returned a {type(batch).__name__} in its batch: return tensors "
+                        "in lists and dicts, with the batch's first dimension")  # fmt: skip
+    return batch
+
+
+def split_batch(batch: Any, n: int) -> list[Any]:
+    """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
+    if isinstance(batch, torch.Tensor):
+        check_rows(batch, n)
         return list(batch.unbind(0)) if batch.ndim else [batch] * n
     if isinstance(batch, list | tuple):
         columns = [split_batch(b, n) for b in batch]
@@ -256,8 +271,7 @@ def split_batch(batch: Any, n: int) -> list[Any]:
     if isinstance(batch, dict):
         columns_d = {k: split_batch(v, n) for k, v in batch.items()}
         return [{k: c[i] for k, c in columns_d.items()} for i in range(n)]
-    raise TypeError(f"MappedDataset: augment returned a {type(batch).__name__} in its batch: return tensors "
-                    "in lists and dicts, with the batch's first dimension")  # fmt: skip
+    return check_rows(batch, n)  # raises: not a batch of tensors
 
 
 def read_whole(data: Any, indices: Sequence[int], epoch: int, rank: int,
