@@ -110,10 +110,13 @@ def _check(
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise ValueError(f"cache: dataset must be a map-style Dataset (with __len__ and __getitem__), got a "
                          f"{type(dataset).__name__}")  # fmt: skip
-    if (isinstance(dataset, MappedDataset) and dataset.augment is not None) or augmented_inside(dataset):
-        raise ValueError("cache: the dataset augments its batches (made with augment=), or wraps one that does: "
-                         "its store would hold one draw for all epochs; make it without augment= and give "
-                         "augment= to ct.cache")  # fmt: skip
+    if isinstance(dataset, MappedDataset) and dataset.augment is not None:  # its items are drawn, not data
+        raise ValueError("cache: the dataset augments its batches (made with augment=): its store would hold "
+                         "one draw for all epochs; make it without augment= and give augment= to ct.cache")  # fmt: skip
+    if augmented_inside(dataset):  # a Subset of one: its items are drawn too
+        raise ValueError(f"cache: the dataset ({type(dataset).__name__}) wraps one that augments its batches (made "
+                         "with augment=): its store would hold one draw for all epochs; wrap the store made "
+                         "without augment=, and give augment= to ct.cache")  # fmt: skip
     if not isinstance(path, str | os.PathLike) or not str(path):
         raise ValueError(f"cache: path must be a folder path, got {path!r}")
     if augment is not None and not callable(augment):

@@ -88,10 +88,10 @@ def mapped(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
     """Whether a batch is one ``read_batch`` of a memory-mapped dataset (ct.cache's, ct.hdf5's): without a
     collate_fn (no per-sample collate), or augmented whatever collates it (the augmentation is seeded by the
     epoch and rank, which only ``read_batch`` is given; a collate_fn then gets the augmented batch's items)."""
-    store = as_mapped(dataset)
-    if store is None:  # a Subset or ConcatDataset of augmented stores is read so too, each with its epoch and rank
-        return bool(augmented_inside(dataset)) and joined(dataset) is not None
-    return store.augment is not None or (not store.ragged and collate_fn is None)
+    given, dataset = dataset, as_mapped(dataset)
+    if dataset is None:  # a Subset or ConcatDataset of augmented stores is read so too, each with its epoch and rank
+        return bool(augmented_inside(given)) and joined(given) is not None
+    return dataset.augment is not None or (not dataset.ragged and collate_fn is None)
 
 
 class EpochBatches(Sampler[tuple[int, int, list[int]]]):
