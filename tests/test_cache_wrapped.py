@@ -144,3 +144,13 @@ def test_an_index_past_a_wrapped_store_is_an_index_error_and_negative_ones_count
             locate(joined, bad)
     with pytest.raises(IndexError, match="Subset: index 3 out of range for 3 items"):
         locate(Subset(a, [5, 6, 7]), 3)
+
+
+def test_the_bottleneck_report_does_not_advise_ct_cache_for_a_subset_of_an_augmented_store(tmp_path: Path) -> None:
+    from composetrain.driver.monitor import _cheaper
+    from composetrain.driver.reader import Reader
+
+    subset = Subset(store(tmp_path), [0, 1, 2, 3])
+    reader = Reader(subset, range(4), 2, False, None, 0, lambda n: None, 1)  # type: ignore[arg-type]
+    assert "wraps an augmented memory-mapped store already: make its augment cheaper" in _cheaper(reader)
+    assert "ct.cache(dataset, path)" not in _cheaper(reader)
