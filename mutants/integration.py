@@ -34,10 +34,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/monitor.py",
-        "find": "from composetrain.data.kinds import as_hdf5, as_mapped\n",
+        "find": "from composetrain.data.kinds import as_hdf5, as_mapped, augmented_inside\n",
         "replace": (
             "from composetrain.data.hdf5 import HDF5Dataset as _H\n"
-            "from composetrain.data.kinds import as_hdf5, as_mapped\n"
+            "from composetrain.data.kinds import as_hdf5, as_mapped, augmented_inside\n"
         ),
         "tests": [
             "tests/test_lazy_package.py::test_without_numpy_ct_run_trains_and_only_the_data_layers_names_need_it"

@@ -98,8 +98,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/reader.py",
-        "find": "plain = self.indexed or (self._mapped and dataset.augment is None and dataset.memory_mapped)",
-        "replace": "plain = self.indexed or (self._mapped and dataset.augment is None)",
+        "find": "store is not None and store.augment is None and store.memory_mapped)",
+        "replace": "store is not None and store.augment is None)",
         "tests": [T + "test_auto_reads_memory_maps_here_and_weighs_workers_for_what_h5py_reads"],
         "why": "the reader ignores whether a mapped dataset is all memory maps",
     },

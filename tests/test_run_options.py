@@ -88,7 +88,7 @@ def test_each_option_is_refused_when_its_value_is_built(args, error, arg, shown,
     [
         ({"x": torch.zeros(2)}, {}, TypeError, "run: data must be a Dataset or DataLoader, got {'x'"),
         (5, {}, TypeError, "run: data must be a torch Dataset or DataLoader, got 5 (int)"),
-        (Stream(), {}, TypeError, "run: an IterableDataset cannot be sharded or resumed by ct.run; wrap it"),
+        (Stream(), {}, TypeError, "run: an IterableDataset cannot be sharded or resumed by ct.run, nor a DataLoader"),
         (DataLoader(Stream()), {"batch_size": None}, TypeError, "run: a DataLoader over an IterableDataset"),
         (DataLoader(DATA, batch_size=3), {"batch_size": 2}, ValueError, "run: batch_size=2 but the DataLoader given"),
         (DataLoader(DATA, batch_size=3), {"batch_size": None, "shuffle": True}, ValueError, "run: shuffle=True but"),

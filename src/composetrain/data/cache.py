@@ -19,6 +19,7 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from composetrain.data.files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
+from composetrain.data.kinds import augmented_inside
 from composetrain.data.mapped import Augment, MappedDataset
 from composetrain.data.writer import fingerprint, write_store
 
@@ -112,6 +113,10 @@ def _check(
     if isinstance(dataset, MappedDataset) and dataset.augment is not None:  # its items are drawn, not data
         raise ValueError("cache: the dataset augments its batches (made with augment=): its store would hold "
                          "one draw for all epochs; make it without augment= and give augment= to ct.cache")  # fmt: skip
+    if augmented_inside(dataset):  # a Subset of one: its items are drawn too
+        raise ValueError(f"cache: the dataset ({type(dataset).__name__}) wraps one that augments its batches (made "
+                         "with augment=): its store would hold one draw for all epochs; wrap the store made "
+                         "without augment=, and give augment= to ct.cache")  # fmt: skip
     if not isinstance(path, str | os.PathLike) or not str(path):
         raise ValueError(f"cache: path must be a folder path, got {path!r}")
     if augment is not None and not callable(augment):
@@ -160,6 +165,11 @@ def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: 
                          "rebuild=True to write it again, or another path")  # fmt: skip
     found = regions(path, manifest["item"], manifest["length"])
     data = CachedDataset(found, manifest["item"], manifest["length"], augment=augment, seed=seed)
+    if augment is not None and data.ragged:  # augment is given the stacked batch, which ragged items have not
+        raise ValueError(f"cache: augment= is given, but the items of the store at {path} differ in shape (a ragged "
+                         "store: its batches need a collate_fn that pads, and an augmented batch is stacked "
+                         "first); pad the items in the dataset, or augment in the collate_fn (the store is kept: "
+                         "it opens without augment=)")  # fmt: skip
     data.path, data.origin = path, made
     if verify:
         _verify(dataset, data)

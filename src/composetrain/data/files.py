@@ -25,6 +25,7 @@ __all__ = [
     "NpyWriter",
     "StoreError",
     "fsync_folder",
+    "manifest_text",
     "read_manifest",
     "regions",
     "write_manifest",
@@ -33,6 +34,7 @@ __all__ = [
 FORMAT, MANIFEST = 1, "manifest.json"
 # never through a symbolic link, and never waiting: opening a FIFO for reading would block until it has a writer
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+_LIMIT = 1 << 24  # the largest manifest read (a crafted one must not exhaust memory): none larger is written
 _HEADER = 256  # bytes kept for the .npy header, written once the number of items is known
 
 
@@ -89,9 +91,18 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def manifest_text(item: Any, length: int, origin: dict[str, Any]) -> str:
+    """The manifest's JSON; a ValueError where it is larger than ``read_manifest`` reads (never published)."""
+    text = json.dumps({"format": FORMAT, "length": length, "item": to_json(item), "origin": origin}, indent=1)
+    if len(text.encode()) > _LIMIT:
+        raise ValueError(f"cache: the store's manifest would take {len(text.encode())} bytes, more than its reader "
+                         f"reads ({_LIMIT}): give items fewer leaves, or a shorter key")  # fmt: skip
+    return text
+
+
 def write_manifest(folder: Path, item: Any, length: int, origin: dict[str, Any]) -> None:
     """The manifest that makes ``folder`` a complete store: written, fsynced, then the folder fsynced."""
-    text = json.dumps({"format": FORMAT, "length": length, "item": to_json(item), "origin": origin}, indent=1)
+    text = manifest_text(item, length, origin)
     with open(folder / MANIFEST, "w") as f:
         f.write(text)
         f.flush()
@@ -117,7 +128,7 @@ def _read_plain(path: Path, limit: int) -> bytes:
 def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of a complete store, its structure checked; FileNotFoundError when there is none."""
     try:
-        raw = json.loads(_read_plain(folder / MANIFEST, 1 << 24))
+        raw = json.loads(_read_plain(folder / MANIFEST, _LIMIT))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise StoreError(f"{folder / MANIFEST} is not JSON: {e}") from None
     except OSError as e:

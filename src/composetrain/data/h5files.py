@@ -3,6 +3,7 @@ h5py's reads of the rest, and the check that a file did not change between ``ct.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Callable, Mapping
@@ -11,8 +12,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "INSTALL", "NAME", "Rows", "Swapped", "check_unchanged", "file_of", "flat_offset", "h5py_module", "native",
-    "open_file", "stamp",
+    "INSTALL", "NAME", "Rows", "Swapped", "broken_link", "check_unchanged", "file_of", "flat_offset", "h5py_module",
+    "native", "open_file", "stamp", "virtual_files",
 ]  # fmt: skip
 
 NAME, INSTALL = "ct.hdf5", "pip install composetrain[hdf5]"
@@ -63,6 +64,72 @@ def flat_offset(dset: Any) -> int | None:
     if end is None or dset.id.get_storage_size() < dset.size * dset.dtype.itemsize:
         return None
     return int(offset) if end <= os.path.getsize(file_of(dset)) else None
+
+
+def _found(name: str, parent: str, env: str) -> str | None:
+    """Where HDF5 finds the file ``name`` that ``parent`` links to (an external link, a virtual dataset's source):
+    as given if absolute, else after ``env``'s prefixes, in ``parent``'s folder, then as is; None: nowhere."""
+    folder = os.path.dirname(parent)
+    tried = [name] if os.path.isabs(name) else []
+    base = os.path.basename(name) if os.path.isabs(name) else name
+    prefixes = [p.replace("${ORIGIN}", folder) for p in os.environ.get(env, "").split(":") if p]
+    tried += [os.path.join(p, base) for p in prefixes] + [os.path.join(folder, base), base]
+    return next((os.path.abspath(t) for t in tried if os.path.isfile(t)), None)
+
+
+def broken_link(f: Any, name: str) -> str | None:
+    """Why ``name`` in the open file ``f`` leads nowhere, where a link on its way does (an external link to a
+    missing file or name, a soft link to nothing), or None."""
+    h5py = h5py_module()
+    parts = name.strip("/").split("/")
+    for n in range(1, len(parts) + 1):
+        here = "/".join(parts[:n])
+        if f.get(here) is not None:
+            continue
+        link = f.get(here, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            target = _found(link.filename, f.filename, "HDF5_EXT_PREFIX")
+            if target is None:
+                return (
+                    f"{here!r} is an external link to {link.path!r} in the file {link.filename!r}, which is not "
+                    f"there (looked for beside {f.filename} and in the working folder): restore that file"
+                )
+            return f"{here!r} is an external link to {link.path!r} in {target}, which has no such object"
+        if isinstance(link, h5py.SoftLink):
+            return f"{here!r} is a soft link to {link.path!r}, which is not in the file"
+        return None
+    return None
+
+
+def virtual_files(dset: Any, path: str) -> list[str]:
+    """The files a virtual dataset's rows come from (none for another dataset); a source that is missing (whose
+    rows h5py would read as the fill value) is refused, naming the file.
+
+    Raises:
+        FileNotFoundError: a source file is not there, or has not the dataset it should give rows from.
+    """
+    if not dset.is_virtual:
+        return []
+    files: list[str] = []
+    for source in dset.virtual_sources():
+        if "%" in source.file_name or "%" in source.dset_name:  # a printf-style pattern: HDF5's to expand
+            continue
+        file = path if source.file_name == "." else _found(source.file_name, path, "HDF5_VDS_PREFIX")
+        if file is None:
+            raise FileNotFoundError(
+                f"{NAME}: {dset.name!r} in {path} is a virtual dataset whose rows come from {source.dset_name!r} in "
+                f"the file {source.file_name!r}, which is not there (looked for beside {path} and in the working "
+                "folder); h5py would read the fill value for its rows: restore that file"
+            )
+        with contextlib.nullcontext(dset.file) if source.file_name == "." else open_file(file) as f:
+            if not isinstance(f.get(source.dset_name), h5py_module().Dataset):
+                raise FileNotFoundError(
+                    f"{NAME}: {dset.name!r} in {path} is a virtual dataset whose rows come from "
+                    f"{source.dset_name!r} in {file}, which has no such dataset; h5py would read the fill value "
+                    "for its rows"
+                )
+        files.append(file)
+    return list(dict.fromkeys(files))
 
 
 def native(dtype: np.dtype) -> np.dtype:

@@ -20,6 +20,7 @@ from composetrain.data.h5files import (
     NAME,
     Rows,
     Swapped,
+    broken_link,
     check_unchanged,
     file_of,
     flat_offset,
@@ -27,6 +28,7 @@ from composetrain.data.h5files import (
     native,
     open_file,
     stamp,
+    virtual_files,
 )  # fmt: skip
 from composetrain.data.layout import Field
 from composetrain.data.mapped import Augment, MappedDataset, Region
@@ -63,8 +65,11 @@ class HDF5Dataset(MappedDataset):
         self.path, self.keys, self.mapped = path, keys, list(regions)
         self._file: Any = None
         self._pid = -1
-        # what each file was when opened here: checked once per process, before it maps or opens them
-        self._stamps = {p: stamp(p) for p in dict.fromkeys([path, *(file_of(d) for d in columns.values())])}
+        # what each file was when opened here (a virtual dataset's sources too, each checked to be there): checked
+        # once per process, before it maps or opens them
+        files = [path, *(file_of(d) for d in columns.values())]
+        files += [f for d in columns.values() for f in virtual_files(d, file_of(d))]
+        self._stamps = {p: stamp(p) for p in dict.fromkeys(files)}
 
     @property
     def memory_mapped(self) -> bool:
@@ -186,6 +191,8 @@ def hdf5(
         for name in names:
             dset = f.get(name)
             if not isinstance(dset, h5py.Dataset):
+                if dset is None and (broken := broken_link(f, name)) is not None:
+                    raise FileNotFoundError(f"{NAME}: {name!r} in {path}: {broken}")
                 what = "no such dataset" if dset is None else f"a {type(dset).__name__}, not a dataset"
                 raise KeyError(f"{NAME}: {name!r} in {path}: {what}; its top level has {sorted(f.keys())}")
             _check_dtype(h5py, name, dset, path)

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["KINDS", "Field", "from_json", "leaf_kind", "numpy_dtype", "to_json", "torch_dtype", "unflatten"]
+__all__ = ["DEPTH", "KINDS", "Field", "from_json", "leaf_kind", "numpy_dtype", "to_json", "torch_dtype", "unflatten"]
 
 KINDS = ("tensor", "numpy", "int", "float", "bool")
+DEPTH = 64  # the deepest a leaf may lie in an item's containers: the writer refuses deeper, as the reader does
 NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")  # an array's name: also its file name, so never a path
 _NUMPY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: the dtypes a buffer holds as plain bytes
 _SCALARS = {"int": np.dtype("<i8"), "float": np.dtype("<f8"), "bool": np.dtype("bool")}
@@ -137,7 +138,7 @@ def to_json(tree: Any) -> Any:
 
 def from_json(node: Any, depth: int = 0) -> Any:
     """The tree ``to_json`` wrote, every value checked (a store's manifest is input: a crafted one must fail here)."""
-    if depth > 64 or not isinstance(node, dict) or len(node) != 1:
+    if depth > DEPTH or not isinstance(node, dict) or len(node) != 1:
         raise ValueError("the item structure is malformed")
     (tag, body), = node.items()  # fmt: skip
     if tag in ("tuple", "list") and isinstance(body, list):

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from composetrain.data.layout import Field, torch_dtype, unflatten
 
-__all__ = ["Augment", "Batches", "MappedDataset", "Region", "read_whole", "same", "split_batch"]
+__all__ = ["Augment", "Batches", "MappedDataset", "Region", "check_rows", "read_whole", "same", "split_batch"]
 
 Augment = Callable[[Any, torch.Generator], Any]
 
@@ -169,7 +169,8 @@ class MappedDataset(Dataset[Any]):
         if self.augment is None:
             return batch
         epoch = self.epoch if epoch is None else epoch
-        return self.augment(batch, self.generator(idx.tolist(), epoch, _rank() if rank is None else rank))
+        augmented = self.augment(batch, self.generator(idx.tolist(), epoch, _rank() if rank is None else rank))
+        return check_rows(augmented, len(idx))  # read whole or split into items, it must keep a row per index
 
     def generator(self, indices: Sequence[int], epoch: int, rank: int) -> torch.Generator:
         """The augmentation's generator for this batch: seeded from (seed, epoch, rank, indices), nothing else,
@@ -242,13 +243,27 @@ def _as_collated(batch: Any) -> Any:
     return batch
 
 
-def split_batch(batch: Any, n: int) -> list[Any]:
-    """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
+def check_rows(batch: Any, n: int) -> Any:
+    """``batch`` (an augment's), refused unless it is tensors in lists, tuples and dicts, each with a row per index
+    (or none: 0-dim), as ``split_batch`` needs: however the batch is read, the same augment is refused alike."""
     if isinstance(batch, torch.Tensor):
         if batch.ndim and len(batch) != n:  # its rows would be handed to other indices, or some lost
             raise ValueError(f"MappedDataset: augment returned a batch of {len(batch)} rows for {n} indices (a tensor "
                              f"of shape {tuple(batch.shape)}): return one row per index (keep the batch's first "
                              "dimension)")  # fmt: skip
+    elif isinstance(batch, list | tuple | dict):
+        for b in batch.values() if isinstance(batch, dict) else batch:
+            check_rows(b, n)
+    else:
+        raise TypeError(f"MappedDataset: augment returned a {type(batch).__name__} in its batch: return tensors "
+                        "in lists and dicts, with the batch's first dimension")  # fmt: skip
+    return batch
+
+
+def split_batch(batch: Any, n: int) -> list[Any]:
+    """The ``n`` items of a collated batch (each tensor's rows), which ``default_collate`` stacks back to it."""
+    if isinstance(batch, torch.Tensor):
+        check_rows(batch, n)
         return list(batch.unbind(0)) if batch.ndim else [batch] * n
     if isinstance(batch, list | tuple):
         columns = [split_batch(b, n) for b in batch]
@@ -256,14 +271,18 @@ def split_batch(batch: Any, n: int) -> list[Any]:
     if isinstance(batch, dict):
         columns_d = {k: split_batch(v, n) for k, v in batch.items()}
         return [{k: c[i] for k, c in columns_d.items()} for i in range(n)]
-    raise TypeError(f"MappedDataset: augment returned a {type(batch).__name__} in its batch: return tensors "
-                    "in lists and dicts, with the batch's first dimension")  # fmt: skip
+    return check_rows(batch, n)  # raises: not a batch of tensors
 
 
-def read_whole(data: MappedDataset, indices: Sequence[int], epoch: int, rank: int,
+def read_whole(data: Any, indices: Sequence[int], epoch: int, rank: int,
                collate: Callable[[list[Any]], Any] | None = None) -> Any:  # fmt: skip
     """``data.read_batch(indices, epoch, rank)``, or, given a ``collate`` function, that batch's items collated by
-    it (an augmented batch is read whole, with its epoch and rank, whatever collates it)."""
+    it (an augmented batch is read whole, with its epoch and rank, whatever collates it); ``data`` may be a
+    Subset or ConcatDataset of augmented stores (``wrapped.read_wrapped``)."""
+    if not isinstance(data, MappedDataset):
+        from composetrain.data.wrapped import read_wrapped  # it imports this module
+
+        return read_wrapped(data, indices, epoch, rank, collate)
     batch = data.read_batch(indices, epoch, rank)
     return batch if collate is None else collate(split_batch(batch, len(indices)))
 
@@ -272,7 +291,7 @@ class Batches(Dataset[Any]):
     """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_whole``, for loader workers given whole
     batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation."""
 
-    def __init__(self, data: MappedDataset, collate: Callable[[list[Any]], Any] | None = None) -> None:
+    def __init__(self, data: Any, collate: Callable[[list[Any]], Any] | None = None) -> None:
         self.data, self.collate = data, collate
 
     def __len__(self) -> int:

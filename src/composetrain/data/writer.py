@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from composetrain.data.files import NpyWriter, write_manifest
-from composetrain.data.layout import Field, leaf_kind, storage_dtype
+from composetrain.data.files import NpyWriter, manifest_text, write_manifest
+from composetrain.data.layout import DEPTH, Field, leaf_kind, storage_dtype
 from composetrain.data.mapped import same
 
 __all__ = ["fingerprint", "sampled", "write_store"]
@@ -25,18 +25,22 @@ _HELD, _LEAST = 64 << 20, 64 << 10  # bytes held in memory before writing: in al
 _WORTH = 2.0  # seconds of reading, as timed, before workers are worth starting
 
 
-def _leaves(item: Any, where: str, out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+def _leaves(item: Any, where: str, out: list[tuple[str, Any]], depth: int = 0) -> list[tuple[str, Any]]:
     """``out`` with (where, value) of every leaf appended, in the item's order; containers other than plain
-    tuples, lists and dicts are refused. (A list, not a generator: this runs for every item written.)"""
+    tuples, lists and dicts are refused, and containers deeper than a store's reader reads (``DEPTH``).
+    (A list, not a generator: this runs for every item written.)"""
+    if depth > DEPTH:
+        raise ValueError(f"{where} lies inside {depth} containers: a store holds items nested at most {DEPTH} "
+                         "deep (its reader refuses deeper); flatten the item")  # fmt: skip
     kind = type(item)
     if kind is tuple or kind is list:
         for n, x in enumerate(item):
-            _leaves(x, f"{where}[{n}]", out)
+            _leaves(x, f"{where}[{n}]", out, depth + 1)
     elif kind is dict:
         for k, v in item.items():
             if not isinstance(k, str):
                 raise ValueError(f"{where} has the key {k!r}: only string keys are stored")
-            _leaves(v, f"{where}[{k!r}]", out)
+            _leaves(v, f"{where}[{k!r}]", out, depth + 1)
     elif isinstance(item, tuple | list | dict):
         raise ValueError(f"{where} is a {type(item).__name__}: only plain tuples, lists and dicts are stored "
                          "(a namedtuple or dataclass would come back as a plain container)")  # fmt: skip
@@ -170,6 +174,9 @@ def write_store(
                 columns.append(_Column(folder, len(columns), kind, dtype, scalar))
             for column in columns:  # bytes held back per field: at most about 64 MB in all, however many
                 column.out.limit = max(_LEAST, min(1 << 20, _HELD // len(columns)))
+            # a manifest too large for the reader is refused now, not after every item is written
+            first = [Field(c.kind, c.dtype, np.shape(v), c.name) for c, (_, v) in zip(columns, leaves, strict=True)]
+            manifest_text(_skeleton(item, iter(first)), n, origin)
         elif here != paths:
             raise ValueError(f"cache: item {i} has the leaves {here} and item 0 has {paths}: every item must "
                              "have the same structure")  # fmt: skip

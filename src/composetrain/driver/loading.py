@@ -15,7 +15,7 @@ from torch.utils.data import (
 from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, restore_rng, seed_everything
 from composetrain.core.util import RUN
-from composetrain.data.kinds import as_mapped
+from composetrain.data.kinds import as_mapped, augmented_inside
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import EpochBatches, Reader, ResumableSampler, mapped
@@ -80,6 +80,7 @@ def build_loader(
                 "the DataLoader a DistributedSampler"
             )
         augmented = (mapped_data := as_mapped(data.dataset)) is not None and mapped_data.augment is not None
+        augmented = augmented or bool(augmented_inside(data.dataset))  # in a Subset: set_epoch reaches it
         if augmented and data.num_workers > 0 and data.persistent_workers:
             raise ValueError(
                 f"{RUN}: the DataLoader given has persistent workers over a dataset that augments its batches: "
@@ -91,6 +92,10 @@ def build_loader(
     batch_size, drop_last, seed, collate_fn = options.batch_size, options.drop_last, options.seed, options.collate_fn
     assert batch_size is not None  # for the type checker: LoaderOptions requires it for a Dataset
     size = _check_not_empty(data)
+    if augmented_inside(data):  # loaded: the data holds one of its MappedDatasets
+        from composetrain.data.wrapped import check_wrapped
+
+        check_wrapped(data, RUN)  # a wrapper it cannot read with each batch's epoch is refused
     if drop_last and batch_size * world_size > size:
         raise ValueError(
             f"{RUN}: batch_size={batch_size} on {world_size} process(es) needs {batch_size * world_size} "
@@ -260,3 +265,5 @@ def _set_epoch(loader: DataLoader[Any], epoch: int) -> None:
         loader.sampler.set_epoch(epoch)
     if (mapped_data := as_mapped(loader.dataset)) is not None:
         mapped_data.set_epoch(epoch)
+    for store in augmented_inside(loader.dataset):  # in a Subset or ConcatDataset, which pass no epoch on
+        store.set_epoch(epoch)

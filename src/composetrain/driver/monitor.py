@@ -20,7 +20,7 @@ import torch.distributed as dist
 from composetrain.core.protocol import StepOutput
 from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
-from composetrain.data.kinds import as_hdf5, as_mapped
+from composetrain.data.kinds import as_hdf5, as_mapped, augmented_inside
 from composetrain.driver.compiling import compile_totals
 from composetrain.driver.loading import auto_workers
 from composetrain.driver.tracking import Records, Tracker
@@ -249,6 +249,8 @@ def _cheaper(loader: Any) -> str:
         if data.augment is not None:
             return f"the data is {what} already: make its augment cheaper or give the job more CPUs"
         return f"the data is {what} already, read a whole batch at a time: give the job more CPUs"
+    if augmented_inside(dataset):  # a Subset of an augmented store: ct.cache of it is refused
+        return "the data wraps an augmented memory-mapped store already: make its augment cheaper or give more CPUs"
     return (
         "make the dataset's __getitem__ cheaper: preprocess once with ct.cache(dataset, path) (items decoded "
         "once, then read a whole batch at a time from a memory map), smaller inputs, or give the job more CPUs"

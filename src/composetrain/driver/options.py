@@ -149,8 +149,9 @@ class LoaderOptions:
             raise TypeError(f"{RUN}: data must be a torch Dataset or DataLoader, got {show(self.data)}")
         if isinstance(self.data, IterableDataset):
             raise TypeError(
-                f"{RUN}: an IterableDataset cannot be sharded or resumed by ct.run; wrap it in your own "
-                "DataLoader and pass that"
+                f"{RUN}: an IterableDataset cannot be sharded or resumed by ct.run, nor a DataLoader over one (no "
+                "length: epochs could not hold the same updates on every rank); give a map-style Dataset (__len__ "
+                "and __getitem__), e.g. its items in a list, which ct.cache can store"
             )
         if self.batch_size is None:
             raise ValueError(f"{RUN}: batch_size is required when data is a Dataset, e.g. batch_size=64")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
 
-from composetrain.data.kinds import as_mapped
+from composetrain.data.kinds import as_mapped, augmented_inside, joined
 
 __all__ = [
     "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers",
@@ -88,9 +88,9 @@ def mapped(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
     """Whether a batch is one ``read_batch`` of a memory-mapped dataset (ct.cache's, ct.hdf5's): without a
     collate_fn (no per-sample collate), or augmented whatever collates it (the augmentation is seeded by the
     epoch and rank, which only ``read_batch`` is given; a collate_fn then gets the augmented batch's items)."""
-    dataset = as_mapped(dataset)
-    if dataset is None:
-        return False
+    given, dataset = dataset, as_mapped(dataset)
+    if dataset is None:  # a Subset or ConcatDataset of augmented stores is read so too, each with its epoch and rank
+        return bool(augmented_inside(given)) and joined(given) is not None
     return dataset.augment is not None or (not dataset.ragged and collate_fn is None)
 
 
@@ -146,7 +146,8 @@ class Reader:
         self._make, self._spare = loader, spare
         self.num_workers = workers or 0
         # one indexing per batch (a TensorDataset, memory maps without augment): never worth a worker
-        plain = self.indexed or (self._mapped and dataset.augment is None and dataset.memory_mapped)
+        store = as_mapped(dataset)
+        plain = self.indexed or (self._mapped and store is not None and store.augment is None and store.memory_mapped)
         self.deciding = workers is None and not plain
         self.choice: str | None = None
         if workers is None and plain:
