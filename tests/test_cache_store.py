@@ -65,7 +65,7 @@ def test_a_folder_with_a_manifest_of_its_own_is_never_replaced(tmp_path: Path, m
     data = _items()
     with pytest.raises(ValueError, match=r"cache: .*shards.* is not a cache store.*choose another path") as e:
         ct.cache(data, shards, rebuild=rebuild, progress=False)
-    assert "rebuild=True" not in str(e.value)  # the advice that would delete it
+    assert "pass rebuild=True" not in str(e.value)  # the advice that would delete it
     assert sorted(p.name for p in shards.iterdir()) == ["a-000.tar", "manifest.json"]
     assert (shards / "manifest.json").read_text() == manifest and (shards / "a-000.tar").read_bytes() == b"data"
     assert data.read == [] and _beside(shards) in (["shards"], [".shards.lock", "shards"])
