@@ -94,7 +94,7 @@ def test_a_damaged_store_is_still_a_store_and_is_rebuilt_on_request(tmp_path: Pa
     data, path = _items(), tmp_path / "store"
     ct.cache(data, path, progress=False)
     (path / "f0.npy").write_bytes((path / "f0.npy").read_bytes()[:-4])
-    with pytest.raises(ValueError, match="truncated or altered.*pass rebuild=True"):
+    with pytest.raises(ValueError, match=r"truncated or altered.*pass rebuild=True"):
         ct.cache(data, path, progress=False)
     assert same_item(ct.cache(data, path, rebuild=True, progress=False)[7], data.items[7])
 
@@ -156,7 +156,7 @@ def test_verify_and_progress_must_be_bools(tmp_path: Path, flag: str, value: Any
 # issue 29 item 3: a process maps only the files the dataset was opened on
 
 
-@pytest.mark.parametrize("change", ["rebuilt", "removed"])
+@pytest.mark.parametrize("change", ["rebuilt", "rebuilt shorter", "a file replaced", "removed"])
 def test_a_store_changed_after_it_was_opened_is_refused_before_it_is_mapped(tmp_path: Path, change: str) -> None:
     data, path = _items(), tmp_path / "store"
     ct.cache(data, path, progress=False)
@@ -164,10 +164,17 @@ def test_a_store_changed_after_it_was_opened_is_refused_before_it_is_mapped(tmp_
     shipped = pickle.dumps(opened)  # what a spawn/forkserver loader worker receives
     if change == "rebuilt":
         ct.cache(_items(seed=1), path, rebuild=True, progress=False)
+    elif change == "rebuilt shorter":  # mapped with the shapes opened, it would not fit
+        ct.cache(_items(10), path, rebuild=True, progress=False)
+    elif change == "a file replaced":  # the same size, other bytes: only its identity tells
+        other = path / "other.npy"
+        other.write_bytes((path / "f0.npy").read_bytes()[:-4] + b"\x01\x02\x03\x04")
+        os.replace(other, path / "f0.npy")
     else:
         shutil.rmtree(path)
     for copy in (opened, pickle.loads(shipped)):
-        with pytest.raises(RuntimeError, match=rf"cache: the store at {re.escape(str(path))} changed since .* opened.*ct\.cache again"):
+        changed = rf"cache: the store at {re.escape(str(path))} changed since .* opened.*ct\.cache again"
+        with pytest.raises(RuntimeError, match=changed):
             copy.read_batch([0])
         with pytest.raises(RuntimeError, match="changed since"):
             copy[0]
@@ -184,6 +191,38 @@ def test_a_process_that_mapped_the_store_keeps_reading_it_and_its_workers_are_re
     with pytest.raises(RuntimeError, match="changed since"):
         pickle.loads(pickle.dumps(opened))[3]
     assert same_item(ct.cache(_items(seed=1), path, progress=False)[3], _items(seed=1).items[3])
+
+
+def test_a_store_rebuilt_while_it_is_mapped_is_refused(tmp_path: Path, monkeypatch: Any) -> None:
+    from composetrain.data.mapped import MappedDataset
+
+    data, path = _items(), tmp_path / "store"
+    opened = ct.cache(data, path, progress=False)
+    arrays, raced = MappedDataset.arrays, []
+
+    def rebuilt_meanwhile(self: Any) -> Any:  # after this process checked the files, before it mapped them
+        if not raced:
+            raced.append(1)
+            ct.cache(_items(seed=1), path, rebuild=True, progress=False)
+        return arrays(self)
+
+    monkeypatch.setattr(MappedDataset, "arrays", rebuilt_meanwhile)
+    with pytest.raises(RuntimeError, match="changed since"):
+        opened.read_batch([0])
+    assert raced and opened._arrays is None  # nothing of the new store kept mapped
+
+
+def test_a_crafted_fingerprint_is_refused_rather_than_read_whole_or_skipped(tmp_path: Path) -> None:
+    data, path = _items(), tmp_path / "store"
+    ct.cache(data, path, progress=False)
+    manifest = json.loads((path / "manifest.json").read_text())
+    for items in (list(range(40)), [], [0, 39], [39, 0, 20], [0, 20, 39, 40]):
+        manifest["origin"]["fingerprint"]["items"] = items
+        (path / "manifest.json").write_text(json.dumps(manifest))
+        data.read.clear()
+        with pytest.raises(ValueError, match=r"fingerprint of the items is missing or malformed.*rebuild=True"):
+            ct.cache(data, path, progress=False)
+        assert data.read == []
 
 
 def test_an_unchanged_store_maps_in_another_process(tmp_path: Path) -> None:

@@ -27,8 +27,8 @@ from composetrain.data.store import (
     check_renamable,
     check_replaceable,
     check_unchanged,
-    publish_error,
     leftovers,
+    publish_error,
     stamp,
 )
 from composetrain.data.writer import fingerprint, write_store
@@ -195,7 +195,8 @@ def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: 
     try:
         manifest = read_manifest(path)
         made = manifest["origin"]
-        differs = [f"{k}: the store has {made.get(k)!r}, the dataset {v!r}" for k, v in origin.items() if made.get(k) != v]
+        differs = [f"{k}: the store has {made.get(k)!r}, the dataset {v!r}"
+                   for k, v in origin.items() if made.get(k) != v]  # fmt: skip
         if manifest["length"] != origin["length"]:
             differs.append(f"items: the store holds {manifest['length']}")
         if differs:
@@ -227,7 +228,8 @@ def _folder(path: Path) -> tuple[int, ...] | None:
 def _compare(dataset: Any, data: CachedDataset) -> None:
     """The dataset's items that the store's fingerprint was made of against it (a handful of reads)."""
     n, recorded = len(data), data.origin.get("fingerprint")
-    sampled = recorded.get("items") if isinstance(recorded, dict) else None
+    recorded = recorded if isinstance(recorded, dict) else {}
+    sampled = recorded.get("items")
     if not (
         isinstance(sampled, list) and len(sampled) <= _MOST and all(type(i) is int for i in sampled)
         and sampled == sorted(set(sampled)) and set(sampled) <= set(range(n))

@@ -34,7 +34,8 @@ def check_replaceable(path: Path) -> None:
     manifest = path / MANIFEST
     if not os.path.lexists(manifest):
         if any(path.iterdir()):
-            raise ValueError(f"cache: {path} is a folder that is not a cache store (no {MANIFEST}): choose another path")
+            raise ValueError(f"cache: {path} is a folder that is not a cache store (no {MANIFEST}): "
+                             "choose another path")  # fmt: skip
         return
     try:
         read_manifest(path)
@@ -67,8 +68,9 @@ def publish_error(path: Path, e: OSError) -> OSError:
     """The error for a rename into ``path`` refused after writing (a store already at a mount point)."""
     if e.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES):
         return e
-    return OSError(e.errno, f"cache: {path} cannot be replaced by a renamed folder ({os.strerror(e.errno or 0)}), as a "
-                   f"store is published; nothing was kept: give a folder inside it (e.g. {path / 'store'})")  # fmt: skip
+    why = os.strerror(e.errno or 0)
+    return OSError(e.errno, f"cache: {path} cannot be replaced by a renamed folder ({why}), as a store is published; "
+                   f"nothing was kept: give a folder inside it (e.g. {path / 'store'})")  # fmt: skip
 
 
 def leftovers(path: Path) -> list[Path]:
