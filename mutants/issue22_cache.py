@@ -278,8 +278,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/writer.py",
-        "find": "    return sorted({0, n // 2, n - 1}) if n else []",
-        "replace": "    return sorted({0, n - 1}) if n else []",
+        "find": "    return sorted({0, n // 2, n - 1, *seeded}) if n else []",
+        "replace": "    return sorted({0, n - 1, *seeded}) if n else []",
         "tests": [
             f"{T_ODD}::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle"
         ],

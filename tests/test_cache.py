@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 import composetrain as ct
 from composetrain.data.equal import same_item
+from composetrain.data.writer import sampled
 
 TENSOR_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
                  torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn,
@@ -23,16 +24,17 @@ NUMPY_DTYPES = ["<f4", "<f8", "<f2", "|i1", "|u1", "<i4", "<i8", "|b1", "<c8", "
 
 
 class Items(Dataset[Any]):
-    """A dataset of the given items, counting its __getitem__ calls."""
+    """A dataset of the given items, counting its __getitem__ calls (and recording their indices)."""
 
     def __init__(self, items: list[Any]) -> None:
-        self.items, self.calls = items, 0
+        self.items, self.calls, self.read = items, 0, []
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, i: int) -> Any:
         self.calls += 1
+        self.read.append(i)
         return self.items[i]
 
 
@@ -86,6 +88,18 @@ def _make(structure: Any, rng: np.random.Generator, ragged: bool) -> Any:
     return type(structure)(_make(s, rng, ragged) for s in structure)
 
 
+def _as_arrays(item: Any) -> Any:
+    """``item`` with its NumPy scalars as 0-d arrays: default_collate turns a list of NumPy scalars into a tensor
+    through Python floats, which makes every NaN the canonical one; the store keeps each NaN's bits."""
+    if isinstance(item, np.generic):
+        return np.asarray(item)
+    if isinstance(item, dict):
+        return {k: _as_arrays(v) for k, v in item.items()}
+    if isinstance(item, tuple | list):
+        return type(item)(_as_arrays(v) for v in item)
+    return item
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(structure=structures, n=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), ragged=st.booleans())
 def test_items_come_back_equal_for_every_structure_and_dtype(tmp_path_factory: Any, structure: Any, n: int,
@@ -102,10 +116,11 @@ def test_items_come_back_equal_for_every_structure_and_dtype(tmp_path_factory: A
     for got, i in zip(cached.__getitems__(order), order, strict=True):
         assert same_item(got, items[i])
     if not cached.ragged:
-        assert same_item(cached.read_batch(order), default_collate([items[i] for i in order]))
-    calls = data.calls
+        assert same_item(cached.read_batch(order), default_collate([_as_arrays(items[i]) for i in order]))
+    assert data.read == list(range(n))  # written: each item once, in order
     again = ct.cache(data, path, progress=False)
-    assert data.calls == calls  # a second open never reads the dataset
+    recorded = json.loads((path / "manifest.json").read_text())["origin"]["fingerprint"]["items"]
+    assert data.read[n:] == recorded == sampled(n)  # a second open reads the fingerprint's items only, once each
     assert same_item(again[n - 1], items[n - 1])
 
 
@@ -139,11 +154,13 @@ def test_a_store_made_from_another_dataset_is_refused_and_rebuilt_on_request(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == [".store.lock", "store"]  # nothing stale left beside it
 
 
-def test_verify_compares_the_first_and_last_items(tmp_path: Path) -> None:
+def test_changed_items_are_refused_by_the_fingerprint_and_by_verify(tmp_path: Path) -> None:
     data, path = _store(tmp_path)
     ct.cache(data, path, progress=False)
     changed = Items([(x + 1, y) for x, y in data.items])
-    ct.cache(changed, path, progress=False)  # same type and length: only verify can tell
+    with pytest.raises(ValueError, match=r"items \[0, .*\] of the dataset differ from those the store"):
+        ct.cache(changed, path, progress=False)  # same type and length: the fingerprint tells
+    assert changed.read == sampled(12)
     with pytest.raises(ValueError, match=r"item 0 of the store .* differs"):
         ct.cache(changed, path, verify=True, progress=False)
 
@@ -240,7 +257,7 @@ def test_processes_waiting_for_a_rebuild_map_it_instead_of_rebuilding_again(tmp_
     _write(data, path, {"type": f"{__name__}.Items", "length": 12, "key": None, "created": 0.0}, 0, False)
     os.close(fd)
     thread.join(30)
-    assert waiter.calls == 0 and len(got[0]) == 12  # it waited, then mapped the fresh store
+    assert waiter.read == sampled(12) and len(got[0]) == 12  # it waited, then mapped the fresh store
 
 
 def test_items_read_by_loader_workers_are_written_in_order(tmp_path: Path) -> None:

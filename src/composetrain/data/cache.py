@@ -18,14 +18,26 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from composetrain.core.util import check_bool
 from composetrain.data.files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
 from composetrain.data.kinds import augmented_inside
 from composetrain.data.mapped import Augment, MappedDataset
+from composetrain.data.store import (
+    Stamp,
+    check_lock_file,
+    check_renamable,
+    check_replaceable,
+    check_unchanged,
+    leftovers,
+    publish_error,
+    stamp,
+)
 from composetrain.data.writer import fingerprint, write_store
 
 __all__ = ["CachedDataset", "cache"]
 
 _FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_MOST = 16  # items a fingerprint may name: a second open reads these, never the whole dataset
 
 
 class CachedDataset(MappedDataset):
@@ -33,6 +45,23 @@ class CachedDataset(MappedDataset):
 
     path: Path
     origin: dict[str, Any]
+    stamps: dict[str, Stamp]  # the store's files as opened: each process checks them before it maps them
+
+    def arrays(self) -> dict[str, Any]:
+        """The store's arrays, mapped in this process on first use: only the files it was opened on."""
+        if self._arrays is None:
+            check_unchanged(self.path, self.stamps)
+            try:
+                super().arrays()
+            except FileNotFoundError:  # removed or rebuilt while mapping: say so, naming the store
+                check_unchanged(self.path, self.stamps)
+                raise
+            try:  # replaced between the check and the maps: the maps may be of the new files
+                check_unchanged(self.path, self.stamps)
+            except RuntimeError:
+                self._arrays, self._views = None, {}
+                raise
+        return self._arrays  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"CachedDataset({str(self.path)!r}, {self.length} items of {self.origin.get('type')})"
@@ -48,13 +77,15 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
     One process writes (a lock file beside ``path`` elects it: one per node for node-local storage, one in
     all for a shared path); the others wait for it, then map the store. The store holds ``.npy`` files and a
     JSON manifest, no pickle: opening one never runs code. It records the dataset's type and length (and
-    ``key``) and a fingerprint of its first, middle and last items (compared under ``verify=True``: that
-    calls the dataset); a store made from something else is refused, unless ``rebuild=True``.
+    ``key``) and a fingerprint of a few of its items (the first, middle and last, and five drawn by a fixed
+    seed), compared at every open: a second open reads those items of the dataset, never iterates it. A store
+    made from something else is refused, unless ``rebuild=True``. A path that holds anything but a store (a
+    folder with a ``manifest.json`` of its own, a file, a mount point) is refused, and never replaced.
 
     Args:
         dataset: a map-style Dataset (``len`` and ``__getitem__``) whose items are deterministic: tensors,
             NumPy values, ints, floats and bools, in tuples, lists and dicts with string keys.
-        path: the store's folder (created; its parent must exist).
+        path: the store's folder (created; its parent must exist; an empty folder there is replaced).
         augment: ``augment(batch, generator) -> batch``, applied to each batch read, never stored: ``batch`` as
             ``default_collate`` makes it, ``generator`` a CPU ``torch.Generator`` seeded from ``seed``, the epoch,
             the rank and the batch's indices (so resuming draws as the uninterrupted run). Draw only from it.
@@ -62,8 +93,7 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         seed: the augmentation's seed.
         key: anything JSON can hold that describes how the items were made (a preprocessing config); a store
             written with another key is refused.
-        verify: also compare the first and last items with the dataset's, and its first, middle and last items
-            with the fingerprint the store recorded of them (calls ``__getitem__`` three times).
+        verify: also compare every item of the store with the dataset's (calls ``__getitem__`` for every item).
         num_workers: loader workers reading the dataset while writing; "auto": by the time an item takes.
         timeout: seconds to wait for another process writing the store.
         progress: a progress bar, with its ETA, while writing.
@@ -73,14 +103,19 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         equals ``default_collate`` of those items.
 
     Raises:
-        ValueError: an argument, an item that cannot be stored, or a store made from something else.
+        ValueError: an argument, an item that cannot be stored, a store made from something else, or a path
+            that holds something else (never replaced).
+        TypeError: ``verify`` or ``progress`` not True or False.
+        RuntimeError (at a process's first read): the store was rebuilt or removed since it was opened.
         TimeoutError: another process held the store's lock longer than ``timeout``.
-        OSError: the disk is full (nothing that looks complete is left).
+        OSError: the disk is full, or the path cannot take a renamed folder (nothing that looks complete is left).
 
     Example:
         >>> data = ct.cache(ImageFolderDecoded(root), "/tmp/digits.cache")  # doctest: +SKIP
         >>> ct.run(ct.distributed(ct.mixed_precision(step)), state, data, batch_size=256)  # doctest: +SKIP
     """
+    check_bool(verify, "cache", "verify")
+    check_bool(progress, "cache", "progress")
     path = _check(dataset, path, augment, rebuild, seed, key, num_workers, timeout)
     key = json.loads(json.dumps(key))  # as the manifest will hold it: tuples become lists, dict keys strings
     origin = {"type": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "length": len(dataset), "key": key}
@@ -96,9 +131,14 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         # another process rebuilt it while this one waited (a store dated later than now is not that)
         fresh = waited or started <= _created(path) <= time.time()
         if (path / MANIFEST).exists() and (not rebuild or fresh):
-            return _open(dataset, path, origin, augment, seed, verify)
+            try:
+                return _open(dataset, path, origin, augment, seed, verify)
+            except ValueError:
+                if not rebuild:
+                    raise
+                # rebuild=True: the store another writer left is of something else; this one writes its own
         _write(dataset, path, {**origin, "created": time.time()}, num_workers, progress)
-    return _open(dataset, path, origin, augment, seed, verify)
+    return _open(dataset, path, origin, augment, seed, verify, written=True)
 
 
 def _check(
@@ -138,10 +178,9 @@ def _check(
     path = Path(os.path.realpath(path))  # a link to a folder on a larger disk: the store is written there
     if not path.parent.is_dir():
         raise ValueError(f"cache: the folder that holds the store, {path.parent}, does not exist; create it first")
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"cache: {path} is a file, not a cache store: choose another path")
-    if path.exists() and not (path / MANIFEST).exists() and not path.is_symlink() and any(path.iterdir()):
-        raise ValueError(f"cache: {path} is a folder that is not a cache store (no {MANIFEST}): choose another path")
+    check_replaceable(path)
+    if os.path.lexists(path) and os.path.ismount(path):
+        check_renamable(path)  # refused now, before the lock file is made beside it
     return path
 
 
@@ -153,56 +192,95 @@ def _created(path: Path) -> float:
     return float(created) if isinstance(created, int | float) else 0.0
 
 
-def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: int, verify: bool) -> CachedDataset:
-    """The store at ``path``, checked to be complete, intact and made from ``dataset``; FileNotFoundError if none."""
-    manifest = read_manifest(path)
-    made = manifest["origin"]
-    differs = [f"{k}: the store has {made.get(k)!r}, the dataset {v!r}" for k, v in origin.items() if made.get(k) != v]
-    if manifest["length"] != origin["length"]:
-        differs.append(f"items: the store holds {manifest['length']}")
-    if differs:
-        raise ValueError(f"cache: the store at {path} was made from something else ({'; '.join(differs)}); pass "
-                         "rebuild=True to write it again, or another path")  # fmt: skip
-    found = regions(path, manifest["item"], manifest["length"])
+def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: int, verify: bool,
+          written: bool = False) -> CachedDataset:  # fmt: skip
+    """The store at ``path``, checked to be complete, intact and made from ``dataset`` (its fingerprint compared,
+    unless this process has just ``written`` it); FileNotFoundError if none, or if it was replaced meanwhile."""
+    folder = _folder(path)
+    try:
+        manifest = read_manifest(path)
+        made = manifest["origin"]
+        differs = [f"{k}: the store has {made.get(k)!r}, the dataset {v!r}"
+                   for k, v in origin.items() if made.get(k) != v]  # fmt: skip
+        if manifest["length"] != origin["length"]:
+            differs.append(f"items: the store holds {manifest['length']}")
+        if differs:
+            raise ValueError(f"cache: the store at {path} was made from something else ({'; '.join(differs)}); pass "
+                             "rebuild=True to write it again, or another path")  # fmt: skip
+        found = regions(path, manifest["item"], manifest["length"])
+        stamps = {str(path / MANIFEST): stamp(path / MANIFEST), **{r.path: stamp(r.path) for r in found.values()}}
+    except ValueError:
+        if _folder(path) != folder:  # a rebuild renamed another store into place meanwhile: opened again
+            raise FileNotFoundError(f"cache: the store at {path} was replaced while it was opened") from None
+        raise
+    if folder is None or _folder(path) != folder:  # rebuilt between the manifest and the files: opened again
+        raise FileNotFoundError(f"cache: the store at {path} was replaced while it was opened")
     data = CachedDataset(found, manifest["item"], manifest["length"], augment=augment, seed=seed)
     if augment is not None and data.ragged:  # augment is given the stacked batch, which ragged items have not
         raise ValueError(f"cache: augment= is given, but the items of the store at {path} differ in shape (a ragged "
                          "store: its batches need a collate_fn that pads, and an augmented batch is stacked "
                          "first); pad the items in the dataset, or augment in the collate_fn (the store is kept: "
                          "it opens without augment=)")  # fmt: skip
-    data.path, data.origin = path, made
-    if verify:
+    data.path, data.origin, data.stamps = path, made, stamps
+    if verify:  # first: its message names the item that differs
         _verify(dataset, data)
+    if not written:
+        _compare(dataset, data)
     return data
 
 
-def _verify(dataset: Any, data: CachedDataset) -> None:
-    """The dataset's first and last items against the store's, then its sampled items against the fingerprint
-    the store recorded of the items it was made from (a change in the middle shows there)."""
-    from composetrain.data.equal import same_item
+def _folder(path: Path) -> tuple[int, ...] | None:
+    """The folder at ``path`` (device, inode): a rebuild renames another one into place."""
+    found = stamp(path)
+    return None if found is None else found[:2]
 
-    plain, n = CachedDataset(data.regions, data.item, data.length), len(data)
-    recorded = data.origin.get("fingerprint")
+
+def _compare(dataset: Any, data: CachedDataset) -> None:
+    """The dataset's items that the store's fingerprint was made of against it (a handful of reads)."""
+    n, recorded = len(data), data.origin.get("fingerprint")
     recorded = recorded if isinstance(recorded, dict) else {}
     sampled = recorded.get("items")
-    if not (isinstance(sampled, list) and all(type(i) is int and 0 <= i < n for i in sampled)):
-        sampled = []  # none recorded (or malformed): the first and last items are compared only
-    items = {i: dataset[i] for i in sorted({0, n - 1, *sampled})} if n else {}
-    for i in sorted({0, n - 1}) if n else ():
-        if not same_item(plain[i], items[i]):
-            raise ValueError(f"cache: item {i} of the store at {data.path} differs from the dataset's: pass "
-                             "rebuild=True to write it again")  # fmt: skip
+    if not (
+        isinstance(sampled, list) and len(sampled) <= _MOST and all(type(i) is int for i in sampled)
+        and sampled == sorted(set(sampled)) and set(sampled) <= set(range(n))
+        and (not n or {0, n // 2, n - 1} <= set(sampled))
+        and isinstance(recorded.get("blake2b"), str)
+    ):  # fmt: skip
+        raise StoreError(f"{data.path / MANIFEST}: its fingerprint of the items is missing or malformed")
+    items = {i: dataset[i] for i in sampled}
     if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):
         raise ValueError(f"cache: items {sampled} of the dataset differ from those the store at {data.path} was "
                          "made from (the fingerprint it recorded): pass rebuild=True to write it again")  # fmt: skip
+
+
+def _verify(dataset: Any, data: CachedDataset) -> None:
+    """Every item of the store against the dataset's, a batch of reads of the store at a time."""
+    from composetrain.data.equal import same_item
+
+    plain = CachedDataset(data.regions, data.item, data.length)  # its items as stored: never augmented
+    plain.path, plain.origin, plain.stamps = data.path, data.origin, data.stamps
+    for start in range(0, len(data), 256):
+        indices = list(range(start, min(start + 256, len(data))))
+        for i, stored in zip(indices, plain.__getitems__(indices), strict=True):
+            if not same_item(stored, dataset[i]):
+                raise ValueError(f"cache: item {i} of the store at {data.path} differs from the dataset's: pass "
+                                 "rebuild=True to write it again")  # fmt: skip
 
 
 @contextlib.contextmanager
 def _locked(path: Path, timeout: float) -> Iterator[bool]:
     """Hold the lock file beside ``path`` (an flock: released when its holder dies); yields whether it waited."""
     lock = path.parent / f".{path.name}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    check_lock_file(lock)
     try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:  # made a link or a folder since the check
+        if e.errno not in (errno.ELOOP, errno.EISDIR):
+            raise
+        check_lock_file(lock)
+        raise
+    try:
+        check_lock_file(lock, os.fstat(fd).st_mode)
         deadline, waited = time.monotonic() + timeout, False
         while True:
             try:
@@ -227,9 +305,12 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
 
 def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progress: bool) -> None:
     """Write into a temporary folder beside ``path`` and rename it into place; on any failure remove it."""
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a writer that died: this one holds the lock
+    for stale in leftovers(path):  # left by a writer that died: this one holds the lock
         shutil.rmtree(stale, ignore_errors=True)
+    check_replaceable(path)
+    check_renamable(path)  # before any item is read: a mount point would fail only once all is written
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    old = path.parent / f".{path.name}.tmp-old-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
         tick = time.perf_counter()
@@ -242,14 +323,20 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
                 f"({size / 1e6 / max(seconds, 1e-9):.0f} MB/s)",
                 file=sys.stderr,
             )
-        old = path.parent / f".{path.name}.tmp-old-{uuid.uuid4().hex[:12]}"
-        if path.exists() or path.is_symlink():
-            os.rename(path, old)  # a rebuild: the new store replaces it whole
+        check_replaceable(path)  # again: what is there now is what is renamed away
+        try:
+            if path.exists() or path.is_symlink():
+                os.rename(path, old)  # a rebuild: the new store replaces it whole
+        except OSError as e:
+            raise publish_error(path, e) from e
         os.rename(tmp, path)
         fsync_folder(path.parent)
         shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.lexists(old) and not os.path.lexists(path):  # renamed away, then not replaced: put it back
+            with contextlib.suppress(OSError):
+                os.rename(old, path)
         if isinstance(e, OSError) and e.errno in _FULL:
             raise OSError(e.errno, f"cache: writing {path} failed: {os.strerror(e.errno or 0)}; nothing was kept: "
                           "free space, or give a path on a larger disk") from e  # fmt: skip

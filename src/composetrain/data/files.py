@@ -22,6 +22,7 @@ from composetrain.data.mapped import Region
 __all__ = [
     "FORMAT",
     "MANIFEST",
+    "NotAStore",
     "NpyWriter",
     "StoreError",
     "fsync_folder",
@@ -40,6 +41,10 @@ _HEADER = 256  # bytes kept for the .npy header, written once the number of item
 
 class StoreError(ValueError):
     """A store on disk that cannot be read as what it claims to be."""
+
+
+class NotAStore(StoreError):
+    """A ``manifest.json`` that is not a cache manifest: the folder is something else, never ct.cache's to replace."""
 
 
 class NpyWriter:
@@ -115,13 +120,13 @@ def _read_plain(path: Path, limit: int) -> bytes:
     fd = os.open(path, _READ)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StoreError(f"{path} is not a regular file")
+            raise NotAStore(f"{path} is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(limit + 1)
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise StoreError(f"{path} is larger than a manifest can be ({limit} bytes)")
+        raise NotAStore(f"{path} is larger than a manifest can be ({limit} bytes)")
     return data
 
 
@@ -130,13 +135,13 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     try:
         raw = json.loads(_read_plain(folder / MANIFEST, _LIMIT))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
-        raise StoreError(f"{folder / MANIFEST} is not JSON: {e}") from None
+        raise NotAStore(f"{folder / MANIFEST} is not JSON: {e}") from None
     except OSError as e:
         if isinstance(e, FileNotFoundError):
             raise
-        raise StoreError(f"{folder / MANIFEST} cannot be read: {e.strerror or e}") from None
+        raise NotAStore(f"{folder / MANIFEST} cannot be read: {e.strerror or e}") from None
     if not isinstance(raw, dict) or set(raw) != {"format", "length", "item", "origin"}:
-        raise StoreError(f"{folder / MANIFEST} is not a cache manifest")
+        raise NotAStore(f"{folder / MANIFEST} is not a cache manifest")
     if raw["format"] != FORMAT:
         raise StoreError(f"{folder} has format version {raw['format']!r}; this composetrain reads version {FORMAT}")
     if type(raw["length"]) is not int or raw["length"] < 0 or not isinstance(raw["origin"], dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -23,6 +24,7 @@ __all__ = ["fingerprint", "sampled", "write_store"]
 _TIMED = 8  # items read in this process first, to decide on workers
 _HELD, _LEAST = 64 << 20, 64 << 10  # bytes held in memory before writing: in all, and at least per field
 _WORTH = 2.0  # seconds of reading, as timed, before workers are worth starting
+_SEEDED = 5  # fingerprinted items besides the first, middle and last: a change elsewhere shows there too
 
 
 def _leaves(item: Any, where: str, out: list[tuple[str, Any]], depth: int = 0) -> list[tuple[str, Any]]:
@@ -101,8 +103,10 @@ def _array(value: Any) -> np.ndarray[Any, Any]:
 
 
 def sampled(n: int) -> list[int]:
-    """The items whose fingerprint a store of ``n`` items records: the first, the middle and the last."""
-    return sorted({0, n // 2, n - 1}) if n else []
+    """The items whose fingerprint a store of ``n`` items records (and every open reads again): the first, the
+    middle, the last, and five drawn by a seed fixed for ``n``."""
+    seeded = random.Random(n).sample(range(n), min(n, _SEEDED))
+    return sorted({0, n // 2, n - 1, *seeded}) if n else []
 
 
 def fingerprint(items: Iterable[Any]) -> str:
