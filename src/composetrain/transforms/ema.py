@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from composetrain.core.protocol import Context, TrainStep, Update
+from composetrain.core.protocol import Context, Pass, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
 from composetrain.core.util import check_int, check_real, show
@@ -91,9 +91,14 @@ class _Ema(TrainStep):
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         ctx = self._inner().prepare(state, batch, ctx)  # the inner steps first: they may shard or place the model
-        if state.step % self.every == 0:  # an applied update would average: the model must still match, before it
-            state.transform_state(KEY, lambda: Averages.of(state.model)).matched(state.model)
+        if state.step % self.every == 0:  # an applied update would average: a changed model is refused first
+            state.transform_state(KEY, lambda: Averages.of(state.model)).prepared(state.model)
         return ctx
+
+    def verify(self, state: TrainState, done: Pass, ctx: Context) -> None:
+        super().verify(state, done, ctx)
+        if state.step % self.every == 0:  # the buffers after the forward: refused here, not after optimizer.step()
+            state.transform_state(KEY, lambda: Averages.of(state.model)).verify(state.model)
 
     def update(self, state: TrainState, ctx: Context) -> Update:
         before = state.step
