@@ -65,7 +65,8 @@ def test_a_metric_name_that_is_not_a_str_is_refused_at_the_first_update(tmp_path
         calls.append(1)
         return with_metrics(names)(model, batch)
 
-    with pytest.raises(TypeError, match=rf"train_step\(step\): the step returns metric {bad}; metric names must be str") as e:
+    refused = rf"train_step\(step\): the step returns metric {bad}; metric names must be str"
+    with pytest.raises(TypeError, match=refused) as e:
         train(step, tmp_path, max_steps=5, log_every=4, checkpoint_every=2)
     assert "e.g. 'class_0'" in str(e.value)
     assert len(calls) == 1 and not list(tmp_path.glob("step-*"))  # refused at the first update, nothing saved

@@ -253,4 +253,3 @@ def test_after_a_refused_call_training_goes_on_as_if_it_had_never_been_made(case
         del kept["param_ids"], kept["buffer_ids"]  # two states' own
         runs.append((kept, out.loss))
     assert_same(runs[1], runs[0])
-
