@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,15 +28,16 @@ def _parts(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.T
 class Averages:
     """The averages (``tensors``, by parameter or buffer name) and ``n_averaged``, as AveragedModel's."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], n_averaged: int = 0) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], settings: dict[str, Any], n_averaged: int = 0) -> None:
         self.tensors, self.n_averaged = tensors, n_averaged
+        self.settings = settings  # ct.ema's decay, every, warmup and formula: checkpointed, compared at a resume
         # this update's model tensors as checked: the parameters by ``prepare``, all of them by ``verify``
         self.params: dict[str, torch.Tensor] | None = None
         self.live: dict[str, torch.Tensor] | None = None
 
     @classmethod
-    def of(cls, model: nn.Module) -> Averages:
-        return cls({k: t.clone() for k, t in model_tensors(model).items()})
+    def of(cls, model: nn.Module, settings: dict[str, Any]) -> Averages:
+        return cls({k: t.clone() for k, t in model_tensors(model).items()}, settings)
 
     def matched(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """``model``'s tensors, checked against the averages (names, shapes, dtypes, kinds); nothing is
@@ -100,7 +102,7 @@ class Averages:
         self.n_averaged = 0 if follow else self.n_averaged + 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"averages": dict(self.tensors), "n_averaged": self.n_averaged}
+        return {"averages": dict(self.tensors), "n_averaged": self.n_averaged, "settings": dict(self.settings)}
 
     def load_state_dict(self, saved: Any) -> None:
         """All checked before anything is written; whole tensors are sharded as the live averages are."""
@@ -117,10 +119,25 @@ class Averages:
                     f"ema: the checkpoint's average of {k!r} is {got}, this model's {tuple(mine.shape)} {mine.dtype}; "
                     "load a checkpoint of the same model, in the same dtype"
                 )
+        saved_settings = saved.get("settings")  # older checkpoints lack them
+        if isinstance(saved_settings, Mapping) and dict(saved_settings) != self.settings:
+            # a deliberate change (a higher decay late in training) is allowed, but never silent
+            warnings.warn(
+                f"ema: the checkpoint's average was kept with {_settings(saved_settings)}, this run's ct.ema is "
+                f"{_settings(self.settings)}: the resumed average continues with this run's settings from here on; "
+                f"build ct.ema as {_settings(saved_settings)} to continue it as it was",
+                UserWarning,
+                stacklevel=2,
+            )
         with torch.no_grad():
             for k, mine in self.tensors.items():
                 mine.copy_(_laid_out(theirs[k], mine))
         self.n_averaged = n
+
+
+def _settings(settings: Mapping[str, Any]) -> str:
+    """``decay=0.999, every=4, warmup=0, formula='lerp'``, whatever a checkpoint holds, as ct.ema's arguments."""
+    return "ema(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"
 
 
 def _laid_out(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
