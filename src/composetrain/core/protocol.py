@@ -338,10 +338,11 @@ class TrainStep:
         else:
             units = check_weights([self.weight(batch)], who, "the batch")[0]
         ctx = Context(state.model, self.weight, total_weight=units, piece_weight=units)
-        undo: CallUndo | None = CallUndo(_params(state))
+        kept = CallUndo(_params(state))
+        undo: CallUndo | None = kept  # until the update phase begins
         try:
             ctx = self.prepare(state, batch, ctx)  # checks what it can before the forward, changes nothing
-            undo.keep_buffers(state.model)  # after prepare, which may place the model (once)
+            kept.keep_buffers(state.model)  # after prepare, which may place the model (once)
             done = self.grads(state, batch, ctx)
             clash = done.metrics.keys() & self.reported
             if clash:
