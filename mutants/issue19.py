@@ -13,30 +13,30 @@ T_LR = "tests/test_lr_odd_numbers.py"
 T_PLOT = "tests/test_plot_odd_lines.py"
 
 MUTANTS = [
-    # -- metric names (driver/monitor.py) --------------------------------------------------------------
+    # -- metric names (core/metric_names.py, checked in the pass) -------------------------------------------
     {
-        "file": "src/composetrain/driver/monitor.py",
+        "file": "src/composetrain/core/metric_names.py",
         "find": "name = k if type(k) is str else str.__str__(k)",
         "replace": "name = k",
         "tests": [f"{T_NAMES}::test_str_subclass_names_are_logged_saved_and_resumed_as_plain_str"],
         "why": "a str subclass (StrEnum, np.str_) kept as the metric's name: the checkpoint cannot hold it",
     },
     {
-        "file": "src/composetrain/driver/monitor.py",
+        "file": "src/composetrain/core/metric_names.py",
         "find": '"data_wait", "global_batch", "eval"}',
         "replace": '"data_wait", "eval"}',
         "tests": [f"{T_NAMES}::test_the_reserved_names_are_every_field_the_driver_writes"],
         "why": "global_batch missing from the reserved names: a metric of that name overwrites the field",
     },
     {
-        "file": "src/composetrain/driver/monitor.py",
+        "file": "src/composetrain/core/metric_names.py",
         "find": "if name in plain:",
         "replace": "if name in plain and plain[name] is v:",
         "tests": [f"{T_VALUES}::test_two_training_metrics_that_name_the_same_text_are_refused_not_merged"],
         "why": "two metrics of the same text merged, one silently overwriting the other",
     },
     {
-        "file": "src/composetrain/driver/monitor.py",
+        "file": "src/composetrain/core/metric_names.py",
         "find": "            name.encode()\n",
         "replace": '            name.encode(errors="surrogateescape")\n',
         "tests": [f"{T_VALUES}::test_a_metric_name_that_utf8_cannot_encode_is_refused_at_the_first_update"],

@@ -78,8 +78,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "return cls({k: t.clone() for k, t in model_tensors(model).items()})",
-        "replace": "return cls(dict(model_tensors(model)))",
+        "find": "return cls({k: t.clone() for k, t in model_tensors(model).items()}, settings)",
+        "replace": "return cls(dict(model_tensors(model)), settings)",
         "tests": [f"{EMA}::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit"],
         "why": "24.4: the averages alias the live weights: the EMA is the model",
     },
@@ -141,8 +141,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/ema.py",
-        "find": "        super().setup(state)\n        state.transform_state(KEY, lambda: Averages.of(state.model))",
-        "replace": "        state.transform_state(KEY, lambda: Averages.of(state.model))\n        super().setup(state)",
+        "find": "        super().setup(state)\n        self._averages(state)",
+        "replace": "        self._averages(state)\n        super().setup(state)",
         "tests": [
             "tests/test_ema_ranks.py::test_ct_run_resumed_mid_epoch_on_two_ranks_ends_with_the_same_average_and_schedule"
         ],
@@ -179,8 +179,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "            mine[k] = mine[k].to(live[k].device)",
-        "replace": "            pass",
+        "find": "                self.tensors[k] = self.tensors[k].to(w.device)",
+        "replace": "                pass",
         "tests": [f"{ADV}::test_the_averages_follow_their_weights_to_another_device"],
         "why": "adversarial: averages stay behind when the model is placed after they were made (pipeline_split)",
     },

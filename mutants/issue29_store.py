@@ -49,7 +49,9 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "        if self._arrays is None:\n            check_unchanged(self.path, self.stamps)\n            try:",
+        "find": (
+            "        if self._arrays is None:\n            check_unchanged(self.path, self.stamps)\n            try:"
+        ),
         "replace": "        if self._arrays is None:\n            try:",
         "tests": [f"{S}::test_a_store_changed_after_it_was_opened_is_refused_before_it_is_mapped"],
         "why": "a process maps the rebuilt store's files with the shapes opened before (a bare mmap error)",

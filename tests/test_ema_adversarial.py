@@ -117,6 +117,10 @@ def test_the_averages_follow_their_weights_to_another_device():
     train(state, batch())
     state.model.to("meta")  # a device of its own, on any machine
     train.prepare(state, batch(), Context(state.model, None, total_weight=12.0, piece_weight=12.0))
+    averages = state.transform_state("ema", lambda: None)
+    assert {str(a.device) for a in averages.tensors.values()} == {"cpu"}  # prepare only checks: nothing moved
+    averages.verify(state.model)
+    averages.update(state.model, 0.5, "lerp", follow=False)  # what ct.ema's update phase does after the update
     found = state.state_dict()["transforms"]["ema"]["averages"]
     assert {str(a.device) for a in found.values()} == {"meta"}
 

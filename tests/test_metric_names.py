@@ -65,7 +65,8 @@ def test_a_metric_name_that_is_not_a_str_is_refused_at_the_first_update(tmp_path
         calls.append(1)
         return with_metrics(names)(model, batch)
 
-    with pytest.raises(TypeError, match=rf"run: the step returns metric {bad}; metric names must be str") as e:
+    refused = rf"train_step\(step\): the step returns metric {bad}; metric names must be str"
+    with pytest.raises(TypeError, match=refused) as e:
         train(step, tmp_path, max_steps=5, log_every=4, checkpoint_every=2)
     assert "e.g. 'class_0'" in str(e.value)
     assert len(calls) == 1 and not list(tmp_path.glob("step-*"))  # refused at the first update, nothing saved
@@ -128,7 +129,7 @@ def test_the_reserved_names_are_every_field_the_driver_writes():
 def test_a_training_metric_named_as_a_record_field_is_refused_with_the_list(name):
     step = with_metrics(lambda m: {**m, name: m["acc"]})
     with pytest.raises(
-        ValueError, match=rf"run: the step returns metric '{name}', a name ct.run's training records"
+        ValueError, match=rf"train_step\(step\): the step returns metric '{name}', a name ct.run's training records"
     ) as e:
         train(step, max_steps=2, log_every=1)
     assert str(sorted(TRAIN_FIELDS)) in str(e.value) and "rename it in the step" in str(e.value)
@@ -166,7 +167,7 @@ def test_an_eval_metric_named_loss_or_lr_is_kept_in_the_file(tmp_path):
 # -- values --------------------------------------------------------------------------------------------
 def test_a_complex_training_metric_is_refused_not_cut_to_its_real_part():
     step = with_metrics(lambda m: {**m, "z": torch.complex(m["acc"], m["acc"])})
-    with pytest.raises(TypeError, match=r"run: the step returns metric 'z' as a complex tensor"):
+    with pytest.raises(TypeError, match=r"train_step\(step\): the step returns metric 'z' as a complex tensor"):
         train(step, max_steps=2, log_every=1)
 
 

@@ -44,7 +44,8 @@ def with_metrics(extra):
 
 def test_two_training_metrics_that_name_the_same_text_are_refused_not_merged():
     step = with_metrics(lambda m: {Name("acc"): m["acc"], "acc": 1 - m["acc"]})
-    with pytest.raises(ValueError, match=r"run: the step returns two metrics named 'acc' \(Name\('acc'\) and 'acc'\)"):
+    twice = r"train_step\(step\): the step returns two metrics named 'acc' \(Name\('acc'\) and 'acc'\)"
+    with pytest.raises(ValueError, match=twice):
         train(step, max_steps=2, log_every=1)
 
 
@@ -84,7 +85,8 @@ def test_a_training_metric_on_the_meta_device_is_refused_at_its_update_not_at_th
         loss, metrics = run_script.step(model, batch)
         return loss, {**metrics, "m": torch.tensor(1.0, device="meta")}
 
-    with pytest.raises(TypeError, match=r"run: the step returns metric 'm' on the 'meta' device, which holds no value"):
+    meta = r"train_step\(step\): the step returns metric 'm' on the 'meta' device, which holds no value"
+    with pytest.raises(TypeError, match=meta):
         train(step, max_steps=4, log_every=4)
     assert len(calls) == 1
 
@@ -145,7 +147,8 @@ def test_a_metric_name_that_utf8_cannot_encode_is_refused_at_the_first_update(tm
         return loss, ({bad: metrics["acc"]} if whose == "the step" else metrics)
 
     evaluate = lambda model, batch: {bad: 1.0} if whose == "eval_step" else {"e": 1.0}  # noqa: E731
-    with pytest.raises(ValueError, match=rf"run: {whose} returns metric 'acc\\udcff', which UTF-8 cannot encode"):
+    who = r"train_step\(step\)" if whose == "the step" else "run"  # the step's is refused in its pass
+    with pytest.raises(ValueError, match=rf"{who}: {whose} returns metric 'acc\\udcff', which UTF-8 cannot encode"):
         train(step, tmp_path, max_steps=4, log_every=2, eval_every=1, eval_step=evaluate,
               eval_data=run_script.dataset(24), tensorboard=True)  # fmt: skip
     assert len(calls) == 1

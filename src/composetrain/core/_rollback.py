@@ -1,4 +1,4 @@
-"""Undo for a TrainState load that fails midway (internal).
+"""Undo for a TrainState load that fails midway, and for a TrainStep call refused after its forward (internal).
 
 TrainState checks a checkpoint before writing it, but loading runs code it cannot
 foresee (a custom ``load_state_dict``, module hooks): each write first keeps what
@@ -8,6 +8,8 @@ it is about to change, and a failure restores it all.
 from __future__ import annotations
 
 import copy
+import random
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +18,7 @@ from torch import nn
 
 from composetrain.core.util import LOAD_STATE
 
-__all__ = ["keep_model", "keep_optimizer", "keep_through_state_dict", "undo_all"]
+__all__ = ["CallUndo", "keep_model", "keep_optimizer", "keep_through_state_dict", "undo_all"]
 
 
 def undo_all(undo: list[Callable[[], None]], error: BaseException) -> None:
@@ -72,3 +74,52 @@ def keep_model(model: nn.Module) -> Callable[[], None]:
                     model.get_submodule(key.rpartition(".")[0]).set_extra_state(value)
 
     return restore
+
+
+class CallUndo:
+    """What one TrainStep call changes before its update, kept so that a refusal can put it back.
+
+    Taken when the call starts: the gradients set before it (backward adds into them) and the generators a
+    forward draws from (dropout; Python's and NumPy's in the step). After ``prepare`` (which only checks, and
+    places or wraps the model once), before the first forward, ``keep_buffers``: every buffer (BatchNorm's
+    running statistics change in place; a forward may rebind, cast or register one). ``restore`` puts all of
+    it back, so that a call refused after its forward (a metric name, a buffer ``ct.ema`` cannot average)
+    changed nothing. Buffers are copied once per update: they are small beside the parameters.
+    """
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.py_rng = random.getstate()
+        numpy = sys.modules.get("numpy")  # a step that never imported NumPy cannot have drawn from it
+        self.np_rng = (numpy, numpy.random.get_state()) if numpy is not None else None
+        self.grads = [(p, p.grad.clone()) for p in params if p.grad is not None]  # copies: backward adds in place
+        self.tables: list[tuple[nn.Module, dict[str, torch.Tensor | None]]] = []
+        self.buffers: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def keep_buffers(self, model: nn.Module) -> None:
+        # every module's buffer table, the empty ones too (a forward may register a buffer anywhere)
+        self.tables = [(m, dict(m._buffers)) for m in model.modules()]
+        self.buffers = [b for _, table in self.tables for b in table.values() if b is not None]
+        with torch.no_grad():
+            self.values = [b.clone() for b in self.buffers]
+
+    def restore(self) -> None:
+        """Put back the buffers (tables and values), the gradients and the generators; the call's own
+        gradients must already be cleared (``TrainState.zero_grad``)."""
+        for module, table in self.tables:
+            module._buffers.clear()
+            module._buffers.update(table)
+        with torch.no_grad():
+            for b, v in zip(self.buffers, self.values, strict=True):
+                b.copy_(v)
+        for p, g in self.grads:
+            p.grad = g
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        random.setstate(self.py_rng)
+        if self.np_rng is not None:
+            numpy, saved = self.np_rng
+            numpy.random.set_state(saved)

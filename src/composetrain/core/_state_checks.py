@@ -28,6 +28,7 @@ __all__ = [
     "hyperparameters",
     "needs_closure",
     "qualified",
+    "step_needs",
 ]
 
 # The per-parameter state each of torch.optim's optimizers may keep (all its options together): an
@@ -69,12 +70,26 @@ def _from_torch(obj: object) -> bool:
 
 def needs_closure(optimizer: torch.optim.Optimizer) -> list[str]:
     """The arguments ``optimizer.step()`` cannot do without (LBFGS's closure); empty for most optimizers."""
-    try:  # the class's step: a scheduler wraps the instance's, and the wrapper's signature keeps ``self``
-        signature = inspect.signature(type(optimizer).step)
+    return _step_needs(optimizer, own=False)  # a scheduler wraps the instance's step, keeping ``self``
+
+
+def step_needs(scheduler: Any) -> list[str]:
+    """The arguments ``scheduler.step()`` cannot do without (timm's ``epoch``); empty for torch's schedulers
+    but ReduceLROnPlateau (its ``metrics``)."""
+    return _step_needs(scheduler, own=True)
+
+
+def _step_needs(obj: Any, own: bool) -> list[str]:
+    """The required arguments of the class's ``step``, or (``own``) of a step set on the instance."""
+    method, bound = getattr(type(obj), "step", None), 1
+    if (own and "step" in getattr(obj, "__dict__", {})) or not callable(method):  # the instance's: no ``self``
+        method, bound = obj.step, 0
+    try:
+        signature = inspect.signature(method)
     except (TypeError, ValueError):  # a builtin without a signature: assume step() works
         return []
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    after_self = list(signature.parameters.values())[1:]
+    after_self = list(signature.parameters.values())[bound:]
     return [p.name for p in after_self if p.default is p.empty and p.kind not in variadic]
 
 

@@ -2,7 +2,7 @@
 
 How a TrainStep works
 ---------------------
-``train_step(state, batch)`` performs exactly one optimizer update in three phases,
+``train_step(state, batch)`` performs exactly one optimizer update in four phases,
 each of which a transform may wrap (subclass TrainStep, override, call the inner
 step's):
 
@@ -11,7 +11,10 @@ step's):
 2. ``grads(state, batch, ctx) -> Pass``: forward and backward, adding into
    ``.grad``. A transform that splits the batch calls its inner step's ``grads``
    once per piece; the innermost one runs the plain step.
-3. ``update(state, ctx) -> Update``: apply the optimizer update, or skip it.
+3. ``verify(state, done, ctx)``, once per update, after the last backward: refuse what only
+   the passes show (the step's metrics, a buffer its forward re-registered), changing nothing.
+4. ``update(state, ctx) -> Update``: apply the optimizer update, or skip it. It refuses
+   nothing: an update phase that raised after ``optimizer.step()`` would have trained.
 
 Transforms talk to the steps inside them through one explicit channel, the
 ``Context``, never by testing each other's types. Because a composition is a
@@ -46,9 +49,11 @@ batch, however it was split. The same scaled loss, detached, is the pass's share
 of the reported loss: shares add up, with no second weighting.
 
 ``__call__`` is the only entry. It validates the state and the batch, builds the
-root context, runs the phases and always ends with every gradient ``None``, also
-when a phase raises; an error before the update leaves parameters, optimizer,
-scheduler and ``state.step`` untouched.
+root context, runs the phases and ends with every gradient ``None``. A call that
+raises before its update phase (a refusal, the step's own error) changes nothing:
+parameters, optimizer, scheduler, ``state.step`` and transform state are untouched
+(``prepare`` and ``verify`` only check), and what the passes changed, buffers,
+random generators and gradients set before the call, is put back as it was.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from typing import Any, ClassVar, NamedTuple, TypeAlias
 import torch
 from torch import nn
 
+from composetrain.core._rollback import CallUndo
 from composetrain.core.batching import check_weights, samples
 from composetrain.core.state import TrainState
 from composetrain.core.util import name, show
@@ -275,8 +281,14 @@ class TrainStep:
         """Forward and backward of ``batch``, gradients added into ``.grad``."""
         return self._inner().grads(state, batch, ctx)
 
+    def verify(self, state: TrainState, done: Pass, ctx: Context) -> None:
+        """After the last backward, before any update phase: refuse what only the passes show (a buffer the
+        forward re-registered, the metrics), changing nothing; outermost first, each calling its inner's."""
+        self._inner().verify(state, done, ctx)
+
     def update(self, state: TrainState, ctx: Context) -> Update:
-        """Apply the update from ``.grad`` (or nothing, under ``ctx.skip_update``)."""
+        """Apply the update from ``.grad`` (or nothing, under ``ctx.skip_update``). It refuses nothing: every
+        check is made in ``prepare`` or ``verify``, before the first change to the state."""
         return self._inner().update(state, ctx)
 
     def setup(self, state: TrainState) -> None:
@@ -326,8 +338,11 @@ class TrainStep:
         else:
             units = check_weights([self.weight(batch)], who, "the batch")[0]
         ctx = Context(state.model, self.weight, total_weight=units, piece_weight=units)
+        kept = CallUndo(_params(state))
+        undo: CallUndo | None = kept  # until the update phase begins
         try:
-            ctx = self.prepare(state, batch, ctx)
+            ctx = self.prepare(state, batch, ctx)  # checks what it can before the forward, changes nothing
+            kept.keep_buffers(state.model)  # after prepare, which may place the model (once)
             done = self.grads(state, batch, ctx)
             clash = done.metrics.keys() & self.reported
             if clash:
@@ -335,9 +350,13 @@ class TrainStep:
                     f"{self!r}: the step returns metrics {sorted(clash)} that a transform reports as well; "
                     "rename them in the step"
                 )
+            self.verify(state, done, ctx)  # the last refusal: from here on the call changes the state
+            undo = None
             applied = self.update(state, ctx)
         finally:
             state.zero_grad()
+            if undo is not None:  # refused after the forward: put back what the passes changed
+                undo.restore()
         metrics = {k: _as_tensor(v) for k, v in done.metrics.items()}
         metrics.update((k, _as_tensor(v)) for k, v in applied.metrics.items())
         return StepOutput(done.loss, metrics, applied.skipped)
@@ -372,6 +391,12 @@ class TrainStep:
     def __hash__(self) -> int:
         config = self._config()
         return id(self) if config is None else hash((type(self), config, self.inner))
+
+
+def _params(state: TrainState) -> list[torch.Tensor]:
+    """The model's parameters and those the optimizer holds outside it: what ``zero_grad`` clears."""
+    held = (p for group in state.optimizer.param_groups for p in group["params"])
+    return list({id(p): p for p in (*state.model.parameters(), *held)}.values())
 
 
 _call = inspect.signature(TrainStep.__call__, eval_str=True)

@@ -17,6 +17,7 @@ from composetrain.core._state_checks import (
     hyperparameters,
     needs_closure,
     qualified,
+    step_needs,
 )
 from composetrain.core.util import LOAD_STATE, check_int, show
 
@@ -133,10 +134,25 @@ class TrainState:
                     f"TrainState: scheduler ReduceLROnPlateau needs a metric at every step, {why} call its "
                     "step(metric) yourself after evaluation"
                 )
-            if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
+            if not all(callable(getattr(scheduler, m, None)) for m in ("step", "state_dict", "load_state_dict")):
                 raise TypeError(
                     f"TrainState: scheduler must be a torch.optim.lr_scheduler.LRScheduler or None, "
                     f"got {show(scheduler)}; e.g. torch.optim.lr_scheduler.StepLR(optimizer, 1000)"
+                )
+            needed = step_needs(scheduler)
+            if needed:  # refused here: scheduler.step() would raise in the first update, after optimizer.step()
+                timm = (
+                    " (timm's schedulers step with step(epoch) and step_update(num_updates), which ct does not "
+                    "call yet)"
+                    if callable(getattr(scheduler, "step_update", None))
+                    else ""
+                )
+                raise TypeError(
+                    f"TrainState: scheduler {type(scheduler).__name__}'s step() needs {needed}{timm}, but a "
+                    "TrainState steps its scheduler with step() alone, once per update (or per epoch, "
+                    "scheduler_interval='epoch'); use a torch.optim.lr_scheduler.LRScheduler (StepLR, OneCycleLR, "
+                    "LambdaLR, SequentialLR, ...) or any scheduler whose step() takes no argument, e.g. "
+                    "LambdaLR(optimizer, lambda update: factor(update))"
                 )
             if getattr(scheduler, "optimizer", optimizer) is not optimizer:
                 raise ValueError(

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from composetrain.core._state_checks import check_schedule_left
+from composetrain.core.metric_names import TRAIN_FIELDS, metric_names
 from composetrain.core.protocol import Context, Hook, Metric, Pass, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.util import name, show
@@ -74,6 +75,9 @@ class _Lifted(TrainStep):
             scaled = scale(scaled)
         scaled.backward()
         return Pass(_reported(loss.detach()), metrics)
+
+    def verify(self, state: TrainState, done: Pass, ctx: Context) -> None:
+        pass  # the plain step's output was checked in its pass (_unpack)
 
     def update(self, state: TrainState, ctx: Context) -> Update:
         if ctx.skip_update:
@@ -150,9 +154,20 @@ def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
             'return (loss, {"acc": acc})'
         )
     clean: dict[str, Metric] = {}
-    for key, value in metrics.items():
+    # checked here, before backward and the update: ct.run, which logs them, sees them only after the update
+    for key, value in metric_names(metrics, TRAIN_FIELDS, "the step", repr(who)).items():
         number = None
         if isinstance(value, torch.Tensor) and value.numel() == 1:
+            if value.is_complex():  # a log record's float() would keep the real part alone
+                raise TypeError(
+                    f"{who!r}: the step returns metric {key!r} as a complex tensor; a logged metric is a real "
+                    f"number: return {key!r}: z.abs(), or z.real and z.imag as two metrics"
+                )
+            if value.is_meta:  # reading it at a log point would fail, updates later
+                raise TypeError(
+                    f"{who!r}: the step returns metric {key!r} on the 'meta' device, which holds no value; compute "
+                    "it from the batch's outputs, on their device"
+                )
             clean[key] = _reported(value.detach().reshape(()))
             continue
         real = isinstance(value, numbers.Real) or getattr(getattr(value, "dtype", None), "kind", None) in tuple("biuf")

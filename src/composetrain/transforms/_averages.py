@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,49 +28,58 @@ def _parts(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.T
 class Averages:
     """The averages (``tensors``, by parameter or buffer name) and ``n_averaged``, as AveragedModel's."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], n_averaged: int = 0) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], settings: dict[str, Any], n_averaged: int = 0) -> None:
         self.tensors, self.n_averaged = tensors, n_averaged
-        self.checked: dict[str, torch.Tensor] | None = None  # the parameters as ``matched`` last found them
+        self.settings = settings  # ct.ema's decay, every, warmup and formula: checkpointed, compared at a resume
+        # this update's model tensors as checked: the parameters by ``prepare``, all of them by ``verify``
+        self.params: dict[str, torch.Tensor] | None = None
+        self.live: dict[str, torch.Tensor] | None = None
 
     @classmethod
-    def of(cls, model: nn.Module) -> Averages:
-        return cls({k: t.clone() for k, t in model_tensors(model).items()})
+    def of(cls, model: nn.Module, settings: dict[str, Any]) -> Averages:
+        return cls({k: t.clone() for k, t in model_tensors(model).items()}, settings)
 
     def matched(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """``model``'s tensors, checked against the averages (names, shapes, dtypes, kinds) before anything is
-        written; an average on another device than its weight follows it (a model placed after the EMA began)."""
-        params, buffers = _parts(model)
-        live = {**params, **buffers}
+        """``model``'s tensors, checked against the averages (names, shapes, dtypes, kinds); nothing is
+        written (an average on another device than its weight follows it in ``update``)."""
+        return self._checked(model_tensors(model))
+
+    def _checked(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         same_names(self.tensors, live, "the model's")
         mine = self.tensors
-        differ = [k for k, w in live.items() if not _alike(mine[k], w)]  # one pass; the rare mismatch looked at after
-        for k in differ:
+        for k in [k for k, w in live.items() if not _alike(mine[k], w)]:  # one pass; a mismatch looked at after
             a, w = mine[k], live[k]
             if a.shape != w.shape or a.dtype != w.dtype or type(a) is not type(w):
                 raise ValueError(
                     f"ema: the model's {k!r} is {_described(w)}, its average {_described(a)}; average one model "
                     "throughout: a model changed after the EMA began needs a new TrainState"
                 )
-        for k in differ:  # on another device only: it follows its weight
-            mine[k] = mine[k].to(live[k].device)
-        self.checked = params  # buffers are read again in update
         return live
+
+    def prepared(self, model: nn.Module) -> None:
+        """Before the forward: the parameters match (a model changed since the last update is refused first)."""
+        params, buffers = _parts(model)
+        self._checked({**params, **buffers})
+        self.params, self.live = params, None
+
+    def verify(self, model: nn.Module) -> None:
+        """After the forward, before the update: its buffers as they are now (a forward may have reassigned,
+        cast or registered one), the parameters as ``prepared`` found them (views of the storage the optimizer
+        steps in place), else checked now. Raises before anything changed; ``update`` averages these."""
+        params, buffers = self.params, {k: b.detach() for k, b in model.named_buffers()}
+        live = {**params, **buffers} if params is not None else {}
+        mine = self.tensors
+        if params is None or live.keys() != mine.keys() or not all(_alike(mine[k], b) for k, b in buffers.items()):
+            live = self.matched(model)  # raises
+        self.params, self.live = None, live
 
     @torch.no_grad()
     def update(self, model: nn.Module, decay: float, formula: str, *, follow: bool) -> None:
-        """Average ``model``'s tensors in: its parameters as ``matched`` found them in this update's ``prepare``
-        (views of the same storage, which the optimizer steps in place), else checked now; its buffers as they
-        are now (a forward may have reassigned one: a new tensor)."""
-        params, self.checked = self.checked, None
-        buffers = {k: b.detach() for k, b in model.named_buffers()}
-        live = {**params, **buffers} if params is not None else {}
-        if (
-            params is None
-            or live.keys() != self.tensors.keys()
-            or not all(_alike(self.tensors[k], b) for k, b in buffers.items())
-        ):
-            live = self.matched(model)  # not checked in prepare, or a buffer changed: checked now (raises)
-            self.checked = None
+        """Average ``model``'s tensors in, as ``verify`` found them in this update (else checked now)."""
+        live, self.live = (self.live if self.live is not None else self.matched(model)), None
+        for k, w in live.items():  # on another device only (checked): the average follows its weight
+            if self.tensors[k].device != w.device:
+                self.tensors[k] = self.tensors[k].to(w.device)
         pairs = [(self.tensors[k], w) for k, w in live.items()]
         if self.n_averaged == 0:
             for a, w in pairs:
@@ -92,7 +102,7 @@ class Averages:
         self.n_averaged = 0 if follow else self.n_averaged + 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"averages": dict(self.tensors), "n_averaged": self.n_averaged}
+        return {"averages": dict(self.tensors), "n_averaged": self.n_averaged, "settings": dict(self.settings)}
 
     def load_state_dict(self, saved: Any) -> None:
         """All checked before anything is written; whole tensors are sharded as the live averages are."""
@@ -109,10 +119,25 @@ class Averages:
                     f"ema: the checkpoint's average of {k!r} is {got}, this model's {tuple(mine.shape)} {mine.dtype}; "
                     "load a checkpoint of the same model, in the same dtype"
                 )
+        saved_settings = saved.get("settings")  # older checkpoints lack them
+        if isinstance(saved_settings, Mapping) and dict(saved_settings) != self.settings:
+            # a deliberate change (a higher decay late in training) is allowed, but never silent
+            warnings.warn(
+                f"ema: the checkpoint's average was kept with {_settings(saved_settings)}, this run's ct.ema is "
+                f"{_settings(self.settings)}: the resumed average continues with this run's settings from here on; "
+                f"build ct.ema as {_settings(saved_settings)} to continue it as it was",
+                UserWarning,
+                stacklevel=2,
+            )
         with torch.no_grad():
             for k, mine in self.tensors.items():
                 mine.copy_(_laid_out(theirs[k], mine))
         self.n_averaged = n
+
+
+def _settings(settings: Mapping[str, Any]) -> str:
+    """``decay=0.999, every=4, warmup=0, formula='lerp'``, whatever a checkpoint holds, as ct.ema's arguments."""
+    return "ema(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"
 
 
 def _laid_out(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from composetrain.core.protocol import Context, TrainStep, Update
+from composetrain.core.protocol import Context, Pass, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
 from composetrain.core.util import check_int, check_real, show
 from composetrain.launch.rendezvous import group_world
-from composetrain.transforms._averages import Averages, model_tensors, same_names
+from composetrain.transforms._averages import Averages, model_tensors
 
 __all__ = ["ema", "ema_model"]
 
@@ -91,16 +91,21 @@ class _Ema(TrainStep):
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         ctx = self._inner().prepare(state, batch, ctx)  # the inner steps first: they may shard or place the model
-        if state.step % self.every == 0:  # an applied update would average: the model must still match, before it
-            state.transform_state(KEY, lambda: Averages.of(state.model)).matched(state.model)
+        if state.step % self.every == 0:  # an applied update would average: a changed model is refused first
+            self._averages(state).prepared(state.model)
         return ctx
+
+    def verify(self, state: TrainState, done: Pass, ctx: Context) -> None:
+        super().verify(state, done, ctx)
+        if state.step % self.every == 0:  # the buffers after the forward: refused here, not after optimizer.step()
+            self._averages(state).verify(state.model)
 
     def update(self, state: TrainState, ctx: Context) -> Update:
         before = state.step
         applied = self._inner().update(state, ctx)
         n = state.step
         if n != before and (n - 1) % self.every == 0:  # an applied update: state.step counts those only
-            averages = state.transform_state(KEY, lambda: Averages.of(state.model))
+            averages = self._averages(state)
             averages.update(state.model, self.decay, self.formula, follow=n <= self.warmup)
         return applied
 
@@ -108,7 +113,7 @@ class _Ema(TrainStep):
         """After the inner steps' (``sharded`` shards the model): the averages exist, laid out as the
         weights, before a checkpoint loads into them."""
         super().setup(state)
-        state.transform_state(KEY, lambda: Averages.of(state.model))
+        self._averages(state)
         self._agree()
 
     def _agree(self) -> None:
@@ -131,8 +136,13 @@ class _Ema(TrainStep):
             )
 
     def eval_weights(self, state: TrainState) -> dict[str, AbstractContextManager[Any]]:
-        averages = state.transform_state(KEY, lambda: Averages.of(state.model))
+        averages = self._averages(state)
         return {**super().eval_weights(state), "ema": _swapped(state.model, averages)}
+
+    def _averages(self, state: TrainState) -> Averages:
+        """The averages in the state, created with this EMA's settings (a checkpoint's are compared with them)."""
+        settings = {"decay": self.decay, "every": self.every, "warmup": self.warmup, "formula": self.formula}
+        return state.transform_state(KEY, lambda: Averages.of(state.model, settings))
 
     def _config(self) -> tuple[Any, ...]:
         return (self.decay, self.every, self.warmup, self.formula)
@@ -195,11 +205,22 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
     elif not isinstance(into, nn.Module):
         raise TypeError(f"ema_model: into must be a torch.nn.Module, got {show(into)}")
     target = model_tensors(into)
-    same_names(averages, target, "into's")
+    if target.keys() != averages.keys():
+        missing, extra = sorted(averages.keys() - target.keys()), sorted(target.keys() - averages.keys())
+        raise ValueError(
+            f"ema_model: into ({type(into).__name__}) is not the architecture averaged: it lacks {missing[:5]} and "
+            f"has {extra[:5]} besides the averaged parameters and buffers; give a module built as the trained "
+            "one: ct.ema_model(state, into=build_model())"
+        )
+    for k, t in target.items():  # before the first copy: a refusal leaves into as it was
+        a = averages[k]
+        if t.shape != a.shape or t.dtype != a.dtype:  # copy_ would cast silently, losing the averages' digits
+            raise ValueError(
+                f"ema_model: into's {k!r} is {tuple(t.shape)} {t.dtype}, its average {tuple(a.shape)} {a.dtype}; "
+                "give into in the averages' shape and dtype (a model built as the trained one), and cast the "
+                "result if you want another dtype: ct.ema_model(state, into=build_model()).half()"
+            )
     whole = {k: a.full_tensor() if isinstance(a, DTensor) else a for k, a in averages.items()}
-    for k, t in target.items():
-        if t.shape != whole[k].shape:
-            raise ValueError(f"ema_model: into's {k!r} has shape {tuple(t.shape)}, the average {tuple(whole[k].shape)}")
     with torch.no_grad():
         for k, t in target.items():
             t.copy_(whole[k])

@@ -178,16 +178,19 @@ class _MixedPrecision(TrainStep):
             scaling.unscale(state.optimizer)  # exactly once per update, before any update phase
         return done
 
-    def update(self, state: TrainState, ctx: Context) -> Update:
-        if not ctx.notes.get(self.role):  # fp32, or bf16 with check_finite=False
-            return self._inner().update(state, ctx)
-        scaling = state.transform_state(self.role, LossScaling)
-        if not scaling.unscaled:
+    def verify(self, state: TrainState, done: Pass, ctx: Context) -> None:
+        super().verify(state, done, ctx)
+        if ctx.notes.get(self.role) and not state.transform_state(self.role, LossScaling).unscaled:
             raise RuntimeError(
                 f"{self!r}: the gradients were never unscaled: no pass inside it was marked as the last "
                 "backward of the update (Context.last_backward); a transform inside it must pass "
                 "last_backward=True to its final backward"
             )
+
+    def update(self, state: TrainState, ctx: Context) -> Update:
+        if not ctx.notes.get(self.role):  # fp32, or bf16 with check_finite=False
+            return self._inner().update(state, ctx)
+        scaling = state.transform_state(self.role, LossScaling)
         scaler = scaling.scaler
         found_inf = scaling.found_inf(state.optimizer)  # the one host sync, as in GradScaler.step
         try:

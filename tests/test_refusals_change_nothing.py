@@ -1,0 +1,255 @@
+"""Every refusal of a TrainStep call leaves the state as it was before the call, bit for bit (pitfall 38).
+
+One harness for all of them: each case makes one refusal fire (the step's output, a transform's check of the
+forward's outputs, the schedule, the model), after a first good update has created every piece of state; the
+parameters, buffers, gradients (also ones set before the call), optimizer and scheduler state, ``state.step``,
+the transforms' state and the torch, Python and NumPy generators are compared with ``torch.equal`` / ``==``.
+A call after the refusal then trains exactly as if the refused call had never been made.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import composetrain as ct
+from composetrain.core.protocol import TrainStep
+
+
+class Net(nn.Module):
+    """Buffers a forward changes in place (BatchNorm), a dropout mask (torch's generator), and a frozen buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.bn, self.drop, self.fc2 = nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Dropout(0.3), nn.Linear(8, 3)
+        self.register_buffer("offset", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.tanh(self.bn(self.fc1(x)) + self.offset)))
+
+
+class Fault:
+    """What the step does wrong on the next call: ``output(model, loss, metrics, piece) -> (loss, metrics)``."""
+
+    output: Any = None
+    pieces = 0
+
+
+FAULT = Fault()
+
+
+def step(model: nn.Module, batch: Any) -> Any:
+    x, y = batch
+    noise = random.random() + float(np.random.rand())  # Python's and NumPy's generators draw too
+    logits = model(x * (1 + 1e-3 * noise))
+    loss = F.cross_entropy(logits, y)
+    metrics: dict[Any, Any] = {"acc": (logits.argmax(-1) == y).float().mean()}
+    FAULT.pieces += 1
+    if FAULT.output is not None:
+        return FAULT.output(model, loss, metrics, FAULT.pieces)
+    return loss, metrics
+
+
+class _NoLastBackward(TrainStep):
+    """A (broken) transform that never marks a backward as the update's last: mixed_precision never unscales."""
+
+    def grads(self, state, batch, ctx):
+        return self._inner().grads(state, batch, ctx._replace(last_backward=False))
+
+
+def build(kind: str) -> TrainStep:
+    plain = ct.accumulate(2)(step)
+    if kind == "mixed_precision":
+        return ct.ema(0.9)(_NoLastBackward(ct.mixed_precision(check_finite=True)(plain)))
+    return ct.ema(0.9)(ct.clip_grad_norm(1.0)(ct.mixed_precision(check_finite=True)(plain)))
+
+
+def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(12, 5, generator=g), torch.randint(0, 3, (12,), generator=g)
+
+
+def state_of(scheduler: str = "step") -> ct.TrainState:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched: Any = {
+        "step": lambda: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+        "one_cycle": lambda: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=1),
+    }[scheduler]()
+    return ct.TrainState(model, opt, sched)
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def everything(state: ct.TrainState) -> dict[str, Any]:
+    """A deep copy of everything a refused call must leave as it was."""
+    model = state.model
+    return copy.deepcopy(
+        {
+            "params": {k: p.detach() for k, p in model.named_parameters()},
+            "param_ids": [id(p) for p in model.parameters()],
+            "buffers": {k: b for k, b in model.named_buffers()},
+            "buffer_ids": [id(b) for b in model.buffers()],
+            "grads": {k: p.grad for k, p in model.named_parameters()},
+            "optimizer": state.optimizer.state_dict(),
+            "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
+            "lr": [g["lr"] for g in state.optimizer.param_groups],
+            "step": state.step,
+            "transforms": state.state_dict()["transforms"],
+            "rng": (torch.get_rng_state(), random.getstate(), np.random.get_state()),
+        }
+    )
+
+
+def assert_same(a: Any, b: Any, where: str = "state") -> None:
+    """Equal, tensors by ``torch.equal`` (and dtype), everything else by ``==``."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and np.array_equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), f"{where}: keys {list(a)} vs {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+class StrName(str):
+    """A str subclass that hashes as itself: a dict holds it beside its text."""
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+def with_metrics(extra):
+    return lambda model, loss, metrics, piece: (loss, extra(metrics))
+
+
+def cast_buffer(model, loss, metrics, piece):
+    if piece % 2 == 0:  # after the last micro-batch's forward: re-registered in another dtype, ema refuses it
+        model.bn.running_mean = model.bn.running_mean.double()
+    return loss, metrics
+
+
+def new_buffer(model, loss, metrics, piece):
+    model.fc1.register_buffer("seen", torch.ones(1))  # a buffer the average does not have
+    return loss, metrics
+
+
+def fail_late(model, loss, metrics, piece):
+    raise RuntimeError("the step's own error, after its forward")
+
+
+# (id, step kind, scheduler, fault, before the call, error, message): one entry per refusal of the update path
+CASES = [
+    ("name-int", "plain", "step", with_metrics(lambda m: {0: m["acc"]}), None, TypeError,
+     r"the step returns metric 0 \(int\); metric names must be str"),
+    ("name-tuple", "plain", "step", with_metrics(lambda m: {("acc", 0): m["acc"]}), None, TypeError,
+     r"metric names must be str"),
+    ("name-reserved", "plain", "step", with_metrics(lambda m: {**m, "lr": m["acc"]}), None, ValueError,
+     r"the step returns metric 'lr', a name ct.run's training records use"),
+    ("name-not-utf8", "plain", "step", with_metrics(lambda m: {"acc\udcff": m["acc"]}), None, ValueError,
+     r"which UTF-8 cannot encode"),
+    ("name-twice", "plain", "step", with_metrics(lambda m: {StrName("acc"): m["acc"], "acc": m["acc"]}), None,
+     ValueError, r"the step returns two metrics named 'acc'"),
+    ("name-of-a-transform", "plain", "step", with_metrics(lambda m: {**m, "grad_norm": m["acc"]}), None,
+     ValueError, r"that a transform reports as well"),
+    ("value-complex", "plain", "step", with_metrics(lambda m: {**m, "z": torch.complex(m["acc"], m["acc"])}),
+     None, TypeError, r"metric 'z' .*complex"),
+    ("value-meta", "plain", "step", with_metrics(lambda m: {**m, "m": torch.tensor(1.0, device="meta")}), None,
+     TypeError, r"metric 'm' .*'meta' device"),
+    ("value-not-a-number", "plain", "step", with_metrics(lambda m: {**m, "s": "x"}), None, TypeError,
+     r"metric 's' must be a scalar tensor or a number"),
+    ("names-differ-per-piece", "plain", "step",
+     lambda model, loss, metrics, piece: (loss, {**metrics, "late": 1.0} if piece % 2 == 0 else metrics), None,
+     ValueError, r"returned metrics .* for piece 2"),
+    ("loss-not-scalar", "plain", "step", lambda model, loss, metrics, piece: (loss.expand(2), metrics), None,
+     ValueError, r"the loss must be a scalar"),
+    ("loss-detached", "plain", "step", lambda model, loss, metrics, piece: (loss.detach(), metrics), None,
+     ValueError, r"does not require grad"),
+    ("step-raises", "plain", "step", fail_late, None, RuntimeError, r"the step's own error"),
+    ("ema-buffer-cast", "plain", "step", cast_buffer, None, ValueError,
+     r"ema: the model's 'bn.running_mean' is \(8,\) torch.float64, its average \(8,\) torch.float32"),
+    ("ema-buffer-new", "plain", "step", new_buffer, None, ValueError, r"ema: the model's parameters and buffers"),
+    ("ema-model-changed", "plain", "step", None, lambda s: s.model.add_module("extra", nn.Linear(3, 3)),
+     ValueError, r"ema: the model's parameters and buffers differ"),
+    ("never-unscaled", "mixed_precision", "step", None, None, RuntimeError, r"the gradients were never unscaled"),
+    ("schedule-exhausted", "plain", "one_cycle", None, None, ValueError, r"OneCycleLR is exhausted"),
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _no_fault():
+    FAULT.output, FAULT.pieces = None, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # accumulate's BatchNorm warning; autocast on the CPU
+        yield
+    FAULT.output = None
+
+
+@pytest.mark.parametrize(("kind", "scheduler", "fault", "before", "error", "message"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize("grads_before", [False, True], ids=["no-grads", "grads-set-before"])
+def test_a_refused_call_leaves_every_piece_of_state_bit_identical(
+    kind, scheduler, fault, before, error, message, grads_before
+):
+    state = state_of(scheduler)
+    train = build(kind) if kind != "mixed_precision" else build("plain")
+    seed_all(3)
+    train(state, batch(1))  # a good first update: optimizer, scheduler, loss scale and EMA state exist
+    if kind == "mixed_precision":
+        train = build(kind)
+    if grads_before:
+        for p in list(state.model.parameters())[::2]:
+            p.grad = torch.randn_like(p)
+    if before is not None:
+        before(state)
+    seed_all(4)
+    kept = everything(state)
+    FAULT.output, FAULT.pieces = fault, 0
+    with pytest.raises(error, match=message):
+        train(state, batch(2))
+    assert_same(everything(state), kept)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[1] == "plain" and c[4] is None and c[3] is not None],
+                         ids=lambda c: c[0])  # fmt: skip
+def test_after_a_refused_call_training_goes_on_as_if_it_had_never_been_made(case):
+    _, kind, scheduler, fault, _, error, message = case
+    runs = []
+    for refuse in (False, True):
+        state, train = state_of(scheduler), build(kind)
+        seed_all(3)
+        train(state, batch(1))
+        seed_all(4)
+        if refuse:
+            FAULT.output, FAULT.pieces = fault, 0
+            with pytest.raises(error, match=message):
+                train(state, batch(2))
+            FAULT.output = None
+        out = train(state, batch(2))
+        kept = everything(state)
+        del kept["param_ids"], kept["buffer_ids"]  # two states' own
+        runs.append((kept, out.loss))
+    assert_same(runs[1], runs[0])
