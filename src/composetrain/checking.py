@@ -186,8 +186,11 @@ def _not_deterministic(reference: TrainStep, gap: Gap) -> str:
 
 def _lowest(low: torch.dtype, step: TrainStep) -> torch.dtype:
     """The lowest precision the update computes in: the copies' or the loss's, or mixed_precision's autocast
-    below it (autocast leaves float64 alone)."""
+    below it (autocast leaves float64 alone; "fp32" enters none; "auto", unresolved here, taken as bf16, the
+    coarser of its two)."""
     if low is torch.float64 or "mixed_precision" not in step.roles:
         return low
     auto = next((getattr(s, "dtype", None) for s in peel(step)[0] if s.role == "mixed_precision"), None)
-    return coarsest([low, auto if isinstance(auto, torch.dtype) and auto is not torch.float32 else torch.bfloat16])
+    if auto is torch.float32:  # mixed_precision("fp32"): a no-op, nothing computed lower
+        return low
+    return coarsest([low, auto if isinstance(auto, torch.dtype) else torch.bfloat16])
