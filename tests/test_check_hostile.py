@@ -222,3 +222,29 @@ def test_sparse_gradients_are_compared_and_the_users_left_as_they_were():
     assert model.embed.weight.grad.is_sparse and torch.equal(model.embed.weight.grad.to_dense(), kept)
     wrong = ct.check(ct.accumulate(2)(lambda m, b: classify(m, b)[0] * len(b[0])), state, batch)
     assert not wrong and wrong.diverges_at == "accumulate(2)", wrong
+
+
+def test_what_check_cannot_copy_is_a_clear_error_naming_check_and_nothing_changes():
+    """check runs on deep copies: a batch or model that copy.deepcopy refuses failed with its bare error."""
+    import threading
+
+    from helpers import assert_untouched, snapshot
+
+    state = make_state()
+    before = snapshot(state)
+    x, y = make_batch(8)
+    hooked = x.clone().requires_grad_() * 2  # a tensor in a graph: deepcopy refuses all but leaves
+    for batch in ((t for t in (x, y)), (hooked, y)):
+        with pytest.raises(TypeError, match=r"check: cannot copy the batch \(.+\): check runs on a deep copy"):
+            ct.check(ct.accumulate(2)(classify), state, batch)
+    assert_untouched(state, before)
+    state.model.lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"check: cannot copy your model, optimizer or scheduler \(.+_thread.lock"):
+        ct.check(ct.accumulate(2)(classify), state, (x, y))
+    assert_untouched(state, before)
+
+
+def test_an_empty_batch_is_refused_naming_check_not_its_internal_step():
+    with pytest.raises(ValueError, match=r"^check: train_step\(classify\): the batch is empty") as e:
+        ct.check(ct.accumulate(2)(classify), make_state(), make_batch(0))
+    assert "_Probe" not in str(e.value)

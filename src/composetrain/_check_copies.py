@@ -16,7 +16,14 @@ from composetrain.core.state import TrainState
 def copy_state(state: TrainState, batch: Any, dtype: torch.dtype | None) -> tuple[TrainState, Any]:
     """Independent copies of the state (through its own ``state_dict`` round trip, which checkpoints trust) and
     of the batch, in ``dtype`` (None: as they are)."""
-    model, optimizer, scheduler = copy.deepcopy((state.model, state.optimizer, state.scheduler))
+    try:
+        model, optimizer, scheduler = copy.deepcopy((state.model, state.optimizer, state.scheduler))
+    except Exception as e:  # a lock, an open file, a generator object held by the model
+        raise TypeError(
+            f"check: cannot copy your model, optimizer or scheduler ({type(e).__name__}: {e}): check runs on deep "
+            "copies of them (yours are left untouched); keep what copy.deepcopy cannot copy (locks, open files) "
+            "outside the model"
+        ) from e
     copied = TrainState(model, optimizer, scheduler, scheduler_interval=state.scheduler_interval)
     saved = copy.deepcopy(state.state_dict())
     if dtype is not None:  # transform state that mirrors the model (ct.ema's averages) in the copies' precision
@@ -30,7 +37,14 @@ def copy_state(state: TrainState, batch: Any, dtype: torch.dtype | None) -> tupl
             for key, value in entries.items():
                 if isinstance(value, torch.Tensor) and key != "step":
                     entries[key] = _cast(value, dtype)
-    data = map_tensors(copy.deepcopy(batch), lambda t: _cast(t, dtype) if dtype else t)
+    try:
+        data = copy.deepcopy(batch)
+    except Exception as e:  # a generator, a tensor inside an autograd graph
+        raise TypeError(
+            f"check: cannot copy the batch ({type(e).__name__}: {e}): check runs on a deep copy (yours is left "
+            "untouched); give one batch of tensors in lists, tuples or dicts, tensors detached (tensor.detach())"
+        ) from e
+    data = map_tensors(data, lambda t: _cast(t, dtype) if dtype else t)
     return copied, data
 
 
