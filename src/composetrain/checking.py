@@ -191,6 +191,5 @@ def _lowest(low: torch.dtype, step: TrainStep) -> torch.dtype:
     if low is torch.float64 or "mixed_precision" not in step.roles:
         return low
     auto = next((getattr(s, "dtype", None) for s in peel(step)[0] if s.role == "mixed_precision"), None)
-    if auto is torch.float32:  # mixed_precision("fp32"): a no-op, nothing computed lower
-        return low
+    # mixed_precision("fp32") is a no-op: its float32 lowers nothing below the copies' own
     return coarsest([low, auto if isinstance(auto, torch.dtype) else torch.bfloat16])
