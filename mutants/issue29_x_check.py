@@ -4,6 +4,8 @@ named for it (see tools/mutants.py)."""
 A = "tests/test_check_answers.py::test_a_model_of_half_and_single_layers_is_peeled_in_the_precisions_it_was_compared_in"
 FP32 = "tests/test_check.py::test_mixed_precision_in_fp32_is_a_no_op_judged_at_the_models_precision"
 COPY = "tests/test_check_hostile.py::test_what_check_cannot_copy_is_a_clear_error_naming_check_and_nothing_changes"
+H = "tests/test_check_hostile.py::"
+USERS = H + "test_a_step_that_changes_the_users_optimizer_settings_or_scheduler_is_refused_and_they_restored"
 EMPTY = "tests/test_check_hostile.py::test_an_empty_batch_is_refused_naming_check_not_its_internal_step"
 CHECKING = "src/composetrain/checking.py"
 COPIES = "src/composetrain/_check_copies.py"
@@ -57,5 +59,19 @@ MUTANTS = [
         "replace": '        return f"_Probe({self.inner!r})"',
         "tests": [EMPTY],
         "why": "an error of the step inside names check's internal _Probe",
+    },
+    {
+        "file": COPIES,
+        "find": "        if not _equal(_settings(state), self.settings):",
+        "replace": "        if False:",
+        "tests": [USERS],
+        "why": "a step that changes the user's optimizer's lr through a global: changed silently",
+    },
+    {
+        "file": COPIES,
+        "find": "            state.scheduler.load_state_dict(copy.deepcopy(self.scheduled))",
+        "replace": "            pass",
+        "tests": [USERS],
+        "why": "the user's scheduler said to be put back, left stepped",
     },
 ]
