@@ -57,7 +57,7 @@ MUTANTS = [
     },
     {
         "file": CHECKING,
-        "find": "            again = compare(reference, reference, state, batch, used)[0]",
+        "find": "            again = compare(reference, reference, state, batch, dtype)[0]",
         "replace": "            again = gaps",
         "tests": ["tests/test_check.py::test_a_planted_wrong_composition_is_found_and_its_layer_named"],
         "why": "29: the composition's gaps taken for the plain step's own: every difference called non-determinism",

@@ -88,6 +88,25 @@ def test_mixed_precision_is_checked_in_its_own_precision_with_its_tolerance():
     assert not tight and tight.diverges_at == "mixed_precision(dtype='bf16')"
 
 
+def test_mixed_precision_in_fp32_is_a_no_op_judged_at_the_models_precision():
+    """mixed_precision("fp32") enters no autocast (a config's toggle): nothing rounds lower than float32, so a
+    1% wrong composition inside it is named, not passed at bf16's 5e-2."""
+    state = make_state(2, model=blocks().eval().to(torch.float32))
+    batch = make_batch(16, seed=1, dtype=torch.float32)
+
+    class Percent(Twice):
+        label = "percent"
+
+        def grads(self, state, batch, ctx):
+            return self._inner().grads(state, batch, ctx._replace(scale_loss=(*ctx.scale_loss, lambda v: v * 1.01)))
+
+    for dtype in ("fp32", torch.float32):
+        right = ct.check(ct.mixed_precision(dtype=dtype)(ct.accumulate(2)(classify)), state, batch, dtype=None)
+        assert right and right.lowest is torch.float32 and right.rtol == 1e-4, right
+        wrong = ct.check(ct.mixed_precision(dtype=dtype)(Percent(ct.train_step(classify))), state, batch, dtype=None)
+        assert not wrong and wrong.diverges_at == "percent" and wrong.rtol == 1e-4, wrong
+
+
 @pytest.mark.parametrize(
     ("build", "layer"),
     [

@@ -137,3 +137,34 @@ def test_a_nan_in_one_tensor_is_what_is_reported_not_a_finite_one_beside_it():
     result = ct.check(ct.accumulate(2)(PoisonLast(ct.train_step(classify))), make_state(), make_batch(8))
     assert not result and result.diverges_at == "poison", result
     assert result.params.where == "2.bias" and result.params.largest != result.params.largest, result  # NaN
+
+
+class HalfThenSingle(HalfAndSingle):
+    """Casts between its layers to fixed dtypes: copies that cast every parameter to one dtype fail in it."""
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x.to(torch.bfloat16))).float())
+
+
+class Twice(ct.TrainStep):
+    """A planted bug: the loss scaled for backward a second time (gradients doubled)."""
+
+    label = "twice"
+
+    def grads(self, state, batch, ctx):
+        return self._inner().grads(state, batch, ctx._replace(scale_loss=(*ctx.scale_loss, lambda loss: loss * 2)))
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float64])
+def test_a_model_of_half_and_single_layers_is_peeled_in_the_precisions_it_was_compared_in(dtype):
+    """The first comparison keeps each parameter's own dtype (dtype=None, or float64 failing); the comparisons
+    after it (the plain step against itself, each layer) cast them all to the lowest one, and the model failed."""
+    model = HalfThenSingle(torch.bfloat16)
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    batch = make_batch(8, dtype=torch.float32)
+    before = snapshot(state)
+    result = ct.check(ct.accumulate(2)(Twice(ct.train_step(classify))), state, batch, dtype=dtype)
+    assert not result and result.diverges_at == "twice" and result.dtype is torch.bfloat16, result
+    assert result.reason is None and [ok for _, ok in result.layers] == [False], result
+    assert_untouched(state, before)
+    assert ct.check(ct.accumulate(2)(classify), state, batch, dtype=dtype)

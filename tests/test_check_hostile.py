@@ -222,3 +222,55 @@ def test_sparse_gradients_are_compared_and_the_users_left_as_they_were():
     assert model.embed.weight.grad.is_sparse and torch.equal(model.embed.weight.grad.to_dense(), kept)
     wrong = ct.check(ct.accumulate(2)(lambda m, b: classify(m, b)[0] * len(b[0])), state, batch)
     assert not wrong and wrong.diverges_at == "accumulate(2)", wrong
+
+
+def test_what_check_cannot_copy_is_a_clear_error_naming_check_and_nothing_changes():
+    """check runs on deep copies: a batch or model that copy.deepcopy refuses failed with its bare error."""
+    import threading
+
+    from helpers import assert_untouched, snapshot
+
+    state = make_state()
+    before = snapshot(state)
+    x, y = make_batch(8)
+    hooked = x.clone().requires_grad_() * 2  # a tensor in a graph: deepcopy refuses all but leaves
+    for batch in ((t for t in (x, y)), (hooked, y)):
+        with pytest.raises(TypeError, match=r"check: cannot copy the batch \(.+\): check runs on a deep copy"):
+            ct.check(ct.accumulate(2)(classify), state, batch)
+    assert_untouched(state, before)
+    state.model.lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"check: cannot copy your model, optimizer or scheduler \(.+_thread.lock"):
+        ct.check(ct.accumulate(2)(classify), state, (x, y))
+    assert_untouched(state, before)
+
+
+def test_an_empty_batch_is_refused_naming_check_not_its_internal_step():
+    with pytest.raises(ValueError, match=r"^check: train_step\(classify\): the batch is empty") as e:
+        ct.check(ct.accumulate(2)(classify), make_state(), make_batch(0))
+    assert "_Probe" not in str(e.value)
+
+
+def test_a_step_that_changes_the_users_optimizer_settings_or_scheduler_is_refused_and_they_restored():
+    """Warm-up done inside the step on the user's optimizer (a global), or the user's scheduler stepped there:
+    check watched only the tensors, so yours changed silently ("yours are left untouched")."""
+    from helpers import assert_untouched, snapshot
+
+    state = make_state()
+    ct.accumulate(2)(classify)(state, make_batch(8))  # a scheduler step and momentum to keep
+    before = snapshot(state)
+    optimizer, scheduler = state.optimizer, state.scheduler
+
+    def warm_up(model, batch):
+        for group in optimizer.param_groups:
+            group["lr"] *= 0.5
+        return classify(model, batch)
+
+    def steps_scheduler(model, batch):
+        scheduler.step()
+        return classify(model, batch)
+
+    for step, what in ((warm_up, "the optimizer's param_groups"), (steps_scheduler, "the scheduler's state")):
+        with pytest.raises(ValueError, match=rf"check: the step changed your own model and optimizer \(.*{what}"):
+            ct.check(ct.accumulate(2)(step), state, make_batch(8))
+        assert_untouched(state, before)
+        assert [g["lr"] for g in optimizer.param_groups] == [0.1]

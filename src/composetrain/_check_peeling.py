@@ -57,6 +57,9 @@ class _Probe(TrainStep):
             self.kept[name] = None if p.grad is None else dense(p.grad.detach()).to("cpu", copy=True)
         return self._inner().update(state, ctx)
 
+    def __repr__(self) -> str:  # what an error of the step inside names: check, and the step it runs
+        return f"check: {self.inner!r}"
+
 
 # the gaps of one comparison, per tensor: loss, gradients, parameters, buffers (None: the model has none)
 Gaps = tuple[list[Gap], list[Gap], list[Gap], list[Gap] | None]

@@ -105,19 +105,20 @@ def check(
         except Exception:  # the model refuses float64 (a kernel, a dtype-checked input): in its own precision
             if dtype is None:
                 raise
+            dtype = None
             gaps, used, low = compare(step, reference, state, batch, None)
         low = _lowest(low, step)
         rtol = TOLERANCES.get(low, TOLERANCES[torch.float32])[0] if rtol is None else rtol
         atol = TOLERANCES.get(low, TOLERANCES[torch.float32])[1] if atol is None else atol
         ok, found, seen, reason = _agree(gaps, rtol, atol), None, [], None
         if not ok:  # the plain step against itself first: one that is not deterministic differs from anything
-            again = compare(reference, reference, state, batch, used)[0]
+            again = compare(reference, reference, state, batch, dtype)[0]  # copies as the first's, not in `used`
             if not _agree(again, rtol, atol):
                 every = [g for quantity in again if quantity is not None for g in quantity]
                 reason = _not_deterministic(reference, _worst(every, rtol, atol))
         if not ok and reason is None:
             for i in range(len(layers) - 1, -1, -1):  # innermost first: layers[i] around what is inside it
-                inner = compare(layers[i], reference_step(layers[i:], plain), state, batch, used)[0]
+                inner = compare(layers[i], reference_step(layers[i:], plain), state, batch, dtype)[0]
                 agreed = _agree(inner, rtol, atol)
                 seen.append((repr(layers[i]), agreed))
                 if not agreed:
@@ -185,8 +186,10 @@ def _not_deterministic(reference: TrainStep, gap: Gap) -> str:
 
 def _lowest(low: torch.dtype, step: TrainStep) -> torch.dtype:
     """The lowest precision the update computes in: the copies' or the loss's, or mixed_precision's autocast
-    below it (autocast leaves float64 alone)."""
+    below it (autocast leaves float64 alone; "fp32" enters none; "auto", unresolved here, taken as bf16, the
+    coarser of its two)."""
     if low is torch.float64 or "mixed_precision" not in step.roles:
         return low
     auto = next((getattr(s, "dtype", None) for s in peel(step)[0] if s.role == "mixed_precision"), None)
-    return coarsest([low, auto if isinstance(auto, torch.dtype) and auto is not torch.float32 else torch.bfloat16])
+    # mixed_precision("fp32") is a no-op: its float32 lowers nothing below the copies' own
+    return coarsest([low, auto if isinstance(auto, torch.dtype) else torch.bfloat16])

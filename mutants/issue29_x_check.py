@@ -1,0 +1,77 @@
+"""Planted bugs for the x-check adversary's fixes to ct.check (issue 29 follow-up), each caught by the tests
+named for it (see tools/mutants.py)."""
+
+A = "tests/test_check_answers.py::test_a_model_of_half_and_single_layers_is_peeled_in_the_precisions_it_was_compared_in"
+FP32 = "tests/test_check.py::test_mixed_precision_in_fp32_is_a_no_op_judged_at_the_models_precision"
+COPY = "tests/test_check_hostile.py::test_what_check_cannot_copy_is_a_clear_error_naming_check_and_nothing_changes"
+H = "tests/test_check_hostile.py::"
+USERS = H + "test_a_step_that_changes_the_users_optimizer_settings_or_scheduler_is_refused_and_they_restored"
+EMPTY = "tests/test_check_hostile.py::test_an_empty_batch_is_refused_naming_check_not_its_internal_step"
+CHECKING = "src/composetrain/checking.py"
+COPIES = "src/composetrain/_check_copies.py"
+
+MUTANTS = [
+    {
+        "file": CHECKING,
+        "find": "            again = compare(reference, reference, state, batch, dtype)[0]",
+        "replace": "            again = compare(reference, reference, state, batch, used)[0]",
+        "tests": [A],
+        "why": "the plain step against itself on copies cast to the lowest dtype: a bf16/float32 model fails",
+    },
+    {
+        "file": CHECKING,
+        "find": "reference_step(layers[i:], plain), state, batch, dtype)[0]",
+        "replace": "reference_step(layers[i:], plain), state, batch, used)[0]",
+        "tests": [A],
+        "why": "each peeled layer on copies cast to the lowest dtype: a bf16/float32 model fails, no layer named",
+    },
+    {
+        "file": CHECKING,
+        "find": "            dtype = None\n",
+        "replace": "",
+        "tests": [A],
+        "why": "float64 failed, then the re-comparisons tried float64 again: they fail where the first did",
+    },
+    {
+        "file": CHECKING,
+        "find": "auto if isinstance(auto, torch.dtype) else torch.bfloat16",
+        "replace": "auto if isinstance(auto, torch.dtype) and auto is not torch.float32 else torch.bfloat16",
+        "tests": [FP32],
+        "why": "mixed_precision('fp32') judged at bf16's 5e-2: a 1% wrong composition passes",
+    },
+    {
+        "file": COPIES,
+        "find": "    except Exception as e:  # a lock, an open file, a generator object held by the model",
+        "replace": "    except ZeroDivisionError as e:  # a lock, an open file, a generator object held by the model",
+        "tests": [COPY],
+        "why": "a model deepcopy refuses fails with its bare error, not naming check",
+    },
+    {
+        "file": COPIES,
+        "find": "    except Exception as e:  # a generator, a tensor inside an autograd graph",
+        "replace": "    except ZeroDivisionError as e:  # a generator, a tensor inside an autograd graph",
+        "tests": [COPY],
+        "why": "a batch deepcopy refuses fails with its bare error, not naming check",
+    },
+    {
+        "file": "src/composetrain/_check_peeling.py",
+        "find": '        return f"check: {self.inner!r}"',
+        "replace": '        return f"_Probe({self.inner!r})"',
+        "tests": [EMPTY],
+        "why": "an error of the step inside names check's internal _Probe",
+    },
+    {
+        "file": COPIES,
+        "find": "        if not _equal(_settings(state), self.settings):",
+        "replace": "        if False:",
+        "tests": [USERS],
+        "why": "a step that changes the user's optimizer's lr through a global: changed silently",
+    },
+    {
+        "file": COPIES,
+        "find": "            state.scheduler.load_state_dict(copy.deepcopy(self.scheduled))",
+        "replace": "            pass",
+        "tests": [USERS],
+        "why": "the user's scheduler said to be put back, left stepped",
+    },
+]
