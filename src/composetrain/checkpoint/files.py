@@ -167,9 +167,24 @@ class Checkpoints:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    def save(self, step: int, payload: dict[str, Any], local: dict[str, Any]) -> Path:
+    def save(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None = None) -> Path:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
-        ``step``, atomically; then drop all but the ``keep`` newest older ones."""
+        ``step``, atomically; then drop all but the ``keep`` newest older ones. ``nonfinite``: the name of a
+        parameter holding NaN or inf on this rank: then nothing is written or dropped, on any rank (a diverged
+        model must never prune the finite checkpoints it could resume from)."""
+        if not self._all(nonfinite is None):
+            told = self._gathered(nonfinite)
+            rank = next(r for r, name in enumerate(told) if name is not None)
+            previous = next(iter(self._steps()), None) if self.rank == 0 else None
+            previous = self._shared(previous.name if previous is not None else None)
+            kept = f"the last checkpoint {previous} is kept, unchanged" if previous else "there is no checkpoint yet"
+            where = f" on rank {rank}" if self.world_size > 1 else ""
+            raise FloatingPointError(
+                f"{RUN}: refusing to save checkpoint step {step}: the model's parameter {told[rank]!r} holds NaN "
+                f"or inf{where}, so the training diverged by update {step}; the run stopped, nothing was saved and "
+                f"{kept}: find the cause (a learning rate too high, a bad batch, no gradient clipping; "
+                "ct.mixed_precision's loss scaling skips non-finite updates) before resuming from it"
+            )
         local = stamp_local(local)
         payload, tensors = split(payload) if self.shards is not None else (payload, {})  # sharded: placeholders
         problem = unplain(local, rank_file(self.rank)) or (unplain(payload, STATE_FILE) if self.rank == 0 else None)

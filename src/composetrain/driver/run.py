@@ -454,8 +454,9 @@ class _Driver:
             return
         self.waiting.now(f"the save of checkpoint step {self.state.step}")
         generators = generator_states(self.given) if self.given is not None else []
+        nonfinite = _nonfinite(self.state.model)  # refused by every rank alike: the finite checkpoints stay
         shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators)
-        self.saved_at = self.checkpoints.save(self.state.step, shared, local)
+        self.saved_at = self.checkpoints.save(self.state.step, shared, local, nonfinite=nonfinite)
 
     def evaluate(self, at: Progress) -> None:
         if self.evaluator is None:
@@ -492,6 +493,17 @@ class _Driver:
             self.loader.close()
         if self.evaluator is not None:
             self.evaluator.close()
+
+
+def _nonfinite(model: torch.nn.Module) -> str | None:
+    """The name of the model's first parameter holding NaN or inf (this rank's shard of a sharded one), or None:
+    one pass over the parameters and one host sync, at a save only. Buffers may hold inf by design (a mask)."""
+    named = [(n, p.to_local() if isinstance(p, DTensor) else p) for n, p in model.named_parameters()]
+    named = [(n, p) for n, p in named if p.is_floating_point() or p.is_complex()]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(p.detach()).all().to("cpu", non_blocking=False) for _, p in named])
+    return next((n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok), None)
 
 
 def _rate_used(optimizer: Any) -> Any:
