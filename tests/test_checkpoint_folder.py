@@ -15,7 +15,7 @@ import warnings
 import pytest
 import run_script
 import torch
-from helpers import assert_states_equal
+from helpers import assert_states_equal, reseal
 from processes import wait_for
 from run_script import finish, launch, train
 
@@ -129,6 +129,7 @@ def test_checkpoints_are_ordered_by_number(tmp_path):
         saved = torch.load(folder / "state.pt", weights_only=False)
         saved["state"]["step"] = step
         torch.save(saved, folder / "state.pt")
+        reseal(folder)
     found = latest(tmp_path)
     assert found is not None and found[0].name == "step-1000000000"
 
@@ -233,6 +234,7 @@ def test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept(tmp_path):
     saved = torch.load(step / "state.pt", weights_only=False)
     torch.save({**saved, "world_size": 2}, step / "state.pt")  # as 2 processes write it
     shutil.copy(step / "rank-0.pt", step / "rank-1.pt")
+    reseal(step)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     with pytest.raises(
         ValueError, match=r"run: checkpoint .*step-000000008 was saved by 2 process\(es\), this run has 1"
