@@ -81,8 +81,8 @@ def flip_a_bit_of(path, tensor):
 
 @pytest.mark.parametrize("damaged", ["state.pt", "rank-0.pt"])
 def test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint_resumes(tmp_path, damaged):
-    """One bit of a momentum buffer (state.pt) or of the Python generator's state (rank-0.pt) changed after the save: the file
-    still loads, but its checksum does not match: set aside, with a warning, and the run resumes exactly from the
+    """One bit of a momentum buffer (state.pt) or of the Python generator's state (rank-0.pt) changed after the
+    save: the file still loads, but its checksum does not match: set aside, with a warning, and the run resumes exactly from the
     checkpoint before."""
     straight, _ = train(tmp_path / "a", epochs=3, log_every=3)
     train(tmp_path / "b", epochs=2, log_every=3)
@@ -104,7 +104,7 @@ def test_load_checkpoint_refuses_a_flipped_bit(tmp_path):
     folder = tmp_path / "step-000000008"
     saved = torch.load(folder / "state.pt", weights_only=True)
     flip_a_bit_of(folder / "state.pt", saved["state"]["model"]["0.weight"])
-    with pytest.raises(ValueError, match="not a readable ct.run checkpoint: state.pt does not match the checksum"):
+    with pytest.raises(ValueError, match=r"not a readable ct\.run checkpoint: state\.pt does not match the checksum"):
         ct.load_checkpoint(run_script.state(), folder)
 
 
