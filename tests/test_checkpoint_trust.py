@@ -82,8 +82,8 @@ def flip_a_bit_of(path, tensor):
 @pytest.mark.parametrize("damaged", ["state.pt", "rank-0.pt"])
 def test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint_resumes(tmp_path, damaged):
     """One bit of a momentum buffer (state.pt) or of the Python generator's state (rank-0.pt) changed after the
-    save: the file still loads, but its checksum does not match: set aside, with a warning, and the run resumes exactly from the
-    checkpoint before."""
+    save: the file still loads, but its checksum does not match: set aside, with a warning, and the run resumes
+    exactly from the checkpoint before."""
     straight, _ = train(tmp_path / "a", epochs=3, log_every=3)
     train(tmp_path / "b", epochs=2, log_every=3)
     newest = tmp_path / "b" / "step-000000016"
