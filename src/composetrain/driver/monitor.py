@@ -264,8 +264,8 @@ class MetricsLog:
     next checkpoint leaves no duplicate lines (what those lines had sent to ``on_record`` is kept beside it,
     ``Records.resume``, so that a second crash before they are made again does not send them twice);
     TensorBoard is told to purge what it holds from the resumed step on. A file that is not this run's (a
-    fresh start finds it non-empty; a resumed run finds its training records not beginning with its history) is never overwritten: it is moved
-    aside to ``name.1`` (or the first free ``name.N``) with a warning.
+    fresh start finds it non-empty; a resumed run finds its training records not beginning with its
+    history) is never overwritten: it is moved aside to ``name.1`` (or the first free ``name.N``) with a warning.
     """
 
     def __init__(
