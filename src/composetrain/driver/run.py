@@ -209,8 +209,8 @@ def run(
                 d.per_epoch, options.total_epochs, options.max_steps, log.log_every, options.eval.eval_every,
                 options.checkpoint.checkpoint_every,
             )  # fmt: skip
-            _check_horizon(state, schedule)
             at = d.resume(schedule, options.loader.seed)
+            _check_horizon(state, schedule, at.resumed)  # the scheduler that trains: a checkpoint's, resumed
             _check_epochs_left(state, schedule, at)
             d.log.start(at.history, at.evals, at.resumed, state.step)
             d.start(log.progress and proc.is_main, schedule.total_updates)  # bar, stop signal, phases
@@ -264,8 +264,9 @@ def run(
         return result
 
 
-def _check_horizon(state: TrainState, schedule: Schedule) -> None:
-    """Warn when the scheduler's horizon is far shorter than the run (built in epochs, stepped per update)."""
+def _check_horizon(state: TrainState, schedule: Schedule, resumed: bool) -> None:
+    """Warn when the scheduler's horizon is far shorter than the run (built in epochs, stepped per update; a
+    finished run continued for more epochs): checked after the resume, on the scheduler the checkpoint restored."""
     if state.scheduler is None:
         return
     updates = schedule.total_updates
@@ -276,6 +277,12 @@ def _check_horizon(state: TrainState, schedule: Schedule) -> None:
         state.scheduler, state.scheduler_interval, updates // schedule.per_epoch if epoch else updates,
         schedule.per_epoch,
     )  # fmt: skip
+    if problem is not None and resumed:  # the one given was replaced by the checkpoint's: building anew is no fix
+        problem += (
+            ", but this is the checkpoint's scheduler, restored over the one given: to continue past the schedule "
+            "it was built for, ct.load_checkpoint the last checkpoint into a TrainState with a new scheduler and "
+            "train it in a new checkpoint_dir"
+        )
     if problem is not None:
         warnings.warn(f"{RUN}: {problem}", stacklevel=3)
 
