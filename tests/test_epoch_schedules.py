@@ -194,8 +194,11 @@ def test_a_finished_run_continued_for_more_epochs_is_warned_about_the_schedule_i
         warnings.simplefilter("error")  # 2 steps of a horizon of 2: nothing to say
         ct.run(step, cosine_state(2), data(), epochs=2, **args)
     continued = cosine_state(10)
-    with pytest.warns(UserWarning, match=r"CosineAnnealingLR ends after 2 of its steps \(T_max=2\), but this run "
-                      r"steps it 10 times.* but this is the checkpoint's scheduler, restored over the one given"):  # fmt: skip
+    restored = (
+        r"CosineAnnealingLR ends after 2 of its steps \(T_max=2\), but this run steps it 10 times.* but this is the "
+        r"checkpoint's scheduler, restored over the one given"
+    )
+    with pytest.warns(UserWarning, match=restored):
         ct.run(step, continued, data(), epochs=10, **args)
     assert continued.scheduler.T_max == 2
 
