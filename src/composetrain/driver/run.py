@@ -400,6 +400,7 @@ class _Driver:
         problem = order_problem(given, saved["position"], local["order"], local["generators"])
         if problem:
             raise ValueError(f"{RUN}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
+        given_settings = _hyperparameters(state)
         try:
             state.load_state_dict(saved["state"])
         except (ValueError, TypeError) as e:
@@ -407,6 +408,7 @@ class _Driver:
                 f"{RUN}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
                 "to start afresh"
             ) from e
+        _warn_replaced(given_settings, _hyperparameters(state), path)
         restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
         if given is not None:
             set_generator_states(given, local["generators"])
@@ -500,6 +502,51 @@ class _Driver:
             self.loader.close()
         if self.evaluator is not None:
             self.evaluator.close()
+
+
+# what a scheduler changes as it goes (or its position): a resumed one differs from a new one in these by design
+_PROGRESS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial",
+                       "best", "num_bad_epochs", "cooldown_counter", "verbose"})  # fmt: skip
+
+
+def _hyperparameters(state: TrainState) -> dict[str, Any]:
+    """The optimizer's and scheduler's settings as plain values, by name (``param group 0 lr``, ``scheduler
+    T_max``): those a checkpoint's would replace. A group's ``lr`` (and ``momentum``, ``betas``, which
+    OneCycleLR cycles) is the scheduler's to change under one: its ``initial_lr`` stands for it."""
+    found: dict[str, Any] = {}
+    scheduled = {"lr", "momentum", "betas"} if state.scheduler is not None else set()
+    for i, group in enumerate(state.optimizer.param_groups):
+        for k, v in group.items():
+            if k != "params" and k not in scheduled and type(v) in (int, float, bool, str, tuple, type(None)):
+                found[f"param group {i} {k}"] = v
+
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k not in _PROGRESS:
+                    walk(v, f"{name} {k}")
+        elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            for i, v in enumerate(value):
+                walk(v, f"{name}[{i}]")
+        elif type(value) in (int, float, bool, str, list, tuple):
+            found[name] = value
+
+    if state.scheduler is not None:
+        walk(state.scheduler.state_dict(), "scheduler")
+    return found
+
+
+def _warn_replaced(given: dict[str, Any], restored: dict[str, Any], path: Path) -> None:
+    """Say which settings given to this run the checkpoint's replaced (a new lr, T_max: ignored otherwise)."""
+    changed = [f"{k} {restored[k]!r} (given {v!r})" for k, v in given.items() if k in restored and restored[k] != v]
+    if changed:
+        warnings.warn(
+            f"{RUN}: resuming from checkpoint {path}, whose optimizer and scheduler settings replace those given: "
+            f"{'; '.join(changed[:6])}{'; ...' if len(changed) > 6 else ''}; the run goes on with the checkpoint's. "
+            "To train on with new ones, ct.load_checkpoint the last checkpoint into a TrainState built with them "
+            "and run it in a new checkpoint_dir",
+            stacklevel=4,
+        )
 
 
 def _nonfinite(model: torch.nn.Module) -> str | None:
