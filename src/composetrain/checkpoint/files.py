@@ -286,6 +286,27 @@ class Checkpoints:
         self._barrier()
         return final
 
+    def refuse_in_the_way(self, saves: Any) -> None:
+        """Refuse, on every rank and before any training, what sits where a save this run makes would go:
+        a folder named like a checkpoint at a step for which ``saves(step)`` is true, but no checkpoint (no
+        ``state.pt``), that ``save`` would refuse only once the training up to it is done."""
+        found = []
+        if self.rank == 0:
+            for p in sorted(self.dir.iterdir()):
+                step = step_of(p.name)
+                if step is not None and saves(step) and not is_checkpoint(p):
+                    found.append((p.name, "a link" if p.is_symlink() else "a folder" if p.is_dir() else "a file"))
+        found = self._shared(found)
+        if found:
+            name, kind = found[0]
+            what = f"{kind} without {STATE_FILE}" if kind == "a folder" else kind
+            raise FileExistsError(
+                f"{RUN}: {self.dir / name} is named as the checkpoint of step {step_of(name)}, which this run saves, "
+                f"but it is no checkpoint ({what}); ct.run leaves it alone, and its save there would be refused "
+                "after training up to it: move it out of checkpoint_dir (a checkpoint that lost its state.pt "
+                "cannot be resumed from) and rerun"
+            )
+
     def _gathered(self, value: Any) -> list[Any]:
         """Every rank's ``value``, by rank."""
         if self.world_size == 1:

@@ -210,6 +210,7 @@ def run(
                 options.checkpoint.checkpoint_every,
             )  # fmt: skip
             at = d.resume(schedule, options.loader.seed)
+            d.refuse_in_the_way(schedule, state.step)  # before training, not after it
             _check_horizon(state, schedule, at.resumed)  # the scheduler that trains: a checkpoint's, resumed
             _check_epochs_left(state, schedule, at)
             d.log.start(at.history, at.evals, at.resumed, state.step)
@@ -413,6 +414,18 @@ class _Driver:
         if given is not None:
             set_generator_states(given, local["generators"])
         return Progress.from_checkpoint(saved, local, schedule, start=state.step)
+
+    def refuse_in_the_way(self, schedule: Schedule, start: int) -> None:
+        """Refuse a non-checkpoint named like one at a step where this run saves (epoch ends, multiples of
+        checkpoint_every, its last update), found now rather than at that save."""
+        if self.checkpoints is None:
+            return
+        ends = [n for n in (schedule.max_steps, schedule.epochs and schedule.epochs * schedule.per_epoch) if n]
+        last = min(ends) if ends else schedule.total_updates
+        every = schedule.checkpoint_every
+        self.checkpoints.refuse_in_the_way(
+            lambda n: start < n <= last and (n == last or n % schedule.per_epoch == 0 or bool(every and n % every == 0))
+        )
 
     def start(self, show_bar: bool, total: int) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
