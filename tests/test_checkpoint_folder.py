@@ -332,6 +332,6 @@ def test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_trainin
     warned = r"step-000000016 alone: it holds no state\.pt, so it is no checkpoint"
     with pytest.raises(FileExistsError, match=refused), pytest.warns(UserWarning, match=warned):
         ct.run(ct.accumulate(2)(counted), run_script.state(), run_script.dataset(), checkpoint_dir=tmp_path,
-                   batch_size=12, num_workers=0, progress=False, seed=5, epochs=3)  # fmt: skip
+               batch_size=12, num_workers=0, progress=False, seed=5, epochs=3)  # fmt: skip
     assert calls == []
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "metrics" not in p.name) == before

@@ -57,14 +57,15 @@ class RunResult:
     """What ``ct.run`` returns (the same on every rank).
 
     Attributes:
-        history: one record per log point: step, epoch, loss, metrics (averaged over
+        history: one record per log point: step, epoch (the epochs completed at its step, as in ``evals``:
+            a record at the first epoch's end says 1, those before it 0), loss, metrics (averaged over
             the updates since the last record and over ranks), lr, updates/s, data wait.
             ``lr`` is the rate the record's last update used (read before its scheduler step;
             the first parameter group's), None for a window that an earlier process made
             entirely (a finished run run again); in a run that
             compiles (``ct.compile``), also ``compiles`` and ``compile_s``: torch.compile's compilations
             since the last record, and their seconds.
-        evals: one record per evaluation: step, epoch and the eval metrics.
+        evals: one record per evaluation: step, epoch (the epochs completed) and the eval metrics.
         steps: optimizer updates applied in total (``state.step``).
         epochs: epochs completed.
         preempted: the run stopped early on SIGTERM/SIGUSR1, after saving.
@@ -456,7 +457,9 @@ class _Driver:
         state = self.state
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
         # the rate the window's last update used (None: that update was made by an earlier process)
-        record = self.meter.read(at.window, at.epoch, None if self.used_lr is None else float(self.used_lr))
+        # "epoch": the epochs completed at the record's step, as in an evaluation record (1 at the first one's end)
+        done = at.epoch + (at.position == self.per_epoch)
+        record = self.meter.read(at.window, done, None if self.used_lr is None else float(self.used_lr))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
         record["global_batch"] = None if batch is None else batch * self.proc.world_size
