@@ -226,3 +226,28 @@ def test_any_number_of_crashes_at_any_updates_sends_each_record_once(tmp_path_fa
             assert "crash" in str(e)
     train(tmp / "b", got.append, **RESUMED)
     sent_once(got, straight)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_and_raises_it(tmp_path, stop):
+    """As an Exception does: the run saves at the stop, then the same exception comes out (a Ctrl-C stays one),
+    with a note naming the record and the checkpoint; the run resumes from there."""
+
+    def interrupted(record):
+        if record["step"] == 6:
+            raise stop()
+
+    with pytest.raises(stop) as caught:
+        train(tmp_path, interrupted, epochs=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000006"]
+    assert any("on_record raised it on the record of update 6; the run saved checkpoint" in n
+               for n in getattr(caught.value, "__notes__", []))  # fmt: skip
+    got = []
+    train(tmp_path, got.append, epochs=2)
+    assert got[0]["step"] == 8
+
+
+def test_a_tracker_blocking_past_the_timeout_on_two_ranks_is_named_by_both(pool, tmp_path):
+    messages = pool.run("tracker_workers", "blocks_on_rank_zero", str(tmp_path), timeout=90)
+    assert messages[0] is not None and "on_record took 8" in messages[0] and "timeout=3s" in messages[0], messages
+    assert messages[1] is not None and "rank 0 also calls on_record" in messages[1], messages

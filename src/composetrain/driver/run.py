@@ -249,11 +249,22 @@ def run(
             lost = d.waiting.lost(e) if d.stop is not None else None
             if lost is None:
                 raise
+            hint = d.log.records.slow(options.timeout)  # rank 0's tracker held the others: name it, not a hang
+            if hint is None and not proc.is_main and options.log.on_record is not None:
+                hint = (
+                    "rank 0 also calls on_record with each record while every other rank waits: a tracker that "
+                    "blocks longer than timeout (a network call) fails the job so; make it return quickly"
+                )
+            if hint is not None:
+                lost.args = (f"{lost.args[0]}; {hint}",)
             raise lost from e
         finally:
             d.close()
         if d.log.records.failed is not None:  # stopped and saved for it: now say so (rank 0)
-            raise d.log.records.error(d.saved_at) from d.log.records.failed[1]
+            error = d.log.records.error(d.saved_at)
+            if error is d.log.records.failed[1]:  # KeyboardInterrupt, SystemExit: as it came, with a note
+                raise error
+            raise error from d.log.records.failed[1]
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
         requeue_job(options.requeue, d.stop, proc)

@@ -16,6 +16,7 @@ import functools
 import inspect
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -62,7 +63,8 @@ class Records:
 
     def __init__(self, on_record: Tracker | None) -> None:
         self.on_record = on_record
-        self.failed: tuple[dict[str, Any], Exception] | None = None
+        self.failed: tuple[dict[str, Any], BaseException] | None = None
+        self.last = (0.0, 0)  # seconds the last call took, and its record's step: a slow one holds every rank
         self.sent: set[tuple[int, bool]] = set()  # (step, evaluation?) of records an interrupted run wrote
 
     def resume(self, written: str, path: Path, step: int) -> None:
@@ -102,6 +104,7 @@ class Records:
         """Hand ``on_record`` a copy of ``record`` (it may change its own), unless it was sent or a record failed."""
         if self.on_record is None or self.failed is not None or (record["step"], "eval" in record) in self.sent:
             return
+        started = time.perf_counter()
         try:
             returned = self.on_record(copy.deepcopy(record))
             kind = next((kind for _, is_kind, kind in _DEFERRED if is_kind(returned)), None)
@@ -111,11 +114,26 @@ class Records:
                     f"on_record returned {kind} ({show(returned)}): it ran none of its body, so the record "
                     "never reached the tracker; on_record must do its work when called (log synchronously)"
                 )
-        except Exception as e:  # any error of the user's tracker; KeyboardInterrupt passes
+        except (Exception, KeyboardInterrupt, SystemExit) as e:  # the user's tracker: the run stops saved, then raises
             self.failed = (record, e)
+        finally:
+            self.last = (time.perf_counter() - started, record["step"])
 
-    def error(self, saved: Path | None) -> RuntimeError:
-        """What to raise once the run stopped and saved (at ``saved``, None: no checkpoint) for ``failed``."""
+    def slow(self, timeout: float) -> str | None:
+        """What to add to a lost rank's error when ``on_record`` itself took about the timeout (rank 0), or None."""
+        seconds, step = self.last
+        if self.on_record is None or seconds < 0.5 * timeout:
+            return None
+        return (
+            f"on_record took {seconds:.1f}s on the record of update {step}, while every other rank waited for this one "
+            f"(timeout={timeout:g}s): make it return quickly (log in a background thread, or queue the record), or "
+            "raise ct.run's timeout"
+        )
+
+    def error(self, saved: Path | None) -> BaseException:
+        """What to raise once the run stopped and saved (at ``saved``, None: no checkpoint) for ``failed``: a
+        RuntimeError naming the record; a KeyboardInterrupt or SystemExit itself, with that as its note (a stop
+        asked for stays one)."""
         assert self.failed is not None  # for the type checker: called only then
         record, e = self.failed
         kind = "evaluation record" if "eval" in record else "record"
@@ -127,6 +145,10 @@ class Records:
         )
         shown = json.dumps(record)
         shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        if not isinstance(e, Exception):
+            if hasattr(e, "add_note"):  # Python 3.11 on
+                e.add_note(f"{RUN}: on_record raised it on the {kind} of update {record['step']}; the run {where}")
+            return e
         return RuntimeError(
             f"{RUN}: on_record raised {type(e).__name__}: {e} on the {kind} of update {record['step']} ({shown}); "
             f"the run {where}"
