@@ -583,7 +583,8 @@ def _nonfinite(model: torch.nn.Module) -> str | None:
     named = [(n, p) for n, p in named if p.is_floating_point() or p.is_complex()]
     if not named:
         return None
-    finite = torch.stack([torch.isfinite(p.detach()).all().to("cpu", non_blocking=False) for _, p in named])
+    device = named[0][1].device  # a model split over devices (pipeline_split): the flags gathered on one
+    finite = torch.stack([torch.isfinite(p.detach()).all().to(device) for _, p in named])
     return next((n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok), None)
 
 
