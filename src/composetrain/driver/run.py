@@ -174,9 +174,11 @@ def run(
             or an evaluation ``{"step", "epoch", "eval": {name: value}}``; for W&B, MLflow or any tracker.
             Each record once, also across a resume: a resumed run sends neither the records its checkpoint
             holds nor those the interrupted run wrote to the metrics file after it (the updates it redoes
-            make them again). An exception it raises stops the run after the next save (at once after a log
+            make them again), however many times the run is interrupted. An exception it raises (also
+            KeyboardInterrupt, SystemExit) stops the run after the next save (at once after a log
             record; after the next update after an evaluation), then ``ct.run`` raises it on rank 0, naming
-            the record (which counts as sent); the other ranks return, ``preempted``.
+            the record (which counts as sent; a KeyboardInterrupt or SystemExit comes out as itself, with a
+            note); the other ranks return, ``preempted``. Every rank waits while it runs.
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record.
