@@ -87,7 +87,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/monitor.py",
-        "find": "            self.records.resume(found)",
+        "find": "            self.records.resume(found, self.path, step)",
         "replace": "            pass",
         "tests": [TRACK + "test_after_a_crash_the_redone_updates_do_not_send_their_records_again"],
         "why": "24.5: a resumed run sends again the records the interrupted run sent after its checkpoint",

@@ -160,3 +160,15 @@ def without(printed: str, *names: str) -> str:
             start = printed.index(name + "(")
             printed = printed[:start] + printed[start + len(name) + 1 : -1]
     return printed
+
+
+def reseal(folder):
+    """Record anew the checksums of a checkpoint folder's files that a test changed on purpose (state.pt rewritten
+    to test what loading does with its content), as ct.run would have written them."""
+    from pathlib import Path
+
+    from composetrain.checkpoint.checksums import CHECKSUMS, digest, write_sums
+
+    folder = Path(folder)
+    files = [p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS]
+    write_sums(folder, {str(p.relative_to(folder)): digest(p) for p in files})

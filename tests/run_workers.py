@@ -165,3 +165,24 @@ def hang(rank, world):
     import time
 
     time.sleep(600)
+
+
+def diverges_on_rank_one(rank, world, directory):
+    """Rank 1 alone finds a NaN parameter from update 5 on (as a sharded rank finds its shard alone): every rank
+    refuses the save at 6 alike, none hangs in the save's collectives."""
+    import composetrain.driver.run as driver
+
+    state = run_script.state()
+    original = driver._nonfinite
+    if rank == 1:
+        driver._nonfinite = lambda model: "0.weight" if state.step >= 5 else None
+    try:
+        ct.run(
+            ct.distributed(run_script.step), state, run_script.dataset(), batch_size=12, max_steps=8,
+            num_workers=0, progress=False, checkpoint_dir=f"{directory}", checkpoint_every=2, keep_checkpoints=1,
+        )  # fmt: skip
+    except FloatingPointError as e:
+        return str(e)
+    finally:
+        driver._nonfinite = original  # the pool's ranks run the file's other cases next
+    return None

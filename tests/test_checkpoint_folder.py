@@ -15,7 +15,7 @@ import warnings
 import pytest
 import run_script
 import torch
-from helpers import assert_states_equal
+from helpers import assert_states_equal, reseal
 from processes import wait_for
 from run_script import finish, launch, train
 
@@ -129,6 +129,7 @@ def test_checkpoints_are_ordered_by_number(tmp_path):
         saved = torch.load(folder / "state.pt", weights_only=False)
         saved["state"]["step"] = step
         torch.save(saved, folder / "state.pt")
+        reseal(folder)
     found = latest(tmp_path)
     assert found is not None and found[0].name == "step-1000000000"
 
@@ -152,7 +153,8 @@ def test_a_save_onto_a_foreign_folder_is_refused_and_the_folder_kept(tmp_path):
     mine = tmp_path / "step-000000002"
     mine.mkdir()
     (mine / "notes.txt").write_text("my notes")
-    expected = r"run: cannot save checkpoint step 2: .*step-000000002 exists and is not a checkpoint"
+    # refused at the start, not at the save of step 2 (test_a_folder_without_state_pt_where_the_run_saves...)
+    expected = r"run: .*step-000000002 is named as the checkpoint of step 2, which this run saves, but it is no"
     with pytest.warns(UserWarning, match="leaving"), pytest.raises(FileExistsError, match=expected):
         train(tmp_path, max_steps=6, checkpoint_every=1)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "my notes"
@@ -233,6 +235,7 @@ def test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept(tmp_path):
     saved = torch.load(step / "state.pt", weights_only=False)
     torch.save({**saved, "world_size": 2}, step / "state.pt")  # as 2 processes write it
     shutil.copy(step / "rank-0.pt", step / "rank-1.pt")
+    reseal(step)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     with pytest.raises(
         ValueError, match=r"run: checkpoint .*step-000000008 was saved by 2 process\(es\), this run has 1"
@@ -303,3 +306,32 @@ def test_a_really_full_disk_says_so_and_leaves_the_previous_checkpoint(tiny_disk
     assert sorted(p.name for p in tiny_disk.iterdir() if "step" in p.name) == ["step-000000001"]
     assert torch.equal(torch.load(tiny_disk / "step-000000001" / "state.pt")["state"]["w"], small["state"]["w"])
     assert os.statvfs(tiny_disk).f_bfree * os.statvfs(tiny_disk).f_frsize > 900_000  # the space is back
+
+
+@pytest.mark.parametrize("lost", ["state.pt", None])
+def test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_training(tmp_path, lost):
+    """The newest checkpoint lost its state.pt (or a folder of the user's has the name of a step the run saves at):
+    refused at the start, before the epoch of training that the save there would have cost; nothing changes."""
+    train(tmp_path, epochs=1)  # saved at 8
+    if lost:
+        train(tmp_path, epochs=2)  # saved at 16
+        (tmp_path / "step-000000016" / lost).unlink()
+    else:
+        (tmp_path / "step-000000016").mkdir()
+    calls = []
+
+    def counted(model, batch):
+        calls.append(1)
+        return run_script.step(model, batch)
+
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "metrics" not in p.name)
+    refused = (
+        r"run: .*step-000000016 is named as the checkpoint of step 16, which this run saves, but it is no checkpoint "
+        r"\(a folder without state\.pt\)"
+    )
+    warned = r"step-000000016 alone: it holds no state\.pt, so it is no checkpoint"
+    with pytest.raises(FileExistsError, match=refused), pytest.warns(UserWarning, match=warned):
+        ct.run(ct.accumulate(2)(counted), run_script.state(), run_script.dataset(), checkpoint_dir=tmp_path,
+               batch_size=12, num_workers=0, progress=False, seed=5, epochs=3)  # fmt: skip
+    assert calls == []
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "metrics" not in p.name) == before

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import run_script
 import torch
-from helpers import assert_states_equal
+from helpers import assert_states_equal, reseal
 from run_script import train
 
 from composetrain.checkpoint.format import FORMAT
@@ -152,6 +152,7 @@ def test_a_checkpoint_of_another_format_is_refused_and_kept(tmp_path):
     """Format 1 pickled NumPy arrays and step outputs: it is sound, but this version will not unpickle it."""
     train(tmp_path, epochs=1)
     rewrite("state.pt", lambda saved: {**saved, "format": 1})(tmp_path / "step-000000008")
+    reseal(tmp_path / "step-000000008")
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(ValueError, match=r"run: checkpoint .*step-000000008 is in format 1, this composetrain reads"):
         train(tmp_path, epochs=2)

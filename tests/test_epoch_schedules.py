@@ -177,3 +177,48 @@ def test_an_exhausted_one_cycle_schedule_is_refused_at_the_epoch_end_before_it_c
         state.end_epoch()
     assert state.scheduler.state_dict() == before
     assert math.isfinite(opt.param_groups[0]["lr"])
+
+
+def cosine_state(t_max):
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    return ct.TrainState(m, opt, sched.CosineAnnealingLR(opt, T_max=t_max), scheduler_interval="epoch")
+
+
+def test_a_finished_run_continued_for_more_epochs_is_warned_about_the_schedule_it_restored(tmp_path):
+    """Trained 2 epochs on T_max=2, continued to 10 with a new T_max=10: the checkpoint's scheduler (T_max=2) is the
+    one that trains, and its rate falls to 0 and climbs back: the horizon check sees it, after the resume."""
+    args = dict(batch_size=BATCH, progress=False, checkpoint_dir=tmp_path)
+    step = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 2 steps of a horizon of 2: nothing to say
+        ct.run(step, cosine_state(2), data(), epochs=2, **args)
+    continued = cosine_state(10)
+    restored = (
+        r"CosineAnnealingLR ends after 2 of its steps \(T_max=2\), but this run steps it 10 times.* but this is the "
+        r"checkpoint's scheduler, restored over the one given"
+    )
+    with pytest.warns(UserWarning, match=restored):
+        ct.run(step, continued, data(), epochs=10, **args)
+    assert continued.scheduler.T_max == 2
+
+
+@pytest.mark.parametrize("stop", [6, 8])
+def test_a_one_cycle_schedule_of_exactly_the_runs_epochs_resumes_part_way(tmp_path, stop):
+    """OneCycleLR(total_steps=EPOCHS), per epoch, stopped at update 6 (mid-epoch 2) or 8 (its end) and resumed:
+    the epochs done are not counted again against its steps left; the rates are the straight run's."""
+
+    def state():
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        return ct.TrainState(m, opt, sched.OneCycleLR(opt, 0.1, total_steps=EPOCHS), scheduler_interval="epoch")
+
+    args = dict(batch_size=BATCH, progress=False, epochs=EPOCHS, seed=1)
+    straight, straight_rates = state(), []
+    ct.run(rates_recorder(straight, straight_rates), straight, data(), **args)
+    first, rates = state(), []
+    ct.run(rates_recorder(first, rates), first, data(), max_steps=stop, checkpoint_dir=tmp_path, **args)
+    resumed = state()
+    ct.run(rates_recorder(resumed, rates), resumed, data(), checkpoint_dir=tmp_path, **args)
+    assert rates == straight_rates
+    assert resumed.scheduler.last_epoch == EPOCHS

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -54,3 +56,22 @@ def test_readme_api_table_lists_every_public_name_once():
 
     listed = re.findall(r"^\| `([A-Za-z_]\w*)", readme_section("API"), re.M)
     assert sorted(listed) == sorted(ct.__all__)
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "call"), [("to_wandb", "wandb", "log"), ("to_mlflow", "mlflow", "log_metrics")]
+)
+def test_the_tracker_recipes_log_every_value_of_a_record_eval_ema_too(name, module, call):
+    """The W&B and MLflow recipes' functions, run on ct.run's records (a fake tracker module records what they log):
+    an evaluation of ct.ema's weights ("eval_ema") is logged beside "eval", and a log record's numbers."""
+    import types
+
+    source = re.search(rf"(def {name}\(record\):\n(?:    .*\n)+)", (ROOT / "README.md").read_text()).group(1)
+    logged = []
+    fake = types.SimpleNamespace(**{call: lambda values, step: logged.append((step, values))})
+    namespace = {module: fake}
+    exec(compile(source, f"README {name}", "exec"), namespace)
+    namespace[name]({"step": 4, "epoch": 1, "eval": {"acc": 0.5}, "eval_ema": {"acc": 0.625}})
+    namespace[name]({"step": 4, "epoch": 1, "loss": 0.25, "lr": 0.1, "skipped": 0})
+    assert logged[0] == (4, {"eval/acc": 0.5, "eval_ema/acc": 0.625})
+    assert logged[1][0] == 4 and {"train/loss": 0.25, "train/lr": 0.1}.items() <= logged[1][1].items()

@@ -185,3 +185,18 @@ def test_a_numpy_integer_seed_is_an_int_seed():
     a, _ = train(max_steps=3, seed=np.int64(5))
     b, _ = train(max_steps=3, seed=5)
     assert_states_equal(a, b)
+
+
+def test_log_and_evaluation_records_number_the_epoch_alike():
+    """One convention in one metrics file: "epoch" is the epochs completed at the record's step, so the log record
+    and the evaluation at an epoch's end say the same, and a record inside the first epoch says 0."""
+
+    def evaluate(model, batch):
+        return {"n": 1.0}
+
+    _, result = train(epochs=2, log_every=3, eval_step=evaluate, eval_data=run_script.dataset(12), eval_every=4)
+    per_epoch = 8  # 96 samples in batches of 12
+    for record in result.history + result.evals:
+        assert record["epoch"] == record["step"] // per_epoch, record
+    ends = {r["step"]: r["epoch"] for r in result.history if r["step"] % per_epoch == 0}
+    assert ends == {e["step"]: e["epoch"] for e in result.evals if e["step"] % per_epoch == 0} == {8: 1, 16: 2}

@@ -2,6 +2,8 @@
 file, TensorBoard and the plot: a warmup's first rate appears (PITFALLS 28)."""
 
 import json
+import re
+import warnings
 
 import pytest
 import run_script
@@ -108,3 +110,37 @@ def test_a_tensor_rate_is_logged_as_it_was_used(tmp_path):
     used = [r[0] for r in rates_used(6)]
     assert [r["lr"] for r in result.history] == pytest.approx(used, rel=1e-15)
     assert all(type(r["lr"]) is float for r in result.history)
+
+
+def sgd_state(lr, t_max=None):
+    model = run_script.model()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    return ct.TrainState(model, opt, None if t_max is None else torch.optim.lr_scheduler.CosineAnnealingLR(opt, t_max))
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "named"),
+    [
+        ({"lr": 0.05}, {"lr": 0.5}, "param group 0 lr 0.05 (given 0.5)"),
+        ({"lr": 0.05, "t_max": 20}, {"lr": 0.05, "t_max": 40}, "scheduler T_max 20 (given 40)"),
+        ({"lr": 0.05, "t_max": 20}, {"lr": 0.5, "t_max": 20}, "param group 0 initial_lr 0.05 (given 0.5)"),
+    ],
+)
+def test_settings_given_to_a_resumed_run_that_the_checkpoint_replaces_are_named(tmp_path, first, then, named):
+    """A new lr or T_max given on resume is not used (the checkpoint's optimizer and scheduler are restored):
+    ct.run says so, naming both values, and the fix; the run goes on with the checkpoint's."""
+    args = {"batch_size": 12, "num_workers": 0, "progress": False, "checkpoint_dir": tmp_path}
+    ct.run(run_script.step, sgd_state(**first), run_script.dataset(), max_steps=4, **args)
+    resumed = sgd_state(**then)
+    with pytest.warns(UserWarning, match=r"run: resuming from checkpoint .*step-000000004, whose optimizer and "
+                      rf"scheduler settings replace those given: {re.escape(named)}.*ct\.load_checkpoint"):  # fmt: skip
+        ct.run(run_script.step, resumed, run_script.dataset(), max_steps=8, **args)
+    assert resumed.optimizer.param_groups[0].get("initial_lr", resumed.optimizer.param_groups[0]["lr"]) == 0.05
+
+
+def test_a_resume_with_the_same_settings_says_nothing_though_the_schedule_moved_the_rates(tmp_path):
+    args = {"batch_size": 12, "num_workers": 0, "progress": False, "checkpoint_dir": tmp_path, "log_every": 4}
+    ct.run(run_script.step, state(groups=True), run_script.dataset(), max_steps=6, **args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ct.run(run_script.step, state(groups=True), run_script.dataset(), max_steps=12, **args)

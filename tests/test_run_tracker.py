@@ -4,11 +4,18 @@ saved, and ct.run says which record failed."""
 
 import copy
 import json
+import os
 import shutil
+import signal
+import sys
+from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 import run_script
 import torch
+from hypothesis import HealthCheck, given, settings
+from processes import Job
 from run_script import untimed
 from run_workers import evaluate
 
@@ -166,3 +173,81 @@ def test_a_tracker_failing_on_rank_zero_stops_every_rank_after_the_same_update_s
     assert "step-000000002" in a["saved"]
     assert b["error"] is None and b["steps"] == 2 and b["preempted"] and b["saved"] == "step-000000002"
     shutil.rmtree(a["error"].split("checkpoint '")[1].split("/step-")[0], ignore_errors=True)
+
+
+RESUMED = {"max_steps": 12, "checkpoint_every": 4}  # records 3, 4e, 6, 8, 8e, 9, 12, 12e; saved at 4, 8, 12
+
+
+def sent_once(got, straight):
+    """The tracker got the straight run's records, each once, in its order."""
+    assert [(r["step"], "eval" in r) for r in got] == [(r["step"], "eval" in r) for r in straight]
+    assert untimed(got) == untimed(straight)
+
+
+@pytest.mark.parametrize("kills", [(7, 2), (7, 1, 1), (10, 3), (7, 5)])
+def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again(tmp_path, kills):
+    """Real SIGKILLs (run_script's job, tracker_kill_script.py): killed in update 7 (saved at 4, 6 sent), then killed
+    again before the resumed run redid 6: its rewrite of the metrics file from the checkpoint must not forget what
+    was sent, or the next run sends 6 again."""
+    straight = []
+    train(tmp_path / "a", straight.append, **RESUMED)
+    script = str(Path(__file__).with_name("tracker_kill_script.py"))
+    sent = tmp_path / "sent.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for kill in (*kills, 0):
+        with Job([sys.executable, script, "--dir", str(tmp_path / "b"), "--sent", str(sent), "--kill-at", str(kill)],
+                 env) as job:  # fmt: skip
+            code, out = job.finish(180)
+        assert code == (-signal.SIGKILL if kill else 0), out
+    sent_once([json.loads(line) for line in sent.read_text().splitlines()], straight)
+    assert untimed(lines(tmp_path / "b")) == untimed(straight)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kills=st.lists(st.integers(1, 8), min_size=1, max_size=4))
+def test_any_number_of_crashes_at_any_updates_sends_each_record_once(tmp_path_factory, kills):
+    """As above in this process (a crash raised from the step leaves the metrics file as a SIGKILL does): any
+    kill points, any number of them, then a run to the end."""
+    tmp = tmp_path_factory.mktemp("kills")
+    straight, got = [], []
+    train(tmp / "a", straight.append, **RESUMED)
+    for kill in kills:
+        calls = []
+
+        def crashes(model, batch, kill=kill, calls=calls):
+            calls.append(1)
+            if len(calls) == kill:
+                raise RuntimeError("crash")
+            return run_script.step(model, batch)
+
+        try:
+            train(tmp / "b", got.append, crashes, **RESUMED)
+        except RuntimeError as e:
+            assert "crash" in str(e)
+    train(tmp / "b", got.append, **RESUMED)
+    sent_once(got, straight)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_and_raises_it(tmp_path, stop):
+    """As an Exception does: the run saves at the stop, then the same exception comes out (a Ctrl-C stays one),
+    with a note naming the record and the checkpoint; the run resumes from there."""
+
+    def interrupted(record):
+        if record["step"] == 6:
+            raise stop()
+
+    with pytest.raises(stop) as caught:
+        train(tmp_path, interrupted, epochs=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000006"]
+    assert any("on_record raised it on the record of update 6; the run saved checkpoint" in n
+               for n in getattr(caught.value, "__notes__", []))  # fmt: skip
+    got = []
+    train(tmp_path, got.append, epochs=2)
+    assert got[0]["step"] == 8
+
+
+def test_a_tracker_blocking_past_the_timeout_on_two_ranks_is_named_by_both(pool, tmp_path):
+    messages = pool.run("tracker_workers", "blocks_on_rank_zero", str(tmp_path), timeout=90)
+    assert messages[0] is not None and "on_record took 8" in messages[0] and "timeout=3s" in messages[0], messages
+    assert messages[1] is not None and "rank 0 also calls on_record" in messages[1], messages

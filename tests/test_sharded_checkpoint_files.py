@@ -159,3 +159,22 @@ def test_load_checkpoint_expands_the_home_folder(group, tmp_path, monkeypatch):
     ct.load_checkpoint(other, "~/run/step-000000001")
     for (k, a), b in zip(state.model.state_dict().items(), other.model.state_dict().values(), strict=True):
         assert torch.equal(a.full_tensor(), b.full_tensor()), k
+
+
+def test_a_flipped_bit_in_a_shard_file_is_found_by_its_checksum(group, tmp_path):
+    """DCP reads a shard file whose tensor bytes changed without a word; ct.run's checksum finds it, and the
+    checkpoint is set aside as corrupt before DCP reads anything."""
+    state = sharded_state()
+    final = save(tmp_path / "run", state)
+    raw = state.model[0].weight.to_local().detach().contiguous().numpy().tobytes()
+    (shard,) = [p for p in (final / "shards").glob("*.distcp") if raw in p.read_bytes()]
+    data = bytearray(shard.read_bytes())
+    data[data.find(raw)] ^= 1
+    shard.write_bytes(bytes(data))
+    found = checkpoint.Checkpoints(tmp_path / "run", rank=0, world_size=1, keep=2, shards=ShardFiles(sharded_state()))
+    try:
+        with pytest.warns(UserWarning, match=rf"skipping unreadable checkpoint .*: shards/{shard.name} does not match"):
+            assert found.latest() is None
+    finally:
+        found.close()
+    assert [p.name for p in (tmp_path / "run").glob("corrupt-*")] == [f"corrupt-{final.name}"]

@@ -37,3 +37,18 @@ def fails_on_rank_zero(rank, world):
     except RuntimeError as e:
         return {"error": str(e), "steps": None, "saved": sorted(os.listdir(directory))}
     return {"error": None, "steps": state.step, "preempted": result.preempted, "saved": result.checkpoint.name}
+
+
+def blocks_on_rank_zero(rank, world, directory):
+    """Rank 0's tracker blocks 8 s on the record of update 2, past the job's timeout of 3 s: both errors name it."""
+    import time
+
+    def tracker(record):
+        if record["step"] == 2:
+            time.sleep(8)
+
+    try:
+        _run(tracker, directory, timeout=3.0)
+    except RuntimeError as e:
+        return str(e)
+    return None

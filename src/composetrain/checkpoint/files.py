@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from composetrain.checkpoint.checksums import CHECKSUMS, digest, mismatch, read_sums, write_sums
 from composetrain.checkpoint.folder import (
     LEFTOVER,
     SHARDS,
@@ -167,9 +168,24 @@ class Checkpoints:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    def save(self, step: int, payload: dict[str, Any], local: dict[str, Any]) -> Path:
+    def save(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None = None) -> Path:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
-        ``step``, atomically; then drop all but the ``keep`` newest older ones."""
+        ``step``, atomically; then drop all but the ``keep`` newest older ones. ``nonfinite``: the name of a
+        parameter holding NaN or inf on this rank: then nothing is written or dropped, on any rank (a diverged
+        model must never prune the finite checkpoints it could resume from)."""
+        if not self._all(nonfinite is None):
+            told = self._gathered(nonfinite)
+            rank = next(r for r, name in enumerate(told) if name is not None)
+            previous = next(iter(self._steps()), None) if self.rank == 0 else None
+            previous = self._shared(previous.name if previous is not None else None)
+            kept = f"the last checkpoint {previous} is kept, unchanged" if previous else "there is no checkpoint yet"
+            where = f" on rank {rank}" if self.world_size > 1 else ""
+            raise FloatingPointError(
+                f"{RUN}: refusing to save checkpoint step {step}: the model's parameter {told[rank]!r} holds NaN "
+                f"or inf{where}, so the training diverged by update {step}; the run stopped, nothing was saved and "
+                f"{kept}: find the cause (a learning rate too high, a bad batch, no gradient clipping; "
+                "ct.mixed_precision's loss scaling skips non-finite updates) before resuming from it"
+            )
         local = stamp_local(local)
         payload, tensors = split(payload) if self.shards is not None else (payload, {})  # sharded: placeholders
         problem = unplain(local, rank_file(self.rank)) or (unplain(payload, STATE_FILE) if self.rank == 0 else None)
@@ -223,14 +239,28 @@ class Checkpoints:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
 
+        written: dict[str, str] = {}  # this rank's files, by their path in the folder: their checksums
+
         def write() -> None:
             _write(local, tmp / rank_file(self.rank))
+            written[rank_file(self.rank)] = digest(tmp / rank_file(self.rank))
             if self.rank == 0:
                 _write(stamp_shared(payload, self.world_size), tmp / STATE_FILE)
+                written[STATE_FILE] = digest(tmp / STATE_FILE)
 
         def write_shards() -> None:  # every rank alike: the same state is sharded everywhere
             if tensors and self.shards is not None:
                 self.shards.save(tensors, tmp)
+                # DCP names each rank's files __<rank>_<n>.distcp; the coordinator (rank 0) writes .metadata
+                mine = [
+                    *(tmp / SHARDS).glob(f"__{self.rank}_*"),
+                    *((tmp / SHARDS).glob(".metadata") if self.rank == 0 else []),
+                ]
+                written.update({f"{SHARDS}/{p.name}": digest(p) for p in mine if p.is_file()})
+
+        def seal() -> None:  # rank 0 lists every rank's checksums, before the fsync and the rename
+            if self.rank == 0:
+                write_sums(tmp, {name: sum_ for part in everyone for name, sum_ in part.items()})
 
         def sync() -> None:
             if self.rank == 0:
@@ -238,7 +268,10 @@ class Checkpoints:
                     _fsync_dir(tmp / SHARDS)
                 _fsync_dir(tmp)
 
-        for phase in (prepare, write, write_shards, sync):
+        for phase in (prepare, write, write_shards):
+            agreed(phase)
+        everyone = self._gathered(written)  # every rank is here: each phase above ended in the same collective
+        for phase in (seal, sync):
             agreed(phase)
         if self.rank == 0:
             old = self.dir / f".step-{step:09d}.old"
@@ -252,6 +285,27 @@ class Checkpoints:
                 shutil.rmtree(stale, ignore_errors=True)
         self._barrier()
         return final
+
+    def refuse_in_the_way(self, saves: Any) -> None:
+        """Refuse, on every rank and before any training, what sits where a save this run makes would go:
+        a folder named like a checkpoint at a step for which ``saves(step)`` is true, but no checkpoint (no
+        ``state.pt``), that ``save`` would refuse only once the training up to it is done."""
+        found = []
+        if self.rank == 0:
+            for p in sorted(self.dir.iterdir()):
+                step = step_of(p.name)
+                if step is not None and saves(step) and not is_checkpoint(p):
+                    found.append((p.name, "a link" if p.is_symlink() else "a folder" if p.is_dir() else "a file"))
+        found = self._shared(found)
+        if found:
+            name, kind = found[0]
+            what = f"{kind} without {STATE_FILE}" if kind == "a folder" else kind
+            raise FileExistsError(
+                f"{RUN}: {self.dir / name} is named as the checkpoint of step {step_of(name)}, which this run saves, "
+                f"but it is no checkpoint ({what}); ct.run leaves it alone, and its save there would be refused "
+                "after training up to it: move it out of checkpoint_dir (a checkpoint that lost its state.pt "
+                "cannot be resumed from) and rerun"
+            )
 
     def _gathered(self, value: Any) -> list[Any]:
         """Every rank's ``value``, by rank."""
@@ -332,11 +386,16 @@ class Checkpoints:
         return None
 
     def _read(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
-        """``format.read`` of ``path/name``; a file this user may not read is no corrupt file: every rank
+        """``format.read`` of ``path/name``, its bytes first checked against the checksum written with it (a
+        mismatch: corrupt); a file this user may not read is no corrupt file: every rank
         refuses the checkpoint, which is left as it is (setting it aside would start the run over)."""
         denied: OSError | None = None
         try:
-            value, problem = read(path / name, schema, deep)
+            sums, problem = read_sums(path)
+            problem = problem or mismatch(path, name, sums)
+            value, problem = (None, problem) if problem else read(path / name, schema, deep)
+            if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:
+                value, problem = None, f"it lacks {CHECKSUMS}, which every checkpoint of format 3 holds"
         except PermissionError as e:
             value, problem, denied = None, None, e
         if not self._all(denied is None):
@@ -351,6 +410,16 @@ class Checkpoints:
     def _with_shards(self, path: Path, payload: dict[str, Any]) -> tuple[Any, str | None]:
         """The payload with its sharded tensors read (DCP: a collective whose errors reach every rank)."""
         assert self.shards is not None
+        try:  # each rank checks its share of the shard files against their checksums, before DCP reads them
+            sums, problem = read_sums(path)
+            names = sorted(n for n in sums or {} if n.startswith(f"{SHARDS}/"))
+            problem = problem or next(
+                filter(None, (mismatch(path, n, sums) for n in names[self.rank :: self.world_size])), None
+            )
+        except OSError as e:
+            problem = f"its checksums: {e.strerror or e}"
+        if not self._all(problem is None):
+            return None, problem or "its shards, on another rank"
         try:
             return self.shards.load(path, payload), None
         except Exception as e:

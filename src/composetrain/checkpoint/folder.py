@@ -95,7 +95,7 @@ def foreign(directory: Path) -> list[str]:
     for p in sorted(directory.iterdir()):
         if step_of(p.name) is not None and not is_checkpoint(p):
             kind = f"it holds no {STATE_FILE}" if p.is_dir() and not p.is_symlink() else "it is not a folder"
-            lines.append(f"leaving {p} alone: {kind}, so ct.run did not write it")
+            lines.append(f"leaving {p} alone: {kind}, so it is no checkpoint (ct.run writes one into each)")
         elif p.name.startswith("step-") and step_of(p.name) is None:
             lines.append(
                 f"ignoring {p}: not a checkpoint name (ct.run names them step-<step as 9 or more ASCII digits>, "

@@ -26,6 +26,7 @@ __all__ = [
     "LOCAL",
     "MARK",
     "ORDER",
+    "READS",
     "SHARED",
     "WINDOW",
     "Local",
@@ -43,7 +44,8 @@ __all__ = [
     "window_problem",
 ]  # fmt: skip
 
-FORMAT = 2  # 2: tensors and plain types only, loaded with weights_only=True
+FORMAT = 3  # 2: tensors and plain types only, loaded with weights_only=True; 3: and checksums.json
+READS = (2, 3)  # 2 loads unverified: it was written before checksums
 MARK = "__dcp_shard__"  # a sharded tensor's placeholder in state.pt: {MARK: its DCP key, "shape", "dtype"}
 
 
@@ -120,10 +122,11 @@ def stamp_local(local: dict[str, Any]) -> dict[str, Any]:
 
 def check_fits(payload: dict[str, Any], world_size: int, path: Path) -> None:
     """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
-    if payload["format"] != FORMAT:
+    if payload["format"] not in READS:
         raise ValueError(
-            f"{RUN}: checkpoint {path} is in format {payload['format']}, this composetrain reads format "
-            f"{FORMAT} (tensors and plain types only, loaded with weights_only=True); finish that run with the "
+            f"{RUN}: checkpoint {path} is in format {payload['format']}, this composetrain reads formats "
+            f"{' and '.join(map(str, READS))} (tensors and plain types only, loaded with weights_only=True); finish "
+            "that run with the "
             "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
         )
     if payload["world_size"] != world_size:

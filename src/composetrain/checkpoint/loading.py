@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
+from composetrain.checkpoint.checksums import mismatch, read_sums
 from composetrain.checkpoint.folder import STATE_FILE, step_of
 from composetrain.checkpoint.format import SHARED, read, shared_problem
 from composetrain.checkpoint.sharded import ShardFiles
@@ -33,7 +34,11 @@ def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
     """
     folder = Path(checkpoint).expanduser()
     step = step_of(folder.name)  # a folder renamed by hand: its name says nothing
-    payload, problem = read(folder / STATE_FILE, SHARED, lambda v: shared_problem(v, step))
+    sums, problem = read_sums(folder)  # a flipped byte loads silently: its checksum says so (state.pt's)
+    problem = problem or mismatch(folder, STATE_FILE, sums)
+    payload, problem = (
+        (None, problem) if problem else read(folder / STATE_FILE, SHARED, lambda v: shared_problem(v, step))
+    )
     if payload is None:
         raise ValueError(f"load_checkpoint: {folder} is not a readable ct.run checkpoint: {problem}")
     state.load_state_dict(ShardFiles(state).load(folder, payload)["state"])

@@ -216,10 +216,11 @@ class MetricsLog:
     Training records are written at each log point, evaluation records as
     ``{"step", "epoch", "eval": {name: value}}`` when they are made. A resumed run rewrites the file
     from the history and evaluations it resumes with, so that a crash between a log point and the
-    next checkpoint leaves no duplicate lines; TensorBoard is told to purge what it holds from the
-    resumed step on. A file that is not this run's (a fresh start finds it non-empty; a resumed run
-    finds its training records not beginning with its history) is never overwritten: it is moved
-    aside to ``name.1`` (or the first free ``name.N``) with a warning.
+    next checkpoint leaves no duplicate lines (what those lines had sent to ``on_record`` is kept beside it,
+    ``Records.resume``, so that a second crash before they are made again does not send them twice);
+    TensorBoard is told to purge what it holds from the resumed step on. A file that is not this run's (a
+    fresh start finds it non-empty; a resumed run finds its training records not beginning with its
+    history) is never overwritten: it is moved aside to ``name.1`` (or the first free ``name.N``) with a warning.
     """
 
     def __init__(
@@ -282,13 +283,16 @@ class MetricsLog:
             names = (self.path.with_name(f"{self.path.name}.{n}") for n in itertools.count(1))
             aside = next(p for p in names if not p.exists())
             os.replace(self.path, aside)
+            self.records.forget(self.path)  # what the run moved aside had sent is no concern of this one
             warnings.warn(
                 f"{RUN}: log_file {str(self.path)!r} held {len(found.splitlines())} lines that are not this run's "
                 f"(another run's, or one that started afresh); moved them to {str(aside)!r}",
                 stacklevel=3,
             )
-        elif found:  # this run's: what it holds past the checkpoint, the interrupted run sent
-            self.records.resume(found)
+        elif resumed:  # this run's: what it holds past the checkpoint, the interrupted runs sent
+            self.records.resume(found, self.path, step)
+        else:
+            self.records.forget(self.path)
         # training records before the evaluation of the same update, as the loop writes them
         rows = [(r["step"], 0, line) for r, line in zip(history, train, strict=True)]
         rows += [(e["step"], 1, json.dumps(_eval_record(e))) for e in evals]

@@ -57,14 +57,15 @@ class RunResult:
     """What ``ct.run`` returns (the same on every rank).
 
     Attributes:
-        history: one record per log point: step, epoch, loss, metrics (averaged over
+        history: one record per log point: step, epoch (the epochs completed at its step, as in ``evals``:
+            a record at the first epoch's end says 1, those before it 0), loss, metrics (averaged over
             the updates since the last record and over ranks), lr, updates/s, data wait.
             ``lr`` is the rate the record's last update used (read before its scheduler step;
             the first parameter group's), None for a window that an earlier process made
             entirely (a finished run run again); in a run that
             compiles (``ct.compile``), also ``compiles`` and ``compile_s``: torch.compile's compilations
             since the last record, and their seconds.
-        evals: one record per evaluation: step, epoch and the eval metrics.
+        evals: one record per evaluation: step, epoch (the epochs completed) and the eval metrics.
         steps: optimizer updates applied in total (``state.step``).
         epochs: epochs completed.
         preempted: the run stopped early on SIGTERM/SIGUSR1, after saving.
@@ -173,9 +174,11 @@ def run(
             or an evaluation ``{"step", "epoch", "eval": {name: value}}``; for W&B, MLflow or any tracker.
             Each record once, also across a resume: a resumed run sends neither the records its checkpoint
             holds nor those the interrupted run wrote to the metrics file after it (the updates it redoes
-            make them again). An exception it raises stops the run after the next save (at once after a log
+            make them again), however many times the run is interrupted. An exception it raises (also
+            KeyboardInterrupt, SystemExit) stops the run after the next save (at once after a log
             record; after the next update after an evaluation), then ``ct.run`` raises it on rank 0, naming
-            the record (which counts as sent); the other ranks return, ``preempted``.
+            the record (which counts as sent; a KeyboardInterrupt or SystemExit comes out as itself, with a
+            note); the other ranks return, ``preempted``. Every rank waits while it runs.
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record.
@@ -209,8 +212,9 @@ def run(
                 d.per_epoch, options.total_epochs, options.max_steps, log.log_every, options.eval.eval_every,
                 options.checkpoint.checkpoint_every,
             )  # fmt: skip
-            _check_horizon(state, schedule)
             at = d.resume(schedule, options.loader.seed)
+            d.refuse_in_the_way(schedule, state.step)  # before training, not after it
+            _check_horizon(state, schedule, at.resumed)  # the scheduler that trains: a checkpoint's, resumed
             _check_epochs_left(state, schedule, at)
             d.log.start(at.history, at.evals, at.resumed, state.step)
             d.start(log.progress and proc.is_main, schedule.total_updates)  # bar, stop signal, phases
@@ -247,11 +251,22 @@ def run(
             lost = d.waiting.lost(e) if d.stop is not None else None
             if lost is None:
                 raise
+            hint = d.log.records.slow(options.timeout)  # rank 0's tracker held the others: name it, not a hang
+            if hint is None and not proc.is_main and options.log.on_record is not None:
+                hint = (
+                    "rank 0 also calls on_record with each record while every other rank waits: a tracker that "
+                    "blocks longer than timeout (a network call) fails the job so; make it return quickly"
+                )
+            if hint is not None:
+                lost.args = (f"{lost.args[0]}; {hint}",)
             raise lost from e
         finally:
             d.close()
         if d.log.records.failed is not None:  # stopped and saved for it: now say so (rank 0)
-            raise d.log.records.error(d.saved_at) from d.log.records.failed[1]
+            error = d.log.records.error(d.saved_at)
+            if error is d.log.records.failed[1]:  # KeyboardInterrupt, SystemExit: as it came, with a note
+                raise error
+            raise error from d.log.records.failed[1]
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
         requeue_job(options.requeue, d.stop, proc)
@@ -264,8 +279,9 @@ def run(
         return result
 
 
-def _check_horizon(state: TrainState, schedule: Schedule) -> None:
-    """Warn when the scheduler's horizon is far shorter than the run (built in epochs, stepped per update)."""
+def _check_horizon(state: TrainState, schedule: Schedule, resumed: bool) -> None:
+    """Warn when the scheduler's horizon is far shorter than the run (built in epochs, stepped per update; a
+    finished run continued for more epochs): checked after the resume, on the scheduler the checkpoint restored."""
     if state.scheduler is None:
         return
     updates = schedule.total_updates
@@ -276,6 +292,12 @@ def _check_horizon(state: TrainState, schedule: Schedule) -> None:
         state.scheduler, state.scheduler_interval, updates // schedule.per_epoch if epoch else updates,
         schedule.per_epoch,
     )  # fmt: skip
+    if problem is not None and resumed:  # the one given was replaced by the checkpoint's: building anew is no fix
+        problem += (
+            ", but this is the checkpoint's scheduler, restored over the one given: to continue past the schedule "
+            "it was built for, ct.load_checkpoint the last checkpoint into a TrainState with a new scheduler and "
+            "train it in a new checkpoint_dir"
+        )
     if problem is not None:
         warnings.warn(f"{RUN}: {problem}", stacklevel=3)
 
@@ -393,6 +415,7 @@ class _Driver:
         problem = order_problem(given, saved["position"], local["order"], local["generators"])
         if problem:
             raise ValueError(f"{RUN}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
+        given_settings = _hyperparameters(state)
         try:
             state.load_state_dict(saved["state"])
         except (ValueError, TypeError) as e:
@@ -400,10 +423,23 @@ class _Driver:
                 f"{RUN}: the latest checkpoint {path} does not fit this model: {e}; point checkpoint_dir elsewhere "
                 "to start afresh"
             ) from e
+        _warn_replaced(given_settings, _hyperparameters(state), path)
         restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
         if given is not None:
             set_generator_states(given, local["generators"])
         return Progress.from_checkpoint(saved, local, schedule, start=state.step)
+
+    def refuse_in_the_way(self, schedule: Schedule, start: int) -> None:
+        """Refuse a non-checkpoint named like one at a step where this run saves (epoch ends, multiples of
+        checkpoint_every, its last update), found now rather than at that save."""
+        if self.checkpoints is None:
+            return
+        ends = [n for n in (schedule.max_steps, schedule.epochs and schedule.epochs * schedule.per_epoch) if n]
+        last = min(ends) if ends else schedule.total_updates
+        every = schedule.checkpoint_every
+        self.checkpoints.refuse_in_the_way(
+            lambda n: start < n <= last and (n == last or n % schedule.per_epoch == 0 or bool(every and n % every == 0))
+        )
 
     def start(self, show_bar: bool, total: int) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
@@ -434,7 +470,9 @@ class _Driver:
         state = self.state
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
         # the rate the window's last update used (None: that update was made by an earlier process)
-        record = self.meter.read(at.window, at.epoch, None if self.used_lr is None else float(self.used_lr))
+        # "epoch": the epochs completed at the record's step, as in an evaluation record (1 at the first one's end)
+        done = at.epoch + (at.position == self.per_epoch)
+        record = self.meter.read(at.window, done, None if self.used_lr is None else float(self.used_lr))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
         record["global_batch"] = None if batch is None else batch * self.proc.world_size
@@ -454,8 +492,9 @@ class _Driver:
             return
         self.waiting.now(f"the save of checkpoint step {self.state.step}")
         generators = generator_states(self.given) if self.given is not None else []
+        nonfinite = _nonfinite(self.state.model)  # refused by every rank alike: the finite checkpoints stay
         shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators)
-        self.saved_at = self.checkpoints.save(self.state.step, shared, local)
+        self.saved_at = self.checkpoints.save(self.state.step, shared, local, nonfinite=nonfinite)
 
     def evaluate(self, at: Progress) -> None:
         if self.evaluator is None:
@@ -492,6 +531,63 @@ class _Driver:
             self.loader.close()
         if self.evaluator is not None:
             self.evaluator.close()
+
+
+# what a scheduler changes as it goes (or its position): a resumed one differs from a new one in these by design
+_PROGRESS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial",
+                       "best", "num_bad_epochs", "cooldown_counter", "verbose"})  # fmt: skip
+
+
+def _hyperparameters(state: TrainState) -> dict[str, Any]:
+    """The optimizer's and scheduler's settings as plain values, by name (``param group 0 lr``, ``scheduler
+    T_max``): those a checkpoint's would replace. A group's ``lr`` (and ``momentum``, ``betas``, which
+    OneCycleLR cycles) is the scheduler's to change under one: its ``initial_lr`` stands for it."""
+    found: dict[str, Any] = {}
+    scheduled = {"lr", "momentum", "betas"} if state.scheduler is not None else set()
+    for i, group in enumerate(state.optimizer.param_groups):
+        for k, v in group.items():
+            if k != "params" and k not in scheduled and type(v) in (int, float, bool, str, tuple, type(None)):
+                found[f"param group {i} {k}"] = v
+
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k not in _PROGRESS:
+                    walk(v, f"{name} {k}")
+        elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            for i, v in enumerate(value):
+                walk(v, f"{name}[{i}]")
+        elif type(value) in (int, float, bool, str, list, tuple):
+            found[name] = value
+
+    if state.scheduler is not None:
+        walk(state.scheduler.state_dict(), "scheduler")
+    return found
+
+
+def _warn_replaced(given: dict[str, Any], restored: dict[str, Any], path: Path) -> None:
+    """Say which settings given to this run the checkpoint's replaced (a new lr, T_max: ignored otherwise)."""
+    changed = [f"{k} {restored[k]!r} (given {v!r})" for k, v in given.items() if k in restored and restored[k] != v]
+    if changed:
+        warnings.warn(
+            f"{RUN}: resuming from checkpoint {path}, whose optimizer and scheduler settings replace those given: "
+            f"{'; '.join(changed[:6])}{'; ...' if len(changed) > 6 else ''}; the run goes on with the checkpoint's. "
+            "To train on with new ones, ct.load_checkpoint the last checkpoint into a TrainState built with them "
+            "and run it in a new checkpoint_dir",
+            stacklevel=4,
+        )
+
+
+def _nonfinite(model: torch.nn.Module) -> str | None:
+    """The name of the model's first parameter holding NaN or inf (this rank's shard of a sharded one), or None:
+    one pass over the parameters and one host sync, at a save only. Buffers may hold inf by design (a mask)."""
+    named = [(n, p.to_local() if isinstance(p, DTensor) else p) for n, p in model.named_parameters()]
+    named = [(n, p) for n, p in named if p.is_floating_point() or p.is_complex()]
+    if not named:
+        return None
+    device = named[0][1].device  # a model split over devices (pipeline_split): the flags gathered on one
+    finite = torch.stack([torch.isfinite(p.detach()).all().to(device) for _, p in named])
+    return next((n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok), None)
 
 
 def _rate_used(optimizer: Any) -> Any:

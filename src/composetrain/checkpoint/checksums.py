@@ -1,0 +1,72 @@
+"""The checksums of a checkpoint's files (internal to ``checkpoint/``): written with them, verified before loading.
+
+``torch.load`` does not notice a flipped byte inside a tensor's data: the checkpoint loads, a value off. So every
+file of a checkpoint (``state.pt``, each ``rank-<rank>.pt``, the DCP shard files) has its SHA-256 recorded in
+``checksums.json`` when it is written (by the rank that wrote it; rank 0 writes the list, fsynced, before the
+folder is renamed into place), and a file whose bytes do not match is a corrupt checkpoint, set aside as any other.
+A checkpoint of format 2 (before checksums) has no list and loads unverified; one of format 3 without it is corrupt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from composetrain.checkpoint.folder import not_regular
+
+__all__ = ["CHECKSUMS", "digest", "mismatch", "read_sums", "write_sums"]
+
+CHECKSUMS = "checksums.json"  # {"sha256": {path inside the checkpoint folder: hex digest}}
+
+
+def digest(path: Path) -> str:
+    """The SHA-256 of ``path``'s bytes, read in pieces (a file of gigabytes is never held whole)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 22):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def write_sums(folder: Path, sums: dict[str, str]) -> None:
+    with open(folder / CHECKSUMS, "w") as f:
+        json.dump({"sha256": dict(sorted(sums.items()))}, f, indent=0)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_sums(folder: Path) -> tuple[dict[str, str] | None, str | None]:
+    """The checksums recorded in ``folder`` (None: it has none, as a checkpoint of format 2), or why they are
+    unreadable; PermissionError as ``not_regular`` raises it."""
+    path = folder / CHECKSUMS
+    if not os.path.lexists(path):
+        return None, None
+    problem = not_regular(path)
+    if problem:
+        return None, problem
+    try:
+        sums = json.loads(path.read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, f"its {CHECKSUMS} is unreadable ({type(e).__name__})"
+    if not isinstance(sums, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sums.items()):
+        return None, f"its {CHECKSUMS} is unreadable (not a dict of file names to digests)"
+    return sums, None
+
+
+def mismatch(folder: Path, name: str, sums: dict[str, str] | None) -> str | None:
+    """Why ``folder/name`` does not match its recorded checksum (or has none recorded), or None; None too when
+    ``sums`` is None (a checkpoint written before checksums), or the file cannot be read (its reader says why)."""
+    if sums is None or not_regular(folder / name):
+        return None
+    want = sums.get(name)
+    if want is None:
+        return f"{name} has no checksum in its {CHECKSUMS}"
+    got = digest(folder / name)
+    if got != want:
+        return (
+            f"{name} does not match the checksum written with it (SHA-256 {got[:16]}..., recorded {want[:16]}...): "
+            "it changed on disk after it was written"
+        )
+    return None
