@@ -302,7 +302,7 @@ MUTANTS = [
         "why": "ct.run over an augmented cache with a collate_fn draws the same augmentation every epoch",
     },
     {
-        "file": "src/composetrain/data/mapped.py",
+        "file": "src/composetrain/data/wrapped.py",
         "find": "    return batch if collate is None else collate(split_batch(batch, len(indices)))",
         "replace": "    return batch",
         "tests": [f"{T_ODD}::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run"],

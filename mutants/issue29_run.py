@@ -21,7 +21,10 @@ MUTANTS = [
         "file": "src/composetrain/driver/tracking.py",
         "find": "self.sent = {(s, e) for s, e in self.sent if s >= step}",
         "replace": "self.sent = {(s, e) for s, e in self.sent if s > step}",
-        "tests": [f"{TRACKER}::test_any_number_of_crashes_at_any_updates_sends_each_record_once", f"{TRACKER}::test_after_a_crash_the_redone_updates_do_not_send_their_records_again"],
+        "tests": [
+            f"{TRACKER}::test_any_number_of_crashes_at_any_updates_sends_each_record_once",
+            f"{TRACKER}::test_after_a_crash_the_redone_updates_do_not_send_their_records_again",
+        ],
         "why": "29.9: the evaluation at the checkpoint's own step (redone on resume) is dropped from what was sent",
     },
     {
@@ -68,15 +71,15 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "            if value is not None and name == STATE_FILE and sums is None and value[\"format\"] >= 3:",
+        "find": '            if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:',
         "replace": "            if False:",
         "tests": [f"{TRUST}::test_a_checkpoint_of_format_2_loads_without_checksums_and_one_of_format_3_needs_them"],
         "why": "29.12: deleting checksums.json turns verification off for a new checkpoint",
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "            names = sorted(n for n in sums or {} if n.startswith(f\"{SHARDS}/\"))",
-        "replace": "            names = sorted(n for n in sums or {} if n.startswith(f\"{SHARDS}/.\"))",
+        "find": '            names = sorted(n for n in sums or {} if n.startswith(f"{SHARDS}/"))',
+        "replace": '            names = sorted(n for n in sums or {} if n.startswith(f"{SHARDS}/."))',
         "tests": [f"{SHARDED}::test_a_flipped_bit_in_a_shard_file_is_found_by_its_checksum"],
         "why": "29.12: the shard data files left unverified (only the metadata checked)",
     },
@@ -110,14 +113,14 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "    changed = [f\"{k} {restored[k]!r} (given {v!r})\" for k, v in given.items() if k in restored and restored[k] != v]",
+        "find": '    changed = [f"{k} {restored[k]!r} (given {v!r})" for k, v in given.items() if k in restored and restored[k] != v]',
         "replace": "    changed = [f\"{k} {restored[k]!r} (given {v!r})\" for k, v in given.items() if k in restored and restored[k] != v and 'lr' not in k]",
         "tests": [f"{LR}::test_settings_given_to_a_resumed_run_that_the_checkpoint_replaces_are_named"],
         "why": "29 unclear: a new lr given on resume silently ignored",
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "    scheduled = {\"lr\", \"momentum\", \"betas\"} if state.scheduler is not None else set()",
+        "find": '    scheduled = {"lr", "momentum", "betas"} if state.scheduler is not None else set()',
         "replace": "    scheduled = set()",
         "tests": [f"{LR}::test_a_resume_with_the_same_settings_says_nothing_though_the_schedule_moved_the_rates"],
         "why": "29 unclear: the scheduled lr compared: every resume under a scheduler warns",
@@ -140,7 +143,9 @@ MUTANTS = [
         "file": "src/composetrain/driver/tracking.py",
         "find": "        except (Exception, KeyboardInterrupt, SystemExit) as e:",
         "replace": "        except Exception as e:",
-        "tests": [f"{TRACKER}::test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_and_raises_it"],
+        "tests": [
+            f"{TRACKER}::test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_and_raises_it"
+        ],
         "why": "29 unclear: a tracker's KeyboardInterrupt ends the run unsaved",
     },
     {

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from composetrain.data.layout import Field, torch_dtype, unflatten
 
-__all__ = ["Augment", "Batches", "MappedDataset", "Region", "check_rows", "read_whole", "same", "split_batch"]
+__all__ = ["Augment", "MappedDataset", "Region", "check_rows", "same", "split_batch"]
 
 Augment = Callable[[Any, torch.Generator], Any]
 
@@ -272,34 +272,6 @@ def split_batch(batch: Any, n: int) -> list[Any]:
         columns_d = {k: split_batch(v, n) for k, v in batch.items()}
         return [{k: c[i] for k, c in columns_d.items()} for i in range(n)]
     return check_rows(batch, n)  # raises: not a batch of tensors
-
-
-def read_whole(data: Any, indices: Sequence[int], epoch: int, rank: int,
-               collate: Callable[[list[Any]], Any] | None = None) -> Any:  # fmt: skip
-    """``data.read_batch(indices, epoch, rank)``, or, given a ``collate`` function, that batch's items collated by
-    it (an augmented batch is read whole, with its epoch and rank, whatever collates it); ``data`` may be a
-    Subset or ConcatDataset of augmented stores (``wrapped.read_wrapped``)."""
-    if not isinstance(data, MappedDataset):
-        from composetrain.data.wrapped import read_wrapped  # it imports this module
-
-        return read_wrapped(data, indices, epoch, rank, collate)
-    batch = data.read_batch(indices, epoch, rank)
-    return batch if collate is None else collate(split_batch(batch, len(indices)))
-
-
-class Batches(Dataset[Any]):
-    """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_whole``, for loader workers given whole
-    batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation."""
-
-    def __init__(self, data: Any, collate: Callable[[list[Any]], Any] | None = None) -> None:
-        self.data, self.collate = data, collate
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, key: tuple[int, int, Sequence[int]]) -> Any:
-        epoch, rank, indices = key
-        return read_whole(self.data, indices, epoch, rank, self.collate)
 
 
 def same(batch: Any) -> Any:

@@ -8,12 +8,12 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torch.utils.data import ConcatDataset, Subset, default_collate
+from torch.utils.data import ConcatDataset, Dataset, Subset, default_collate
 
 from composetrain.data.kinds import augmented_inside, joined
 from composetrain.data.mapped import MappedDataset, split_batch
 
-__all__ = ["check_wrapped", "locate", "read_wrapped"]
+__all__ = ["Batches", "check_wrapped", "locate", "read_whole", "read_wrapped"]
 
 
 def check_wrapped(dataset: Any, who: str) -> bool:
@@ -74,3 +74,29 @@ def read_wrapped(dataset: Any, indices: Sequence[int], epoch: int, rank: int,
         for n, item in zip(at, split_batch(rows, len(at)), strict=True):
             items[n] = item
     return (collate or default_collate)(items)
+
+
+def read_whole(data: Any, indices: Sequence[int], epoch: int, rank: int,
+               collate: Callable[[list[Any]], Any] | None = None) -> Any:  # fmt: skip
+    """``data.read_batch(indices, epoch, rank)``, or, given a ``collate`` function, that batch's items collated by
+    it (an augmented batch is read whole, with its epoch and rank, whatever collates it); ``data`` may be a
+    Subset or ConcatDataset of augmented stores (``wrapped.read_wrapped``)."""
+    if not isinstance(data, MappedDataset):
+        return read_wrapped(data, indices, epoch, rank, collate)
+    batch = data.read_batch(indices, epoch, rank)
+    return batch if collate is None else collate(split_batch(batch, len(indices)))
+
+
+class Batches(Dataset[Any]):
+    """A ``MappedDataset`` indexed by ``(epoch, rank, indices)``: its ``read_whole``, for loader workers given whole
+    batches (``DataLoader(Batches(data), batch_size=None, sampler=...)``), each with what seeds its augmentation."""
+
+    def __init__(self, data: Any, collate: Callable[[list[Any]], Any] | None = None) -> None:
+        self.data, self.collate = data, collate
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: tuple[int, int, Sequence[int]]) -> Any:
+        epoch, rank, indices = key
+        return read_whole(self.data, indices, epoch, rank, self.collate)

@@ -113,7 +113,8 @@ def build_loader(
 
     def workers(n: int) -> DataLoader[Any]:
         if whole:  # only then is the data layer loaded (it imports NumPy)
-            from composetrain.data.mapped import Batches, same
+            from composetrain.data.mapped import same
+            from composetrain.data.wrapped import Batches
         return DataLoader(
             Batches(data, collate_fn) if whole else data,
             batch_size=None if whole else batch_size,

@@ -191,7 +191,7 @@ class Reader:
             return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
         if self._mapped:  # one gather per field, as default_collate would stack the items
             inner = getattr(self.sampler, "inner", None)  # ct.run's sampler: the epoch and rank seed augmentation
-            from composetrain.data.mapped import read_whole  # loaded: the dataset is one of its MappedDatasets
+            from composetrain.data.wrapped import read_whole  # loaded: the dataset is one of its MappedDatasets
 
             return read_whole(self.dataset, indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0), self._given)
         getitems = getattr(self.dataset, "__getitems__", None)
