@@ -63,8 +63,55 @@ def test_waiting_for_several_jobs_kills_them_all_as_soon_as_one_fails(tmp_path):
 def test_a_pool_whose_rank_hangs_is_killed_on_timeout():
     hung = Pool(1)
     try:
-        with pytest.raises(TimeoutError, match=r"run_workers.hang: some rank did not reply within 1s"):
+        with pytest.raises(TimeoutError, match=r"pool: rank 0 did not reply within 1s while running run_workers.hang"):
             hung.run("run_workers", "hang", timeout=1)
         assert not any(alive(p.pid) for p in hung.procs)
     finally:
         hung.close()
+
+
+def test_a_pool_whose_rank_dies_mid_call_fails_at_once_and_for_every_later_call():
+    """Rank 1 is killed while rank 0 waits (as in a collective): the call fails within seconds, not its
+    timeout, naming the rank, its exit status and the call; the pool is killed, and a later call (the next
+    hypothesis example) fails at once saying why instead of waiting its timeout again."""
+    pool = Pool(2)
+    try:
+        pids = pool.run("process_workers", "pid")
+        start = time.monotonic()
+        died = r"pool: rank 1 \(exit code -9\) died while running process_workers.die; the pool was killed"
+        with pytest.raises(RuntimeError, match=died):
+            pool.run("process_workers", "die", 1, timeout=300)
+        assert time.monotonic() - start < 30
+        assert not any(alive(p) for p in pids)
+        start = time.monotonic()
+        with pytest.raises(
+            RuntimeError, match=r"cannot run process_workers.pid: the pool was killed earlier \(" + died
+        ):
+            pool.run("process_workers", "pid")
+        assert time.monotonic() - start < 1
+    finally:
+        pool.close()
+
+
+def test_a_pool_whose_rank_dies_before_joining_names_the_rendezvous():
+    pool = Pool(2)
+    try:
+        pool.procs[1].kill()
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"rank 1 \(exit code -9\) died in the rendezvous \(before running "):
+            pool.run("process_workers", "pid", timeout=300)
+        assert time.monotonic() - start < 30
+        assert not any(alive(p.pid) for p in pool.procs)
+    finally:
+        pool.close()
+
+
+def test_a_pool_whose_rank_will_not_leave_fails_its_teardown_and_is_killed():
+    pool = Pool(1)
+    pids = pool.run("process_workers", "pid")
+    pool.run("process_workers", "linger", 0)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"pool: rank 0 still running 2s into the teardown; killed"):
+        pool.close(timeout=2)
+    assert time.monotonic() - start < 20
+    assert not alive(pids[0])
