@@ -3,9 +3,12 @@ killed with everything they started.
 """
 
 import contextlib
+import os
+import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from processes import Job, Pool, alive, wait_all, wait_for
@@ -115,3 +118,41 @@ def test_a_pool_whose_rank_will_not_leave_fails_its_teardown_and_is_killed():
         pool.close(timeout=2)
     assert time.monotonic() - start < 20
     assert not alive(pids[0])
+
+
+HANGING = """
+import signal, time
+import pytest
+
+@pytest.fixture
+def stuck():
+    time.sleep(600)
+
+def test_setup(stuck):
+    pass
+
+def test_call():
+    time.sleep(600)
+
+def test_beyond_signals():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as a wait inside C++ that no signal ends
+    time.sleep(600)
+"""
+
+
+def test_a_hanging_test_fails_naming_itself_and_its_phase_and_a_stuck_one_ends_the_session(tmp_path):
+    """tests/time_limit.py: a test past CT_TEST_TIMEOUT fails with its name and phase; one that SIGALRM cannot
+    interrupt is ended by the watchdog, which names it too and ends the session."""
+    (tmp_path / "test_hanging.py").write_text(HANGING)
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "CT_TEST_TIMEOUT": "1", "CT_TEST_TIMEOUT_GRACE": "2", "PYTHONPATH": here}
+    command = [sys.executable, "-m", "pytest", "-p", "time_limit", "-p", "no:cacheprovider", "-q", str(tmp_path)]
+    start = time.monotonic()
+    with Job(command, env) as job:
+        code, printed = job.finish(timeout=120)
+    assert time.monotonic() - start < 100
+    assert code == 1, printed
+    for test, phase in (("test_setup", "setup"), ("test_call", "call")):
+        assert f"test_hanging.py::{test}: still running after 1s in its {phase} (CT_TEST_TIMEOUT=1)" in printed
+    assert "test_hanging.py::test_beyond_signals: still running after 1s in its call, and SIGALRM did not" in printed
+    assert re.search(r"File .*test_hanging.py\", line 17 in test_beyond_signals", printed), printed
