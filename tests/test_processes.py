@@ -155,4 +155,5 @@ def test_a_hanging_test_fails_naming_itself_and_its_phase_and_a_stuck_one_ends_t
     for test, phase in (("test_setup", "setup"), ("test_call", "call")):
         assert f"test_hanging.py::{test}: still running after 1s in its {phase} (CT_TEST_TIMEOUT=1)" in printed
     assert "test_hanging.py::test_beyond_signals: still running after 1s in its call, and SIGALRM did not" in printed
+    assert printed.count("SIGALRM did not end it") == 1, printed  # only that phase's watchdog: the others ended
     assert re.search(r"File .*test_hanging.py\", line 17 in test_beyond_signals", printed), printed
