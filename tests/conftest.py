@@ -3,6 +3,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+# every phase of every test runs under a time limit (CT_TEST_TIMEOUT): a hang fails, naming the test and the phase
+from time_limit import pytest_configure, pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
+
 # "dev" explores more; "ci" (the default) keeps the suite well inside CI's budget on two cores.
 settings.register_profile(
     "ci", max_examples=40, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]

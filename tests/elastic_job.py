@@ -66,7 +66,10 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--kill", default=None, help="RANK:WHERE, once per job")
     p.add_argument("--step-delay", type=float, default=0.0)
-    p.add_argument("--timeout", type=float, default=60.0)
+    # ct.run's own default (300 s) unless given: restarted ranks import torch and build DDP (torch._dynamo) again,
+    # which on a loaded machine (load 14 on 2 cores) takes a minute or two of wall-clock per rank, and any skew
+    # between them counts against the rendezvous and the first collectives; a lost rank is noticed at once anyway
+    p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--no-requeue", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -150,7 +153,8 @@ def main():
     result = ct.run(
         ct.distributed(ct.accumulate(2)(train)), state, dataset(), batch_size=12, epochs=args.epochs, num_workers=0,
         checkpoint_dir=args.dir, checkpoint_every=2, eval_step=evaluation, eval_data=dataset(24, seed=1),
-        eval_every=3, log_every=2, progress=False, seed=5, timeout=args.timeout, requeue=not args.no_requeue,
+        eval_every=3, log_every=2, progress=False, seed=5, requeue=not args.no_requeue,
+        **({} if args.timeout is None else {"timeout": args.timeout}),
     )  # fmt: skip
     out = Path(args.out)
     torch.save(

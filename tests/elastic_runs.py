@@ -20,9 +20,11 @@ def environment():
     return {**env, "OMP_NUM_THREADS": "1"}
 
 
-def torchrun(tmp_path, name, *, nodes=1, backend="static", kill=None, timeout=240):
+def torchrun(tmp_path, name, *, nodes=1, backend="static", kill=None, timeout=800):
     """Runs elastic_job.py under torchrun with --max-restarts=1: 2 processes on one node, or 2 "nodes" of one
-    process each on localhost. Returns each rank's result, whether the kill happened, and what torchrun printed."""
+    process each on localhost. Returns each rank's result, whether the kill happened, and what torchrun printed.
+    ``timeout`` exceeds two attempts' worst waits (the job's own 300 s each), so that a stuck job ends with its
+    own error naming what it waited for; a run takes under a minute even on a loaded machine."""
     out = tmp_path / name
     job = [JOB, "--dir", str(out), "--out", f"{out}.pt", *(["--kill", kill] if kill else [])]
     port = free_port()

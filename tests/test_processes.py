@@ -3,9 +3,12 @@ killed with everything they started.
 """
 
 import contextlib
+import os
+import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from processes import Job, Pool, alive, wait_all, wait_for
@@ -63,8 +66,94 @@ def test_waiting_for_several_jobs_kills_them_all_as_soon_as_one_fails(tmp_path):
 def test_a_pool_whose_rank_hangs_is_killed_on_timeout():
     hung = Pool(1)
     try:
-        with pytest.raises(TimeoutError, match=r"run_workers.hang: some rank did not reply within 1s"):
+        with pytest.raises(TimeoutError, match=r"pool: rank 0 did not reply within 1s while running run_workers.hang"):
             hung.run("run_workers", "hang", timeout=1)
         assert not any(alive(p.pid) for p in hung.procs)
     finally:
         hung.close()
+
+
+def test_a_pool_whose_rank_dies_mid_call_fails_at_once_and_for_every_later_call():
+    """Rank 1 is killed while rank 0 waits (as in a collective): the call fails within seconds, not its
+    timeout, naming the rank, its exit status and the call; the pool is killed, and a later call (the next
+    hypothesis example) fails at once saying why instead of waiting its timeout again."""
+    pool = Pool(2)
+    try:
+        pids = pool.run("process_workers", "pid")
+        start = time.monotonic()
+        died = r"pool: rank 1 \(exit code -9\) died while running process_workers.die; the pool was killed"
+        with pytest.raises(RuntimeError, match=died):
+            pool.run("process_workers", "die", 1, timeout=300)
+        assert time.monotonic() - start < 30
+        assert not any(alive(p) for p in pids)
+        start = time.monotonic()
+        with pytest.raises(
+            RuntimeError, match=r"cannot run process_workers.pid: the pool was killed earlier \(" + died
+        ):
+            pool.run("process_workers", "pid")
+        assert time.monotonic() - start < 1
+    finally:
+        pool.close()
+
+
+def test_a_pool_whose_rank_dies_before_joining_names_the_rendezvous():
+    pool = Pool(2)
+    try:
+        pool.procs[1].kill()
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"rank 1 \(exit code -9\) died in the rendezvous \(before running "):
+            pool.run("process_workers", "pid", timeout=300)
+        assert time.monotonic() - start < 30
+        assert not any(alive(p.pid) for p in pool.procs)
+    finally:
+        pool.close()
+
+
+def test_a_pool_whose_rank_will_not_leave_fails_its_teardown_and_is_killed():
+    pool = Pool(1)
+    pids = pool.run("process_workers", "pid")
+    pool.run("process_workers", "linger", 0)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"pool: rank 0 still running 2s into the teardown; killed"):
+        pool.close(timeout=2)
+    assert time.monotonic() - start < 20
+    assert not alive(pids[0])
+
+
+HANGING = """
+import signal, time
+import pytest
+
+@pytest.fixture
+def stuck():
+    time.sleep(600)
+
+def test_setup(stuck):
+    pass
+
+def test_call():
+    time.sleep(600)
+
+def test_beyond_signals():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as a wait inside C++ that no signal ends
+    time.sleep(600)
+"""
+
+
+def test_a_hanging_test_fails_naming_itself_and_its_phase_and_a_stuck_one_ends_the_session(tmp_path):
+    """tests/time_limit.py: a test past CT_TEST_TIMEOUT fails with its name and phase; one that SIGALRM cannot
+    interrupt is ended by the watchdog, which names it too and ends the session."""
+    (tmp_path / "test_hanging.py").write_text(HANGING)
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "CT_TEST_TIMEOUT": "1", "CT_TEST_TIMEOUT_GRACE": "2", "PYTHONPATH": here}
+    command = [sys.executable, "-m", "pytest", "-p", "time_limit", "-p", "no:cacheprovider", "-q", str(tmp_path)]
+    start = time.monotonic()
+    with Job(command, env) as job:
+        code, printed = job.finish(timeout=120)
+    assert time.monotonic() - start < 100
+    assert code == 1, printed
+    for test, phase in (("test_setup", "setup"), ("test_call", "call")):
+        assert f"test_hanging.py::{test}: still running after 1s in its {phase} (CT_TEST_TIMEOUT=1)" in printed
+    assert "test_hanging.py::test_beyond_signals: still running after 1s in its call, and SIGALRM did not" in printed
+    assert printed.count("SIGALRM did not end it") == 1, printed  # only that phase's watchdog: the others ended
+    assert re.search(r"File .*test_hanging.py\", line 17 in test_beyond_signals", printed), printed

@@ -185,6 +185,23 @@ def test_an_unreachable_master_fails_after_the_timeout_naming_address_and_port()
     assert not torch.distributed.is_initialized()
 
 
+def test_a_torchrun_rank_left_alone_names_the_attempt_the_missing_rank_and_the_timeout_to_raise():
+    """Rank 0 of 2 under torchrun's variables, rank 1 never coming (or still importing torch on a loaded machine,
+    which takes a minute there): the error names the attempt, the rank missing, and the timeout to raise."""
+    port = free_port()
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    start = time.monotonic()
+    expected = (
+        r"rendezvous: rank 0 of 2 waited 2s for ranks \[1\] to join attempt 0 of run 'none' at 127.0.0.1:\d+; a rank "
+        r"that never came failed to start, hangs, or is still starting \(on a loaded machine importing torch "
+        r"alone takes a minute\): see its log, or raise timeout= \(2s now; torchrun restarts"
+    )
+    with pytest.raises(RuntimeError, match=expected):
+        ct.rendezvous(env=env, timeout=2)
+    assert time.monotonic() - start < 30
+    assert not torch.distributed.is_initialized()
+
+
 # -- real launches ----------------------------------------------------------------------------
 def clean_env(**extra):
     env = {

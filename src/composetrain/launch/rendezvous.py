@@ -443,8 +443,9 @@ def rendezvous(
             )
     except AttemptTimeout as e:
         raise RuntimeError(
-            f"rendezvous: {e} at {where}; a rank that never came failed to start or hangs: see its log "
-            "(torchrun restarts the job if --max-restarts allows)"
+            f"rendezvous: {e} at {where}; a rank that never came failed to start, hangs, or is still starting "
+            f"(on a loaded machine importing torch alone takes a minute): see its log, or raise timeout= "
+            f"({timeout:g}s now; torchrun restarts the job if --max-restarts allows)"
         ) from e
     except (RuntimeError, dist.DistError) as e:
         hint = " (under SLURM, start every task with srun)" if cluster.source == "slurm" else ""
