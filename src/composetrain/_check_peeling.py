@@ -96,7 +96,8 @@ def compare(
     and the composition's parameters are compared with those too (at the copies' precision, by the caller);
     ``update``: always (a layer peeled from a composition that needed it: the autocast may be outside it)."""
     used = _dtype_of(state, dtype)
-    runs, rng, losses = [], capture_rng(), []
+    runs: list[tuple[torch.Tensor, dict[str, torch.Tensor | None], dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+    runs, rng, losses = [], capture_rng(), list[torch.dtype]()
     for s in (reference, step, reference):
         if len(runs) == 2:
             low = coarsest([used, *losses])

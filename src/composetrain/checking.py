@@ -109,18 +109,13 @@ def check(
             gaps, used, low = compare(step, reference, state, batch, None)
         low = _lowest(low, step)
         # the update phase, given the same gradients, rounds as the copies do: at their tolerance (yours if given)
-        given = (rtol, atol)
-        rtol, atol = (
-            TOLERANCES.get(low, TOLERANCES[torch.float32])[i] if given[i] is None else given[i] for i in (0, 1)
-        )
-        copies = [TOLERANCES.get(used, TOLERANCES[torch.float32])[i] if given[i] is None else given[i] for i in (0, 1)]
-        tol: Tolerance = ((rtol, atol), (copies[0], copies[1]))
+        tol: Tolerance = (_default(rtol, atol, low), _default(rtol, atol, used))
+        rtol, atol = tol[0]
         ok, found, seen, reason = _agree(gaps, tol), None, [], None
         updates = gaps[4] is not None  # the peeled layers too: the autocast that needed it may be outside them
         if not ok:  # the plain step against itself first: one that is not deterministic differs from anything
-            again = compare(reference, reference, state, batch, dtype, updates)[
-                0
-            ]  # copies as the first's, not in `used`
+            # copies as the first's, not in `used`
+            again = compare(reference, reference, state, batch, dtype, updates)[0]
             if not _agree(again, tol):
                 every = [g for quantity in again[:4] if quantity is not None for g in quantity]
                 reason = _not_deterministic(reference, _worst(every, rtol, atol))
@@ -166,6 +161,12 @@ def _tolerance(value: Any, name: str) -> float | None:
 
 # (rtol, atol) of the loss, gradients, parameters and buffers; then of the update phase given the same gradients
 Tolerance = tuple[tuple[float, float], tuple[float, float]]
+
+
+def _default(rtol: float | None, atol: float | None, dtype: torch.dtype) -> tuple[float, float]:
+    """The tolerance given, or ``dtype``'s where not."""
+    own = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    return (own[0] if rtol is None else rtol), (own[1] if atol is None else atol)
 
 
 def _within(gap: Gap, rtol: float, atol: float) -> bool:
