@@ -92,7 +92,7 @@ MUTANTS = [
         "file": PEELING,
         "find": "                p.grad = None if g is None else g.to(p.device, p.dtype, copy=True)",
         "replace": "                pass",
-        "tests": [FLIP],
+        "tests": [HF_FLIP],
         "why": "the reference's update phase runs on its own gradients, not the composition's",
     },
     {
