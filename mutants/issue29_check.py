@@ -22,7 +22,7 @@ MUTANTS = [
     },
     {
         "file": PEELING,
-        "find": "    return gaps, used, coarsest([used, *losses])",
+        "find": "    return gaps, used, coarsest([used, *losses[:2]])",
         "replace": "    return gaps, used, used",
         "tests": [HF],
         "why": "29.13: the loss's dtype never reaches the tolerance",
@@ -50,14 +50,14 @@ MUTANTS = [
     },
     {
         "file": CHECKING,
-        "find": "            if not _agree(again, rtol, atol):",
+        "find": "            if not _agree(again, tol):",
         "replace": "            if False:",
         "tests": [NOT_DETERMINISTIC],
         "why": "29: the plain step never checked against itself: a step with its own generator blames accumulate",
     },
     {
         "file": CHECKING,
-        "find": "            again = compare(reference, reference, state, batch, dtype)[0]",
+        "find": "            again = compare(reference, reference, state, batch, dtype, updates)[0]",
         "replace": "            again = gaps",
         "tests": ["tests/test_check.py::test_a_planted_wrong_composition_is_found_and_its_layer_named"],
         "why": "29: the composition's gaps taken for the plain step's own: every difference called non-determinism",
@@ -85,9 +85,9 @@ MUTANTS = [
     },
     {
         "file": CHECKING,
-        "find": "    return all(_within(g, rtol, atol) for quantity in gaps if quantity is not None for g in quantity)",
+        "find": "    return all(_within(g, rtol, atol) for quantity in gaps[:4] if quantity is not None for g in quantity)",  # noqa: E501
         "replace": "    return all(_within(g._replace(scale=max(h.scale for h in quantity)), rtol, atol) "
-        "for quantity in gaps if quantity is not None for g in quantity)",
+        "for quantity in gaps[:4] if quantity is not None for g in quantity)",
         "tests": [SMALL],
         "why": "29: the tolerance relative to the largest tensor overall: a small tensor's flipped update passes",
     },

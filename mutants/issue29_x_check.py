@@ -9,19 +9,25 @@ USERS = H + "test_a_step_that_changes_the_users_optimizer_settings_or_scheduler_
 EMPTY = "tests/test_check_hostile.py::test_an_empty_batch_is_refused_naming_check_not_its_internal_step"
 CHECKING = "src/composetrain/checking.py"
 COPIES = "src/composetrain/_check_copies.py"
+PEELING = "src/composetrain/_check_peeling.py"
+FLIP = "tests/test_check_update.py::test_a_sign_flipped_small_update_under_a_float32_loss_is_named"
+HF_FLIP = (
+    "tests/test_check_update.py::test_exact_accumulation_of_gpt2s_float32_loss_agrees_on_every_seed_and_a_flip_is_named"
+)
+AUTOCAST = "tests/test_check_update.py::test_16_bit_models_in_their_own_precision_and_under_autocast_agree"
 
 MUTANTS = [
     {
         "file": CHECKING,
-        "find": "            again = compare(reference, reference, state, batch, dtype)[0]",
-        "replace": "            again = compare(reference, reference, state, batch, used)[0]",
+        "find": "            again = compare(reference, reference, state, batch, dtype, updates)[0]",
+        "replace": "            again = compare(reference, reference, state, batch, used, updates)[0]",
         "tests": [A],
         "why": "the plain step against itself on copies cast to the lowest dtype: a bf16/float32 model fails",
     },
     {
         "file": CHECKING,
-        "find": "reference_step(layers[i:], plain), state, batch, dtype)[0]",
-        "replace": "reference_step(layers[i:], plain), state, batch, used)[0]",
+        "find": "reference_step(layers[i:], plain), state, batch, dtype, updates)[0]",
+        "replace": "reference_step(layers[i:], plain), state, batch, used, updates)[0]",
         "tests": [A],
         "why": "each peeled layer on copies cast to the lowest dtype: a bf16/float32 model fails, no layer named",
     },
@@ -73,5 +79,55 @@ MUTANTS = [
         "replace": "            pass",
         "tests": [USERS],
         "why": "the user's scheduler said to be put back, left stepped",
+    },
+    # the g-check-update fix: the update phase given the composition's own gradients, at the copies' precision
+    {
+        "file": PEELING,
+        "find": "            if not (update or lower or torch.finfo(low).eps > torch.finfo(used).eps):",
+        "replace": "            if not (update or lower):",
+        "tests": [FLIP],
+        "why": "the float32 loss no longer triggers the update-phase comparison: the flipped small update passes",
+    },
+    {
+        "file": PEELING,
+        "find": "                p.grad = None if g is None else g.to(p.device, p.dtype, copy=True)",
+        "replace": "                pass",
+        "tests": [HF_FLIP],
+        "why": "the reference's update phase runs on its own gradients, not the composition's",
+    },
+    {
+        "file": PEELING,
+        "find": "        _per_tensor(params, runs[2][2]) if len(runs) == 3 else None,",
+        "replace": "        _per_tensor(params, runs[0][2]) if len(runs) == 3 else None,",
+        "tests": [HF_FLIP],
+        "why": "the update phase compared with the plain step's parameters at float64: GPT-2's float32 loss differs",
+    },
+    {
+        "file": CHECKING,
+        "find": "        updates = gaps[4] is not None  # the peeled layers too",
+        "replace": "        updates = False  # the peeled layers too",
+        "tests": [AUTOCAST],
+        "why": "peeled layers inside mixed_precision skip the comparison: mixed_precision is blamed for the flip",
+    },
+    {
+        "file": CHECKING,
+        "find": "    if gaps[4] is not None and not all(_within(g, update_rtol, update_atol) for g in gaps[4]):",
+        "replace": "    if gaps[4] is not None and not all(_within(g, rtol, atol) for g in gaps[4]):",
+        "tests": [FLIP],
+        "why": "the update phase judged at the loss's float32 tolerance: the flipped small update passes",
+    },
+    {
+        "file": PEELING,
+        "find": '            lower = "mixed_precision" in step.roles and used is not torch.float64',
+        "replace": "            lower = False",
+        "tests": [AUTOCAST],
+        "why": "an autocast's lower gradients do not trigger the comparison: a flip under bf16 passes",
+    },
+    {
+        "file": "src/composetrain/_check_result.py",
+        "find": 'lines.append(f"  update phase, given the same gradients: {self.update!r}',
+        "replace": 'lines.append(f"  {self.update!r}',
+        "tests": [FLIP],
+        "why": "the printout hides the update-phase gap that made check differ",
     },
 ]

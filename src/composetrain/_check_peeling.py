@@ -46,34 +46,64 @@ def _rewrapped(layer: TrainStep, inner: TrainStep) -> TrainStep:
 
 
 class _Probe(TrainStep):
-    """Outermost: keeps the gradients the update phase receives (after every pass, before any update)."""
+    """Outermost: keeps the gradients the update phase receives (after every pass, before any update), and
+    hands it ``given`` ones instead where asked (the plain update phase of another step's gradients)."""
 
-    def __init__(self, inner: TrainStep, kept: dict[str, torch.Tensor | None]) -> None:
-        self.kept = kept
+    def __init__(
+        self,
+        inner: TrainStep,
+        kept: dict[str, torch.Tensor | None],
+        given: Mapping[str, torch.Tensor | None] | None = None,
+    ) -> None:
+        self.kept, self.given = kept, given
         super().__init__(inner)
 
     def update(self, state: TrainState, ctx: Context) -> Update:
         for name, p in state.model.named_parameters():
             self.kept[name] = None if p.grad is None else dense(p.grad.detach()).to("cpu", copy=True)
+            if self.given is not None:
+                g, sparse = self.given.get(name), p.grad is not None and p.grad.is_sparse
+                p.grad = None if g is None else g.to(p.device, p.dtype, copy=True)
+                if sparse and p.grad is not None:  # as the optimizer expects it (SparseAdam)
+                    p.grad = p.grad.to_sparse()
         return self._inner().update(state, ctx)
 
     def __repr__(self) -> str:  # what an error of the step inside names: check, and the step it runs
         return f"check: {self.inner!r}"
 
 
-# the gaps of one comparison, per tensor: loss, gradients, parameters, buffers (None: the model has none)
-Gaps = tuple[list[Gap], list[Gap], list[Gap], list[Gap] | None]
+# the gaps of one comparison, per tensor: loss, gradients, parameters, buffers (None: the model has none), and
+# the parameters against the plain update phase of the composition's own gradients (None: not compared)
+Gaps = tuple[list[Gap], list[Gap], list[Gap], list[Gap] | None, list[Gap] | None]
 
 
 def compare(
-    step: TrainStep, reference: TrainStep, state: TrainState, batch: Any, dtype: torch.dtype | None
+    step: TrainStep,
+    reference: TrainStep,
+    state: TrainState,
+    batch: Any,
+    dtype: torch.dtype | None,
+    update: bool = False,
 ) -> tuple[Gaps, torch.dtype, torch.dtype]:
     """Both steps on fresh copies: the gaps in loss, gradients, parameters and buffers, per tensor; the copies'
     dtype; and the lowest precision involved (the copies', or the loss's where the step computes it lower:
     transformers' float32 ``.loss`` of a float64 model). The reference runs first: a model that refuses
-    ``dtype`` fails there, before the composition changes anything."""
-    runs, rng, losses = [], capture_rng(), []
-    for s in (reference, step):
+    ``dtype`` fails there, before the composition changes anything.
+
+    Where the gradients round lower than the copies (that loss, an autocast), they are judged at that precision,
+    and so would be the parameters, relative to their own size: a wrong update phase that moves them by less
+    would pass. So the reference runs a third time with the composition's gradients handed to its update phase,
+    and the composition's parameters are compared with those too (at the copies' precision, by the caller);
+    ``update``: always (a layer peeled from a composition that needed it: the autocast may be outside it)."""
+    used = _dtype_of(state, dtype)
+    runs: list[tuple[torch.Tensor, dict[str, torch.Tensor | None], dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+    runs, rng, losses = [], capture_rng(), list[torch.dtype]()
+    for s in (reference, step, reference):
+        if len(runs) == 2:
+            low = coarsest([used, *losses])
+            lower = "mixed_precision" in step.roles and used is not torch.float64  # autocast leaves float64 alone
+            if not (update or lower or torch.finfo(low).eps > torch.finfo(used).eps):
+                break
         restore_rng(rng)  # both draw the same random numbers (dropout): the user's generators, left as they were
         copied, data = copy_state(state, batch, dtype)
         grads: dict[str, torch.Tensor | None] = {}
@@ -82,9 +112,9 @@ def compare(
             # without it), so the scheduler's first step() would warn of a wrong call order that is not there
             warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
             try:
-                out = _Probe(s, grads)(copied, data)
+                out = _Probe(s, grads, runs[1][1] if len(runs) == 2 else None)(copied, data)
             except torch.OutOfMemoryError as e:
-                if s is not reference:
+                if s is not reference or runs:
                     raise
                 raise torch.OutOfMemoryError(
                     f"check: the plain step {reference!r} runs out of memory on this batch ({e}): check compares "
@@ -92,7 +122,7 @@ def compare(
                     "pieces too), so that must fit; check on a smaller batch"
                 ) from e
         losses.append(out.loss.dtype)
-        if s is reference and not _finite(out.loss, grads):
+        if not runs and not _finite(out.loss, grads):
             raise ValueError(
                 f"check: the plain step's own update on this batch ({reference!r}) is not finite (loss "
                 f"{float(out.loss):g}, or a gradient): every layer would differ from it, none is to blame; check "
@@ -102,16 +132,16 @@ def compare(
         buffers = {n: b.detach().to("cpu", copy=True) for n, b in copied.model.named_buffers()}
         runs.append((out.loss.detach().to("cpu", torch.float64), grads, params, buffers))
     restore_rng(rng)
-    (ref_loss, ref_grads, ref_params, ref_buffers), (loss, grads, params, buffers) = runs
+    (ref_loss, ref_grads, ref_params, ref_buffers), (loss, grads, params, buffers) = runs[:2]
     loss_gap = float((loss - ref_loss).abs())
     gaps = (
         [Gap(loss_gap, "loss", float(ref_loss.abs()))],
         _per_tensor(grads, ref_grads),
         _per_tensor(params, ref_params),
         _per_tensor(buffers, ref_buffers) if ref_buffers else None,
+        _per_tensor(params, runs[2][2]) if len(runs) == 3 else None,
     )
-    used = _dtype_of(state, dtype)
-    return gaps, used, coarsest([used, *losses])
+    return gaps, used, coarsest([used, *losses[:2]])
 
 
 def _finite(loss: torch.Tensor, grads: Mapping[str, torch.Tensor | None]) -> bool:

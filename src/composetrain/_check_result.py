@@ -44,6 +44,10 @@ class CheckResult:
         reason: why no layer is to blame, when the plain step differs from itself (None: it does not).
         lowest: the lowest precision involved, which the default tolerance follows: the copies', the loss's
             where the step computes it lower (transformers' float32 ``.loss``), mixed_precision's autocast.
+        update: where ``lowest`` is below the copies' precision, the largest difference of the parameters from
+            the plain step's update phase given the composition's own gradients, judged at the copies' tolerance
+            (``update_tolerance``: rtol, atol): a wrong update phase that moves a parameter by less than the
+            lowest precision's tolerance of its size shows here (None: not compared, nothing rounds lower).
     """
 
     ok: bool
@@ -60,6 +64,8 @@ class CheckResult:
     layers: tuple[tuple[str, bool], ...] = ()
     reason: str | None = None
     lowest: torch.dtype | None = None
+    update: Gap | None = None
+    update_tolerance: tuple[float, float] | None = None
 
     def __bool__(self) -> bool:
         return self.ok
@@ -76,6 +82,9 @@ class CheckResult:
         ]
         if self.buffers is not None:
             lines.append(f"  buffers:    {self.buffers!r}")
+        if self.update is not None and self.update_tolerance is not None:
+            rtol, atol = self.update_tolerance
+            lines.append(f"  update phase, given the same gradients: {self.update!r} (rtol={rtol:g}, atol={atol:g})")
         if self.diverges_at is not None:
             lines.append(f"  first diverging layer: {self.diverges_at}")
             lines += [f"    {'ok  ' if agreed else 'DIFF'} {printed}" for printed, agreed in self.layers]

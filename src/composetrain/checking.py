@@ -108,18 +108,21 @@ def check(
             dtype = None
             gaps, used, low = compare(step, reference, state, batch, None)
         low = _lowest(low, step)
-        rtol = TOLERANCES.get(low, TOLERANCES[torch.float32])[0] if rtol is None else rtol
-        atol = TOLERANCES.get(low, TOLERANCES[torch.float32])[1] if atol is None else atol
-        ok, found, seen, reason = _agree(gaps, rtol, atol), None, [], None
+        # the update phase, given the same gradients, rounds as the copies do: at their tolerance (yours if given)
+        tol: Tolerance = (_default(rtol, atol, low), _default(rtol, atol, used))
+        rtol, atol = tol[0]
+        ok, found, seen, reason = _agree(gaps, tol), None, [], None
+        updates = gaps[4] is not None  # the peeled layers too: the autocast that needed it may be outside them
         if not ok:  # the plain step against itself first: one that is not deterministic differs from anything
-            again = compare(reference, reference, state, batch, dtype)[0]  # copies as the first's, not in `used`
-            if not _agree(again, rtol, atol):
-                every = [g for quantity in again if quantity is not None for g in quantity]
+            # copies as the first's, not in `used`
+            again = compare(reference, reference, state, batch, dtype, updates)[0]
+            if not _agree(again, tol):
+                every = [g for quantity in again[:4] if quantity is not None for g in quantity]
                 reason = _not_deterministic(reference, _worst(every, rtol, atol))
         if not ok and reason is None:
             for i in range(len(layers) - 1, -1, -1):  # innermost first: layers[i] around what is inside it
-                inner = compare(layers[i], reference_step(layers[i:], plain), state, batch, dtype)[0]
-                agreed = _agree(inner, rtol, atol)
+                inner = compare(layers[i], reference_step(layers[i:], plain), state, batch, dtype, updates)[0]
+                agreed = _agree(inner, tol)
                 seen.append((repr(layers[i]), agreed))
                 if not agreed:
                     found = getattr(layers[i], "label", type(layers[i]).__name__)
@@ -136,9 +139,10 @@ def check(
             )
     loss, grads, params = (_worst(g, rtol, atol) for g in gaps[:3])
     buffers = None if gaps[3] is None else _worst(gaps[3], rtol, atol)
+    update = None if gaps[4] is None else _worst(gaps[4], *tol[1])
     return CheckResult(
         ok, repr(step), repr(reference), used, rtol, atol, loss, grads, params, buffers, diverges_at=found,
-        layers=tuple(seen), reason=reason, lowest=low,
+        layers=tuple(seen), reason=reason, lowest=low, update=update, update_tolerance=tol[1],
     )  # fmt: skip
 
 
@@ -155,13 +159,27 @@ def _tolerance(value: Any, name: str) -> float | None:
     return float(value)
 
 
+# (rtol, atol) of the loss, gradients, parameters and buffers; then of the update phase given the same gradients
+Tolerance = tuple[tuple[float, float], tuple[float, float]]
+
+
+def _default(rtol: float | None, atol: float | None, dtype: torch.dtype) -> tuple[float, float]:
+    """The tolerance given, or ``dtype``'s where not."""
+    own = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    return (own[0] if rtol is None else rtol), (own[1] if atol is None else atol)
+
+
 def _within(gap: Gap, rtol: float, atol: float) -> bool:
     return gap.largest <= atol + rtol * gap.scale  # False for NaN; <=: equal is within a tolerance of zero
 
 
-def _agree(gaps: Gaps, rtol: float, atol: float) -> bool:
-    """Every tensor within its own tolerance (relative to its own largest magnitude)."""
-    return all(_within(g, rtol, atol) for quantity in gaps if quantity is not None for g in quantity)
+def _agree(gaps: Gaps, tol: Tolerance) -> bool:
+    """Every tensor within its own tolerance (relative to its own largest magnitude); the update phase given the
+    composition's own gradients at the copies' precision, the rest at the lowest."""
+    (rtol, atol), (update_rtol, update_atol) = tol
+    if gaps[4] is not None and not all(_within(g, update_rtol, update_atol) for g in gaps[4]):
+        return False
+    return all(_within(g, rtol, atol) for quantity in gaps[:4] if quantity is not None for g in quantity)
 
 
 def _worst(gaps: list[Gap], rtol: float, atol: float) -> Gap:
