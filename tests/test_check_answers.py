@@ -168,3 +168,18 @@ def test_a_model_of_half_and_single_layers_is_peeled_in_the_precisions_it_was_co
     assert result.reason is None and [ok for _, ok in result.layers] == [False], result
     assert_untouched(state, before)
     assert ct.check(ct.accumulate(2)(classify), state, batch, dtype=dtype)
+
+
+def test_a_plain_update_that_is_not_finite_is_said_to_be_so_not_nondeterministic():
+    """Adam on a float16 model: its eps (1e-8) is 0 in float16, so a zero second moment divides 0 by 0 and the plain
+    update itself holds NaN; NaN differs from NaN, which check took for a step that differs from itself."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).half()
+    with torch.no_grad():
+        model[0].weight[0].zero_()  # a row whose gradient is exactly 0: 0 / (sqrt(0) + 0) in float16
+        model[0].bias[0] = -1.0  # a dead unit: its row's gradient stays 0
+    state = ct.TrainState(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    x, y = torch.randn(8, 4).half(), torch.randint(0, 3, (8,))
+    result = ct.check(ct.accumulate(2)(classify), state, (x, y), dtype=None)
+    assert not result and result.reason is not None, result
+    assert "not deterministic" not in result.reason and "not finite" in result.reason, result.reason

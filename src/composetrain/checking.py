@@ -194,6 +194,13 @@ def _worst(gaps: list[Gap], rtol: float, atol: float) -> Gap:
 
 
 def _not_deterministic(reference: TrainStep, gap: Gap) -> str:
+    if math.isnan(gap.largest):  # NaN differs from NaN: the plain update itself is not finite, however deterministic
+        return (
+            f"{reference!r}'s own update is not finite at {gap.where!r} (its gradients were): no layer is to blame; "
+            "in a 16-bit model an optimizer's constant can round to 0 (Adam's eps=1e-8 in float16, which divides "
+            "0 by 0): check in float64 (the default dtype), or keep the parameters in float32 under "
+            "ct.mixed_precision"
+        )
     return (
         f"{reference!r} is not deterministic: run twice on the same copies, with your generators replayed for "
         f"each, its own update differs ({gap!r}), so no layer is to blame; it draws from a generator of its own "
