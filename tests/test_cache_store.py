@@ -54,7 +54,9 @@ def _beside(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     "manifest",
     ['{"shards": ["a-000.tar", "a-001.tar"], "count": 40}', "not json at all", "[1, 2]",
-     '{"format": 1, "length": 40, "item": {}}'],
+     '{"format": 1, "length": 40, "item": {}}', '{"format": "webdataset", "length": 40, "item": {}, "origin": {}}',
+     '{"format": null, "length": null, "item": null, "origin": null}', '{"format": true, "length": 1, "item": 1, '
+     '"origin": 1}'],
 )  # fmt: skip
 @pytest.mark.parametrize("rebuild", [False, True])
 def test_a_folder_with_a_manifest_of_its_own_is_never_replaced(tmp_path: Path, manifest: str, rebuild: bool) -> None:
