@@ -86,7 +86,9 @@ def _set(key: str, value: Any, n: int = 0) -> Any:
         (lambda p: (p / "manifest.json").write_text("{not json"), "is not JSON"),
         (lambda p: (p / "f0.npy").write_bytes((p / "f0.npy").read_bytes()[:-4]), "truncated or altered"),
         (lambda p: (p / "f0.npy").write_bytes((p / "f0.npy").read_bytes() + b"\0" * 8), "truncated or altered"),
-        (lambda p: np.save(p / "f0.npy", np.zeros((6, 2), np.float32), allow_pickle=False), None),  # a valid file
+        # a valid file of other values: refused too, by the store's items at the fingerprint's indices
+        (lambda p: np.save(p / "f0.npy", np.zeros((6, 2), np.float32), allow_pickle=False), "differ from the data"),
+        (lambda p: np.save(p / "f0.npy", np.load(p / "f0.npy"), allow_pickle=False), None),  # rewritten, the same
         (lambda p: np.save(p / "f1o.npy", np.array([0, 1, 2, 99, 3, 4, 5], np.int64)), "offsets and shapes"),
         (lambda p: np.save(p / "f1s.npy", np.zeros((6, 1), np.int64)), "offsets and shapes"),
         (lambda p: (p / "f0.npy").unlink(), "cannot be opened"),

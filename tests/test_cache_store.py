@@ -54,7 +54,9 @@ def _beside(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     "manifest",
     ['{"shards": ["a-000.tar", "a-001.tar"], "count": 40}', "not json at all", "[1, 2]",
-     '{"format": 1, "length": 40, "item": {}}'],
+     '{"format": 1, "length": 40, "item": {}}', '{"format": "webdataset", "length": 40, "item": {}, "origin": {}}',
+     '{"format": null, "length": null, "item": null, "origin": null}', '{"format": true, "length": 1, "item": 1, '
+     '"origin": 1}'],
 )  # fmt: skip
 @pytest.mark.parametrize("rebuild", [False, True])
 def test_a_folder_with_a_manifest_of_its_own_is_never_replaced(tmp_path: Path, manifest: str, rebuild: bool) -> None:
@@ -223,6 +225,27 @@ def test_a_crafted_fingerprint_is_refused_rather_than_read_whole_or_skipped(tmp_
         with pytest.raises(ValueError, match=r"fingerprint of the items is missing or malformed.*rebuild=True"):
             ct.cache(data, path, progress=False)
         assert data.read == []
+
+
+@pytest.mark.parametrize("change", ["item tree", "array bytes"])
+def test_a_store_whose_files_were_altered_is_refused_at_open_not_served(tmp_path: Path, change: str) -> None:
+    """The recorded fingerprint is of the dataset's items; the store's own items at those indices are compared
+    too, so a manifest or array altered after writing (same dtypes and shapes) is refused, not served."""
+    data, path = _items(), tmp_path / "store"
+    ct.cache(data, path, progress=False)
+    if change == "item tree":  # (x, y) read back as {"a": y}: every check of names, dtypes and shapes passes
+        manifest = json.loads((path / "manifest.json").read_text())
+        x, y = manifest["item"]["tuple"]
+        manifest["item"] = {"dict": [["a", x], ["a", y]]}
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    else:  # another array of the same dtype and shape written over the first field's
+        header = len((path / "f0.npy").read_bytes()) - 40 * 3 * 4
+        with open(path / "f0.npy", "r+b") as f:
+            f.seek(header)
+            f.write(bytes(40 * 3 * 4))
+    with pytest.raises(ValueError, match=r"items \[0.*\] of the store at .* differ from the dataset's.*rebuild=True"):
+        ct.cache(data, path, progress=False)
+    assert same_item(ct.cache(data, path, rebuild=True, progress=False)[3], data.items[3])
 
 
 def test_an_unchanged_store_maps_in_another_process(tmp_path: Path) -> None:

@@ -483,6 +483,26 @@ def test_worker_seeding_goes_through_seed_everything():
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == first
 
 
+def test_loader_workers_start_under_the_spawn_start_method():
+    """Workers started by "spawn" (macOS's default, or set by the user) get the init function pickled: a closure
+    would fail every run with workers there."""
+    import multiprocessing
+    import pickle
+
+    pickle.dumps(ct_data._seed_worker(7))
+    data = TensorDataset(torch.arange(10.0), torch.arange(10))
+    loader, sampler = build(data, batch_size=4, workers=1, seed=3)
+    method = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        got = [b for _, b, _ in epoch_batches(loader, sampler, 0, 0, None, torch.device("cpu"), len(loader))]
+    finally:
+        loader.close()
+        multiprocessing.set_start_method(method, force=True)
+    want = list(reference(data, sampler, 4, False))
+    assert len(got) == len(want) == 3 and all(torch.equal(g[0], w[0]) for g, w in zip(got, want, strict=True))
+
+
 def test_to_device_lives_in_batching_and_keeps_the_structure():
     batch = {"x": torch.ones(2), "tag": "a", "pair": (torch.zeros(1), 3)}
     moved = to_device(batch, torch.device("cpu"))

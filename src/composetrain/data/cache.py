@@ -251,14 +251,28 @@ def _compare(dataset: Any, data: CachedDataset) -> None:
     if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):
         raise ValueError(f"cache: items {sampled} of the dataset differ from those the store at {data.path} was "
                          "made from (the fingerprint it recorded): pass rebuild=True to write it again")  # fmt: skip
+    # the store's own items there too: a manifest or array altered since it was written (same names, dtypes and
+    # shapes) passes every other check, and would be served as the dataset's items
+    from composetrain.data.equal import same_item
+
+    stored = _plain(data).__getitems__(sampled)  # mapped by a copy: this one maps at its first read, as before
+    if not all(same_item(s, items[i]) for i, s in zip(sampled, stored, strict=True)):
+        raise StoreError(f"items {sampled} of the store at {data.path} differ from the dataset's, which match the "
+                         "fingerprint it recorded: its files were altered since it was written")  # fmt: skip
+
+
+def _plain(data: CachedDataset) -> CachedDataset:
+    """A copy of ``data`` that reads its items as stored (never augmented), with its own maps."""
+    plain = CachedDataset(data.regions, data.item, data.length)
+    plain.path, plain.origin, plain.stamps = data.path, data.origin, data.stamps
+    return plain
 
 
 def _verify(dataset: Any, data: CachedDataset) -> None:
     """Every item of the store against the dataset's, a batch of reads of the store at a time."""
     from composetrain.data.equal import same_item
 
-    plain = CachedDataset(data.regions, data.item, data.length)  # its items as stored: never augmented
-    plain.path, plain.origin, plain.stamps = data.path, data.origin, data.stamps
+    plain = _plain(data)
     for start in range(0, len(data), 256):
         indices = list(range(start, min(start + 256, len(data))))
         for i, stored in zip(indices, plain.__getitems__(indices), strict=True):

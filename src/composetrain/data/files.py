@@ -142,6 +142,8 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise NotAStore(f"{folder / MANIFEST} cannot be read: {e.strerror or e}") from None
     if not isinstance(raw, dict) or set(raw) != {"format", "length", "item", "origin"}:
         raise NotAStore(f"{folder / MANIFEST} is not a cache manifest")
+    if type(raw["format"]) is not int or raw["format"] < 1:  # another tool's manifest with these keys ("webdataset")
+        raise NotAStore(f"{folder / MANIFEST} is not a cache manifest (its format is {raw['format']!r}, not a version)")
     if raw["format"] != FORMAT:
         raise StoreError(f"{folder} has format version {raw['format']!r}; this composetrain reads version {FORMAT}")
     if type(raw["length"]) is not int or raw["length"] < 0 or not isinstance(raw["origin"], dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sized
 from typing import Any
@@ -33,11 +34,14 @@ def auto_workers(local_world_size: int = 1) -> int:
 
 
 def _seed_worker(base: int) -> Any:
-    def init(worker_id: int) -> None:
-        # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059)
-        seed_everything((base + 1009 * worker_id) % 2**32)
+    """The workers' init function: a partial of a module-level function, so that it pickles to workers started
+    by "spawn" or "forkserver" (a closure would not, and no worker could start)."""
+    return functools.partial(_init_worker, base)
 
-    return init
+
+def _init_worker(base: int, worker_id: int) -> None:
+    # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059)
+    seed_everything((base + 1009 * worker_id) % 2**32)
 
 
 def make_loader(
