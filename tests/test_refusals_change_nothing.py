@@ -253,3 +253,26 @@ def test_after_a_refused_call_training_goes_on_as_if_it_had_never_been_made(case
         del kept["param_ids"], kept["buffer_ids"]  # two states' own
         runs.append((kept, out.loss))
     assert_same(runs[1], runs[0])
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["applied", "refused"])
+def test_a_parameter_the_model_gained_after_the_state_was_built_ends_every_call_without_a_gradient(refused):
+    # TrainState finds the parameters its optimizer does not hold when it is built; a head added later, outside
+    # the optimizer, must not keep (and grow) the gradients of every call, nor of a refused one
+    state = state_of()
+    train = ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))  # no ct.ema, which refuses a changed model
+    seed_all(3)
+    train(state, batch(1))
+    state.model.fc2 = nn.Sequential(state.model.fc2, nn.Linear(3, 3))
+    if refused:
+        FAULT.output = with_metrics(lambda m: {**m, "grad_norm": m["acc"]})
+    kept = everything(state)
+    for _ in range(2):
+        if refused:
+            with pytest.raises(ValueError, match="that a transform reports as well"):
+                train(state, batch(2))
+        else:
+            train(state, batch(2))
+    assert all(p.grad is None for p in state.model.parameters())
+    if refused:
+        assert_same(everything(state), kept)
