@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 import warnings
 from typing import Any
 
@@ -276,3 +277,64 @@ def test_a_parameter_the_model_gained_after_the_state_was_built_ends_every_call_
     assert all(p.grad is None for p in state.model.parameters())
     if refused:
         assert_same(everything(state), kept)
+
+
+def _wrapped_one_cycle(kind: str, opt: torch.optim.Optimizer) -> Any:
+    lr = torch.optim.lr_scheduler
+    cycle = lr.OneCycleLR(opt, max_lr=0.1, total_steps=2)
+    if kind == "sequential":
+        return lr.SequentialLR(opt, [lr.ConstantLR(opt, factor=0.5, total_iters=2), cycle], milestones=[2])
+    return lr.ChainedScheduler([lr.ExponentialLR(opt, 0.9), cycle])
+
+
+@pytest.mark.parametrize("kind", ["sequential", "chained"])
+def test_a_one_cycle_inside_sequential_or_chained_schedulers_is_refused_before_the_update_past_it(kind):
+    # OneCycleLR raises in scheduler.step(), after optimizer.step() moved the parameters: the check before the
+    # update must find it inside the schedulers that step it
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = ct.TrainState(model, opt, _wrapped_one_cycle(kind, opt))
+    train = build("plain")
+    seed_all(3)
+    applied = 0
+    for i in range(6):
+        kept = everything(state)
+        try:
+            train(state, batch(i))
+        except ValueError as e:
+            assert re.search(
+                r"the scheduler OneCycleLR \(inside (SequentialLR|ChainedScheduler)\) is exhausted", str(e)
+            )
+            assert_same(everything(state), kept)
+            break
+        applied += 1
+    else:
+        pytest.fail("the update past OneCycleLR's total_steps was not refused")
+    assert applied == state.step == {"sequential": 4, "chained": 2}[kind]  # every update it had steps for
+    assert state.unusable is None
+
+
+class _FailingSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """A LambdaLR whose closure fails at its second step (a list of factors too short)."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        factors = [1.0, 0.5]
+        super().__init__(opt, lambda update: factors[update])
+
+
+def test_a_scheduler_that_raises_after_the_optimizer_stepped_leaves_the_state_unusable():
+    # nothing can know beforehand that a closure fails; once optimizer.step() has moved the weights, the state
+    # is half-updated (its step count and schedule behind them) and says so, rather than training on
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = ct.TrainState(model, opt, _FailingSchedule(opt))
+    train = build("plain")
+    train(state, batch(1))
+    with pytest.raises(IndexError):
+        train(state, batch(2))
+    assert state.step == 1 and state.unusable is not None
+    assert "_FailingSchedule's step() raised (IndexError" in state.unusable
+    with pytest.raises(RuntimeError, match="this TrainState is half-updated"):
+        train(state, batch(3))
