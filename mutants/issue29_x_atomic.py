@@ -76,4 +76,18 @@ MUTANTS = [
         "tests": [HARNESS],
         "why": "a scheduler that fails after optimizer.step() leaves a half-updated state that trains on silently",
     },
+    {
+        "file": "src/composetrain/transforms/_auto_accumulate.py",
+        "find": "                    memory.found, memory.micro_batch = memory.micro_batch, before  # kept by the update phase\n",
+        "replace": "                    memory.found = memory.micro_batch\n",
+        "tests": [HARNESS],
+        "why": "the size found by the passes is kept at once: a call refused after them still shrinks the checkpointed micro-batch",
+    },
+    {
+        "file": "src/composetrain/transforms/_auto_accumulate.py",
+        "find": "        memory.micro_batch = memory.found  # every refusal is behind: the size the passes found is kept\n",
+        "replace": "",
+        "tests": [HARNESS, "tests/test_auto_accumulate.py"],
+        "why": "the size found is never kept: every update runs out of memory again before it fits",
+    },
 ]

@@ -338,3 +338,29 @@ def test_a_scheduler_that_raises_after_the_optimizer_stepped_leaves_the_state_un
     assert "_FailingSchedule's step() raised (IndexError" in state.unusable
     with pytest.raises(RuntimeError, match="this TrainState is half-updated"):
         train(state, batch(3))
+
+
+def test_a_refused_call_of_accumulate_auto_leaves_its_micro_batch_size_as_it_was():
+    # the passes ran out of memory and found a smaller size; a refusal after them changes nothing, the size the
+    # TrainState keeps (and checkpoints) included; an applied update keeps it
+    fits = {"limit": 100, "clash": False}
+
+    def limited(model, batch):
+        if batch[0].shape[0] > fits["limit"]:
+            raise torch.OutOfMemoryError("simulated: the micro-batch does not fit")
+        loss, metrics = step(model, batch)
+        return (loss, {**metrics, "grad_norm": loss.detach()}) if fits["clash"] else (loss, metrics)
+
+    state = state_of()
+    train = ct.clip_grad_norm(1.0)(ct.accumulate("auto")(limited))
+    seed_all(3)
+    train(state, batch(1))
+    fits.update(limit=6, clash=True)
+    kept = everything(state)
+    with pytest.raises(ValueError, match="that a transform reports as well"):
+        train(state, batch(2))
+    assert_same(everything(state), kept)
+    assert state.state_dict()["transforms"]["accumulate_auto"] == {"micro_batch": None}
+    fits["clash"] = False
+    assert float(train(state, batch(2)).metrics["micro_batch"]) == 6.0
+    assert state.state_dict()["transforms"]["accumulate_auto"] == {"micro_batch": 6}
