@@ -90,4 +90,32 @@ MUTANTS = [
         "tests": [HARNESS, "tests/test_auto_accumulate.py"],
         "why": "the size found is never kept: every update runs out of memory again before it fits",
     },
+    {
+        "file": "src/composetrain/core/_rollback.py",
+        "find": "            for weight, rows, values in reversed(self.rows):  # the first forward's rows last: as before the call\n",
+        "replace": "            for weight, rows, values in self.rows:\n",
+        "tests": [HARNESS],
+        "why": "rows looked up by two micro-batches are put back as the second found them, already renormalised",
+    },
+    {
+        "file": "src/composetrain/core/_rollback.py",
+        "find": "        indices = args[0] if args else kwargs.get(\"input\")\n",
+        "replace": "        indices = args[0] if args else None\n",
+        "tests": [HARNESS],
+        "why": "an embedding called with input= is not seen: the rows it renormalised stay changed after a refusal",
+    },
+    {
+        "file": "src/composetrain/core/_rollback.py",
+        "find": "            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None:\n",
+        "replace": "            if isinstance(m, nn.Embedding) and m.max_norm is not None:\n",
+        "tests": [HARNESS],
+        "why": "EmbeddingBag(max_norm=...) forgotten: its renormalised rows stay changed after a refusal",
+    },
+    {
+        "file": "src/composetrain/core/protocol.py",
+        "find": "            kept.close()\n",
+        "replace": "",
+        "tests": [HARNESS],
+        "why": "the row-keeping hooks stay on the embedding after the call: they pile up, one more per update, and hold every update's rows",
+    },
 ]

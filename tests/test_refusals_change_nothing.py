@@ -364,3 +364,50 @@ def test_a_refused_call_of_accumulate_auto_leaves_its_micro_batch_size_as_it_was
     fits["clash"] = False
     assert float(train(state, batch(2)).metrics["micro_batch"]) == 6.0
     assert state.state_dict()["transforms"]["accumulate_auto"] == {"micro_batch": 6}
+
+
+class Renormed(nn.Module):
+    """nn.Embedding(max_norm=...) renormalises the rows it looks up in its weight, in place, in its forward."""
+
+    def __init__(self, bag: bool) -> None:
+        super().__init__()
+        self.bag = bag
+        kind = nn.EmbeddingBag if bag else nn.Embedding
+        self.emb = kind(10, 4, max_norm=0.5, **({"mode": "sum"} if bag else {}))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        found = self.emb(tokens) if self.bag else self.emb(input=tokens).mean(1)  # by keyword too
+        return self.head(found)
+
+
+@pytest.mark.parametrize("bag", [False, True], ids=["Embedding", "EmbeddingBag"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_the_rows_an_embedding_with_max_norm_renormalised_are_put_back_by_a_refusal(bag, n):
+    def renormed_step(model, batch):
+        tokens, y = batch
+        loss = F.cross_entropy(model(tokens), y)
+        return (loss, {"grad_norm": loss.detach()}) if FAULT.output else loss
+
+    def run(refuse: bool) -> dict[str, Any]:
+        torch.manual_seed(0)
+        model = Renormed(bag).double()
+        state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.5))
+        train = ct.clip_grad_norm(10.0)(ct.accumulate(n)(renormed_step))
+        g = torch.Generator().manual_seed(1)
+        batches = [(torch.randint(0, 10, (6, 3), generator=g), torch.randint(0, 3, (6,), generator=g)) for _ in "ab"]
+        train(state, batches[0])
+        if refuse:
+            kept = everything(state)
+            FAULT.output = True
+            with pytest.raises(ValueError, match="that a transform reports as well"):
+                train(state, batches[1])
+            FAULT.output = None
+            assert_same(everything(state), kept)
+        train(state, batches[1])
+        assert not model.emb._forward_pre_hooks  # the hooks that keep the rows last one call only
+        out = everything(state)
+        del out["param_ids"], out["buffer_ids"]
+        return out
+
+    assert_same(run(refuse=True), run(refuse=False))

@@ -357,6 +357,7 @@ class TrainStep:
             undo = None
             applied = self.update(state, ctx)
         finally:
+            kept.close()
             state.zero_grad()
             for p in params:  # also of a parameter the model gained after the TrainState was built
                 p.grad = None
