@@ -116,8 +116,8 @@ class CallUndo:
 
     def _keep_rows(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         indices = args[0] if args else kwargs.get("input")
-        if isinstance(indices, torch.Tensor):
-            weight = module.weight
+        weight = module.weight
+        if isinstance(indices, torch.Tensor) and isinstance(weight, torch.Tensor):
             with torch.no_grad():
                 rows = indices.detach().reshape(-1).to(weight.device).unique()
                 self.rows.append((weight, rows, weight[rows].clone()))
