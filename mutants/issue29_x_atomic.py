@@ -60,7 +60,7 @@ MUTANTS = [
         "find": "        upcoming = scheduler.last_epoch + 1  # as SequentialLR.step counts\n",
         "replace": "        upcoming = scheduler.last_epoch\n",
         "tests": [HARNESS],
-        "why": "SequentialLR's next scheduler chosen one step late: the exhausted OneCycleLR is missed at the milestone's far side",
+        "why": "SequentialLR's next scheduler chosen one step early: a cycle restarted at its milestone is judged by its old count, an update it has steps for refused",
     },
     {
         "file": "src/composetrain/core/_state_checks.py",
