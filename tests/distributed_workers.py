@@ -209,3 +209,47 @@ def static_graph_updates(rank: int, world: int, n: int) -> dict[str, Any]:
         unchanged = all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))
         return {"said": str(e), "step": state.step, "unchanged": unchanged}
     return {"said": None, "step": state.step, "params": [p.detach().clone() for p in state.model.parameters()]}
+
+
+def refuse_on_one_rank(rank: int, world: int, fault: str) -> dict[str, Any]:
+    """Three updates; in the second, rank 0 alone refuses after its passes (``fault``: a metric name a transform
+    reports, or a buffer re-registered in another dtype, which ct.ema refuses). Every rank must refuse it with
+    rank 0, so that all train on alike."""
+    state = make_state("classify", rank, torch.float64)
+    state.model.append(
+        nn.BatchNorm1d(CLASSES, dtype=torch.float64)
+    )  # a buffer the forward changes, one ct.ema averages
+    faulty = {"on": False, "pieces": 0}
+
+    def step(model: nn.Module, batch: Any) -> Any:
+        loss, metrics = classify(model, batch)
+        faulty["pieces"] += 1
+        # the metric clash in every micro-batch, the other faults in the last only: an error in an earlier one's
+        # forward would leave the others waiting in the last backward's gradient all-reduce (DDP cannot leave it)
+        if faulty["on"] and rank == 0 and (fault == "metric" or faulty["pieces"] % 2 == 0):
+            if fault == "metric":  # refused after the passes: in verify
+                metrics = {**metrics, "grad_norm": loss.detach()}
+            elif fault == "metric-last-piece":  # refused in the passes, after the last backward's all-reduce
+                metrics = {**metrics, "late": loss.detach()}
+            else:
+                norm = model.module[-1]  # the DDP wrapper's module
+                norm.running_mean = norm.running_mean.float()
+        return loss, metrics
+
+    train = ct.ema(0.9)(ct.distributed(ct.clip_grad_norm(0.5)(ct.accumulate(2)(step))))
+    train.setup(state)
+    errors = []
+    for i in range(3):
+        g = torch.Generator().manual_seed(10 * i + rank)
+        batch = (torch.randn(6, IN, generator=g, dtype=torch.float64), torch.randint(0, CLASSES, (6,), generator=g))
+        faulty["on"] = i == 1
+        try:
+            train(state, batch)
+        except (ValueError, RuntimeError) as e:
+            errors.append(str(e))
+    return {
+        "errors": errors,
+        "step": state.step,
+        "params": [p.detach().clone() for p in state.model.parameters()],
+        "ema": {k: t.clone() for k, t in ct.ema_model(state).state_dict().items()},
+    }

@@ -192,3 +192,25 @@ def test_static_graph_with_micro_batches_is_refused_before_any_change_and_works_
     assert first["said"] is None and first["step"] == 2
     for other in others:
         assert all(torch.equal(p, q) for p, q in zip(first["params"], other["params"], strict=True))
+
+
+@pytest.mark.parametrize("fault", ["metric", "metric-last-piece", "ema-buffer"])
+def test_a_refusal_on_one_rank_is_a_refusal_on_every_rank(pool, fault):
+    # rank 0 alone refuses its second update after the passes: had the others applied it, their models would
+    # part from rank 0's silently, and train on apart
+    results = pool.run("distributed_workers", "refuse_on_one_rank", fault)
+    expected = {
+        "metric": "a transform reports as well",
+        "metric-last-piece": "for piece 2 but",
+        "ema-buffer": "ema: the",
+    }
+    assert len(results[0]["errors"]) == 1 and expected[fault] in results[0]["errors"][0], results[0]["errors"]
+    for r in results[1:]:
+        assert len(r["errors"]) == 1 and "another process refused this update" in r["errors"][0], r["errors"]
+    for r in results:
+        assert r["step"] == 2
+        for p, q in zip(r["params"], results[0]["params"], strict=True):
+            assert torch.equal(p, q)
+        for k, t in results[0]["ema"].items():
+            if "running" not in k and "num_batches" not in k:  # each rank's own buffers (README)
+                assert torch.equal(r["ema"][k], t), k

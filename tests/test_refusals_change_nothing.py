@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 import warnings
 from typing import Any
 
@@ -253,3 +254,176 @@ def test_after_a_refused_call_training_goes_on_as_if_it_had_never_been_made(case
         del kept["param_ids"], kept["buffer_ids"]  # two states' own
         runs.append((kept, out.loss))
     assert_same(runs[1], runs[0])
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["applied", "refused"])
+def test_a_parameter_the_model_gained_after_the_state_was_built_ends_every_call_without_a_gradient(refused):
+    # TrainState finds the parameters its optimizer does not hold when it is built; a head added later, outside
+    # the optimizer, must not keep (and grow) the gradients of every call, nor of a refused one
+    state = state_of()
+    train = ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))  # no ct.ema, which refuses a changed model
+    seed_all(3)
+    train(state, batch(1))
+    state.model.fc2 = nn.Sequential(state.model.fc2, nn.Linear(3, 3))
+    if refused:
+        FAULT.output = with_metrics(lambda m: {**m, "grad_norm": m["acc"]})
+    kept = everything(state)
+    for _ in range(2):
+        if refused:
+            with pytest.raises(ValueError, match="that a transform reports as well"):
+                train(state, batch(2))
+        else:
+            train(state, batch(2))
+    assert all(p.grad is None for p in state.model.parameters())
+    if refused:
+        assert_same(everything(state), kept)
+
+
+def _wrapped_one_cycle(kind: str, opt: torch.optim.Optimizer) -> Any:
+    lr = torch.optim.lr_scheduler
+    cycle = lr.OneCycleLR(opt, max_lr=0.1, total_steps=2 if kind != "sequential-twice" else 1)
+    if kind == "sequential":
+        return lr.SequentialLR(opt, [lr.ConstantLR(opt, factor=0.5, total_iters=2), cycle], milestones=[2])
+    if kind == "sequential-twice":  # one cycle, run twice: restarted at the milestone, not stepped there
+        return lr.SequentialLR(opt, [cycle, cycle], milestones=[3])
+    return lr.ChainedScheduler([lr.ExponentialLR(opt, 0.9), cycle])
+
+
+def _updates_torch_allows(kind: str) -> int:
+    """How many updates a plain loop makes before the scheduler's step() raises."""
+    param = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([param], lr=1e-2)
+    scheduler = _wrapped_one_cycle(kind, opt)
+    for i in range(20):
+        opt.step()
+        try:
+            scheduler.step()
+        except ValueError:
+            return i
+    raise AssertionError("the schedule never ran out")
+
+
+@pytest.mark.parametrize("kind", ["sequential", "sequential-twice", "chained"])
+def test_a_one_cycle_inside_sequential_or_chained_schedulers_is_refused_before_the_update_past_it(kind):
+    # OneCycleLR raises in scheduler.step(), after optimizer.step() moved the parameters: the check before the
+    # update must find it inside the schedulers that step it, and refuse no update torch has steps for
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = ct.TrainState(model, opt, _wrapped_one_cycle(kind, opt))
+    train = build("plain")
+    seed_all(3)
+    applied = 0
+    for i in range(20):
+        kept = everything(state)
+        try:
+            train(state, batch(i))
+        except ValueError as e:
+            assert re.search(
+                r"the scheduler OneCycleLR \(inside (SequentialLR|ChainedScheduler)\) is exhausted", str(e)
+            )
+            assert_same(everything(state), kept)
+            break
+        applied += 1
+    else:
+        pytest.fail("the update past OneCycleLR's total_steps was not refused")
+    assert applied == state.step == _updates_torch_allows(kind)
+    assert state.unusable is None
+
+
+class _FailingSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """A LambdaLR whose closure fails at its second step (a list of factors too short)."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        factors = [1.0, 0.5]
+        super().__init__(opt, lambda update: factors[update])
+
+
+def test_a_scheduler_that_raises_after_the_optimizer_stepped_leaves_the_state_unusable():
+    # nothing can know beforehand that a closure fails; once optimizer.step() has moved the weights, the state
+    # is half-updated (its step count and schedule behind them) and says so, rather than training on
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = ct.TrainState(model, opt, _FailingSchedule(opt))
+    train = build("plain")
+    train(state, batch(1))
+    with pytest.raises(IndexError):
+        train(state, batch(2))
+    assert state.step == 1 and state.unusable is not None
+    assert "_FailingSchedule's step() raised (IndexError" in state.unusable
+    with pytest.raises(RuntimeError, match="this TrainState is half-updated"):
+        train(state, batch(3))
+
+
+def test_a_refused_call_of_accumulate_auto_leaves_its_micro_batch_size_as_it_was():
+    # the passes ran out of memory and found a smaller size; a refusal after them changes nothing, the size the
+    # TrainState keeps (and checkpoints) included; an applied update keeps it
+    fits = {"limit": 100, "clash": False}
+
+    def limited(model, batch):
+        if batch[0].shape[0] > fits["limit"]:
+            raise torch.OutOfMemoryError("simulated: the micro-batch does not fit")
+        loss, metrics = step(model, batch)
+        return (loss, {**metrics, "grad_norm": loss.detach()}) if fits["clash"] else (loss, metrics)
+
+    state = state_of()
+    train = ct.clip_grad_norm(1.0)(ct.accumulate("auto")(limited))
+    seed_all(3)
+    train(state, batch(1))
+    fits.update(limit=6, clash=True)
+    kept = everything(state)
+    with pytest.raises(ValueError, match="that a transform reports as well"):
+        train(state, batch(2))
+    assert_same(everything(state), kept)
+    assert state.state_dict()["transforms"]["accumulate_auto"] == {"micro_batch": None}
+    fits["clash"] = False
+    assert float(train(state, batch(2)).metrics["micro_batch"]) == 6.0
+    assert state.state_dict()["transforms"]["accumulate_auto"] == {"micro_batch": 6}
+
+
+class Renormed(nn.Module):
+    """nn.Embedding(max_norm=...) renormalises the rows it looks up in its weight, in place, in its forward."""
+
+    def __init__(self, bag: bool) -> None:
+        super().__init__()
+        self.bag = bag
+        kind = nn.EmbeddingBag if bag else nn.Embedding
+        self.emb = kind(10, 4, max_norm=0.5, **({"mode": "sum"} if bag else {}))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        found = self.emb(tokens) if self.bag else self.emb(input=tokens).mean(1)  # by keyword too
+        return self.head(found)
+
+
+@pytest.mark.parametrize("bag", [False, True], ids=["Embedding", "EmbeddingBag"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_the_rows_an_embedding_with_max_norm_renormalised_are_put_back_by_a_refusal(bag, n):
+    def renormed_step(model, batch):
+        tokens, y = batch
+        loss = F.cross_entropy(model(tokens), y)
+        return (loss, {"grad_norm": loss.detach()}) if FAULT.output else loss
+
+    def run(refuse: bool) -> dict[str, Any]:
+        torch.manual_seed(0)
+        model = Renormed(bag).double()
+        state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.5))
+        train = ct.clip_grad_norm(10.0)(ct.accumulate(n)(renormed_step))
+        g = torch.Generator().manual_seed(1)
+        batches = [(torch.randint(0, 10, (6, 3), generator=g), torch.randint(0, 3, (6,), generator=g)) for _ in "ab"]
+        train(state, batches[0])
+        if refuse:
+            kept = everything(state)
+            FAULT.output = True
+            with pytest.raises(ValueError, match="that a transform reports as well"):
+                train(state, batches[1])
+            FAULT.output = None
+            assert_same(everything(state), kept)
+        train(state, batches[1])
+        assert not model.emb._forward_pre_hooks  # the hooks that keep the rows last one call only
+        out = everything(state)
+        del out["param_ids"], out["buffer_ids"]
+        return out
+
+    assert_same(run(refuse=True), run(refuse=False))

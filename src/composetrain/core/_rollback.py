@@ -84,7 +84,9 @@ class CallUndo:
     places or wraps the model once), before the first forward, ``keep_buffers``: every buffer (BatchNorm's
     running statistics change in place; a forward may rebind, cast or register one). ``restore`` puts all of
     it back, so that a call refused after its forward (a metric name, a buffer ``ct.ema`` cannot average)
-    changed nothing. Buffers are copied once per update: they are small beside the parameters.
+    changed nothing. Buffers are copied once per update: they are small beside the parameters. The one
+    parameter a torch module changes in its forward, the rows an embedding with ``max_norm`` renormalises, is
+    kept row by row as it is looked up.
     """
 
     def __init__(self, params: list[torch.Tensor]) -> None:
@@ -97,6 +99,8 @@ class CallUndo:
         self.tables: list[tuple[nn.Module, dict[str, torch.Tensor | None]]] = []
         self.buffers: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (weight, indices, their rows)
+        self.hooks: list[Any] = []
 
     def keep_buffers(self, model: nn.Module) -> None:
         # every module's buffer table, the empty ones too (a forward may register a buffer anywhere)
@@ -104,6 +108,25 @@ class CallUndo:
         self.buffers = [b for _, table in self.tables for b in table.values() if b is not None]
         with torch.no_grad():
             self.values = [b.clone() for b in self.buffers]
+        # an embedding with max_norm renormalises the rows it looks up in its weight, in place, in its forward:
+        # those rows are kept as each forward is about to change them (the weight itself is too large to copy)
+        for m, _ in self.tables:
+            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None:
+                self.hooks.append(m.register_forward_pre_hook(self._keep_rows, with_kwargs=True))
+
+    def _keep_rows(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        indices = args[0] if args else kwargs.get("input")
+        weight = module.weight
+        if isinstance(indices, torch.Tensor) and isinstance(weight, torch.Tensor):
+            with torch.no_grad():
+                rows = indices.detach().reshape(-1).to(weight.device).unique()
+                self.rows.append((weight, rows, weight[rows].clone()))
+
+    def close(self) -> None:
+        """Remove the hooks ``keep_buffers`` set, at the call's end, whatever happened."""
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
 
     def restore(self) -> None:
         """Put back the buffers (tables and values), the gradients and the generators; the call's own
@@ -114,6 +137,8 @@ class CallUndo:
         with torch.no_grad():
             for b, v in zip(self.buffers, self.values, strict=True):
                 b.copy_(v)
+            for weight, rows, values in reversed(self.rows):  # the first forward's rows last: as before the call
+                weight.index_copy_(0, rows, values)
         for p, g in self.grads:
             p.grad = g
         torch.set_rng_state(self.rng)

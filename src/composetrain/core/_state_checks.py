@@ -9,6 +9,7 @@ value) with a message that ends in the fix.
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import itertools
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ __all__ = [
     "check_optimizer_state",
     "check_schedule_left",
     "check_scheduler_state",
+    "exhausted",
     "hyperparameters",
     "needs_closure",
     "qualified",
@@ -247,18 +249,46 @@ def check_scheduler_state(scheduler: Any, saved: Any, saved_class: str | None) -
         )
 
 
+def exhausted(scheduler: Any) -> tuple[Any, int, int] | None:
+    """The scheduler that the next ``scheduler.step()`` would step past its ``total_steps`` (OneCycleLR), with
+    that horizon and the steps it took, or None: the scheduler itself, or one inside ``SequentialLR`` (the one
+    its milestones select next) or ``ChainedScheduler`` (each)."""
+    for stepped in _stepped_next(scheduler):
+        total, taken = getattr(stepped, "total_steps", None), getattr(stepped, "last_epoch", None)
+        if isinstance(total, int) and isinstance(taken, int) and taken >= total:
+            return stepped, total, taken
+    return None
+
+
+def _stepped_next(scheduler: Any) -> list[Any]:
+    """The schedulers whose own ``step()`` the next ``scheduler.step()`` calls."""
+    lr = torch.optim.lr_scheduler
+    if isinstance(scheduler, lr.ChainedScheduler):
+        return [s for inner in scheduler._schedulers for s in _stepped_next(inner)]
+    if isinstance(scheduler, lr.SequentialLR):
+        upcoming = scheduler.last_epoch + 1  # as SequentialLR.step counts
+        i = bisect.bisect_right(scheduler._milestones, upcoming)
+        if i > 0 and scheduler._milestones[i - 1] == upcoming:  # restarted at its milestone, not stepped
+            return []
+        return _stepped_next(scheduler._schedulers[i])
+    return [scheduler]
+
+
 def check_schedule_left(scheduler: Any, step: int, who: object) -> None:
-    """Refuse an update the scheduler has no step left for (OneCycleLR past ``total_steps``).
+    """Refuse an update the scheduler has no step left for (OneCycleLR past ``total_steps``, also inside
+    SequentialLR or ChainedScheduler).
 
     Checked before the update starts: the scheduler's own error comes after
     ``optimizer.step()`` has changed the parameters.
     """
-    total, taken = getattr(scheduler, "total_steps", None), getattr(scheduler, "last_epoch", None)
-    if isinstance(total, int) and isinstance(taken, int) and taken >= total:
+    found = exhausted(scheduler)
+    if found is not None:
+        stepped, total, taken = found
+        inside = "" if stepped is scheduler else f" (inside {type(scheduler).__name__})"
         raise ValueError(
-            f"{who!r}: the scheduler {type(scheduler).__name__} is exhausted: it was built for total_steps={total} "
-            f"updates and has taken {taken}; build it with total_steps of at least the number of updates you "
-            f"train for, or stop there: ct.run(..., max_steps={step})"
+            f"{who!r}: the scheduler {type(stepped).__name__}{inside} is exhausted: it was built for "
+            f"total_steps={total} updates and has taken {taken}; build it with total_steps of at least the number "
+            f"of updates you train for, or stop there: ct.run(..., max_steps={step})"
         )
 
 

@@ -37,6 +37,10 @@ whichever order the transforms were nested in:
   this update, under its ``role`` (the context ``prepare`` returns reaches them all).
 - ``deferred_sync``: how to synchronise gradients later, for passes that must run
   without any collective among them (``composetrain.transforms._deferred_sync``).
+- ``agree``: how the processes tell each other, after the passes, whether any refused the update:
+  ``agree(values) -> values``, their elementwise maximum over the processes (one small all-reduce),
+  set by the transforms that make processes agree (``distributed``, ``sharded``), so that a
+  refusal on one process (a metric, a buffer ``ct.ema`` cannot average) is a refusal on all.
 - ``call_step``: what the innermost pass calls the plain step through: given the plain
   step, the callable to call in its place (``ct.compile``'s compiled step). It runs
   with the model every transform has set by then (the DDP wrapper, the sharded
@@ -121,6 +125,9 @@ class Context(NamedTuple):
             and ``finish()`` are documented in ``composetrain.transforms._deferred_sync``. None alone.
         call_step: ``call_step(plain_step) -> callable`` called in the plain step's place with
             ``(model, batch)``, or None to call the plain step itself.
+        agree: ``agree(values) -> values``, the elementwise maximum over the processes, set by a transform
+            that makes processes agree; ``__call__`` tells them through it whether this one refused the
+            update, after the passes and before any update phase. None alone.
     """
 
     model: nn.Module
@@ -135,6 +142,7 @@ class Context(NamedTuple):
     notes: Mapping[str, Any] = MappingProxyType({})
     deferred_sync: Any = None
     call_step: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+    agree: Callable[[list[float]], list[float]] | None = None
 
 
 class Pass(NamedTuple):
@@ -338,28 +346,47 @@ class TrainStep:
         else:
             units = check_weights([self.weight(batch)], who, "the batch")[0]
         ctx = Context(state.model, self.weight, total_weight=units, piece_weight=units)
-        kept = CallUndo(_params(state))
+        params = _params(state)
+        kept = CallUndo(params)
         undo: CallUndo | None = kept  # until the update phase begins
         try:
             ctx = self.prepare(state, batch, ctx)  # checks what it can before the forward, changes nothing
             kept.keep_buffers(state.model)  # after prepare, which may place the model (once)
             done = self.grads(state, batch, ctx)
+            self._verified(state, done, ctx)  # the last refusal: from here on the call changes the state
+            undo = None
+            applied = self.update(state, ctx)
+        finally:
+            kept.close()
+            state.zero_grad()
+            for p in params:  # also of a parameter the model gained after the TrainState was built
+                p.grad = None
+            if undo is not None:  # refused after the forward: put back what the passes changed
+                undo.restore()
+        metrics = {k: _as_tensor(v) for k, v in done.metrics.items()}
+        metrics.update((k, _as_tensor(v)) for k, v in applied.metrics.items())
+        return StepOutput(done.loss, metrics, applied.skipped)
+
+    def _verified(self, state: TrainState, done: Pass, ctx: Context) -> None:
+        """The refusals after the passes; under ``ctx.agree`` every process learns whether any refused, so
+        that none applies an update another refused (their models would silently part)."""
+        try:
             clash = done.metrics.keys() & self.reported
             if clash:
                 raise ValueError(
                     f"{self!r}: the step returns metrics {sorted(clash)} that a transform reports as well; "
                     "rename them in the step"
                 )
-            self.verify(state, done, ctx)  # the last refusal: from here on the call changes the state
-            undo = None
-            applied = self.update(state, ctx)
-        finally:
-            state.zero_grad()
-            if undo is not None:  # refused after the forward: put back what the passes changed
-                undo.restore()
-        metrics = {k: _as_tensor(v) for k, v in done.metrics.items()}
-        metrics.update((k, _as_tensor(v)) for k, v in applied.metrics.items())
-        return StepOutput(done.loss, metrics, applied.skipped)
+            self.verify(state, done, ctx)
+        except Exception:
+            if ctx.agree is not None:
+                ctx.agree([1.0])  # the others refuse with this one
+            raise
+        if ctx.agree is not None and ctx.agree([0.0])[0]:
+            raise RuntimeError(
+                f"{self!r}: another process refused this update after its passes (see its error); nothing was "
+                "applied here either, so the processes stay alike"
+            )
 
     # -- identity -------------------------------------------------------------------
     def _config(self) -> tuple[Any, ...] | None:

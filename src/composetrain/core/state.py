@@ -14,6 +14,7 @@ from composetrain.core._state_checks import (
     check_model_state,
     check_optimizer_state,
     check_scheduler_state,
+    exhausted,
     hyperparameters,
     needs_closure,
     qualified,
@@ -225,11 +226,13 @@ class TrainState:
         """
         if self.scheduler is None or self.scheduler_interval != "epoch":
             return
-        total, taken = getattr(self.scheduler, "total_steps", None), getattr(self.scheduler, "last_epoch", None)
-        if isinstance(total, int) and isinstance(taken, int) and taken >= total:  # before step() changes it
+        found = exhausted(self.scheduler)
+        if found is not None:  # before step() changes it
+            stepped, total, taken = found
+            inside = "" if stepped is self.scheduler else f" (inside {type(self.scheduler).__name__})"
             raise ValueError(
-                f"TrainState.end_epoch: the scheduler {type(self.scheduler).__name__} is exhausted: it was built for "
-                f"total_steps={total} epochs and has taken {taken}; build it with total_steps of at least the "
+                f"TrainState.end_epoch: the scheduler {type(stepped).__name__}{inside} is exhausted: it was built "
+                f"for total_steps={total} epochs and has taken {taken}; build it with total_steps of at least the "
                 "number of epochs you train for"
             )
         self.scheduler.step()

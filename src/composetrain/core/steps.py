@@ -84,7 +84,16 @@ class _Lifted(TrainStep):
             return Update(True, {})
         state.optimizer.step()
         if state.scheduler is not None and state.scheduler_interval == "update":  # "epoch": state.end_epoch()
-            state.scheduler.step()
+            try:
+                state.scheduler.step()
+            except BaseException as e:  # after optimizer.step(): the parameters moved, state.step did not
+                state.unusable = (
+                    f"the scheduler {type(state.scheduler).__name__}'s step() raised ({type(e).__name__}: {e}) after "
+                    "optimizer.step() had changed the parameters, which cannot be undone: this TrainState is "
+                    "half-updated (its step count and schedule behind its weights); load a checkpoint into a new "
+                    "one, and give a scheduler whose step() does not fail there"
+                )
+                raise
         state.step += 1
         return Update(False, {})
 

@@ -36,6 +36,9 @@ class MicroBatchMemory:
     def __init__(self) -> None:
         self.micro_batch: int | None = None
         self.used = 0  # the largest micro-batch of the last update, for out.metrics (not checkpointed)
+        # the size this update's passes found, kept by its update phase only: a call refused after them
+        # leaves the state's size as it was (not checkpointed)
+        self.found: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {"micro_batch": self.micro_batch}
@@ -102,6 +105,7 @@ class _AutoAccumulate(TrainStep):
                     if sync is not None:
                         sync.finish()
                     memory.used = largest
+                    memory.found, memory.micro_batch = memory.micro_batch, before  # kept by the update phase
                     assert done is not None  # for the type checker: no error, no OOM
                     return done
                 done = None
@@ -134,9 +138,10 @@ class _AutoAccumulate(TrainStep):
         return combine(passes, who)
 
     def update(self, state: TrainState, ctx: Context) -> Update:
+        memory = state.transform_state(self.role, MicroBatchMemory)
+        memory.micro_batch = memory.found  # every refusal is behind: the size the passes found is kept
         applied = self._inner().update(state, ctx)
-        used = state.transform_state(self.role, MicroBatchMemory).used
-        return Update(applied.skipped, {**applied.metrics, "micro_batch": float(used)})  # float64 in core
+        return Update(applied.skipped, {**applied.metrics, "micro_batch": float(memory.used)})  # float64 in core
 
     def _config(self) -> tuple[Any, ...]:
         return ("auto", self.own_weight)

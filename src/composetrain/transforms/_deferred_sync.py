@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["DDPDeferredSync"]
+__all__ = ["DDPDeferredSync", "LastSync", "agree_max"]
 
 
 class DDPDeferredSync:
@@ -54,9 +54,7 @@ class DDPDeferredSync:
 
     def agree(self, values: list[float]) -> list[float]:
         """The elementwise maximum of ``values`` over the processes: one small all-reduce."""
-        reduced = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=self.group)
-        return [float(v) for v in reduced.tolist()]
+        return agree_max(values, self.group, self.device)
 
     def finish(self) -> None:
         """All-reduce the gradients accumulated under ``no_sync``, through DDP."""
@@ -72,6 +70,36 @@ class DDPDeferredSync:
         with _forward_returning(self.ddp.module, zero):
             loss = self.ddp()
         loss.backward()
+
+
+def agree_max(values: list[float], group: Any, device: torch.device | None) -> list[float]:
+    """The elementwise maximum of ``values`` over the processes of ``group``: one small all-reduce
+    (``Context.agree``)."""
+    reduced = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=group)
+    return [float(v) for v in reduced.tolist()]
+
+
+class LastSync:
+    """Whether this process has passed its update's last gradient synchronisation, for a transform that makes
+    processes agree: an error of its passes after it (accumulate's check of the metric names, after the last
+    backward) is told to the others through ``Context.agree``, which they reach too, and they refuse with it.
+    Before it the others wait in the synchronisation itself, and nothing can be told (DDP cannot leave it)."""
+
+    def __init__(self) -> None:
+        self.passed = False
+
+    @contextlib.contextmanager
+    def around(self, sync: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+        """Around the last backward's pass, inside the transform's own context ``sync``."""
+        with sync:
+            yield
+        self.passed = True  # the pass ended normally: its gradient all-reduce completed
+
+    def refuse_with(self, agree: Callable[[list[float]], list[float]] | None) -> None:
+        """An error of this process's passes: tell the others, if they are past the synchronisation too."""
+        if self.passed and agree is not None:
+            agree([1.0])
 
 
 @contextlib.contextmanager

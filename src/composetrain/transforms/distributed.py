@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
@@ -12,12 +13,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from composetrain.core.protocol import Context, TrainStep
+from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import check_bool, check_real, name, show
 from composetrain.launch.rendezvous import group_world
-from composetrain.transforms._deferred_sync import DDPDeferredSync
+from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, agree_max
 
 __all__ = ["distributed"]
 
@@ -172,9 +173,11 @@ class _Distributed(TrainStep):
             )
         ddp = self._ddp(state, ctx.model)
 
+        last = LastSync()  # this update's: an error after the last all-reduce is told to the other ranks
+
         def no_sync_unless_last(c: Context) -> contextlib.AbstractContextManager[Any]:
             if c.last_backward:
-                return contextlib.nullcontext()
+                return last.around(contextlib.nullcontext())
             if ddp.static_graph:  # before the pass's forward: nothing has changed yet
                 # torch's reducer asserts at the first no_sync backward ("expect_autograd_hooks_ INTERNAL ASSERT")
                 raise ValueError(
@@ -185,7 +188,23 @@ class _Distributed(TrainStep):
 
         # for accumulate("auto"): synchronise after passes that may run out of memory, never inside them
         deferred = DDPDeferredSync(ddp, self.group, device, self)
-        return ctx._replace(model=ddp, around_pass=(*ctx.around_pass, no_sync_unless_last), deferred_sync=deferred)
+        agree = functools.partial(agree_max, group=self.group, device=device)  # a refusal on one rank is on all
+        return ctx._replace(
+            model=ddp,
+            around_pass=(*ctx.around_pass, no_sync_unless_last),
+            deferred_sync=deferred,
+            agree=agree,
+            notes={**ctx.notes, self.role: last},
+        )
+
+    def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
+        try:
+            return self._inner().grads(state, batch, ctx)
+        except Exception:
+            last = ctx.notes.get(self.role)
+            if last is not None:  # several processes
+                last.refuse_with(ctx.agree)
+            raise
 
     def _ddp(self, state: TrainState, module: nn.Module) -> DistributedDataParallel:
         replica = state.transform_state(self.role, _Replica)

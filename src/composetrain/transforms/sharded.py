@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from collections.abc import Iterator
 from types import MappingProxyType
@@ -13,11 +14,12 @@ import torch.distributed as dist
 from torch import nn
 
 from composetrain.core.batching import samples
-from composetrain.core.protocol import Context, TrainStep
+from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import check_bool, show
 from composetrain.launch.rendezvous import group_world
+from composetrain.transforms._deferred_sync import LastSync, agree_max
 from composetrain.transforms._shard_optimizer import only_initial_state, remake_initial_state
 from composetrain.transforms._shard_units import Units, check_units_argument, describe_units, select_units
 
@@ -173,10 +175,25 @@ class _Sharded(TrainStep):
                 "mixed_precision(dtype='bf16'), or give those parameters shape (1,)"
             )
 
-        def sync_unless_more_follow(c: Context) -> contextlib.AbstractContextManager[Any]:
-            return _gradient_sync(model, every or c.last_backward, replicated if c.last_backward else [], group, world)
+        last = LastSync()  # this update's: an error after the last reduce-scatter is told to the other ranks
 
-        return ctx._replace(around_pass=(*ctx.around_pass, sync_unless_more_follow))
+        def sync_unless_more_follow(c: Context) -> contextlib.AbstractContextManager[Any]:
+            sync = _gradient_sync(model, every or c.last_backward, replicated if c.last_backward else [], group, world)
+            return last.around(sync) if c.last_backward else sync
+
+        agree = functools.partial(agree_max, group=group, device=device)  # a refusal on one rank is on all
+        return ctx._replace(
+            around_pass=(*ctx.around_pass, sync_unless_more_follow), agree=agree, notes={**ctx.notes, self.role: last}
+        )
+
+    def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
+        try:
+            return self._inner().grads(state, batch, ctx)
+        except Exception:
+            last = ctx.notes.get(self.role)
+            if last is not None:  # several processes
+                last.refuse_with(ctx.agree)
+            raise
 
     def setup(self, state: TrainState) -> None:
         """Shard the model before a checkpoint is resumed: its sharded tensors load straight into the shards."""
