@@ -99,7 +99,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/core/_rollback.py",
-        "find": "        indices = args[0] if args else kwargs.get(\"input\")\n",
+        "find": '        indices = args[0] if args else kwargs.get("input")\n',
         "replace": "        indices = args[0] if args else None\n",
         "tests": [HARNESS],
         "why": "an embedding called with input= is not seen: the rows it renormalised stay changed after a refusal",
