@@ -250,6 +250,27 @@ def test_any_number_of_crashes_at_any_updates_sends_each_record_once(tmp_path_fa
     sent_once(got, straight)
 
 
+def test_a_fresh_start_forgets_the_list_of_sent_records_of_the_run_whose_metrics_it_moved_aside(tmp_path):
+    """An earlier run's ``.metrics.jsonl.sent`` (it had sent 8e and 9) beside its metrics file, its checkpoints
+    gone: this run starts afresh and moves the file aside; when it crashes and resumes, that list must not keep
+    8e and 9 from its tracker."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 9, "epoch": 1, "loss": 1.0}\n')
+    (tmp_path / ".metrics.jsonl.sent").write_text("[[8, true], [9, false]]")
+    straight, got, calls = [], [], []
+    train(tmp_path / "a", straight.append, **RESUMED)
+
+    def crashes(model, batch):
+        calls.append(1)
+        if len(calls) == 7:
+            raise RuntimeError("crash")
+        return run_script.step(model, batch)
+
+    with pytest.warns(UserWarning, match="moved them to"), pytest.raises(RuntimeError, match="crash"):
+        train(tmp_path, got.append, crashes, **RESUMED)
+    train(tmp_path, got.append, **RESUMED)
+    sent_once(got, straight)
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
 def test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_and_raises_it(tmp_path, stop):
     """As an Exception does: the run saves at the stop, then the same exception comes out (a Ctrl-C stays one),
