@@ -12,9 +12,12 @@ LOOP = "tests/test_run_loop.py"
 MUTANTS = [
     {
         "file": "src/composetrain/driver/tracking.py",
-        "find": "            self.sent.update((s, e) for s, e in earlier if isinstance(s, int) and isinstance(e, bool))\n",
+        "find": "            self.sent.update((s, e) for s, e in pairs if type(s) is int and type(e) is bool)\n",
         "replace": "            pass\n",
-        "tests": [f"{TRACKER}::test_any_number_of_crashes_at_any_updates_sends_each_record_once"],
+        "tests": [
+            f"{TRACKER}::test_any_number_of_crashes_at_any_updates_sends_each_record_once",
+            f"{TRACKER}::test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again",
+        ],
         "why": "29.9: what earlier resumed runs found sent is forgotten: a second kill sends the records again",
     },
     {
@@ -31,7 +34,9 @@ MUTANTS = [
         "file": "src/composetrain/driver/monitor.py",
         "find": "            self.records.forget(self.path)  # what the run moved aside had sent is no concern of this one\n",
         "replace": "",
-        "tests": [TRACKER],
+        "tests": [
+            f"{TRACKER}::test_a_fresh_start_forgets_the_list_of_sent_records_of_the_run_whose_metrics_it_moved_aside"
+        ],
         "why": "29.9: a fresh run whose metrics file was moved aside keeps the old run's list of sent records",
     },
     {
@@ -78,8 +83,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": '            names = sorted(n for n in sums or {} if n.startswith(f"{SHARDS}/"))',
-        "replace": '            names = sorted(n for n in sums or {} if n.startswith(f"{SHARDS}/."))',
+        "find": '            names = sorted(f"{SHARDS}/{p.name}" for p in found.iterdir()) if found.is_dir() and sums else []',
+        "replace": '            names = sorted(f"{SHARDS}/{p.name}" for p in found.glob(".*")) if found.is_dir() and sums else []',
         "tests": [f"{SHARDED}::test_a_flipped_bit_in_a_shard_file_is_found_by_its_checksum"],
         "why": "29.12: the shard data files left unverified (only the metadata checked)",
     },
@@ -120,7 +125,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": '    scheduled = {"lr", "momentum", "betas"} if state.scheduler is not None else set()',
+        "find": '    scheduled = set() if state.scheduler is None else {"lr"}',
         "replace": "    scheduled = set()",
         "tests": [f"{LR}::test_a_resume_with_the_same_settings_says_nothing_though_the_schedule_moved_the_rates"],
         "why": "29 unclear: the scheduled lr compared: every resume under a scheduler warns",

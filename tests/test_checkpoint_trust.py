@@ -122,3 +122,15 @@ def test_a_checkpoint_of_format_2_loads_without_checksums_and_one_of_format_3_ne
     (tmp_path / "c" / "step-000000008" / "checksums.json").unlink()
     with pytest.warns(UserWarning, match="step-000000008: it lacks checksums.json, which every checkpoint of format 3"):
         train(tmp_path / "c", epochs=1)
+
+
+def test_a_checksum_list_nested_too_deep_for_json_is_a_corrupt_checkpoint(tmp_path):
+    """``[[[[...`` makes json.loads raise RecursionError, no ValueError: the checkpoint is corrupt, set aside, and
+    the run resumes from the one before, exactly (no RecursionError out of ct.run)."""
+    straight, _ = train(tmp_path / "a", epochs=3)
+    train(tmp_path / "b", epochs=2)
+    (tmp_path / "b" / "step-000000016" / "checksums.json").write_text("[" * 100_000)
+    with pytest.warns(UserWarning, match=r"step-000000016: its checksums.json is unreadable \(RecursionError\)"):
+        resumed, _ = train(tmp_path / "b", epochs=3)
+    assert_states_equal(resumed, straight)
+    assert [p.name for p in (tmp_path / "b").glob("corrupt-*")] == ["corrupt-step-000000016"]

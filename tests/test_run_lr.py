@@ -112,9 +112,9 @@ def test_a_tensor_rate_is_logged_as_it_was_used(tmp_path):
     assert all(type(r["lr"]) is float for r in result.history)
 
 
-def sgd_state(lr, t_max=None):
+def sgd_state(lr, t_max=None, momentum=0.9):
     model = run_script.model()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     return ct.TrainState(model, opt, None if t_max is None else torch.optim.lr_scheduler.CosineAnnealingLR(opt, t_max))
 
 
@@ -124,6 +124,12 @@ def sgd_state(lr, t_max=None):
         ({"lr": 0.05}, {"lr": 0.5}, "param group 0 lr 0.05 (given 0.5)"),
         ({"lr": 0.05, "t_max": 20}, {"lr": 0.05, "t_max": 40}, "scheduler T_max 20 (given 40)"),
         ({"lr": 0.05, "t_max": 20}, {"lr": 0.5, "t_max": 20}, "param group 0 initial_lr 0.05 (given 0.5)"),
+        # a scheduler that does not cycle momentum (as OneCycleLR does) leaves it the user's: a new one is named
+        (
+            {"lr": 0.05, "t_max": 20},
+            {"lr": 0.05, "t_max": 20, "momentum": 0.5},
+            "param group 0 momentum 0.9 (given 0.5)",
+        ),
     ],
 )
 def test_settings_given_to_a_resumed_run_that_the_checkpoint_replaces_are_named(tmp_path, first, then, named):
@@ -136,6 +142,19 @@ def test_settings_given_to_a_resumed_run_that_the_checkpoint_replaces_are_named(
                       rf"scheduler settings replace those given: {re.escape(named)}.*ct\.load_checkpoint"):  # fmt: skip
         ct.run(run_script.step, resumed, run_script.dataset(), max_steps=8, **args)
     assert resumed.optimizer.param_groups[0].get("initial_lr", resumed.optimizer.param_groups[0]["lr"]) == 0.05
+
+
+def test_a_resume_with_the_same_settings_under_onecyclelr_says_nothing_though_it_cycled_the_momentum(tmp_path):
+    def one_cycle():
+        model = run_script.model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return ct.TrainState(model, opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=12))
+
+    args = {"batch_size": 12, "num_workers": 0, "progress": False, "checkpoint_dir": tmp_path, "log_every": 4}
+    ct.run(run_script.step, one_cycle(), run_script.dataset(), max_steps=6, **args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ct.run(run_script.step, one_cycle(), run_script.dataset(), max_steps=12, **args)
 
 
 def test_a_resume_with_the_same_settings_says_nothing_though_the_schedule_moved_the_rates(tmp_path):

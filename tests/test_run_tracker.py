@@ -14,7 +14,7 @@ import hypothesis.strategies as st
 import pytest
 import run_script
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from processes import Job
 from run_script import untimed
 from run_workers import evaluate
@@ -90,7 +90,8 @@ def test_after_a_crash_the_redone_updates_do_not_send_their_records_again(tmp_pa
 
 
 def test_a_line_cut_short_by_a_crash_was_not_sent(tmp_path):
-    """The tracker is called after the file's line is written: a record whose line a crash cut is sent again."""
+    """A record whose line a crash cut short is sent again (its call had returned: the tracker gets it twice,
+    which logging by step absorbs; never lost)."""
     got = []
     train(tmp_path, got.append, max_steps=8, checkpoint_every=4)  # saved at 4 and 8; records 3, 4e, 6, 8, 8e
     shutil.rmtree(tmp_path / "step-000000008")  # as if killed while writing the record of 8, before its save
@@ -203,11 +204,32 @@ def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again
     assert untimed(lines(tmp_path / "b")) == untimed(straight)
 
 
+@pytest.mark.parametrize("kills", [(2,), (3,), (4, 1), (6, 2, 1)])
+def test_a_run_killed_inside_the_trackers_call_sends_that_record_again_and_loses_none(tmp_path, kills):
+    """SIGKILLed inside on_record's N-th call (after the save at 4 for N >= 2), before the record reached the
+    tracker: the metrics file must not yet count it as sent, or the resumed run never sends it (a record lost)."""
+    straight = []
+    train(tmp_path / "a", straight.append, **RESUMED)
+    script = str(Path(__file__).with_name("tracker_kill_script.py"))
+    sent = tmp_path / "sent.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for kill in (*kills, 0):
+        command = [sys.executable, script, "--dir", str(tmp_path / "b"), "--sent", str(sent)]
+        with Job([*command, "--kill-in-tracker", str(kill)], env) as job:
+            code, out = job.finish(180)
+        assert code == (-signal.SIGKILL if kill else 0), out
+    sent_once([json.loads(line) for line in sent.read_text().splitlines()], straight)
+    assert untimed(lines(tmp_path / "b")) == untimed(straight)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(kills=st.lists(st.integers(1, 8), min_size=1, max_size=4))
 def test_any_number_of_crashes_at_any_updates_sends_each_record_once(tmp_path_factory, kills):
     """As above in this process (a crash raised from the step leaves the metrics file as a SIGKILL does): any
-    kill points, any number of them, then a run to the end."""
+    kill points, any number of them, then a run to the end. Not a crash in update 4 before any had passed it: that
+    run sent record 3 and died before its first checkpoint, so the next starts afresh and sends 3 again (README,
+    Known limits: "A run killed before its first checkpoint ... starts afresh"); 1 in 8 draws hit it."""
+    assume(next((k for k in kills if k >= 4), None) != 4)
     tmp = tmp_path_factory.mktemp("kills")
     straight, got = [], []
     train(tmp / "a", straight.append, **RESUMED)
@@ -225,6 +247,27 @@ def test_any_number_of_crashes_at_any_updates_sends_each_record_once(tmp_path_fa
         except RuntimeError as e:
             assert "crash" in str(e)
     train(tmp / "b", got.append, **RESUMED)
+    sent_once(got, straight)
+
+
+def test_a_fresh_start_forgets_the_list_of_sent_records_of_the_run_whose_metrics_it_moved_aside(tmp_path):
+    """An earlier run's ``.metrics.jsonl.sent`` (it had sent 8e and 9) beside its metrics file, its checkpoints
+    gone: this run starts afresh and moves the file aside; when it crashes and resumes, that list must not keep
+    8e and 9 from its tracker."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 9, "epoch": 1, "loss": 1.0}\n')
+    (tmp_path / ".metrics.jsonl.sent").write_text("[[8, true], [9, false]]")
+    straight, got, calls = [], [], []
+    train(tmp_path / "a", straight.append, **RESUMED)
+
+    def crashes(model, batch):
+        calls.append(1)
+        if len(calls) == 7:
+            raise RuntimeError("crash")
+        return run_script.step(model, batch)
+
+    with pytest.warns(UserWarning, match="moved them to"), pytest.raises(RuntimeError, match="crash"):
+        train(tmp_path, got.append, crashes, **RESUMED)
+    train(tmp_path, got.append, **RESUMED)
     sent_once(got, straight)
 
 

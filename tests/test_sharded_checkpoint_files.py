@@ -3,6 +3,7 @@ into place, a full disk raised as an ordinary error with its cause, and metadata
 its folder refused. One process with a process group of one: FSDP2 gives it DTensors, DCP writes them."""
 
 import errno
+import json
 import os
 import pickle
 import threading
@@ -15,6 +16,7 @@ from test_checkpoint import Syscalls
 from torch import nn
 
 import composetrain as ct
+from composetrain.checkpoint import checksums
 from composetrain.checkpoint import files as checkpoint
 from composetrain.checkpoint.sharded import ShardFiles
 
@@ -178,3 +180,47 @@ def test_a_flipped_bit_in_a_shard_file_is_found_by_its_checksum(group, tmp_path)
     finally:
         found.close()
     assert [p.name for p in (tmp_path / "run").glob("corrupt-*")] == [f"corrupt-{final.name}"]
+
+
+def _latest(root):
+    found = checkpoint.Checkpoints(root, rank=0, world_size=1, keep=2, shards=ShardFiles(sharded_state()))
+    try:
+        return found.latest()
+    finally:
+        found.close()
+
+
+def test_a_flipped_shard_file_whose_checksum_is_missing_from_the_list_is_corrupt_too(group, tmp_path):
+    """The shard files checked are those in the folder, each needing its checksum (as state.pt does), not those the
+    list names: a checksums.json that lost a shard's entry must not let that shard load unchecked."""
+    state = sharded_state()
+    final = save(tmp_path / "run", state)
+    raw = state.model[0].weight.to_local().detach().contiguous().numpy().tobytes()
+    (shard,) = [p for p in (final / "shards").glob("*.distcp") if raw in p.read_bytes()]
+    data = bytearray(shard.read_bytes())
+    data[data.find(raw)] ^= 1
+    shard.write_bytes(bytes(data))
+    sums = json.loads((final / "checksums.json").read_text())
+    del sums["sha256"][f"shards/{shard.name}"]
+    (final / "checksums.json").write_text(json.dumps(sums))
+    with pytest.warns(UserWarning, match=rf"shards/{shard.name} has no checksum"):
+        assert _latest(tmp_path / "run") is None
+    assert [p.name for p in (tmp_path / "run").glob("corrupt-*")] == [f"corrupt-{final.name}"]
+
+
+def test_a_checksum_list_naming_files_outside_the_checkpoint_reads_none_of_them(group, tmp_path, monkeypatch):
+    state = sharded_state()
+    final = save(tmp_path / "run", state)
+    secret = tmp_path / "secret"
+    secret.write_text("not the checkpoint's")
+    sums = json.loads((final / "checksums.json").read_text())
+    sums["sha256"]["shards/../../../secret"] = checksums.digest(secret)  # even a true checksum
+    (final / "checksums.json").write_text(json.dumps(sums))
+    read = []
+    original = checksums.digest
+    monkeypatch.setattr(checksums, "digest", lambda p: (read.append(Path(p).resolve()), original(p))[1])
+    loaded = _latest(tmp_path / "run")
+    assert secret not in read and all(final in p.parents for p in read), read
+    assert loaded is not None  # the checkpoint's own files are whole: it loads
+    for a, b in zip(state.model.state_dict().values(), loaded[1]["state"]["model"].values(), strict=True):
+        assert torch.equal(a.full_tensor(), b.full_tensor())

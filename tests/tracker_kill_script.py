@@ -3,7 +3,8 @@
 python tests/tracker_kill_script.py --dir CKPT --sent FILE [--kill-at N]
 
 ``--kill-at N``: the process kills itself in its N-th call of the step (counted in this process), before that
-update; what the tracker file holds is what a real tracker would have received.
+update; what the tracker file holds is what a real tracker would have received. ``--kill-in-tracker N``: killed
+inside the tracker's N-th call, before it wrote the record (a network call cut short: the record never arrived).
 """
 
 import argparse
@@ -28,6 +29,7 @@ def main():
     p.add_argument("--dir", required=True)
     p.add_argument("--sent", required=True)
     p.add_argument("--kill-at", type=int, default=0)
+    p.add_argument("--kill-in-tracker", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(1)
     calls = []
@@ -38,7 +40,12 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         return run_script.step(model, batch)
 
+    tracked = []
+
     def tracker(record):
+        tracked.append(1)
+        if len(tracked) == args.kill_in_tracker:
+            os.kill(os.getpid(), signal.SIGKILL)
         with open(args.sent, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()

@@ -48,7 +48,7 @@ def read_sums(folder: Path) -> tuple[dict[str, str] | None, str | None]:
         return None, problem
     try:
         sums = json.loads(path.read_text())["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: [[[[...
         return None, f"its {CHECKSUMS} is unreadable ({type(e).__name__})"
     if not isinstance(sums, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sums.items()):
         return None, f"its {CHECKSUMS} is unreadable (not a dict of file names to digests)"

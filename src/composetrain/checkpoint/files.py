@@ -412,7 +412,10 @@ class Checkpoints:
         assert self.shards is not None
         try:  # each rank checks its share of the shard files against their checksums, before DCP reads them
             sums, problem = read_sums(path)
-            names = sorted(n for n in sums or {} if n.startswith(f"{SHARDS}/"))
+            # the files in the folder, each needing its checksum: never the paths the list names (a list that
+            # lost an entry would let that shard load unchecked; one naming shards/../x would have it read)
+            found = path / SHARDS
+            names = sorted(f"{SHARDS}/{p.name}" for p in found.iterdir()) if found.is_dir() and sums else []
             problem = problem or next(
                 filter(None, (mismatch(path, n, sums) for n in names[self.rank :: self.world_size])), None
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import json
 import os
@@ -23,7 +24,7 @@ from composetrain.core.util import RUN
 from composetrain.data.kinds import as_hdf5, as_mapped, augmented_inside
 from composetrain.driver.compiling import compile_totals
 from composetrain.driver.loading import auto_workers
-from composetrain.driver.tracking import Records, Tracker
+from composetrain.driver.tracking import Records, Tracker, sent_file
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
@@ -299,21 +300,21 @@ class MetricsLog:
         self.path.write_text("".join(line + "\n" for _, _, line in sorted(rows, key=lambda row: row[:2])))
 
     def write(self, record: dict[str, Any]) -> None:
-        """One training record (a log point)."""
+        """One training record (a log point): to the tracker, then its line (a line says its call returned)."""
+        self.records.send(record)
         self._append(record)
         if self.board is not None:
             self._board_train(record)
             self.board.flush()
-        self.records.send(record)
 
     def write_eval(self, entry: dict[str, Any]) -> None:
         """One evaluation, as ``ct.run`` keeps it: ``{"step", "epoch", name: value, ...}``."""
         record = _eval_record(entry)
+        self.records.send(record)  # before its line, as ``write``'s
         self._append(record)
         if self.board is not None:
             self._board_eval(record)
             self.board.flush()
-        self.records.send(record)
 
     def _board_train(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
@@ -337,6 +338,9 @@ class MetricsLog:
 
 def _touch(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    kept = sent_file(path)  # replaced or removed at the start: a folder there would fail it after the resume
+    if os.path.isdir(kept) and not os.path.islink(kept):
+        raise IsADirectoryError(errno.EISDIR, f"{kept} is a folder, where ct.run keeps the records sent: move it away")
     with open(path, "a"):  # appends nothing: creates it if missing, truncates nothing
         pass
 

@@ -540,10 +540,14 @@ _PROGRESS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_
 
 def _hyperparameters(state: TrainState) -> dict[str, Any]:
     """The optimizer's and scheduler's settings as plain values, by name (``param group 0 lr``, ``scheduler
-    T_max``): those a checkpoint's would replace. A group's ``lr`` (and ``momentum``, ``betas``, which
-    OneCycleLR cycles) is the scheduler's to change under one: its ``initial_lr`` stands for it."""
+    T_max``): those a checkpoint's would replace. A group's ``lr`` is the scheduler's to change under one (its
+    ``initial_lr`` stands for it), and ``momentum`` and ``betas`` are under one that cycles them (OneCycleLR,
+    CyclicLR: ``cycle_momentum``); under any other they are the user's, compared as given."""
     found: dict[str, Any] = {}
-    scheduled = {"lr", "momentum", "betas"} if state.scheduler is not None else set()
+    scheduled = set() if state.scheduler is None else {"lr"}
+    inner = [state.scheduler, *getattr(state.scheduler, "_schedulers", [])]  # SequentialLR, ChainedScheduler
+    if any(getattr(s, "cycle_momentum", False) is True for s in inner):
+        scheduled |= {"momentum", "betas"}
     for i, group in enumerate(state.optimizer.param_groups):
         for k, v in group.items():
             if k != "params" and k not in scheduled and type(v) in (int, float, bool, str, tuple, type(None)):

@@ -1,7 +1,8 @@
 """ct.run's ``on_record``: each log and evaluation record to the user's tracker, once, on rank 0.
 
-``Records`` sits behind the metrics file (``monitor.MetricsLog``): it hands the tracker a copy of each record right
-after the file got it, so that what a file holds is what the tracker was sent. A resumed run therefore knows what
+``Records`` sits before the metrics file (``monitor.MetricsLog``): it hands the tracker a copy of each record, and the
+file gets the record's line once that call returned, so that what a file holds the tracker was sent (a process killed
+inside the call sends that record again when resumed: twice, perhaps, never lost). A resumed run therefore knows what
 not to send again: the checkpoint's records are never replayed, and those the interrupted run wrote after its
 checkpoint (which the resumed run makes again by redoing updates) were sent; the resumed run rewrites the file
 from its checkpoint, so it lists those beside it first (``sent_file``): killed again before it made them, the next
@@ -75,17 +76,18 @@ class Records:
         for line in written.splitlines():
             try:
                 record = json.loads(line)
-            except ValueError:  # a line a crash cut short: never sent (the tracker is called after the file)
+            except (ValueError, RecursionError):  # a line cut short by a crash: sent again (its call returned)
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int):
                 self.sent.add((record["step"], isinstance(record.get("eval"), dict)))
         kept = sent_file(path)
         try:
             earlier = json.loads(kept.read_text()) if kept.is_file() else []
-        except (OSError, ValueError):  # a file cut short by a crash mid-write: os.replace never leaves one
+        except (OSError, ValueError, RecursionError):  # damaged (os.replace never leaves one cut short)
             earlier = []
-        if isinstance(earlier, list):
-            self.sent.update((s, e) for s, e in earlier if isinstance(s, int) and isinstance(e, bool))
+        if isinstance(earlier, list):  # its [step, evaluation?] pairs: anything else in a damaged file left out
+            pairs = [p for p in earlier if type(p) is list and len(p) == 2]
+            self.sent.update((s, e) for s, e in pairs if type(s) is int and type(e) is bool)
         # records before ``step`` are the checkpoint's (never sent again); its evaluation at ``step`` may be redone
         self.sent = {(s, e) for s, e in self.sent if s >= step}
         if not self.sent:
