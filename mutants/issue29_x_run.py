@@ -60,4 +60,22 @@ MUTANTS = [
         "tests": [f"{LR}::test_settings_given_to_a_resumed_run_that_the_checkpoint_replaces_are_named"],
         "why": "a new momentum given to a resumed run under StepLR/CosineAnnealingLR is silently replaced by the checkpoint's",
     },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "        if aside:  # every checkpoint of this run is corrupt",
+        "replace": "        if False:  # every checkpoint of this run is corrupt",
+        "tests": [
+            "tests/test_checkpoint_loading.py::test_with_every_checkpoint_corrupt_the_run_is_refused_not_started_afresh"
+        ],
+        "why": "lead's fix: every checkpoint corrupt, and the run starts over from its first update with a warning",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": 'sorted(p.name for p in self.dir.glob("corrupt-step-*"))',
+        "replace": "[]",
+        "tests": [
+            "tests/test_checkpoint_loading.py::test_with_every_checkpoint_corrupt_the_run_is_refused_not_started_afresh"
+        ],
+        "why": "lead's fix: only this launch's set-aside folders count, so the next launch starts over",
+    },
 ]

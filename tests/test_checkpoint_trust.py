@@ -120,7 +120,10 @@ def test_a_checkpoint_of_format_2_loads_without_checksums_and_one_of_format_3_ne
     assert_states_equal(resumed, straight)
     train(tmp_path / "c", epochs=1)
     (tmp_path / "c" / "step-000000008" / "checksums.json").unlink()
-    with pytest.warns(UserWarning, match="step-000000008: it lacks checksums.json, which every checkpoint of format 3"):
+    with (
+        pytest.warns(UserWarning, match="step-000000008: it lacks checksums.json, which every checkpoint of format 3"),
+        pytest.raises(RuntimeError, match=r"no checkpoint in .* could be read"),  # the only one: not started over
+    ):
         train(tmp_path / "c", epochs=1)
 
 

@@ -175,8 +175,11 @@ def test_a_flipped_bit_in_a_shard_file_is_found_by_its_checksum(group, tmp_path)
     shard.write_bytes(bytes(data))
     found = checkpoint.Checkpoints(tmp_path / "run", rank=0, world_size=1, keep=2, shards=ShardFiles(sharded_state()))
     try:
-        with pytest.warns(UserWarning, match=rf"skipping unreadable checkpoint .*: shards/{shard.name} does not match"):
-            assert found.latest() is None
+        with (
+            pytest.warns(UserWarning, match=rf"skipping unreadable checkpoint .*: shards/{shard.name} does not match"),
+            pytest.raises(RuntimeError, match=r"no checkpoint in .* could be read"),  # the only one: not started over
+        ):
+            found.latest()
     finally:
         found.close()
     assert [p.name for p in (tmp_path / "run").glob("corrupt-*")] == [f"corrupt-{final.name}"]
@@ -203,8 +206,11 @@ def test_a_flipped_shard_file_whose_checksum_is_missing_from_the_list_is_corrupt
     sums = json.loads((final / "checksums.json").read_text())
     del sums["sha256"][f"shards/{shard.name}"]
     (final / "checksums.json").write_text(json.dumps(sums))
-    with pytest.warns(UserWarning, match=rf"shards/{shard.name} has no checksum"):
-        assert _latest(tmp_path / "run") is None
+    with (
+        pytest.warns(UserWarning, match=rf"shards/{shard.name} has no checksum"),
+        pytest.raises(RuntimeError, match=r"no checkpoint in .* could be read"),
+    ):
+        _latest(tmp_path / "run")
     assert [p.name for p in (tmp_path / "run").glob("corrupt-*")] == [f"corrupt-{final.name}"]
 
 

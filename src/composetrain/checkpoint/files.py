@@ -353,7 +353,8 @@ class Checkpoints:
         ``weights_only=True`` and checked against what ``ct.run`` writes (random states are
         tried on fresh generators), so that resuming never runs code and never fails half-way.
         One that does not pass is skipped with a warning and moved aside (``corrupt-step-...``),
-        so that it never shadows the good ones again.
+        so that it never shadows the good ones again; when none is left and some were set aside (now or by an
+        earlier run), every rank refuses rather than starting the run over.
         """
         if self.rank == 0:
             for line in foreign(self.dir):
@@ -383,6 +384,13 @@ class Checkpoints:
                 )
                 os.replace(path, aside)
             self._barrier()
+        aside = self._shared(sorted(p.name for p in self.dir.glob("corrupt-step-*")) if self.rank == 0 else None)
+        if aside:  # every checkpoint of this run is corrupt: starting afresh would lose its training unnoticed
+            raise RuntimeError(
+                f"{RUN}: no checkpoint in {self.dir} could be read (set aside: {', '.join(aside)}), so this run "
+                "would start over from its first update; restore a checkpoint into it, or move the "
+                "corrupt-step-* folders out of checkpoint_dir to start afresh"
+            )
         return None
 
     def _read(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
