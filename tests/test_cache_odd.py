@@ -267,13 +267,17 @@ def test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_c
 
 
 def test_rebuild_is_not_skipped_for_a_store_dated_in_the_future(tmp_path: Path) -> None:
-    path = tmp_path / "store"
-    ct.cache([torch.zeros(2)] * 3, path, progress=False)
+    from composetrain.data.writer import sampled
+
+    path, items = tmp_path / "store", [torch.zeros(2)] * 40
+    ct.cache(items, path, progress=False)
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["origin"]["created"] += 3600.0  # written on a node whose clock is an hour ahead
     (path / "manifest.json").write_text(json.dumps(manifest))
-    rebuilt = ct.cache([torch.ones(2)] * 3, path, rebuild=True, progress=False)
-    assert torch.equal(rebuilt[0], torch.ones(2))
+    j = min(set(range(40)) - set(sampled(40)))  # changed where the fingerprint does not look: only a rebuild sees it
+    changed = [*items[:j], torch.ones(2), *items[j + 1 :]]
+    rebuilt = ct.cache(changed, path, rebuild=True, progress=False)
+    assert torch.equal(rebuilt[j], torch.ones(2))
 
 
 def test_numpy_scalars_of_an_alias_type_pass_verify(tmp_path: Path) -> None:
