@@ -30,4 +30,18 @@ MUTANTS = [
         "tests": ["tests/test_cache_store.py"],
         "why": "a link named like a store's array is taken for the store's own",
     },
+    {
+        "file": "src/composetrain/data/writer.py",
+        "find": "            kept[i] = copy.deepcopy(item)",
+        "replace": "            kept[i] = item",
+        "tests": ["tests/test_cache_store.py"],
+        "why": "the fingerprint is made of the items as the last read left them: a correct store refused as altered",
+    },
+    {
+        "file": "src/composetrain/data/cache.py",
+        "find": "    items = {i: copy.deepcopy(dataset[i]) for i in sampled}",
+        "replace": "    items = {i: dataset[i] for i in sampled}",
+        "tests": ["tests/test_cache_store.py"],
+        "why": "an open compares the store with the dataset's items as the last read left them",
+    },
 ]

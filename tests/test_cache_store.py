@@ -197,6 +197,28 @@ def test_a_store_of_other_items_is_refused_by_default(tmp_path: Path, how: str) 
     assert len(other.read) <= 8 and same_item(ct.cache(data, path, progress=False)[5], data.items[5])
 
 
+class Reused(Dataset[Any]):
+    """Every item in one buffer, filled anew at each read (a decoder's preallocated output)."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.zeros(3)
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        self.buffer.fill_(float(i))
+        return self.buffer
+
+
+def test_items_that_share_one_buffer_are_fingerprinted_as_read(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    ct.cache(Reused(), path, progress=False)
+    again = ct.cache(Reused(), path, progress=False)  # not refused as "altered since it was written"
+    assert all(torch.equal(again[i], torch.full((3,), float(i))) for i in range(40))
+    ct.cache(Reused(), path, verify=True, progress=False)
+
+
 def test_verify_compares_every_item(tmp_path: Path) -> None:
     data, path = _items(), tmp_path / "store"
     ct.cache(data, path, progress=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import fcntl
 import json
@@ -248,7 +249,7 @@ def _compare(dataset: Any, data: CachedDataset) -> None:
         and isinstance(recorded.get("blake2b"), str)
     ):  # fmt: skip
         raise StoreError(f"{data.path / MANIFEST}: its fingerprint of the items is missing or malformed")
-    items = {i: dataset[i] for i in sampled}
+    items = {i: copy.deepcopy(dataset[i]) for i in sampled}  # as read: one buffer may be filled anew at each read
     if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):
         raise ValueError(f"cache: items {sampled} of the dataset differ from those the store at {data.path} was "
                          "made from (the fingerprint it recorded): pass rebuild=True to write it again")  # fmt: skip

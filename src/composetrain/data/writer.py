@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import random
@@ -164,8 +165,8 @@ def write_store(
     bar = _bar(n, progress)
     kept: dict[int, Any] = dict.fromkeys(sampled(n))  # the items the store's fingerprint is made of
     for i, item in enumerate(_items(dataset, workers)):
-        if i in kept:
-            kept[i] = item
+        if i in kept:  # a copy: a dataset may hand out one buffer, filled anew at each read
+            kept[i] = copy.deepcopy(item)
         prefix = f"cache: item {i}"
         leaves = _leaves(item, prefix, [])
         here = [where[len(prefix) :] for where, _ in leaves]
