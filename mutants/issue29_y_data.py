@@ -44,4 +44,11 @@ MUTANTS = [
         "tests": ["tests/test_cache_store.py"],
         "why": "an open compares the store with the dataset's items as the last read left them",
     },
+    {
+        "file": "src/composetrain/data/writer.py",
+        "find": '    n = origin["length"]',
+        "replace": "    n = len(dataset)",
+        "tests": ["tests/test_cache_odd.py"],
+        "why": "a dataset whose len changes while written: a store of another length is published, then refused",
+    },
 ]
