@@ -25,7 +25,8 @@ MUTANTS = [
         "file": "src/composetrain/data/cache.py",
         "find": "if (path / MANIFEST).exists() and (not rebuild or fresh):",
         "replace": "if (path / MANIFEST).exists():",
-        "tests": [f"{T}::test_a_store_made_from_another_dataset_is_refused_and_rebuilt_on_request"],
+        "tests": [f"{T}::test_a_store_made_from_another_dataset_is_refused_and_rebuilt_on_request",
+                  f"{T}::test_rebuild_writes_again_a_store_whose_fingerprint_items_agree"],
         "why": "rebuild=True never rebuilds: the old store is checked (and refused) again",
     },
     {
@@ -37,14 +38,14 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "        shutil.rmtree(stale, ignore_errors=True)",
+        "find": "        remove_store(stale)",
         "replace": "        pass",
         "tests": [f"{T_PROC}::test_a_writer_killed_mid_write_leaves_nothing_complete_and_a_rerun_starts_over"],
         "why": "a killed writer's temporary folder is left for ever",
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "    except BaseException as e:\n        shutil.rmtree(tmp, ignore_errors=True)",
+        "find": "    except BaseException as e:\n        remove_store(tmp)",
         "replace": "    except BaseException as e:\n        pass",
         "tests": [
             f"{T_PROC}::test_a_full_disk_is_a_clear_error_and_leaves_nothing",

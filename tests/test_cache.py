@@ -154,6 +154,16 @@ def test_a_store_made_from_another_dataset_is_refused_and_rebuilt_on_request(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == [".store.lock", "store"]  # nothing stale left beside it
 
 
+def test_rebuild_writes_again_a_store_whose_fingerprint_items_agree(tmp_path: Path) -> None:
+    data, path = _store(tmp_path)
+    ct.cache(data, path, progress=False)
+    j = min(set(range(len(data.items))) - set(sampled(len(data.items))))
+    x, y = data.items[j]
+    changed = Items([*data.items[:j], (x + 1, y), *data.items[j + 1 :]])
+    assert same_item(ct.cache(changed, path, progress=False)[j], data.items[j])  # unseen without rebuild (a limit)
+    assert same_item(ct.cache(changed, path, rebuild=True, progress=False)[j], changed.items[j])
+
+
 def test_changed_items_are_refused_by_the_fingerprint_and_by_verify(tmp_path: Path) -> None:
     data, path = _store(tmp_path)
     ct.cache(data, path, progress=False)

@@ -267,13 +267,17 @@ def test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_c
 
 
 def test_rebuild_is_not_skipped_for_a_store_dated_in_the_future(tmp_path: Path) -> None:
-    path = tmp_path / "store"
-    ct.cache([torch.zeros(2)] * 3, path, progress=False)
+    from composetrain.data.writer import sampled
+
+    path, items = tmp_path / "store", [torch.zeros(2)] * 40
+    ct.cache(items, path, progress=False)
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["origin"]["created"] += 3600.0  # written on a node whose clock is an hour ahead
     (path / "manifest.json").write_text(json.dumps(manifest))
-    rebuilt = ct.cache([torch.ones(2)] * 3, path, rebuild=True, progress=False)
-    assert torch.equal(rebuilt[0], torch.ones(2))
+    j = min(set(range(40)) - set(sampled(40)))  # changed where the fingerprint does not look: only a rebuild sees it
+    changed = [*items[:j], torch.ones(2), *items[j + 1 :]]
+    rebuilt = ct.cache(changed, path, rebuild=True, progress=False)
+    assert torch.equal(rebuilt[j], torch.ones(2))
 
 
 def test_numpy_scalars_of_an_alias_type_pass_verify(tmp_path: Path) -> None:
@@ -289,3 +293,25 @@ def test_a_bool_timeout_is_refused_rather_than_taken_for_one_second(tmp_path: Pa
     with pytest.raises(ValueError, match="cache: timeout must be a positive number of seconds, got True"):
         ct.cache([torch.ones(1)], tmp_path / "store", timeout=True, progress=False)  # type: ignore[arg-type]
     assert not (tmp_path / "store").exists()
+
+
+class Growing(torch.utils.data.Dataset[Any]):
+    """A dataset whose len grows after its first call (another process appending to its index)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __len__(self) -> int:
+        self.calls += 1
+        return 10 if self.calls < 2 else 11
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.ones(1) * i
+
+
+def test_a_dataset_whose_len_changes_while_written_is_written_at_its_first_len_then_refused(tmp_path: Path) -> None:
+    data, path = Growing(), tmp_path / "store"
+    cached = ct.cache(data, path, progress=False)  # no bare AssertionError from the writer
+    assert len(cached) == 10 and all(same_item(cached[i], torch.ones(1) * i) for i in range(10))
+    with pytest.raises(ValueError, match=r"length: the store has 10, the dataset 11"):
+        ct.cache(data, path, progress=False)

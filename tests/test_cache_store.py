@@ -73,6 +73,71 @@ def test_a_folder_with_a_manifest_of_its_own_is_never_replaced(tmp_path: Path, m
     assert data.read == [] and _beside(shards) in (["shards"], [".shards.lock", "shards"])
 
 
+@pytest.mark.parametrize(
+    "how",
+    ["added to a store", "a file named almost as an array", "a link named as an array",
+     "manifest copied into a folder", "store copied into a folder", "store inside a store"],
+)  # fmt: skip
+def test_rebuild_never_removes_files_that_are_not_the_stores_own(tmp_path: Path, how: str) -> None:
+    data, path = _items(), tmp_path / "store"
+    ct.cache(data, path, progress=False)
+    folder = tmp_path / "photos" if "copied" in how else path
+    if how == "added to a store":
+        (path / "notes.txt").write_text("mine")
+        (path / "sub").mkdir()
+        (path / "sub" / "x.txt").write_text("mine too")
+        mine = ["f0.npy", "f1.npy", "manifest.json", "notes.txt", "sub"]
+    elif how == "a file named almost as an array":
+        (path / "f0.npz").write_bytes(b"mine")
+        mine = ["f0.npy", "f0.npz", "f1.npy", "manifest.json"]
+    elif how == "a link named as an array":
+        os.symlink(tmp_path / "elsewhere", path / "f7.npy")
+        mine = ["f0.npy", "f1.npy", "f7.npy", "manifest.json"]
+    elif how == "store inside a store":
+        ct.cache(_items(6), path / "inner", progress=False)
+        mine = [".inner.lock", "f0.npy", "f1.npy", "inner", "manifest.json"]
+    else:
+        folder.mkdir()
+        (folder / "a.jpg").write_bytes(b"jpeg")
+        names = ["manifest.json"] if how == "manifest copied into a folder" else ["manifest.json", "f0.npy", "f1.npy"]
+        for name in names:
+            shutil.copy(path / name, folder / name)
+        mine = sorted(["a.jpg", *names])
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+    with pytest.raises(ValueError, match="rebuild=True"):  # a store of other items: the advice is given, and then
+        ct.cache(_items(40, seed=1), folder, progress=False)
+    with pytest.raises(ValueError, match=r"cache: .* holds files that are not the store's .*never removes") as e:
+        ct.cache(_items(40, seed=1), folder, rebuild=True, progress=False)
+    assert "pass rebuild=True" not in str(e.value)
+    assert sorted(p.name for p in folder.iterdir()) == mine
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()} == before
+    assert not [n for n in os.listdir(folder.parent) if ".tmp-" in n]
+
+
+def test_a_file_put_in_the_store_as_it_is_replaced_is_kept(tmp_path: Path, monkeypatch: Any) -> None:
+    from composetrain.data import cache as cache_module
+
+    data, path = _items(), tmp_path / "store"
+    ct.cache(data, path, progress=False)
+    check, calls = cache_module.check_replaceable, []
+
+    def then_added(where: Path, replacing: bool = True) -> None:  # the last check passes; then the user adds a file
+        check(where, replacing)
+        calls.append(where)
+        if len(calls) == 3:
+            (where / "late.txt").write_text("mine")
+
+    monkeypatch.setattr(cache_module, "check_replaceable", then_added)
+    with pytest.warns(UserWarning, match=r"late\.txt"):
+        ct.cache(_items(40, seed=1), path, rebuild=True, progress=False)
+    kept = [p for p in tmp_path.iterdir() if ".tmp-old-" in p.name]
+    assert len(kept) == 1 and sorted(os.listdir(kept[0])) == ["late.txt"]  # the old store's own files removed
+    assert (kept[0] / "late.txt").read_text() == "mine"
+    ct.cache(_items(40, seed=1), tmp_path / "other", progress=False)  # another writer's clean-up keeps it too
+    ct.cache(_items(40, seed=1), path, rebuild=True, progress=False)
+    assert (kept[0] / "late.txt").read_text() == "mine"
+
+
 def test_a_manifest_replaced_under_the_lock_is_not_renamed_away(tmp_path: Path, monkeypatch: Any) -> None:
     from composetrain.data import cache as cache_module
 
@@ -130,6 +195,28 @@ def test_a_store_of_other_items_is_refused_by_default(tmp_path: Path, how: str) 
     with pytest.raises(ValueError, match=r"items \[.*\] of the dataset differ from those the store at .*rebuild=True"):
         ct.cache(other, path, progress=False)
     assert len(other.read) <= 8 and same_item(ct.cache(data, path, progress=False)[5], data.items[5])
+
+
+class Reused(Dataset[Any]):
+    """Every item in one buffer, filled anew at each read (a decoder's preallocated output)."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.zeros(3)
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        self.buffer.fill_(float(i))
+        return self.buffer
+
+
+def test_items_that_share_one_buffer_are_fingerprinted_as_read(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    ct.cache(Reused(), path, progress=False)
+    again = ct.cache(Reused(), path, progress=False)  # not refused as "altered since it was written"
+    assert all(torch.equal(again[i], torch.full((3,), float(i))) for i in range(40))
+    ct.cache(Reused(), path, verify=True, progress=False)
 
 
 def test_verify_compares_every_item(tmp_path: Path) -> None:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from composetrain.data.store import (
     check_unchanged,
     leftovers,
     publish_error,
+    remove_store,
     stamp,
 )
 from composetrain.data.writer import fingerprint, write_store
@@ -178,7 +180,7 @@ def _check(
     path = Path(os.path.realpath(path))  # a link to a folder on a larger disk: the store is written there
     if not path.parent.is_dir():
         raise ValueError(f"cache: the folder that holds the store, {path.parent}, does not exist; create it first")
-    check_replaceable(path)
+    check_replaceable(path, replacing=rebuild)
     if os.path.lexists(path) and os.path.ismount(path):
         check_renamable(path)  # refused now, before the lock file is made beside it
     return path
@@ -247,7 +249,7 @@ def _compare(dataset: Any, data: CachedDataset) -> None:
         and isinstance(recorded.get("blake2b"), str)
     ):  # fmt: skip
         raise StoreError(f"{data.path / MANIFEST}: its fingerprint of the items is missing or malformed")
-    items = {i: dataset[i] for i in sampled}
+    items = {i: copy.deepcopy(dataset[i]) for i in sampled}  # as read: one buffer may be filled anew at each read
     if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):
         raise ValueError(f"cache: items {sampled} of the dataset differ from those the store at {data.path} was "
                          "made from (the fingerprint it recorded): pass rebuild=True to write it again")  # fmt: skip
@@ -320,7 +322,7 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
 def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progress: bool) -> None:
     """Write into a temporary folder beside ``path`` and rename it into place; on any failure remove it."""
     for stale in leftovers(path):  # left by a writer that died: this one holds the lock
-        shutil.rmtree(stale, ignore_errors=True)
+        remove_store(stale)
     check_replaceable(path)
     check_renamable(path)  # before any item is read: a mount point would fail only once all is written
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
@@ -345,9 +347,12 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
             raise publish_error(path, e) from e
         os.rename(tmp, path)
         fsync_folder(path.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        remove_store(old)  # its own files only: checked to hold nothing else, and nothing else is ever removed
+        if os.path.lexists(old):  # a file put there between the check and the rename: kept, and said
+            warnings.warn(f"cache: {path} held files that are not the store's when it was replaced "
+                          f"({', '.join(os.listdir(old))}): they were kept in {old}", stacklevel=3)  # fmt: skip
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_store(tmp)
         if os.path.lexists(old) and not os.path.lexists(path):  # renamed away, then not replaced: put it back
             with contextlib.suppress(OSError):
                 os.rename(old, path)

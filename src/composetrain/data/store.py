@@ -9,6 +9,7 @@ store rebuilt or removed meanwhile is refused by name rather than read in part o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -18,15 +19,46 @@ from pathlib import Path
 
 from composetrain.data.files import MANIFEST, NotAStore, read_manifest
 
-__all__ = ["Stamp", "check_lock_file", "check_renamable", "check_replaceable", "check_unchanged", "leftovers",
-           "publish_error", "stamp"]  # fmt: skip
+__all__ = ["Stamp", "check_lock_file", "check_renamable", "check_replaceable", "check_unchanged", "foreign",
+           "leftovers", "publish_error", "remove_store", "stamp"]  # fmt: skip
 
 Stamp = tuple[int, int, int, int] | None
+_OWN = re.compile(r"f[0-9]+[os]?\.npy")  # the arrays a writer makes (writer._Column): f0.npy, f3o.npy, f3s.npy
 _TEMPORARY = re.compile(r"(old-)?[0-9a-f]{12}")  # what follows ".NAME.tmp-" in a writer's folders (see cache._write)
 
 
-def check_replaceable(path: Path) -> None:
-    """Refuse unless ``path`` is absent, an empty folder or a cache store: what ``ct.cache`` may replace."""
+def foreign(folder: Path) -> list[str]:
+    """The names in ``folder`` that are not a store's own files (``manifest.json`` and the ``f<n>[os].npy`` arrays
+    a writer makes, regular files): a user's files, a store nested inside, links. ``ct.cache`` never removes them."""
+    names = []
+    for name in sorted(os.listdir(folder)):
+        try:
+            plain = stat.S_ISREG(os.lstat(folder / name).st_mode)
+        except FileNotFoundError:
+            continue
+        if not (plain and (name == MANIFEST or _OWN.fullmatch(name))):
+            names.append(name)
+    return names
+
+
+def remove_store(folder: Path) -> None:
+    """Remove a store's (or a writer's temporary) folder: its own files, then the folder if nothing else is left in
+    it (never ``shutil.rmtree``: a file someone put there meanwhile stays, with the folder)."""
+    try:
+        others = set(foreign(folder))
+    except OSError:
+        return
+    for name in os.listdir(folder):
+        if name not in others:
+            with contextlib.suppress(OSError):
+                os.unlink(folder / name)
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+
+
+def check_replaceable(path: Path, replacing: bool = True) -> None:
+    """Refuse unless ``path`` is absent, an empty folder or a cache store: what ``ct.cache`` may replace; and,
+    ``replacing`` it, a store holding anything but its own files."""
     if not os.path.lexists(path):
         return
     if not path.is_dir():
@@ -44,6 +76,12 @@ def check_replaceable(path: Path) -> None:
                         "with or without rebuild=True: choose another path") from None  # fmt: skip
     except (OSError, ValueError):
         pass  # a cache manifest of another version, or a store damaged otherwise: a store, rebuilt on request
+    others = foreign(path) if replacing else []
+    if others:  # a user's files put in the store, or a cache manifest copied into a folder of other things
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise ValueError(f"cache: {path} holds files that are not the store's ({shown}); ct.cache never removes "
+                         "them, so it does not write the store again there: move them out, or choose another "
+                         "path")  # fmt: skip
 
 
 def check_renamable(path: Path) -> None:

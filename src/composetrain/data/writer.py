@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import random
@@ -127,10 +128,10 @@ def _as_int(dtype: torch.dtype) -> torch.dtype:
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
 
 
-def _items(dataset: Any, workers: int | str) -> Iterator[Any]:
+def _items(dataset: Any, n: int, workers: int | str) -> Iterator[Any]:
     """The dataset's items in order: the first few read here and timed; the rest by loader workers when
     reading them here would take long (``workers="auto"``), else here too."""
-    n, tick = len(dataset), time.perf_counter()
+    tick = time.perf_counter()
     first = min(n, _TIMED)
     for i in range(first):
         yield dataset[i]
@@ -156,16 +157,16 @@ def write_store(
     Raises:
         ValueError: an item that cannot be stored, or unlike item 0 in structure or dtype (named by index).
     """
-    n = len(dataset)
+    n = origin["length"]  # the len the store records: a dataset whose len changes meanwhile is refused at its next open
     columns: list[_Column] = []
     kinds: list[tuple[str, str, bool]] = []
     item0: Any = None
     paths: list[str] = []
     bar = _bar(n, progress)
     kept: dict[int, Any] = dict.fromkeys(sampled(n))  # the items the store's fingerprint is made of
-    for i, item in enumerate(_items(dataset, workers)):
-        if i in kept:
-            kept[i] = item
+    for i, item in enumerate(_items(dataset, n, workers)):
+        if i in kept:  # a copy: a dataset may hand out one buffer, filled anew at each read
+            kept[i] = copy.deepcopy(item)
         prefix = f"cache: item {i}"
         leaves = _leaves(item, prefix, [])
         here = [where[len(prefix) :] for where, _ in leaves]
