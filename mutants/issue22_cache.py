@@ -25,8 +25,10 @@ MUTANTS = [
         "file": "src/composetrain/data/cache.py",
         "find": "if (path / MANIFEST).exists() and (not rebuild or fresh):",
         "replace": "if (path / MANIFEST).exists():",
-        "tests": [f"{T}::test_a_store_made_from_another_dataset_is_refused_and_rebuilt_on_request",
-                  f"{T}::test_rebuild_writes_again_a_store_whose_fingerprint_items_agree"],
+        "tests": [
+            f"{T}::test_a_store_made_from_another_dataset_is_refused_and_rebuilt_on_request",
+            f"{T}::test_rebuild_writes_again_a_store_whose_fingerprint_items_agree",
+        ],
         "why": "rebuild=True never rebuilds: the old store is checked (and refused) again",
     },
     {
