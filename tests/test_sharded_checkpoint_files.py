@@ -163,16 +163,23 @@ def test_load_checkpoint_expands_the_home_folder(group, tmp_path, monkeypatch):
         assert torch.equal(a.full_tensor(), b.full_tensor()), k
 
 
-def test_a_flipped_bit_in_a_shard_file_is_found_by_its_checksum(group, tmp_path):
-    """DCP reads a shard file whose tensor bytes changed without a word; ct.run's checksum finds it, and the
-    checkpoint is set aside as corrupt before DCP reads anything."""
+def saved_with_a_flipped_shard(folder):
+    """A sharded checkpoint saved into ``folder``, then one bit of the first layer's weight flipped in the shard file
+    that holds it: (the checkpoint's folder, that file)."""
     state = sharded_state()
-    final = save(tmp_path / "run", state)
+    final = save(folder, state)
     raw = state.model[0].weight.to_local().detach().contiguous().numpy().tobytes()
     (shard,) = [p for p in (final / "shards").glob("*.distcp") if raw in p.read_bytes()]
     data = bytearray(shard.read_bytes())
     data[data.find(raw)] ^= 1
     shard.write_bytes(bytes(data))
+    return final, shard
+
+
+def test_a_flipped_bit_in_a_shard_file_is_found_by_its_checksum(group, tmp_path):
+    """DCP reads a shard file whose tensor bytes changed without a word; ct.run's checksum finds it, and the
+    checkpoint is set aside as corrupt before DCP reads anything."""
+    final, shard = saved_with_a_flipped_shard(tmp_path / "run")
     found = checkpoint.Checkpoints(tmp_path / "run", rank=0, world_size=1, keep=2, shards=ShardFiles(sharded_state()))
     try:
         with (
@@ -196,13 +203,7 @@ def _latest(root):
 def test_a_flipped_shard_file_whose_checksum_is_missing_from_the_list_is_corrupt_too(group, tmp_path):
     """The shard files checked are those in the folder, each needing its checksum (as state.pt does), not those the
     list names: a checksums.json that lost a shard's entry must not let that shard load unchecked."""
-    state = sharded_state()
-    final = save(tmp_path / "run", state)
-    raw = state.model[0].weight.to_local().detach().contiguous().numpy().tobytes()
-    (shard,) = [p for p in (final / "shards").glob("*.distcp") if raw in p.read_bytes()]
-    data = bytearray(shard.read_bytes())
-    data[data.find(raw)] ^= 1
-    shard.write_bytes(bytes(data))
+    final, shard = saved_with_a_flipped_shard(tmp_path / "run")
     sums = json.loads((final / "checksums.json").read_text())
     del sums["sha256"][f"shards/{shard.name}"]
     (final / "checksums.json").write_text(json.dumps(sums))
