@@ -79,10 +79,11 @@ def main() -> None:
     with torch.no_grad():
         ema_acc = (averaged(test.tensors[0]).argmax(-1) == test.tensors[1]).float().mean().item()
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result; one prints it
-        rates = {r["epoch"]: r["lr"] for r in result.history}  # the last record of each epoch: its rate
+        # the last record of each epoch (its epoch: the epochs completed at its step, as an evaluation's): its rate
+        rates = {r["epoch"]: r["lr"] for r in result.history}
         for e in result.evals:
             print(
-                f"epoch {e['epoch']:2d}  lr {rates.get(e['epoch'] - 1, float('nan')):.6f}  test acc {e['acc']:.3f}  "
+                f"epoch {e['epoch']:2d}  lr {rates.get(e['epoch'], float('nan')):.6f}  test acc {e['acc']:.3f}  "
                 f"ema acc {e['eval_ema']['acc']:.3f}"
             )
         print(f"{train_step}: decay {decay:.6f}; final EMA model test acc {ema_acc:.3f}")
