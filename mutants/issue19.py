@@ -160,14 +160,14 @@ MUTANTS = [
     },
     # -- accumulate('auto')'s rollback (_auto_accumulate.py) -----------------------------------------------
     {
-        "file": "src/composetrain/transforms/_auto_accumulate.py",
+        "file": "src/composetrain/core/rng.py",
         "find": "        random.setstate(self.py_rng)\n",
         "replace": "",
         "tests": [f"{T_UNDO}::test_python_numpy_torch_streams_and_every_buffer_are_those_of_accumulate_n"],
         "why": "a failed attempt's Python draws are not given back",
     },
     {
-        "file": "src/composetrain/transforms/_auto_accumulate.py",
+        "file": "src/composetrain/core/rng.py",
         "find": "            numpy.random.set_state(saved)\n",
         "replace": "            del saved\n",
         "tests": [f"{T_UNDO}::test_python_numpy_torch_streams_and_every_buffer_are_those_of_accumulate_n"],

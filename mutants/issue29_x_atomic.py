@@ -28,9 +28,9 @@ MUTANTS = [
         "why": "the last backward's all-reduce is never marked as passed: an error of accumulate's passes after it is kept from the other ranks",
     },
     {
-        "file": "src/composetrain/transforms/distributed.py",
-        "find": "                last.refuse_with(ctx.agree)\n",
-        "replace": "                pass\n",
+        "file": "src/composetrain/transforms/_deferred_sync.py",
+        "find": "            last.refuse_with(ctx.agree)\n",
+        "replace": "            pass\n",
         "tests": [DISTRIBUTED],
         "why": "an error of the passes after the last all-reduce is not told: the other ranks apply the update",
     },

@@ -8,14 +8,13 @@ it is about to change, and a failure restores it all.
 from __future__ import annotations
 
 import copy
-import random
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from composetrain.core.rng import Generators
 from composetrain.core.util import LOAD_STATE
 
 __all__ = ["CallUndo", "keep_model", "keep_optimizer", "keep_through_state_dict", "undo_all"]
@@ -90,11 +89,7 @@ class CallUndo:
     """
 
     def __init__(self, params: list[torch.Tensor]) -> None:
-        self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.py_rng = random.getstate()
-        numpy = sys.modules.get("numpy")  # a step that never imported NumPy cannot have drawn from it
-        self.np_rng = (numpy, numpy.random.get_state()) if numpy is not None else None
+        self.generators = Generators()
         self.grads = [(p, p.grad.clone()) for p in params if p.grad is not None]  # copies: backward adds in place
         self.tables: list[tuple[nn.Module, dict[str, torch.Tensor | None]]] = []
         self.buffers: list[torch.Tensor] = []
@@ -141,10 +136,4 @@ class CallUndo:
                 weight.index_copy_(0, rows, values)
         for p, g in self.grads:
             p.grad = g
-        torch.set_rng_state(self.rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-        random.setstate(self.py_rng)
-        if self.np_rng is not None:
-            numpy, saved = self.np_rng
-            numpy.random.set_state(saved)
+        self.generators.restore()

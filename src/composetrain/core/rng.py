@@ -5,11 +5,35 @@ code); checked on fresh generators before use."""
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import torch
 
-__all__ = ["capture_rng", "generators_problem", "restore_rng", "rng_problem", "seed_everything"]
+__all__ = ["Generators", "capture_rng", "generators_problem", "restore_rng", "rng_problem", "seed_everything"]
+
+
+class Generators:
+    """This process's generator states in memory, for putting back what a failed attempt drew (no checkpoint:
+    unlike ``capture_rng``, nothing is converted). CUDA's only once initialised, NumPy's only once imported: a
+    step that never imported NumPy cannot have drawn from it."""
+
+    def __init__(self) -> None:
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.py_rng = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.np_rng = (numpy, numpy.random.get_state()) if numpy is not None else None
+
+    def restore(self) -> None:
+        """Every generator as it was when this snapshot was taken."""
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        random.setstate(self.py_rng)
+        if self.np_rng is not None:
+            numpy, saved = self.np_rng
+            numpy.random.set_state(saved)
 
 
 def seed_everything(seed: int) -> None:

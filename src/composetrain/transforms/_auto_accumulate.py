@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gc
 import math
-import random
-import sys
 from types import MappingProxyType
 from typing import Any
 
@@ -13,6 +11,7 @@ import torch
 
 from composetrain.core.batching import leading_size, split_weighted, warn_if_batchnorm
 from composetrain.core.protocol import Context, Pass, TrainStep, Update, WeightFn, combine
+from composetrain.core.rng import Generators
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform
 from composetrain.core.util import name, show
@@ -164,11 +163,7 @@ class _Undo:
         held = [p for group in state.optimizer.param_groups for p in group["params"]]
         params = {id(p): p for p in (*model.parameters(), *held)}.values()
         self.grads = [(p, p.grad.clone()) for p in params if p.grad is not None]
-        self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.py_rng = random.getstate()
-        numpy = sys.modules.get("numpy")  # a step that never imported NumPy cannot have drawn from it
-        self.np_rng = (numpy, numpy.random.get_state()) if numpy is not None else None
+        self.generators = Generators()
         # every module's buffer table (a forward may rebind a buffer, not only write into it, or register one on
         # a module that had none: so the empty tables too), and the values
         self.tables = [(m, dict(m._buffers)) for m in model.modules()]
@@ -180,13 +175,7 @@ class _Undo:
         self.state.zero_grad()
         for p, grad in self.grads:
             p.grad = grad.clone()
-        torch.set_rng_state(self.rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-        random.setstate(self.py_rng)
-        if self.np_rng is not None:
-            numpy, saved = self.np_rng
-            numpy.random.set_state(saved)
+        self.generators.restore()
         for module, table in self.tables:
             module._buffers.clear()
             module._buffers.update(table)

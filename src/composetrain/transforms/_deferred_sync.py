@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["DDPDeferredSync", "LastSync", "agree_max"]
+__all__ = ["DDPDeferredSync", "LastSync", "agree_max", "grads_telling_the_others"]
 
 
 class DDPDeferredSync:
@@ -100,6 +100,18 @@ class LastSync:
         """An error of this process's passes: tell the others, if they are past the synchronisation too."""
         if self.passed and agree is not None:
             agree([1.0])
+
+
+def grads_telling_the_others(inner: Any, role: str, state: Any, batch: Any, ctx: Any) -> Any:
+    """``inner.grads(state, batch, ctx)`` for ``distributed``/``sharded`` (``role``): an error of the passes after
+    this process's last gradient synchronisation (its ``LastSync`` in ``ctx.notes``) is told to the others."""
+    try:
+        return inner.grads(state, batch, ctx)
+    except Exception:
+        last = ctx.notes.get(role)
+        if last is not None:  # several processes
+            last.refuse_with(ctx.agree)
+        raise
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import check_bool, check_real, name, show
 from composetrain.launch.rendezvous import group_world
-from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, agree_max
+from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, agree_max, grads_telling_the_others
 
 __all__ = ["distributed"]
 
@@ -198,13 +198,7 @@ class _Distributed(TrainStep):
         )
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
-        try:
-            return self._inner().grads(state, batch, ctx)
-        except Exception:
-            last = ctx.notes.get(self.role)
-            if last is not None:  # several processes
-                last.refuse_with(ctx.agree)
-            raise
+        return grads_telling_the_others(self._inner(), self.role, state, batch, ctx)
 
     def _ddp(self, state: TrainState, module: nn.Module) -> DistributedDataParallel:
         replica = state.transform_state(self.role, _Replica)

@@ -19,7 +19,7 @@ from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import check_bool, show
 from composetrain.launch.rendezvous import group_world
-from composetrain.transforms._deferred_sync import LastSync, agree_max
+from composetrain.transforms._deferred_sync import LastSync, agree_max, grads_telling_the_others
 from composetrain.transforms._shard_optimizer import only_initial_state, remake_initial_state
 from composetrain.transforms._shard_units import Units, check_units_argument, describe_units, select_units
 
@@ -187,13 +187,7 @@ class _Sharded(TrainStep):
         )
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
-        try:
-            return self._inner().grads(state, batch, ctx)
-        except Exception:
-            last = ctx.notes.get(self.role)
-            if last is not None:  # several processes
-                last.refuse_with(ctx.agree)
-            raise
+        return grads_telling_the_others(self._inner(), self.role, state, batch, ctx)
 
     def setup(self, state: TrainState) -> None:
         """Shard the model before a checkpoint is resumed: its sharded tensors load straight into the shards."""
