@@ -75,6 +75,7 @@ from torch import nn
 
 from composetrain.core._rollback import CallUndo
 from composetrain.core.batching import check_weights, samples
+from composetrain.core.composition_rules import check_inside
 from composetrain.core.state import TrainState
 from composetrain.core.util import name, show
 
@@ -218,9 +219,10 @@ class TrainStep:
     step's, and returns its configuration from ``_config()`` (steps with equal
     configuration around equal inner steps are equal). A transform that may occur
     only once in a composition names itself in the class attribute ``role``; one
-    whose update phase reports metrics lists their names in ``reports``; one that
-    cannot be correct around another names that role in ``refuses_inside``, with
-    the reason and the order to use (checked when the composition is built). What the
+    whose update phase reports metrics lists their names in ``reports``; the roles it
+    cannot be correct around, with the reason and the order to use, are its row of the
+    composition rules (``composetrain.core.composition_rules``), its ``refuses_inside``
+    (checked when the composition is built). What the
     driver must know of a transform it states in the flags ``places_model``,
     ``syncs_processes`` and ``forward_needs_every_rank`` (see ``Capabilities``); one that changes the
     update itself rather than how it is computed (``clip_grad_norm``) sets ``changes_update``, so that
@@ -239,7 +241,8 @@ class TrainStep:
     __signature__: inspect.Signature
     role: ClassVar[str | None] = None
     reports: ClassVar[frozenset[str]] = frozenset()
-    refuses_inside: ClassVar[Mapping[str, str]] = MappingProxyType({})  # role -> why, and the order to use
+    # role -> why, and the order to use: the transform's row of composition_rules.REFUSED
+    refuses_inside: ClassVar[Mapping[str, str]] = MappingProxyType({})
     places_model: ClassVar[bool] = False
     syncs_processes: ClassVar[bool] = False
     forward_needs_every_rank: ClassVar[bool] = False
@@ -255,8 +258,7 @@ class TrainStep:
                 f"{self._label()}: the step inside, {inner!r}, already applies {self.role}; "
                 f"use {self.role} once in a composition"
             )
-        for role in sorted(inside & self.refuses_inside.keys()):
-            raise ValueError(f"{self._label()}: cannot wrap a step that applies {role}: {self.refuses_inside[role]}")
+        check_inside(self._label(), self.refuses_inside, inside)
         inherited = inner.weight if inner is not None else None
         if weight is not None and inherited is not None and weight is not inherited:
             raise ValueError(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import gc
 import math
-from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from composetrain.core.batching import leading_size, split_weighted, warn_if_batchnorm
+from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep, Update, WeightFn, combine
 from composetrain.core.rng import Generators
 from composetrain.core.state import TrainState
@@ -55,17 +55,7 @@ class MicroBatchMemory:
 class _AutoAccumulate(TrainStep):
     role = "accumulate_auto"
     reports = frozenset({"micro_batch"})
-    refuses_inside = MappingProxyType(
-        {
-            "sharded": "an out-of-memory retry must be agreed by every rank before FSDP2's collectives, which "
-            "sharded does not arrange yet: use a fixed accumulate(n) inside sharded, or "
-            "distributed(accumulate('auto')(step))",
-            "mixed_precision": "mixed_precision unscales the gradients after the last pass, and which pass is "
-            "last is known only once every pass fitted; use mixed_precision(accumulate('auto')(step))",
-            "data_parallel": "a retry must start again from the whole batch, not from one replica's shard; run one "
-            "process per device with distributed(accumulate('auto')(step))",
-        }
-    )
+    refuses_inside = refused_inside(role)
 
     def __init__(self, inner: TrainStep, label: str, weight: WeightFn | None) -> None:
         self.label = label

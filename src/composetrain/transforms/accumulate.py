@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any, Literal
 
 from composetrain.core.batching import split_weighted, warn_if_batchnorm
+from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
@@ -87,13 +87,7 @@ def _label(n: int, weight: WeightFn | None) -> str:
 
 
 class _Accumulate(TrainStep):
-    refuses_inside = MappingProxyType(
-        {
-            "accumulate_auto": "a retry after an out-of-memory error starts again from the whole batch of the "
-            "update, not from one micro-batch of it; put accumulate('auto') outside: "
-            "accumulate('auto')(accumulate(n)(step))"
-        }
-    )
+    refuses_inside = refused_inside("accumulate")
 
     def __init__(self, inner: TrainStep, n: int, weight: WeightFn | None) -> None:
         self.n = n

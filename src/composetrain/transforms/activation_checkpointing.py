@@ -7,13 +7,13 @@ import difflib
 import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
@@ -137,17 +137,7 @@ class _Chosen(RuntimeState):
 
 class _CheckpointActivations(TrainStep):
     role = "checkpoint_activations"
-    refuses_inside = MappingProxyType(
-        {
-            "data_parallel": "data_parallel's replicas are copies of the model that the chosen submodules are not "
-            "part of; run one process per device with distributed instead: "
-            "distributed(checkpoint_activations(modules)(step))",
-            # ct.compile's role when fullgraph=True (transforms/compile.py)
-            "compile(fullgraph=True)": "the chosen submodules run eagerly between the compiled graphs (TorchDynamo "
-            "cannot trace checkpoint's exact replay), a graph break that fullgraph=True forbids; use "
-            "ct.compile(fullgraph=False) (the default)",
-        }
-    )
+    refuses_inside = refused_inside(role)
 
     def __init__(self, inner: TrainStep, label: str, specs: tuple[Any, ...]) -> None:
         self.label = label

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from composetrain.core.composition_rules import FULLGRAPH, check_inside, refused_inside
 from composetrain.core.protocol import Context, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
@@ -19,19 +20,6 @@ _MODES = (None, "default", "max-autotune-no-cudagraphs")
 # CUDA graphs reuse their output buffers on the next replay: a micro-batch's loss share, kept until the update
 # ends (and a StepOutput kept until the log point) would be overwritten under the caller
 _CUDAGRAPHS = ("reduce-overhead", "max-autotune")
-# The transforms whose hooks run eagerly between the compiled graphs (graph breaks, by design): what fullgraph
-# forbids. The role a fullgraph compile adds to the composition's, so that they refuse it from outside too (their
-# refuses_inside)
-FULLGRAPH = "compile(fullgraph=True)"
-_BREAKS_GRAPH = {
-    "checkpoint_activations": "its chosen submodules run eagerly between the compiled graphs (TorchDynamo cannot "
-    "trace checkpoint's exact replay)",
-    "distributed": "DDP's forward runs its own bookkeeping (the reducer's logging, the buckets' preparation) "
-    "eagerly, between the compiled graphs",
-    "pipeline_split": "its hooks move activations between devices eagerly, between the compiled graphs",
-    "sharded": "FSDP2's hooks gather and free the shards eagerly, between the compiled graphs",
-}
-_FULLGRAPH_FIX = "a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)"
 
 
 @transform_factory
@@ -175,14 +163,14 @@ class _Compiled(RuntimeState):
 
 class _Compile(TrainStep):
     role = "compile"
+    refuses_inside = refused_inside(role)  # none; a fullgraph one's are FULLGRAPH's
 
     def __init__(self, inner: TrainStep, label: str, options: dict[str, Any]) -> None:
         self.label = label
         self.options = options
         self.compile_cache = options["cache"]  # the driver keeps torch's caches beside the checkpoints
-        for role in sorted(inner.roles & _BREAKS_GRAPH.keys()) if options["fullgraph"] else ():
-            why = f"{_BREAKS_GRAPH[role]}, {_FULLGRAPH_FIX}"
-            raise ValueError(f"{label}: cannot wrap a step that applies {role}: {why}")
+        if options["fullgraph"]:  # before the check of the role: as FULLGRAPH, it cannot wrap what breaks its graph
+            check_inside(label, refused_inside(FULLGRAPH), inner.roles)
         super().__init__(inner)
         if options["fullgraph"]:
             self.roles = self.roles | {FULLGRAPH}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import copy
 from concurrent.futures import ThreadPoolExecutor, wait
-from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
 
 from composetrain.core.batching import split_weighted, to_device, warn_if_batchnorm
+from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep, combine
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
@@ -67,21 +67,7 @@ class _Replicas(RuntimeState):
 class _DataParallel(TrainStep):
     role = "data_parallel"
     places_model = True  # one replica per device, placed by the transform
-    refuses_inside = MappingProxyType(
-        {
-            "mixed_precision": "it would unscale each replica's gradients before they are summed; use "
-            "mixed_precision(data_parallel(...)(step))",
-            "distributed": "DDP reduces the gradients of one module, not of thread replicas; run one process "
-            "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node",
-            "pipeline_split": "a model split across devices cannot also be replicated on each of them",
-            "accumulate_auto": "a retry must start again from the whole batch, not from one replica's shard; run "
-            "one process per device with distributed(accumulate('auto')(step))",
-            "checkpoint_activations": "data_parallel's replicas are copies of the model that the chosen submodules "
-            "are not part of; run one process per device with distributed instead",
-            "sharded": "FSDP shards one module across processes, not thread replicas; run one process per device "
-            "(torchrun --nproc-per-node=<devices>) with ct.sharded alone",
-        }
-    )
+    refuses_inside = refused_inside(role)
 
     def __init__(self, inner: TrainStep, label: str, devices: list[torch.device]) -> None:
         self.label = label

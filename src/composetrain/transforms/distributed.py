@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -13,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
@@ -123,17 +123,7 @@ class _Replica(RuntimeState):
 class _Distributed(TrainStep):
     role = "distributed"
     syncs_processes = True
-    refuses_inside = MappingProxyType(
-        {
-            "data_parallel": "DDP reduces the gradients of one module, not of thread replicas; run one process "
-            "per device instead (torchrun --nproc-per-node=<devices>): DDP over DP, also on one node",
-            "sharded": "a model is either replicated (DDP) or sharded (FSDP), not both; use ct.sharded alone",
-            # ct.compile's role when fullgraph=True (transforms/compile.py)
-            "compile(fullgraph=True)": "DDP's forward runs its own bookkeeping (the reducer's logging, the buckets' "
-            "preparation) eagerly, between the compiled graphs, a graph break that fullgraph=True forbids; use "
-            "ct.compile(fullgraph=False) (the default)",
-        }
-    )
+    refuses_inside = refused_inside(role)
 
     def __init__(
         self,

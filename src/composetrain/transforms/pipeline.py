@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
 
 from composetrain.core.batching import concat_batches, leading_size, leaves, split_batch, to_device, warn_if_batchnorm
+from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
@@ -131,16 +131,7 @@ class _Placed(RuntimeState):
 class _Pipeline(TrainStep):
     role = "pipeline_split"
     places_model = True  # each stage on its own device, placed by the transform
-    refuses_inside = MappingProxyType(
-        {
-            "data_parallel": "a model split across devices cannot also be replicated on each of them",
-            "sharded": "FSDP2 here shards a model on one device per process; split the model with sharded's "
-            "modules= (its units are gathered one at a time) instead of pipeline_split",
-            # ct.compile's role when fullgraph=True (transforms/compile.py)
-            "compile(fullgraph=True)": "its hooks move activations between devices eagerly, between the compiled "
-            "graphs, a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)",
-        }
-    )
+    refuses_inside = refused_inside(role)
 
     def __init__(self, inner: TrainStep, label: str, placement: dict[str, torch.device], chunks: int) -> None:
         self.label = label

@@ -6,7 +6,6 @@ import contextlib
 import functools
 import hashlib
 from collections.abc import Iterator
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -14,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from composetrain.core.batching import samples
+from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
@@ -24,8 +24,6 @@ from composetrain.transforms._shard_optimizer import only_initial_state, remake_
 from composetrain.transforms._shard_units import Units, check_units_argument, describe_units, select_units
 
 __all__ = ["apply_sharding", "sharded"]
-
-_WHY = "a model is either replicated (DDP) or sharded (FSDP), not both; use ct.sharded alone"
 
 
 @transform_factory
@@ -122,21 +120,7 @@ class _Sharded(TrainStep):
     role = "sharded"
     syncs_processes = True
     forward_needs_every_rank = True  # each forward gathers the parameters from every rank
-    refuses_inside = MappingProxyType(
-        {
-            "distributed": _WHY,
-            "data_parallel": "FSDP shards one module across processes, not thread replicas; run one process per "
-            "device (torchrun --nproc-per-node=<devices>) with ct.sharded alone",
-            "pipeline_split": "FSDP2 here shards a model on one device per process; split the model with modules= "
-            "(its units are gathered one at a time) instead of pipeline_split",
-            "accumulate_auto": "an out-of-memory retry must be agreed by every rank before FSDP2's collectives, "
-            "which sharded does not arrange yet: use a fixed accumulate(n) inside sharded, or "
-            "distributed(accumulate('auto')(step))",
-            # ct.compile's role when fullgraph=True (transforms/compile.py)
-            "compile(fullgraph=True)": "FSDP2's hooks gather and free the shards eagerly, between the compiled "
-            "graphs, a graph break that fullgraph=True forbids; use ct.compile(fullgraph=False) (the default)",
-        }
-    )
+    refuses_inside = refused_inside(role)
 
     def __init__(self, inner: TrainStep, label: str, options: tuple[Any, ...], group: Any) -> None:
         self.label = label
