@@ -24,7 +24,6 @@ from composetrain.checkpoint.files import Checkpoints
 from composetrain.checkpoint.sharded import ShardFiles
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import restore_rng, seed_everything
-from composetrain.core.schedules import horizon_problem, steps_left_problem
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN
@@ -45,6 +44,7 @@ from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
 from composetrain.driver.reader import Reader
+from composetrain.driver.schedules import horizon_problem, steps_left_problem
 from composetrain.driver.tracking import Tracker
 from composetrain.driver.waiting import Waiting
 from composetrain.launch.rendezvous import Process, rendezvous
