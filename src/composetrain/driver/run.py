@@ -26,8 +26,7 @@ from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import restore_rng, seed_everything
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
-from composetrain.core.util import RUN
-from composetrain.driver.checks import check_state
+from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.loading import (
@@ -277,6 +276,13 @@ def run(
         if proc.is_main and log.progress:
             print(f"{RUN}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
+
+
+def check_state(state: Any) -> None:
+    if not isinstance(state, TrainState):
+        raise TypeError(
+            f"{RUN}: state must be a ct.TrainState, got {show(state)}; build ct.TrainState(model, optimizer)"
+        )
 
 
 def _check_horizon(state: TrainState, schedule: Schedule, resumed: bool) -> None:
