@@ -71,7 +71,7 @@ MUTANTS = [
         "why": "20.7: a model moved to another device type restarts its loss scale at 2**16",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/reader.py",
         "find": "return max(0, min(8, cores // max(1, local_world_size) - 1))",
         "replace": "return max(0, min(8, cores - 1))",
         "tests": ["tests/test_auto_workers.py"],

@@ -225,9 +225,9 @@ MUTANTS += [
         "why": "the collate_fn given dropped in this process: batches collated by default_collate",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
-        "find": "Batches(data, collate_fn) if whole else data,",
-        "replace": "Batches(data) if whole else data,",
+        "file": "src/composetrain/driver/reader.py",
+        "find": "Batches(dataset, collate_fn) if whole else dataset,",
+        "replace": "Batches(dataset) if whole else dataset,",
         "tests": [A + "test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn"],
         "why": "the collate_fn given dropped in loader workers",
     },
