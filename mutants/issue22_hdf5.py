@@ -274,14 +274,14 @@ MUTANTS += [
         "why": "a file given for --images or --cache: a traceback after an epoch of decoding",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/loader.py",
         "find": "        mapped_data.set_epoch(epoch)",
         "replace": "        pass",
         "tests": [A + "test_a_dataloader_given_to_ct_run_augments_per_epoch"],
         "why": "a DataLoader given to ct.run over an augmented dataset: the same draw every epoch",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/loader.py",
         "find": "        if augmented and data.num_workers > 0 and data.persistent_workers:",
         "replace": "        if False:",
         "tests": [A + "test_a_dataloader_whose_persistent_workers_never_see_the_epoch_is_refused"],

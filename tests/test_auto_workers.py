@@ -6,8 +6,8 @@ import os
 import pytest
 import run_script
 
-from composetrain.driver import loading
-from composetrain.driver.loading import build_loader
+from composetrain.driver import loader
+from composetrain.driver.loader import build_loader
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.reader import auto_workers
 
@@ -53,4 +53,4 @@ def test_the_loader_offers_auto_its_share_of_the_cores(cores, local, spare):
     )
     reader, _ = build_loader(options, pin_memory=False, rank=0, world_size=1, local_world_size=local)
     assert reader._spare == spare
-    assert loading.auto_workers is auto_workers  # the one rule, not a copy
+    assert loader.auto_workers is auto_workers  # the one rule, not a copy

@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 import composetrain as ct
 from composetrain.core.batching import to_device
 from composetrain.core.rng import seed_everything
-from composetrain.driver import loading as ct_data
+from composetrain.driver import loader as ct_data
 from composetrain.driver import reader as ct_reader
-from composetrain.driver.loading import build_loader, epoch_batches
+from composetrain.driver.loader import build_loader, epoch_batches
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import ResumableSampler, choose_workers

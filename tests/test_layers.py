@@ -133,6 +133,22 @@ def test_every_module_sits_in_a_layer_folder_or_is_the_top_level():
     assert top == {"composetrain", "composetrain.plot"}
 
 
+def file_names_in_two_folders(modules: dict[str, str]) -> dict[str, list[str]]:
+    """Each module file name (``__init__`` aside) that more than one folder holds: the folders."""
+    folders: dict[str, list[str]] = {}
+    for module in modules:
+        parent, _, name = module.rpartition(".")
+        if not _is_package(module, modules):
+            folders.setdefault(name, []).append(parent)
+    return {name: where for name, where in folders.items() if len(where) > 1}
+
+
+def test_no_file_name_means_two_things_in_two_folders():
+    assert file_names_in_two_folders(sources()) == {}
+    planted = {**sources(), "composetrain.driver.format": ""}
+    assert file_names_in_two_folders(planted) == {"format": ["composetrain.checkpoint", "composetrain.driver"]}
+
+
 @pytest.mark.parametrize(
     ("module", "line", "says"),
     [

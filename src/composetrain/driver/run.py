@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 from composetrain.checkpoint.files import Checkpoints
-from composetrain.checkpoint.sharded import ShardFiles
+from composetrain.checkpoint.shards import ShardFiles
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import restore_rng, seed_everything
 from composetrain.core.state import TrainState
@@ -29,7 +29,7 @@ from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
 from composetrain.driver.evaluation import EvalStep, evaluator
-from composetrain.driver.loading import (
+from composetrain.driver.loader import (
     build_loader,
     epoch_batches,
     epoch_order,

@@ -1,4 +1,7 @@
-"""Loaders for ct.run: workers, pinned memory, a resumable distributed sampler, seeded workers."""
+"""ct.run's loader: a DataLoader given, checked and used as given, or a ``Reader`` over a Dataset with its resumable
+distributed sampler and seeded workers (``build_loader``); an epoch's batches from where a run stopped
+(``epoch_batches``); what a given DataLoader draws an epoch's order from, so that a resume replays it
+(``epoch_order``, ``order_problem``)."""
 
 from __future__ import annotations
 
