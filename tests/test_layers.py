@@ -1,7 +1,8 @@
 """The package's layers, from the imports of its source (``ast``, nothing imported): each module imports only
 its own layer or a lower one (core < launch < data < transforms < checking < checkpoint < driver < the top level:
 ``__init__`` and ``plot``), TYPE_CHECKING and function-local imports included; no import cycle between modules; no
-private name (``_x``) taken from another module; a private module (``_x.py``) imported only from its own folder.
+private name (``_x``) taken from another module; a private module (``_x.py``) imported only from its own folder; no
+file name in two folders (a name means one thing).
 ``checking`` (``ct.check``) judges compositions of transforms through ``core``'s protocol and needs nothing of the
 checkpoint or the driver: it sits above the transforms and below what may one day use it."""
 
