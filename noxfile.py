@@ -16,7 +16,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff on everything, mypy on the package's public API, and the package's layers (tests/test_layers.py:
-    imports go only downward, core < launch < transforms < checkpoint < driver < the top level, without cycles)."""
+    imports go only downward, core < launch < data < transforms < checking < checkpoint < driver < the top
+    level, without cycles)."""
     session.install("-e", ".[lint]", "pytest")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")

@@ -12,7 +12,7 @@ MUTANTS = [
         "why": "20.1: the parameters outside the optimizer still name the unsharded ones: their .grad is never cleared",
     },
     {
-        "file": "src/composetrain/checkpoint/sharded.py",
+        "file": "src/composetrain/checkpoint/shards.py",
         "find": "FileSystemWriter(folder / SHARDS, sync_files=True)",
         "replace": "FileSystemWriter(folder / SHARDS, sync_files=False)",
         "tests": [
@@ -21,7 +21,7 @@ MUTANTS = [
         "why": "20.2: the shard files are not fsynced before the folder's rename",
     },
     {
-        "file": "src/composetrain/checkpoint/sharded.py",
+        "file": "src/composetrain/checkpoint/shards.py",
         "find": 'params = [p for g in self.state.optimizer.param_groups for p in g["params"]]',
         "replace": "params = list(self.state.model.parameters())",
         "tests": [
@@ -71,7 +71,7 @@ MUTANTS = [
         "why": "20.7: a model moved to another device type restarts its loss scale at 2**16",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/reader.py",
         "find": "return max(0, min(8, cores // max(1, local_world_size) - 1))",
         "replace": "return max(0, min(8, cores - 1))",
         "tests": ["tests/test_auto_workers.py"],

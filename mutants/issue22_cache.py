@@ -8,7 +8,7 @@ T_ODD = "tests/test_cache_odd.py"  # the adversary a-cache's findings
 
 MUTANTS = [
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": "            f.flush()\n            os.fsync(f.fileno())",
         "replace": "            f.flush()",
         "tests": [f"{T}::test_every_file_and_the_folder_are_fsynced_before_the_store_is_renamed_into_place"],
@@ -56,14 +56,14 @@ MUTANTS = [
         "why": "a failed write (full disk, a refused item) leaves its half-written folder",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": "    if info.st_size != size:",
         "replace": "    if info.st_size < size:",
         "tests": [T_BAD],
         "why": "an array file longer than its header says (altered) is accepted",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
         "replace": "_READ = os.O_RDONLY | os.O_NONBLOCK",
         "tests": [f"{T_BAD}::test_symbolic_links_inside_a_store_are_refused"],
@@ -91,7 +91,7 @@ MUTANTS = [
         "why": "ct.run's own reader augments every epoch as the first",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/loader.py",
         "find": "    whole = mapped(data, collate_fn)",
         "replace": "    whole = False",
         "tests": [f"{T_RUN}::test_augmentation_in_loader_workers_draws_as_in_this_process"],
@@ -200,35 +200,35 @@ MUTANTS = [
         "why": "a 0-dim integer tensor indexes the original dataset but not the cache",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
         "replace": "_READ = os.O_RDONLY | os.O_NOFOLLOW",
         "tests": [f"{T_ODD}::test_a_fifo_in_a_store_is_refused_without_blocking"],
         "why": "a FIFO in a crafted store blocks the reader for ever",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": "json.JSONDecodeError, RecursionError)",
         "replace": "json.JSONDecodeError)",
         "tests": [f"{T_ODD}::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error"],
         "why": "a deeply nested manifest escapes as a RecursionError rather than a StoreError",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": "        and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))",
         "replace": "",
         "tests": [f"{T_ODD}::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error"],
         "why": "ragged shapes whose product wraps around int64 pass the check and fail when read",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/loader.py",
         "find": "    if (mapped_data := as_mapped(loader.dataset)) is not None:\n        mapped_data.set_epoch(epoch)",
         "replace": "    pass",
         "tests": [f"{T_ODD}::test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew"],
         "why": "ct.run over a given DataLoader of an augmented cache draws the same augmentation every epoch",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": '        with open(self.path, "ab") as f:\n            f.writelines(self.pending)',
         "replace": '        self.keep = getattr(self, "keep", None) or open(self.path, "ab")  # noqa: SIM115\n'
         "        self.keep.writelines(self.pending)\n        self.keep.flush()",

@@ -35,14 +35,14 @@ MUTANTS = [
         "why": "24.3: the checkpoint does not record the interval: a per-epoch position loads as per-update",
     },
     {
-        "file": "src/composetrain/core/schedules.py",
+        "file": "src/composetrain/driver/schedules.py",
         "find": "if found is None or steps <= 2 * found[0]:",
         "replace": "if found is None or steps <= 2 * found[0] * 10:",
         "tests": [f"{EPOCHS}::test_a_schedule_built_in_epochs_but_stepped_per_update_is_warned_about_with_the_fix"],
         "why": "24.3: the horizon check too lenient to see a schedule built in epochs stepped per update",
     },
     {
-        "file": "src/composetrain/core/schedules.py",
+        "file": "src/composetrain/driver/schedules.py",
         "find": "        return start + tail[0], f",
         "replace": "        return tail[0], f",
         "tests": [f"{EPOCHS}::test_horizons"],
@@ -217,7 +217,7 @@ MUTANTS = [
         "why": "adversarial: a too-short per-epoch OneCycleLR fails after training the last epoch, before its checkpoint",
     },
     {
-        "file": "src/composetrain/core/schedules.py",
+        "file": "src/composetrain/driver/schedules.py",
         "find": "or steps <= total - taken:",
         "replace": "or steps < total - taken:",
         "tests": [f"{ADV}::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],

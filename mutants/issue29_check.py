@@ -8,8 +8,8 @@ SMALL = A + "test_a_small_tensors_wrong_update_is_a_difference_beside_a_large_on
 HALF = A + "test_a_model_holding_half_and_single_precision_is_judged_at_the_half"
 NEGATIVE = "tests/test_shifted_tokens.py::test_a_negative_index_finds_the_labels_as_indexing_the_batch_does"
 TWO_STEPS = "tests/test_compile.py::test_compiled_compositions_of_different_plain_steps_on_one_state_each_run_their_own"
-CHECKING = "src/composetrain/checking.py"
-PEELING = "src/composetrain/_check_peeling.py"
+CHECKING = "src/composetrain/checking/__init__.py"
+PEELING = "src/composetrain/checking/_peeling.py"
 KEY = 'key = (id(step), *(id(options[k]) if k == "backend" else options[k] for k in _COMPILE_OPTIONS))'
 
 MUTANTS = [
@@ -28,7 +28,7 @@ MUTANTS = [
         "why": "29.13: the loss's dtype never reaches the tolerance",
     },
     {
-        "file": "src/composetrain/_check_result.py",
+        "file": "src/composetrain/checking/_result.py",
         "find": 'low = "" if self.lowest in (None, self.dtype) else',
         "replace": 'low = "" if True else',
         "tests": [HF],
@@ -70,7 +70,7 @@ MUTANTS = [
         "why": "29: a layer named although the plain step differs from itself",
     },
     {
-        "file": "src/composetrain/_check_result.py",
+        "file": "src/composetrain/checking/_result.py",
         "find": '            lines.append(f"  {self.reason}")',
         "replace": "            pass",
         "tests": [NOT_DETERMINISTIC],

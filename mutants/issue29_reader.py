@@ -51,14 +51,14 @@ MUTANTS = [
         "why": "a Subset of an augmented store read through Subset.__getitems__: the same draw every epoch",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/loader.py",
         "find": "which pass no epoch on\n        store.set_epoch(epoch)",
         "replace": "which pass no epoch on\n        store.set_epoch(0)",
         "tests": [f"{T_WRAP}::test_a_given_dataloader_over_a_subset_of_an_augmented_store_draws_anew_each_epoch"],
         "why": "a given DataLoader's epoch never reaches a store inside its Subset",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/loader.py",
         "find": "        augmented = augmented or bool(augmented_inside(data.dataset))",
         "replace": "        augmented = augmented",
         "tests": [f"{T_WRAP}::test_a_given_dataloader_over_a_subset_of_an_augmented_store_draws_anew_each_epoch"],
@@ -86,7 +86,7 @@ MUTANTS = [
         "why": "a manifest too large for the reader refused only after every item is written",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": "    if len(text.encode()) > _LIMIT:",
         "replace": "    if len(text.encode()) > 2 * _LIMIT:",
         "tests": [f"{T_AGREE}::test_a_manifest_larger_than_the_reader_reads_is_refused_at_the_first_item"],

@@ -13,7 +13,7 @@ MUTANTS = [
         "why": "any folder with a manifest.json counts as a store: rebuild=True deletes a WebDataset folder",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": 'raise NotAStore(f"{folder / MANIFEST} is not a cache manifest")',
         "replace": 'raise StoreError(f"{folder / MANIFEST} is not a cache manifest")',
         "tests": [f"{S}::test_a_folder_with_a_manifest_of_its_own_is_never_replaced"],

@@ -7,9 +7,9 @@ COPY = "tests/test_check_hostile.py::test_what_check_cannot_copy_is_a_clear_erro
 H = "tests/test_check_hostile.py::"
 USERS = H + "test_a_step_that_changes_the_users_optimizer_settings_or_scheduler_is_refused_and_they_restored"
 EMPTY = "tests/test_check_hostile.py::test_an_empty_batch_is_refused_naming_check_not_its_internal_step"
-CHECKING = "src/composetrain/checking.py"
-COPIES = "src/composetrain/_check_copies.py"
-PEELING = "src/composetrain/_check_peeling.py"
+CHECKING = "src/composetrain/checking/__init__.py"
+COPIES = "src/composetrain/checking/_copies.py"
+PEELING = "src/composetrain/checking/_peeling.py"
 FLIP = "tests/test_check_update.py::test_a_sign_flipped_small_update_under_a_float32_loss_is_named"
 HF_FLIP = (
     "tests/test_check_update.py::test_exact_accumulation_of_gpt2s_float32_loss_agrees_on_every_seed_and_a_flip_is_named"
@@ -60,7 +60,7 @@ MUTANTS = [
         "why": "a batch deepcopy refuses fails with its bare error, not naming check",
     },
     {
-        "file": "src/composetrain/_check_peeling.py",
+        "file": "src/composetrain/checking/_peeling.py",
         "find": '        return f"check: {self.inner!r}"',
         "replace": '        return f"_Probe({self.inner!r})"',
         "tests": [EMPTY],
@@ -124,14 +124,14 @@ MUTANTS = [
         "why": "an autocast's lower gradients do not trigger the comparison: a flip under bf16 passes",
     },
     {
-        "file": "src/composetrain/_check_result.py",
+        "file": "src/composetrain/checking/_result.py",
         "find": 'lines.append(f"  update phase, given the same gradients: {self.update!r}',
         "replace": 'lines.append(f"  {self.update!r}',
         "tests": [FLIP],
         "why": "the printout hides the update-phase gap that made check differ",
     },
     {
-        "file": "src/composetrain/checking.py",
+        "file": "src/composetrain/checking/__init__.py",
         "find": "    if math.isnan(gap.largest):  # NaN differs from NaN",
         "replace": "    if False:  # NaN differs from NaN",
         "tests": [

@@ -3,28 +3,28 @@ versions, and the store's own items compared at open (see tools/mutants.py)."""
 
 MUTANTS = [
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/loader.py",
         "find": "    return functools.partial(_init_worker, base)",
         "replace": "    return lambda worker_id: _init_worker(base, worker_id)",
         "tests": ["tests/test_data.py"],
         "why": "the workers' init is a closure again: no worker starts under spawn",
     },
     {
-        "file": "src/composetrain/driver/loading.py",
+        "file": "src/composetrain/driver/loader.py",
         "find": "    seed_everything((base + 1009 * worker_id) % 2**32)",
         "replace": "    seed_everything(base % 2**32)",
         "tests": ["tests/test_data.py"],
         "why": "every worker seeded alike",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": 'if type(raw["format"]) is not int or raw["format"] < 1:',
         "replace": "if False:",
         "tests": ["tests/test_cache_store.py"],
         "why": "a manifest with the four keys and format 'webdataset' or null is taken for a store and replaced",
     },
     {
-        "file": "src/composetrain/data/files.py",
+        "file": "src/composetrain/data/store_files.py",
         "find": 'if type(raw["format"]) is not int or raw["format"] < 1:',
         "replace": 'if not isinstance(raw["format"], int) or raw["format"] < 1:',
         "tests": ["tests/test_cache_store.py"],

@@ -6,8 +6,10 @@ import os
 import pytest
 import run_script
 
-from composetrain.driver import loading
-from composetrain.driver.loading import auto_workers, make_loader
+from composetrain.driver import loader
+from composetrain.driver.loader import build_loader
+from composetrain.driver.options import LoaderOptions
+from composetrain.driver.reader import auto_workers
 
 
 @pytest.fixture
@@ -46,18 +48,9 @@ def test_the_affinity_mask_wins_over_the_machines_count(monkeypatch):
 @pytest.mark.parametrize(("local", "spare"), [(1, 8), (4, 3), (16, 0)])
 def test_the_loader_offers_auto_its_share_of_the_cores(cores, local, spare):
     cores(16)
-    reader, _ = make_loader(
-        run_script.dataset(),
-        batch_size=12,
-        shuffle=True,
-        drop_last=False,
-        num_workers="auto",
-        pin_memory=False,
-        collate_fn=None,
-        rank=0,
-        world_size=1,
-        local_world_size=local,
-        seed=0,
+    options = LoaderOptions(
+        run_script.dataset(), batch_size=12, shuffle=True, drop_last=False, num_workers="auto", collate_fn=None, seed=0
     )
+    reader, _ = build_loader(options, pin_memory=False, rank=0, world_size=1, local_world_size=local)
     assert reader._spare == spare
-    assert loading.auto_workers is auto_workers  # the one rule, not a copy
+    assert loader.auto_workers is auto_workers  # the one rule, not a copy

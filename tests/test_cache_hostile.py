@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import composetrain as ct
-from composetrain.data.files import StoreError
+from composetrain.data.store_files import StoreError
 
 
 class Pairs(torch.utils.data.Dataset[Any]):

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 import composetrain as ct
 from composetrain.data.equal import same_item
-from composetrain.data.files import StoreError
+from composetrain.data.store_files import StoreError
 
 
 def test_an_iterable_dataset_is_refused_even_with_a_len(tmp_path: Path) -> None:
@@ -260,7 +260,7 @@ def test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_c
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", full)  # the lock's "who holds it" note: the first byte written
-    monkeypatch.setattr("composetrain.data.files.NpyWriter.flush", full)
+    monkeypatch.setattr("composetrain.data.store_files.NpyWriter.flush", full)
     with pytest.raises(OSError, match=r"cache: writing .*store failed: No space left on device; nothing was kept"):
         ct.cache([torch.ones(2)] * 3, tmp_path / "store", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".store.lock"]

@@ -16,9 +16,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 import composetrain as ct
 from composetrain.core.batching import to_device
 from composetrain.core.rng import seed_everything
-from composetrain.driver import loading as ct_data
+from composetrain.driver import loader as ct_data
 from composetrain.driver import reader as ct_reader
-from composetrain.driver.loading import epoch_batches, make_loader
+from composetrain.driver.loader import build_loader, epoch_batches
+from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import ResumableSampler, choose_workers
 
@@ -26,11 +27,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def build(data, *, batch_size, shuffle=True, drop_last=False, workers=0, collate_fn=None, rank=0, world=1, seed=0):
-    options = {"batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last, "num_workers": workers}
-    return make_loader(
-        data, **options, pin_memory=False, collate_fn=collate_fn, rank=rank, world_size=world,
-        local_world_size=1, seed=seed,
-    )  # fmt: skip
+    options = LoaderOptions(data, batch_size, shuffle, drop_last, workers, collate_fn, seed)
+    return build_loader(options, pin_memory=False, rank=rank, world_size=world, local_world_size=1)
 
 
 def reference(data, sampler, batch_size, drop_last, collate_fn=None):

@@ -13,7 +13,7 @@ from torch.optim import lr_scheduler as sched
 from torch.utils.data import TensorDataset
 
 import composetrain as ct
-from composetrain.core.schedules import horizon
+from composetrain.driver.schedules import horizon
 
 EPOCHS, PER_EPOCH, BATCH = 5, 4, 6
 

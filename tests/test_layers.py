@@ -1,8 +1,10 @@
 """The package's layers, from the imports of its source (``ast``, nothing imported): each module imports only
-its own layer or a lower one (core < launch < data < transforms < checkpoint < driver < the top level:
-``__init__``, ``checking`` and its private ``_check_*`` parts, ``plot``), TYPE_CHECKING and function-local imports
-included; no import cycle between modules; no private name (``_x``) taken from another module; a private module
-(``_x.py``) imported only from its own folder."""
+its own layer or a lower one (core < launch < data < transforms < checking < checkpoint < driver < the top level:
+``__init__`` and ``plot``), TYPE_CHECKING and function-local imports included; no import cycle between modules; no
+private name (``_x``) taken from another module; a private module (``_x.py``) imported only from its own folder; no
+file name in two folders (a name means one thing).
+``checking`` (``ct.check``) judges compositions of transforms through ``core``'s protocol and needs nothing of the
+checkpoint or the driver: it sits above the transforms and below what may one day use it."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 # lowest first; anything else is the top level
-LAYERS = ("core", "launch", "data", "transforms", "checkpoint", "driver")
+LAYERS = ("core", "launch", "data", "transforms", "checking", "checkpoint", "driver")
 
 
 def sources(root: Path = SRC) -> dict[str, str]:
@@ -129,8 +131,23 @@ def test_the_package_keeps_its_layers():
 
 def test_every_module_sits_in_a_layer_folder_or_is_the_top_level():
     top = {m for m in sources() if layer(m) == len(LAYERS)}
-    checking = {f"composetrain.{m}" for m in ("checking", "_check_result", "_check_copies", "_check_peeling")}
-    assert top == {"composetrain", "composetrain.plot", *checking}
+    assert top == {"composetrain", "composetrain.plot"}
+
+
+def file_names_in_two_folders(modules: dict[str, str]) -> dict[str, list[str]]:
+    """Each module file name (``__init__`` aside) that more than one folder holds: the folders."""
+    folders: dict[str, list[str]] = {}
+    for module in modules:
+        parent, _, name = module.rpartition(".")
+        if not _is_package(module, modules):
+            folders.setdefault(name, []).append(parent)
+    return {name: where for name, where in folders.items() if len(where) > 1}
+
+
+def test_no_file_name_means_two_things_in_two_folders():
+    assert file_names_in_two_folders(sources()) == {}
+    planted = {**sources(), "composetrain.driver.format": ""}
+    assert file_names_in_two_folders(planted) == {"format": ["composetrain.checkpoint", "composetrain.driver"]}
 
 
 @pytest.mark.parametrize(
@@ -141,6 +158,9 @@ def test_every_module_sits_in_a_layer_folder_or_is_the_top_level():
         ("composetrain.driver.run", "from composetrain.core.steps import _lift", "a private name of another module"),
         ("composetrain.driver.run", "from composetrain.transforms import _recompute", "outside its folder"),
         ("composetrain.core.batching", "from composetrain.core.protocol import Context", "import cycle"),
+        ("composetrain.checking._peeling", "from composetrain.driver.run import run", "(checking < driver)"),
+        ("composetrain.transforms.clip", "from composetrain.checking import check", "(transforms < checking)"),
+        ("composetrain.driver.run", "from composetrain.checking import _result", "outside its folder"),
     ],
 )
 def test_a_planted_breach_is_found(module, line, says):

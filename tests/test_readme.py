@@ -1,4 +1,4 @@
-"""README promises two commands; CI must run the very same test command."""
+"""README promises two commands; CI must run the very same test command; its code layout names every module."""
 
 import re
 from pathlib import Path
@@ -75,3 +75,59 @@ def test_the_tracker_recipes_log_every_value_of_a_record_eval_ema_too(name, modu
     namespace[name]({"step": 4, "epoch": 1, "loss": 0.25, "lr": 0.1, "skipped": 0})
     assert logged[0] == (4, {"eval/acc": 0.5, "eval_ema/acc": 0.625})
     assert logged[1][0] == 4 and {"train/loss": 0.25, "train/lr": 0.1}.items() <= logged[1][1].items()
+
+
+PACKAGE = ROOT / "src" / "composetrain"
+
+
+def code_layout() -> str:
+    """The README's "Code layout" paragraph, up to the next bold-titled one."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("**Code layout.**")
+    return text[start : text.index("\n**", start)]
+
+
+def layout_entries(layout: str) -> dict[str, str]:
+    """Each numbered folder's entry (``1. `core/`: ...``) by folder, and the text before them by "" (the root)."""
+    parts = re.split(r"(?m)^\d+\. `(\w+)/`:", layout)
+    return {"": parts[0], **dict(zip(parts[1::2], parts[2::2], strict=True))}
+
+
+def layout_problems(layout: str, files: set[str]) -> list[str]:
+    """What the layout and the tree (``files``: each module's path under the package) disagree on: a module without
+    its line in its folder's entry, a module named there that does not exist (an ``__init__.py`` may go unnamed)."""
+    entries = layout_entries(layout)
+    named = {
+        f"{folder}/{name}".lstrip("/")
+        for folder, text in entries.items()
+        for name in re.findall(r"`(?:composetrain/)?(\w+\.py)`", text)
+    }
+    found = [f"{path}: no line in the README's code layout" for path in sorted(files - named)
+             if not path.endswith("__init__.py") or "/" not in path]  # fmt: skip
+    found += [f"{path}: named in the README's code layout, but no such module" for path in sorted(named - files)]
+    return found
+
+
+def package_files() -> set[str]:
+    return {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")}
+
+
+def test_the_code_layout_names_every_module_and_only_modules_that_exist():
+    assert layout_problems(code_layout(), package_files()) == []
+
+
+def test_the_code_layout_numbers_the_folders_in_their_layers_order():
+    from test_layers import LAYERS
+
+    assert [folder for folder in layout_entries(code_layout()) if folder] == list(LAYERS)
+
+
+def test_a_module_added_without_its_line_or_a_line_without_its_module_is_found():
+    files = package_files()
+    assert layout_problems(code_layout(), files | {"driver/added.py"}) == [
+        "driver/added.py: no line in the README's code layout"
+    ]
+    assert layout_problems(code_layout(), files - {"transforms/clip.py"}) == [
+        "transforms/clip.py: named in the README's code layout, but no such module"
+    ]
+    assert layout_problems(code_layout(), files | {"added.py"}) == ["added.py: no line in the README's code layout"]

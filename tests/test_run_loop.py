@@ -12,7 +12,7 @@ from run_script import train, untimed
 from torch.utils.data import Dataset, TensorDataset
 
 import composetrain as ct
-from composetrain.driver import loading as ct_loading
+from composetrain.driver.reader import auto_workers
 
 
 @pytest.mark.parametrize(("drop_last", "per_epoch"), [(False, 9), (True, 8)])
@@ -89,7 +89,7 @@ def test_the_bottleneck_report_names_the_cause():
     state = run_script.state()
     result = ct.run(run_script.step, state, Slow(0.01), batch_size=12, num_workers=0, progress=False)
     assert result.data_wait > 0.5 and "data loading is" in result.bottleneck
-    spare = ct_loading.auto_workers()
+    spare = auto_workers()
     if spare > 0:
         assert f"raise num_workers (now 0; this process has cores for {spare})" in result.bottleneck
     else:

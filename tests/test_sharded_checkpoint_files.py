@@ -18,7 +18,7 @@ from torch import nn
 import composetrain as ct
 from composetrain.checkpoint import checksums
 from composetrain.checkpoint import files as checkpoint
-from composetrain.checkpoint.sharded import ShardFiles
+from composetrain.checkpoint.shards import ShardFiles
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc to name synced files")
 

@@ -7,7 +7,8 @@ Rewrites, in every .py and .md file under each ROOT (skipping .git, .venv, .nox,
   -> ``from composetrain.checkpoint import files as checkpoint``);
 - file paths ``composetrain/x/y.py`` of moved modules
   (``src/composetrain/state.py`` -> ``src/composetrain/core/state.py``).
-A name that already reads as a new module is left alone, so running it twice changes nothing.
+A name that already reads as a new module, or as a module of today's tree (``composetrain.core.tokens``, under the
+old ``composetrain.core``), is left alone, so running it twice changes nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
 SKIP = {".git", ".venv", ".nox", "build", "dist", "__pycache__", ".mypy_cache", ".ruff_cache"}
+# this tool and its test, which write earlier names on purpose
+KEEP = {Path(__file__).resolve(), HERE.parent / "tests" / "test_rewrite_imports.py"}
 # public functions with a module of their name: `from composetrain import accumulate` is the function, not the module
 PUBLIC = {"accumulate", "distributed", "rendezvous", "sharded"}
 
@@ -31,8 +35,18 @@ def load_map(path: Path = HERE / "moved_modules.txt") -> dict[str, str]:
     return moves
 
 
-def rewrite(text: str, moves: dict[str, str]) -> str:
-    targets = set(moves.values())
+def modules(src: Path = SRC) -> set[str]:
+    """Every module of today's tree under ``src``, by dotted name (a package by its folder's)."""
+    found = set()
+    for path in (src / "composetrain").rglob("*.py"):
+        parts = path.relative_to(src).with_suffix("").parts
+        found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+def rewrite(text: str, moves: dict[str, str], existing: set[str] | None = None) -> str:
+    """``text`` with the moved names rewritten; ``existing``: today's modules (default: the repository's)."""
+    targets = set(moves.values()) | (modules() if existing is None else existing)
 
     def dotted(match: re.Match[str]) -> str:
         parts = match[0].split(".")
@@ -91,7 +105,7 @@ def main(argv: list[str]) -> int:
     changed = 0
     for root in roots:
         for path in files(root):
-            if path.resolve() == Path(__file__).resolve():
+            if path.resolve() in KEEP:
                 continue
             text = path.read_text()
             new = rewrite(text, moves)

@@ -54,7 +54,7 @@ from composetrain.checkpoint.format import (
     stamp_shared,
     unplain,
 )
-from composetrain.checkpoint.sharded import ShardFiles, split
+from composetrain.checkpoint.shards import ShardFiles, split
 from composetrain.core.util import RUN
 
 __all__ = ["Checkpoints"]

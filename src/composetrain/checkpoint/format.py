@@ -96,7 +96,7 @@ class Local(_Part):
 
 @dataclasses.dataclass(frozen=True)
 class Order(_Part):
-    """What decides a given DataLoader's order for an epoch (``driver.loading.epoch_order``)."""
+    """What decides a given DataLoader's order for an epoch (``driver.loader.epoch_order``)."""
 
     rng: dict
     generators: list

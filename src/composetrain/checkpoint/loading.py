@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor
 from composetrain.checkpoint.checksums import mismatch, read_sums
 from composetrain.checkpoint.folder import STATE_FILE, step_of
 from composetrain.checkpoint.format import SHARED, read, shared_problem
-from composetrain.checkpoint.sharded import ShardFiles
+from composetrain.checkpoint.shards import ShardFiles
 from composetrain.core.state import TrainState
 
 __all__ = ["full_state_dict", "load_checkpoint"]

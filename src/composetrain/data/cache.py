@@ -20,7 +20,6 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from composetrain.core.util import check_bool
-from composetrain.data.files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
 from composetrain.data.kinds import augmented_inside
 from composetrain.data.mapped import Augment, MappedDataset
 from composetrain.data.store import (
@@ -34,6 +33,7 @@ from composetrain.data.store import (
     remove_store,
     stamp,
 )
+from composetrain.data.store_files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
 from composetrain.data.writer import fingerprint, write_store
 
 __all__ = ["CachedDataset", "cache"]

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from composetrain.data.files import MANIFEST, NotAStore, read_manifest
+from composetrain.data.store_files import MANIFEST, NotAStore, read_manifest
 
 __all__ = ["Stamp", "check_lock_file", "check_renamable", "check_replaceable", "check_unchanged", "foreign",
            "leftovers", "publish_error", "remove_store", "stamp"]  # fmt: skip

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from composetrain.data.files import NpyWriter, manifest_text, write_manifest
 from composetrain.data.layout import DEPTH, Field, leaf_kind, storage_dtype
 from composetrain.data.mapped import same
+from composetrain.data.store_files import NpyWriter, manifest_text, write_manifest
 
 __all__ = ["fingerprint", "sampled", "write_store"]
 

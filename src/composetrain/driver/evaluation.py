@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ from composetrain.core.batching import leading_size, to_device
 from composetrain.core.util import RUN, show
 from composetrain.driver.monitor import EVAL_FIELDS, metric_names
 from composetrain.driver.options import EvalOptions
-from composetrain.driver.reader import Reader, indexable
+from composetrain.driver.reader import Reader, indexable, worker_loader
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["EvalStep", "Evaluate", "evaluator"]
@@ -64,17 +65,16 @@ def evaluator(
             )
         mine = range(proc.rank, len(eval_data), proc.world_size)  # a disjoint, unpadded share per rank
 
-        def workers(n: int) -> DataLoader[Any]:
-            return DataLoader(
-                eval_data,
-                batch_size=batch_size,
-                sampler=mine,
-                collate_fn=collate_fn,
-                num_workers=n,
-                persistent_workers=n > 0,
-                pin_memory=proc.device.type == "cuda",
-                generator=torch.Generator().manual_seed(proc.rank),  # never the global one: resume stays exact
-            )
+        workers = functools.partial(
+            worker_loader,
+            dataset=eval_data,
+            sampler=mine,
+            batch_size=batch_size,
+            drop_last=False,
+            collate_fn=collate_fn,
+            pin_memory=proc.device.type == "cuda",
+            seed=proc.rank,  # its own generator, never the global one: resume stays exact
+        )
 
         def loader_now() -> Reader:
             """Built at the first evaluation, when the training loader's "auto" has chosen: a TensorDataset

@@ -23,7 +23,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.util import RUN
 from composetrain.data.kinds import as_hdf5, as_mapped, augmented_inside
 from composetrain.driver.compiling import compile_totals
-from composetrain.driver.loading import auto_workers
+from composetrain.driver.reader import auto_workers
 from composetrain.driver.tracking import Records, Tracker, sent_file
 from composetrain.launch.rendezvous import Process
 

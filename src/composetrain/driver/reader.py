@@ -1,9 +1,12 @@
 """ct.run's own loader over a Dataset: batches read in this process, a whole batch at a time where the
-dataset allows it, or by a DataLoader's workers; under ``num_workers="auto"`` chosen by measurement."""
+dataset allows it, or by a DataLoader's workers (``worker_loader``, for training and evaluation alike); how many:
+given, or under ``num_workers="auto"`` chosen by measurement (``choose_workers``) among the cores this process
+may use (``auto_workers``)."""
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +18,8 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampl
 from composetrain.data.kinds import as_mapped, augmented_inside, joined
 
 __all__ = [
-    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "choose_workers",
-    "indexable", "mapped",
+    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "auto_workers",
+    "choose_workers", "indexable", "mapped", "worker_loader",
 ]  # fmt: skip
 
 
@@ -44,6 +47,12 @@ class ResumableSampler(Sampler[int]):
 # it pays for first-call set-up), the least share of an update that reading must take before workers are
 # tried, and the least speed-up they must promise (they cost copies and compete for the cores)
 MEASURED, LEAST_SHARE, LEAST_GAIN = 5, 0.2, 1.5
+
+
+def auto_workers(local_world_size: int = 1) -> int:
+    """Loader workers per process: the cores this process may use, less one for itself, at most 8."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(8, cores // max(1, local_world_size) - 1))
 
 
 def choose_workers(fetch: float, step: float, spare: int) -> tuple[int, str]:
@@ -107,6 +116,44 @@ class EpochBatches(Sampler[tuple[int, int, list[int]]]):
 
     def __len__(self) -> int:
         return len(self.batches)
+
+
+def worker_loader(
+    n: int,
+    *,
+    dataset: Any,
+    sampler: ResumableSampler | range,
+    batch_size: int,
+    drop_last: bool,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    pin_memory: bool,
+    seed: int,
+    worker_init_fn: Callable[[int], None] | None = None,
+    whole: bool = False,
+) -> DataLoader[Any]:
+    """The DataLoader whose ``n`` persistent workers read a ``Reader``'s batches (training's or evaluation's), in
+    its sampler's order. ``whole``: a ct.cache store's workers read whole batches, each with its epoch and rank
+    (which seed its augmentation), through ``EpochBatches`` of ct.run's own sampler."""
+    if whole:  # only then is the data layer loaded (it imports NumPy)
+        from composetrain.data.mapped import same
+        from composetrain.data.wrapped import Batches
+
+        assert isinstance(sampler, ResumableSampler)  # for the type checker: only training's reads whole batches
+        batches = EpochBatches(sampler, batch_size, drop_last)
+    return DataLoader(
+        Batches(dataset, collate_fn) if whole else dataset,
+        batch_size=None if whole else batch_size,
+        sampler=batches if whole else sampler,
+        drop_last=False if whole else drop_last,
+        num_workers=n,
+        pin_memory=pin_memory,
+        persistent_workers=n > 0,
+        worker_init_fn=worker_init_fn,
+        collate_fn=same if whole else collate_fn,
+        # its own generator: starting an epoch must not draw from the global one, or a run resumed
+        # mid-epoch would see other dropout masks than the uninterrupted run
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 class Reader:

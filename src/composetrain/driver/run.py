@@ -21,17 +21,15 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 from composetrain.checkpoint.files import Checkpoints
-from composetrain.checkpoint.sharded import ShardFiles
+from composetrain.checkpoint.shards import ShardFiles
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import restore_rng, seed_everything
-from composetrain.core.schedules import horizon_problem, steps_left_problem
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
-from composetrain.core.util import RUN
-from composetrain.driver.checks import check_state
+from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
 from composetrain.driver.evaluation import EvalStep, evaluator
-from composetrain.driver.loading import (
+from composetrain.driver.loader import (
     build_loader,
     epoch_batches,
     epoch_order,
@@ -45,6 +43,7 @@ from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Progress, Schedule
 from composetrain.driver.reader import Reader
+from composetrain.driver.schedules import horizon_problem, steps_left_problem
 from composetrain.driver.tracking import Tracker
 from composetrain.driver.waiting import Waiting
 from composetrain.launch.rendezvous import Process, rendezvous
@@ -277,6 +276,13 @@ def run(
         if proc.is_main and log.progress:
             print(f"{RUN}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
+
+
+def check_state(state: Any) -> None:
+    if not isinstance(state, TrainState):
+        raise TypeError(
+            f"{RUN}: state must be a ct.TrainState, got {show(state)}; build ct.TrainState(model, optimizer)"
+        )
 
 
 def _check_horizon(state: TrainState, schedule: Schedule, resumed: bool) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from composetrain._check_copies import copy_state, dense
-from composetrain._check_result import Gap
+from composetrain.checking._copies import copy_state, dense
+from composetrain.checking._result import Gap
 from composetrain.core.protocol import Context, TrainStep, Update
 from composetrain.core.rng import capture_rng, restore_rng
 from composetrain.core.state import TrainState

@@ -1,9 +1,11 @@
-"""Loaders for ct.run: workers, pinned memory, a resumable distributed sampler, seeded workers."""
+"""ct.run's loader: a DataLoader given, checked and used as given, or a ``Reader`` over a Dataset with its resumable
+distributed sampler and seeded workers (``build_loader``); an epoch's batches from where a run stopped
+(``epoch_batches``); what a given DataLoader draws an epoch's order from, so that a resume replays it
+(``epoch_order``, ``order_problem``)."""
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -19,18 +21,12 @@ from composetrain.core.util import RUN
 from composetrain.data.kinds import as_mapped, augmented_inside
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
-from composetrain.driver.reader import EpochBatches, Reader, ResumableSampler, mapped
+from composetrain.driver.reader import Reader, ResumableSampler, auto_workers, mapped, worker_loader
 
 __all__ = [
-    "ResumableSampler", "auto_workers", "build_loader", "epoch_batches", "epoch_order", "generator_states",
-    "make_loader", "order_problem", "set_generator_states",
+    "ResumableSampler", "build_loader", "epoch_batches", "epoch_order", "generator_states", "order_problem",
+    "set_generator_states",
 ]  # fmt: skip
-
-
-def auto_workers(local_world_size: int = 1) -> int:
-    """Loader workers per process: the cores this process may use, less one for itself, at most 8."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(8, cores // max(1, local_world_size) - 1))
 
 
 def _seed_worker(base: int) -> Any:
@@ -42,27 +38,6 @@ def _seed_worker(base: int) -> Any:
 def _init_worker(base: int, worker_id: int) -> None:
     # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059)
     seed_everything((base + 1009 * worker_id) % 2**32)
-
-
-def make_loader(
-    data: Any,
-    *,
-    batch_size: int | None,
-    shuffle: bool,
-    drop_last: bool,
-    num_workers: int | str,
-    pin_memory: bool,
-    collate_fn: Any,
-    rank: int,
-    world_size: int,
-    local_world_size: int,
-    seed: int,
-) -> tuple[DataLoader[Any] | Reader, ResumableSampler | None]:
-    """``build_loader`` with the options given one by one (checked here, as ``LoaderOptions``)."""
-    options = LoaderOptions(data, batch_size, shuffle, drop_last, num_workers, collate_fn, seed)
-    return build_loader(
-        options, pin_memory=pin_memory, rank=rank, world_size=world_size, local_world_size=local_world_size
-    )
 
 
 def build_loader(
@@ -114,25 +89,18 @@ def build_loader(
 
     # a ct.cache store's workers read whole batches, each with its epoch (which seeds its augmentation)
     whole = mapped(data, collate_fn)
-
-    def workers(n: int) -> DataLoader[Any]:
-        if whole:  # only then is the data layer loaded (it imports NumPy)
-            from composetrain.data.mapped import same
-            from composetrain.data.wrapped import Batches
-        return DataLoader(
-            Batches(data, collate_fn) if whole else data,
-            batch_size=None if whole else batch_size,
-            sampler=EpochBatches(sampler, batch_size, drop_last) if whole else sampler,
-            drop_last=False if whole else drop_last,
-            num_workers=n,
-            pin_memory=pin_memory,
-            persistent_workers=True,
-            worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
-            collate_fn=same if whole else collate_fn,
-            # its own generator: starting an epoch must not draw from the global one, or a run resumed
-            # mid-epoch would see other dropout masks than the uninterrupted run
-            generator=torch.Generator().manual_seed(seed * 7919 + rank),
-        )
+    workers = functools.partial(
+        worker_loader,
+        dataset=data,
+        sampler=sampler,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
+        seed=seed * 7919 + rank,
+        whole=whole,
+    )
 
     workers_now = None if options.auto_workers else int(options.num_workers)
     reader = Reader(

@@ -7,9 +7,9 @@ accumulation, unscaling and synchronisation, before clipping) and parameters and
 differ, the composition is peeled from the inside out (``TrainStep.inner``): each layer around the plain step,
 then the next around that, until the first whose update differs from its reference: that layer diverges.
 
-Here: the arguments, the order of the comparisons and the tolerance. Beside it, internal: ``_check_result``
-(``Gap``, ``CheckResult`` and its printout), ``_check_copies`` (the float64 or complex128 copies, the user's own
-tensors put back), ``_check_peeling`` (the layers, the reference, one comparison of two steps).
+Here: the arguments, the order of the comparisons and the tolerance. Beside it in this folder, internal: ``_result``
+(``Gap``, ``CheckResult`` and its printout), ``_copies`` (the float64 or complex128 copies, the user's own
+tensors put back), ``_peeling`` (the layers, the reference, one comparison of two steps).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composetrain._check_copies import Untouched
-from composetrain._check_peeling import Gaps, coarsest, compare, peel, reference_step
-from composetrain._check_result import CheckResult, Gap
+from composetrain.checking._copies import Untouched
+from composetrain.checking._peeling import Gaps, coarsest, compare, peel, reference_step
+from composetrain.checking._result import CheckResult, Gap
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import capture_rng, restore_rng
 from composetrain.core.state import TrainState
