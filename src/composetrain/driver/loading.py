@@ -14,7 +14,7 @@ from torch.utils.data import (
 )  # fmt: skip
 
 from composetrain.checkpoint.format import Order
-from composetrain.core.rng import capture_rng, restore_rng, seed_everything
+from composetrain.core.rng import capture_rng, derive_seed, restore_rng, seed_everything
 from composetrain.core.util import RUN
 from composetrain.data.kinds import as_mapped, augmented_inside
 from composetrain.driver.options import LoaderOptions
@@ -33,15 +33,15 @@ def auto_workers(local_world_size: int = 1) -> int:
     return max(0, min(8, cores // max(1, local_world_size) - 1))
 
 
-def _seed_worker(base: int) -> Any:
+def _seed_worker(seed: int, rank: int) -> Any:
     """The workers' init function: a partial of a module-level function, so that it pickles to workers started
     by "spawn" or "forkserver" (a closure would not, and no worker could start)."""
-    return functools.partial(_init_worker, base)
+    return functools.partial(_init_worker, seed, rank)
 
 
-def _init_worker(base: int, worker_id: int) -> None:
+def _init_worker(seed: int, rank: int, worker_id: int) -> None:
     # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059)
-    seed_everything((base + 1009 * worker_id) % 2**32)
+    seed_everything(derive_seed(seed, "worker", rank=rank, worker=worker_id))
 
 
 def make_loader(
@@ -127,11 +127,11 @@ def build_loader(
             num_workers=n,
             pin_memory=pin_memory,
             persistent_workers=True,
-            worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
+            worker_init_fn=_seed_worker(seed, rank),
             collate_fn=same if whole else collate_fn,
             # its own generator: starting an epoch must not draw from the global one, or a run resumed
             # mid-epoch would see other dropout masks than the uninterrupted run
-            generator=torch.Generator().manual_seed(seed * 7919 + rank),
+            generator=torch.Generator().manual_seed(derive_seed(seed, "loader", rank=rank)),
         )
 
     workers_now = None if options.auto_workers else int(options.num_workers)
