@@ -12,6 +12,9 @@ SNAPSHOT = "tests/test_rng_streams.py::test_a_snapshot_puts_back_every_generator
 SOME = "tests/test_rng_streams.py::test_a_snapshot_of_some_generators_leaves_the_others_running"
 PINNED = "tests/test_rng_streams.py::test_derived_seeds_are_those_runs_were_resumed_with"
 FEW = "tests/test_rng_streams.py::test_derived_seeds_for_a_few_runs"
+RECOMPUTED = (
+    "tests/test_recomputed_randomness.py::test_the_recomputation_draws_the_forwards_numbers_where_backward_needs_them"
+)
 
 MUTANTS = [
     # -- agreement (launch/agree.py) -----------------------------------------------------------------------------
@@ -107,6 +110,14 @@ MUTANTS = [
         "replace": "        self.py_rng = random.Random().getstate() if",
         "tests": [SNAPSHOT],
         "why": "the snapshot takes a fresh generator's state, not the global one's",
+    },
+    {
+        "file": "src/composetrain/transforms/_recompute.py",
+        "find": "        self.start = Generators(HOST)\n",
+        "replace": '        self.start = Generators(("python",))\n',
+        "tests": [RECOMPUTED],
+        "why": "the replay's snapshot forgets NumPy (its stream still put back after): the recomputation draws other "
+        "numbers than the forward, and backward computes with them",
     },
     # -- the derived seeds (core.rng.derive_seed) --------------------------------------------------------------
     {
