@@ -110,22 +110,22 @@ MUTANTS = [
     # -- activation checkpointing: random streams and keywords (_recompute.py, activation_checkpointing.py) --
     {
         "file": "src/composetrain/transforms/_recompute.py",
-        "find": "        _set_python_and_numpy_states(self.start)\n",
+        "find": "        self.start.restore()\n",
         "replace": "",
         "tests": [f"{T_RANDOM}::test_python_and_numpy_draws_are_replayed"],
         "why": "the recomputation draws Python's and NumPy's numbers afresh, not the forward's",
     },
     {
         "file": "src/composetrain/transforms/_recompute.py",
-        "find": "        stack.callback(_set_python_and_numpy_states, _python_and_numpy_states())\n",
+        "find": "        stack.callback(Generators(HOST).restore)\n",
         "replace": "",
         "tests": [f"{T_RANDOM}::test_draws_after_the_forward_are_not_replayed_into_the_recomputation"],
         "why": "the recomputation leaves the streams where the forward left them: later draws repeat",
     },
     {
-        "file": "src/composetrain/transforms/_recompute.py",
-        "find": "    if np is not None:\n        np.random.set_state(numpy)",
-        "replace": "    pass",
+        "file": "src/composetrain/core/rng.py",
+        "find": 'HOST = ("python", "numpy")',
+        "replace": 'HOST = ("python",)',
         "tests": [f"{T_RANDOM}::test_python_and_numpy_draws_are_replayed"],
         "why": "only Python's stream replayed, NumPy's not",
     },
@@ -161,8 +161,8 @@ MUTANTS = [
     # -- accumulate('auto')'s rollback (_auto_accumulate.py) -----------------------------------------------
     {
         "file": "src/composetrain/core/rng.py",
-        "find": "        random.setstate(self.py_rng)\n",
-        "replace": "",
+        "find": "            random.setstate(self.py_rng)\n",
+        "replace": "            pass\n",
         "tests": [f"{T_UNDO}::test_python_numpy_torch_streams_and_every_buffer_are_those_of_accumulate_n"],
         "why": "a failed attempt's Python draws are not given back",
     },

@@ -202,8 +202,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/ema.py",
-        "find": "        mine = [self.decay, self.every, self.warmup, FORMULAS.index(self.formula)]",
-        "replace": "        mine = [0.0, self.every, self.warmup, FORMULAS.index(self.formula)]",
+        "find": "        configs = differing((self.decay, self.every, self.warmup, self.formula))",
+        "replace": "        configs = differing((0.0, self.every, self.warmup, self.formula))",
         "tests": [
             "tests/test_ema_ranks.py::test_ranks_that_average_differently_are_refused_by_ct_run_before_the_first_update"
         ],

@@ -48,7 +48,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "        if not self._all(nonfinite is None):\n",
+        "find": "        if not all_true(nonfinite is None):\n",
         "replace": "        if nonfinite is not None:\n",
         "tests": [f"{TRUST}::test_every_rank_refuses_the_save_when_one_rank_diverged"],
         "why": "29.11: each rank decides alone: the finite ranks save (or hang in the save's collectives) while one refuses",

@@ -4,15 +4,15 @@ versions, and the store's own items compared at open (see tools/mutants.py)."""
 MUTANTS = [
     {
         "file": "src/composetrain/driver/loader.py",
-        "find": "    return functools.partial(_init_worker, base)",
-        "replace": "    return lambda worker_id: _init_worker(base, worker_id)",
+        "find": "    return functools.partial(_init_worker, seed, rank)",
+        "replace": "    return lambda worker_id: _init_worker(seed, rank, worker_id)",
         "tests": ["tests/test_data.py"],
         "why": "the workers' init is a closure again: no worker starts under spawn",
     },
     {
         "file": "src/composetrain/driver/loader.py",
-        "find": "    seed_everything((base + 1009 * worker_id) % 2**32)",
-        "replace": "    seed_everything(base % 2**32)",
+        "find": '    seed_everything(derive_seed(seed, "worker", rank=rank, worker=worker_id))',
+        "replace": '    seed_everything(derive_seed(seed, "worker", rank=rank, worker=0))',
         "tests": ["tests/test_data.py"],
         "why": "every worker seeded alike",
     },

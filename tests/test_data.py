@@ -472,12 +472,12 @@ def test_worker_seeding_goes_through_seed_everything():
 
     import numpy as np
 
-    seed_everything(7)
+    seed_everything((3 * 7919 + 1 * 104729 + 1009 * 2) % 2**32)  # (seed, rank, worker) as runs have derived it
     first = (random.random(), float(np.random.rand()), float(torch.rand(())))
     seed_everything(7)
-    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == first
-    worker = ct_data._seed_worker(7 - 1009)  # worker 1 of base 7 - 1009 draws like seed 7
-    worker(1)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) != first
+    worker = ct_data._seed_worker(3, 1)  # worker 2 of rank 1 of seed 3
+    worker(2)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == first
 
 
@@ -487,7 +487,7 @@ def test_loader_workers_start_under_the_spawn_start_method():
     import multiprocessing
     import pickle
 
-    pickle.dumps(ct_data._seed_worker(7))
+    pickle.dumps(ct_data._seed_worker(7, 0))
     data = TensorDataset(torch.arange(10.0), torch.arange(10))
     loader, sampler = build(data, batch_size=4, workers=1, seed=3)
     method = multiprocessing.get_start_method(allow_none=True)

@@ -56,6 +56,7 @@ from composetrain.checkpoint.format import (
 )
 from composetrain.checkpoint.shards import ShardFiles, split
 from composetrain.core.util import RUN
+from composetrain.launch.agree import all_true, from_rank0, gathered
 
 __all__ = ["Checkpoints"]
 
@@ -111,15 +112,15 @@ class Checkpoints:
                 probe.unlink()
             except OSError as e:
                 problem = e.strerror or str(e)
-        problem = self._shared(problem)
+        problem = from_rank0(problem)
         if problem is not None:
             raise PermissionError(
                 f"{RUN}: checkpoint_dir {str(self.dir)!r} is not writable ({problem}); choose a folder you can write to"
             )
         self._lock, holder, held = take_lock(self.dir, rank)  # every rank its own file
-        if not self._all(holder is None):
+        if not all_true(holder is None):
             self.close()
-            if not self._all(not held):  # another run holds some rank's lock
+            if not all_true(not held):  # another run holds some rank's lock
                 seen = holder if held else "seen by another rank"
                 raise RuntimeError(
                     f"{RUN}: checkpoint_dir {str(self.dir)!r} is in use by another run ({seen}); two runs in one "
@@ -148,36 +149,20 @@ class Checkpoints:
             lock, self._lock = self._lock, None
             lock.close()  # closing the only descriptor releases the flock
 
-    def _shared(self, value: Any) -> Any:
-        """Rank 0's ``value``, on every rank."""
-        if self.world_size == 1:
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
-
-    def _all(self, ok: bool) -> bool:
-        """Whether ``ok`` holds on every rank."""
-        if self.world_size == 1:
-            return ok
-        flag = torch.tensor([int(ok)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
 
     def save(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None = None) -> Path:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
         ``step``, atomically; then drop all but the ``keep`` newest older ones. ``nonfinite``: the name of a
         parameter holding NaN or inf on this rank: then nothing is written or dropped, on any rank (a diverged
         model must never prune the finite checkpoints it could resume from)."""
-        if not self._all(nonfinite is None):
-            told = self._gathered(nonfinite)
+        if not all_true(nonfinite is None):
+            told = gathered(nonfinite)
             rank = next(r for r, name in enumerate(told) if name is not None)
             previous = next(iter(self._steps()), None) if self.rank == 0 else None
-            previous = self._shared(previous.name if previous is not None else None)
+            previous = from_rank0(previous.name if previous is not None else None)
             kept = f"the last checkpoint {previous} is kept, unchanged" if previous else "there is no checkpoint yet"
             where = f" on rank {rank}" if self.world_size > 1 else ""
             raise FloatingPointError(
@@ -189,7 +174,7 @@ class Checkpoints:
         local = stamp_local(local)
         payload, tensors = split(payload) if self.shards is not None else (payload, {})  # sharded: placeholders
         problem = unplain(local, rank_file(self.rank)) or (unplain(payload, STATE_FILE) if self.rank == 0 else None)
-        if not self._all(problem is None):  # before anything is written, on every rank alike
+        if not all_true(problem is None):  # before anything is written, on every rank alike
             raise TypeError(
                 f"{RUN}: cannot checkpoint step {step}: {problem or 'another rank holds what it cannot save'}; "
                 "a checkpoint holds tensors and plain types only (dict, list, tuple, str, int, float, bool, None), "
@@ -198,7 +183,7 @@ class Checkpoints:
         final = self.dir / f"step-{step:09d}"
         tmp = self.dir / f".step-{step:09d}.tmp"
         taken = self.rank == 0 and os.path.lexists(final) and not is_checkpoint(final)
-        if not self._all(not taken):  # before anything is written: the user's folder stays as it is
+        if not all_true(not taken):  # before anything is written: the user's folder stays as it is
             what = (
                 "it is a link" if final.is_symlink()
                 else f"it holds no {STATE_FILE}" if final.is_dir()
@@ -217,13 +202,13 @@ class Checkpoints:
                 phase()
             except Exception as e:  # torch.save reports a full disk as a RuntimeError caused by the OSError
                 failure = e
-            if not self._all(failure is None):
+            if not all_true(failure is None):
                 if self.rank == 0:
                     shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, the space back
                 cause = os_error(failure)
                 mine = None if cause is None else (cause.errno, cause.strerror, cause.filename)
                 # every rank learns which rank failed and why (a full disk is ENOSPC on all of them alike)
-                told = self._gathered((failure is not None, mine))
+                told = gathered((failure is not None, mine))
                 if failure is not None and cause is None:
                     raise failure  # not the disk: as it came (every other rank says the step was not saved)
                 rank = self.rank if failure is not None else next(r for r, (failed, _) in enumerate(told) if failed)
@@ -270,7 +255,7 @@ class Checkpoints:
 
         for phase in (prepare, write, write_shards):
             agreed(phase)
-        everyone = self._gathered(written)  # every rank is here: each phase above ended in the same collective
+        everyone = gathered(written)  # every rank is here: each phase above ended in the same collective
         for phase in (seal, sync):
             agreed(phase)
         if self.rank == 0:
@@ -296,7 +281,7 @@ class Checkpoints:
                 step = step_of(p.name)
                 if step is not None and saves(step) and not is_checkpoint(p):
                     found.append((p.name, "a link" if p.is_symlink() else "a folder" if p.is_dir() else "a file"))
-        found = self._shared(found)
+        found = from_rank0(found)
         if found:
             name, kind = found[0]
             what = f"{kind} without {STATE_FILE}" if kind == "a folder" else kind
@@ -306,14 +291,6 @@ class Checkpoints:
                 "after training up to it: move it out of checkpoint_dir (a checkpoint that lost its state.pt "
                 "cannot be resumed from) and rerun"
             )
-
-    def _gathered(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, by rank."""
-        if self.world_size == 1:
-            return [value]
-        values: list[Any] = [None] * self.world_size
-        dist.all_gather_object(values, value)
-        return values
 
     def _save_failed(self, step: int, failure: OSError | None, size: int, rank: int) -> OSError:
         """The error a failed save raises: what failed, on which rank, where, and that the previous
@@ -359,20 +336,20 @@ class Checkpoints:
         if self.rank == 0:
             for line in foreign(self.dir):
                 warnings.warn(f"{RUN}: {line}", stacklevel=2)
-        for name in self._shared([p.name for p in self._steps()] if self.rank == 0 else None):
+        for name in from_rank0([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
             step = step_of(name)
             payload, problem = self._read(path, STATE_FILE, SHARED, functools.partial(shared_problem, step=step))
             local = None
-            if self._all(payload is not None):
+            if all_true(payload is not None):
                 assert payload is not None
                 check_fits(payload, self.world_size, path)  # the same file on every rank: all raise alike
                 local, problem = self._read(path, rank_file(self.rank), LOCAL, local_problem)
-            if self._all(local is not None) and self.shards is not None:
+            if all_true(local is not None) and self.shards is not None:
                 assert payload is not None
                 payload, problem = self._with_shards(path, payload)
                 local = local if payload is not None else None
-            if self._all(local is not None):
+            if all_true(local is not None):
                 assert payload is not None and local is not None
                 return path, payload, local
             if self.rank == 0:
@@ -384,7 +361,7 @@ class Checkpoints:
                 )
                 os.replace(path, aside)
             self._barrier()
-        aside = self._shared(sorted(p.name for p in self.dir.glob("corrupt-step-*")) if self.rank == 0 else None)
+        aside = from_rank0(sorted(p.name for p in self.dir.glob("corrupt-step-*")) if self.rank == 0 else None)
         if aside:  # every checkpoint of this run is corrupt: starting afresh would lose its training unnoticed
             raise RuntimeError(
                 f"{RUN}: no checkpoint in {self.dir} could be read (set aside: {', '.join(aside)}), so this run "
@@ -406,7 +383,7 @@ class Checkpoints:
                 value, problem = None, f"it lacks {CHECKSUMS}, which every checkpoint of format 3 holds"
         except PermissionError as e:
             value, problem, denied = None, None, e
-        if not self._all(denied is None):
+        if not all_true(denied is None):
             why = f"{denied.strerror or denied}: {denied.filename}" if denied else "on another rank"
             raise PermissionError(
                 errno.EACCES,
@@ -429,7 +406,7 @@ class Checkpoints:
             )
         except OSError as e:
             problem = f"its checksums: {e.strerror or e}"
-        if not self._all(problem is None):
+        if not all_true(problem is None):
             return None, problem or "its shards, on another rank"
         try:
             return self.shards.load(path, payload), None

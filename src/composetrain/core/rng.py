@@ -1,39 +1,100 @@
-"""The random generators of a process: seeded in one place (``seed_everything``), and their states as
-tensors and plain types, for checkpoints that load with ``weights_only=True`` (nothing in them can run
+"""The random generators of a process: seeded in one place (``seed_everything``) from seeds derived in one
+place (``derive_seed``), snapshotted in memory in one place (``Generators``), and their states as tensors and
+plain types, for checkpoints that load with ``weights_only=True`` (nothing in them can run
 code); checked on fresh generators before use."""
 
 from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Collection
 from typing import Any
 
 import torch
 
-__all__ = ["Generators", "capture_rng", "generators_problem", "restore_rng", "rng_problem", "seed_everything"]
+__all__ = [
+    "EVERY",
+    "HOST",
+    "SEEDS",
+    "Generators",
+    "capture_rng",
+    "derive_seed",
+    "generators_problem",
+    "restore_rng",
+    "rng_problem",
+    "seed_everything",
+]
+
+
+EVERY = ("torch", "cuda", "python", "numpy")  # the generators of a process, as Generators names them
+HOST = ("python", "numpy")  # those torch.utils.checkpoint does not replay (it replays torch's own)
 
 
 class Generators:
-    """This process's generator states in memory, for putting back what a failed attempt drew (no checkpoint:
-    unlike ``capture_rng``, nothing is converted). CUDA's only once initialised, NumPy's only once imported: a
-    step that never imported NumPy cannot have drawn from it."""
+    """This process's generator states in memory, for putting back what an attempt drew (no checkpoint:
+    unlike ``capture_rng``, nothing is converted). The one snapshot of them: the refused call's put-back,
+    ``accumulate("auto")``'s undo, and activation checkpointing's replay of Python's and NumPy's draws.
 
-    def __init__(self) -> None:
-        self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.py_rng = random.getstate()
-        numpy = sys.modules.get("numpy")
+    Args:
+        kinds: which generators, of ``EVERY``: ``"torch"`` (torch's CPU generator), ``"cuda"`` (every
+            GPU's, once CUDA is initialised), ``"python"`` (``random``), ``"numpy"`` (NumPy's global one,
+            once NumPy is imported: a step that never imported it cannot have drawn from it).
+
+    Example:
+        >>> taken = Generators()
+        >>> torch.rand(3), random.random()  # an attempt that fails
+        >>> taken.restore()                 # every stream as if it never ran
+    """
+
+    def __init__(self, kinds: Collection[str] = EVERY) -> None:
+        unknown = sorted(set(kinds) - set(EVERY))
+        if unknown:
+            raise ValueError(f"Generators: kinds must be among {EVERY}, got {unknown}")
+        self.rng = torch.get_rng_state() if "torch" in kinds else None
+        initialised = "cuda" in kinds and torch.cuda.is_initialized()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if initialised else None
+        self.py_rng = random.getstate() if "python" in kinds else None
+        numpy = sys.modules.get("numpy") if "numpy" in kinds else None
         self.np_rng = (numpy, numpy.random.get_state()) if numpy is not None else None
 
     def restore(self) -> None:
-        """Every generator as it was when this snapshot was taken."""
-        torch.set_rng_state(self.rng)
+        """Every generator taken as it was when this snapshot was taken (again and again, if called so)."""
+        if self.rng is not None:
+            torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
-        random.setstate(self.py_rng)
+        if self.py_rng is not None:
+            random.setstate(self.py_rng)
         if self.np_rng is not None:
             numpy, saved = self.np_rng
             numpy.random.set_state(saved)
+
+
+SEEDS = ("fresh start", "loader", "worker")  # what derive_seed derives a seed for
+
+
+def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0) -> int:
+    """The seed of one of a run's random streams, from the run's ``seed``: the one place each is derived.
+
+    The values are part of every run's checkpoints (a resumed run continues the streams these started), so
+    they never change:
+
+    - ``"fresh start"``: a rank's global generators when no checkpoint is resumed, ``seed * 1000003 + rank``
+      (each rank its own: dropout masks and augmentations differ between ranks);
+    - ``"loader"``: a rank's DataLoader generator (its workers' base seed), ``seed * 7919 + rank``;
+    - ``"worker"``: a loader worker's generators, ``(seed * 7919 + rank * 104729 + 1009 * worker) % 2**32``
+      (every worker of every rank draws differently: PyTorch issue 5059; below 2**32 for NumPy).
+
+    Example:
+        >>> seed_everything(derive_seed(5, "fresh start", rank=1))  # 5000016
+    """
+    if purpose == "fresh start":
+        return seed * 1000003 + rank
+    if purpose == "loader":
+        return seed * 7919 + rank
+    if purpose == "worker":
+        return (seed * 7919 + rank * 104729 + 1009 * worker) % 2**32
+    raise ValueError(f"derive_seed: purpose must be one of {SEEDS}, got {purpose!r}")
 
 
 def seed_everything(seed: int) -> None:

@@ -16,7 +16,7 @@ from torch.utils.data import (
 )  # fmt: skip
 
 from composetrain.checkpoint.format import Order
-from composetrain.core.rng import capture_rng, restore_rng, seed_everything
+from composetrain.core.rng import capture_rng, derive_seed, restore_rng, seed_everything
 from composetrain.core.util import RUN
 from composetrain.data.kinds import as_mapped, augmented_inside
 from composetrain.driver.options import LoaderOptions
@@ -29,15 +29,15 @@ __all__ = [
 ]  # fmt: skip
 
 
-def _seed_worker(base: int) -> Any:
+def _seed_worker(seed: int, rank: int) -> Any:
     """The workers' init function: a partial of a module-level function, so that it pickles to workers started
     by "spawn" or "forkserver" (a closure would not, and no worker could start)."""
-    return functools.partial(_init_worker, base)
+    return functools.partial(_init_worker, seed, rank)
 
 
-def _init_worker(base: int, worker_id: int) -> None:
+def _init_worker(seed: int, rank: int, worker_id: int) -> None:
     # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059)
-    seed_everything((base + 1009 * worker_id) % 2**32)
+    seed_everything(derive_seed(seed, "worker", rank=rank, worker=worker_id))
 
 
 def build_loader(
@@ -97,8 +97,8 @@ def build_loader(
         drop_last=drop_last,
         collate_fn=collate_fn,
         pin_memory=pin_memory,
-        worker_init_fn=_seed_worker(seed * 7919 + rank * 104729),
-        seed=seed * 7919 + rank,
+        worker_init_fn=_seed_worker(seed, rank),
+        seed=derive_seed(seed, "loader", rank=rank),
         whole=whole,
     )
 

@@ -9,10 +9,10 @@ import sys
 import threading
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from composetrain.core.util import RUN
+from composetrain.launch.agree import any_true
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["StopSignal", "requeue"]
@@ -42,12 +42,8 @@ class StopSignal:
 
     def check(self, also: bool = False) -> bool:
         """After each update: has any rank been asked to stop (or, with ``also``, does this rank want to)?"""
-        if self.group is None:
-            self.agreed = bool(self.received) or also
-        else:
-            flag = torch.tensor([int(bool(self.received) or also)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-            self.agreed = bool(flag.item())
+        wanted = bool(self.received) or also
+        self.agreed = wanted if self.group is None else any_true(wanted, self.group)
         return self.agreed
 
     def restore(self) -> None:

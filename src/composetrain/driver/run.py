@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from composetrain.checkpoint.files import Checkpoints
 from composetrain.checkpoint.shards import ShardFiles
 from composetrain.core.protocol import TrainStep
-from composetrain.core.rng import restore_rng, seed_everything
+from composetrain.core.rng import derive_seed, restore_rng, seed_everything
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
@@ -407,7 +407,7 @@ class _Driver:
             self.compile_cache.enter()
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None:
-            seed_everything(seed * 1000003 + self.proc.rank)
+            seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))
             return Progress(schedule, start=state.step)
         path, saved, local = latest
         changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}

@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime
-import hashlib
 import importlib
 import numbers
 import os
@@ -37,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from composetrain.core.util import show
+from composetrain.launch import agree
 from composetrain.launch.attempts import AttemptTimeout, join_attempt
 from composetrain.launch.hostlist import nodelist_summary
 
@@ -303,33 +303,15 @@ class Process:
         Uneven data must not hang DDP (PyTorch issue 38174): truncate each epoch to
         this many updates and every rank runs the same number of them.
         """
-        if self.world_size == 1 or not dist.is_initialized():
-            return count
-        device = self.device if self.backend == "nccl" else torch.device("cpu")
-        value = torch.tensor(count, dtype=torch.int64, device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
-        return int(value.item())
+        return agree.fewest(count)
 
     def differing(self, value: Any) -> list[Any] | None:
-        """Every rank's ``value`` (by rank) when they differ, else None; on every rank.
+        """Every rank's ``value`` (by rank) when they differ, else None; on every rank (``agree.differing``).
 
-        One tiny all-reduce compares digests of ``repr(value)``; the values themselves are
-        gathered only when they differ. Checks that can fail on one rank go through it, so that
-        every rank raises the same error together instead of one raising while the others wait
-        in a collective. ``value`` must pickle and have a deterministic repr.
+        Checks that can fail on one rank go through it, so that every rank raises the same error together
+        instead of one raising while the others wait in a collective.
         """
-        if self.world_size == 1 or not dist.is_initialized():
-            return None
-        digest = int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "big")
-        device = self.device if self.backend == "nccl" else torch.device("cpu")
-        bounds = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
-        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)  # the largest digest and minus the smallest
-        largest, minus_smallest = bounds.tolist()
-        if largest == -minus_smallest:
-            return None
-        values: list[Any] = [None] * self.world_size
-        dist.all_gather_object(values, value)
-        return values
+        return agree.differing(value)
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():

@@ -26,20 +26,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["DDPDeferredSync", "LastSync", "agree_max", "grads_telling_the_others"]
+from composetrain.launch.agree import largest
+
+__all__ = ["DDPDeferredSync", "LastSync", "grads_telling_the_others"]
 
 
 class DDPDeferredSync:
     """``Context.deferred_sync`` for a DDP-wrapped model (see the module documentation)."""
 
-    def __init__(self, ddp: DistributedDataParallel, group: Any, device: torch.device | None, who: object) -> None:
+    def __init__(self, ddp: DistributedDataParallel, group: Any, who: object) -> None:
         self.ddp = ddp
         self.group = group
-        self.device = device
         self.who = who
 
     def begin(self) -> None:
@@ -54,7 +54,7 @@ class DDPDeferredSync:
 
     def agree(self, values: list[float]) -> list[float]:
         """The elementwise maximum of ``values`` over the processes: one small all-reduce."""
-        return agree_max(values, self.group, self.device)
+        return largest(values, self.group)
 
     def finish(self) -> None:
         """All-reduce the gradients accumulated under ``no_sync``, through DDP."""
@@ -70,14 +70,6 @@ class DDPDeferredSync:
         with _forward_returning(self.ddp.module, zero):
             loss = self.ddp()
         loss.backward()
-
-
-def agree_max(values: list[float], group: Any, device: torch.device | None) -> list[float]:
-    """The elementwise maximum of ``values`` over the processes of ``group``: one small all-reduce
-    (``Context.agree``)."""
-    reduced = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=group)
-    return [float(v) for v in reduced.tolist()]
 
 
 class LastSync:

@@ -6,7 +6,6 @@ replayed by torch.utils.checkpoint (preserve_rng_state=True)."""
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -14,10 +13,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
-try:  # NumPy's global stream is replayed when NumPy is there; torch does not require it
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy comes with every usual torch install
-    np = None  # type: ignore[assignment]
+from composetrain.core.rng import HOST, Generators
 
 __all__ = ["Replay", "refuse_cache", "refuse_checkpointed_twice"]
 
@@ -41,13 +37,13 @@ class Replay:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self.start: tuple[Any, Any] = (None, None)
+        self.start = Generators(())  # none: taken by original()
         self.changed: list[tuple[nn.Module, str, int, torch.Tensor]] = []  # owner, name, which tensor, start
         self.exits: list[contextlib.ExitStack] = []
 
     @contextlib.contextmanager
     def original(self) -> Iterator[None]:
-        self.start = _python_and_numpy_states()
+        self.start = Generators(HOST)
         found = [(m, n, b, b._version) for m in self.module.modules() for n, b in m._buffers.items() if b is not None]
         with torch.no_grad():
             starts = [b.clone() for _, _, b, _ in found]
@@ -60,8 +56,8 @@ class Replay:
 
     def __enter__(self) -> None:
         stack = contextlib.ExitStack()
-        stack.callback(_set_python_and_numpy_states, _python_and_numpy_states())
-        _set_python_and_numpy_states(self.start)
+        stack.callback(Generators(HOST).restore)
+        self.start.restore()
         stack.callback(_rebind, [(m, n, m._buffers[n]) for m, n, _, _ in self.changed])
         fresh: dict[int, torch.Tensor] = {}  # one copy per tensor: a buffer registered twice stays one
         with torch.no_grad():
@@ -76,17 +72,6 @@ class Replay:
 def _rebind(live: list[tuple[nn.Module, str, torch.Tensor | None]]) -> None:
     for module, name, tensor in live:
         module._buffers[name] = tensor
-
-
-def _python_and_numpy_states() -> tuple[Any, Any]:
-    return random.getstate(), None if np is None else np.random.get_state()
-
-
-def _set_python_and_numpy_states(states: tuple[Any, Any]) -> None:
-    python, numpy = states
-    random.setstate(python)
-    if np is not None:
-        np.random.set_state(numpy)
 
 
 def refuse_checkpointed_twice(modules: list[nn.Module], who: object) -> None:

@@ -17,8 +17,9 @@ from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import check_bool, check_real, name, show
+from composetrain.launch.agree import largest
 from composetrain.launch.rendezvous import group_world
-from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, agree_max, grads_telling_the_others
+from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, grads_telling_the_others
 
 __all__ = ["distributed"]
 
@@ -177,8 +178,8 @@ class _Distributed(TrainStep):
             return ddp.no_sync()
 
         # for accumulate("auto"): synchronise after passes that may run out of memory, never inside them
-        deferred = DDPDeferredSync(ddp, self.group, device, self)
-        agree = functools.partial(agree_max, group=self.group, device=device)  # a refusal on one rank is on all
+        deferred = DDPDeferredSync(ddp, self.group, self)
+        agree = functools.partial(largest, group=self.group)  # a refusal on one rank is on all
         return ctx._replace(
             model=ddp,
             around_pass=(*ctx.around_pass, no_sync_unless_last),

@@ -9,13 +9,13 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from composetrain.core.protocol import Context, Pass, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
 from composetrain.core.util import check_int, check_real, show
+from composetrain.launch.agree import differing
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._averages import Averages, model_tensors
 
@@ -119,17 +119,10 @@ class _Ema(TrainStep):
     def _agree(self) -> None:
         """Every rank averages alike, or none starts: each would keep its own average silently (a
         checkpoint rank 0's, an evaluation their mean). ct.run calls ``setup`` on every rank together."""
-        world, device = group_world(None, self)
-        if world == 1:
-            return
-        mine = [self.decay, self.every, self.warmup, FORMULAS.index(self.formula)]
-        every = [torch.empty(4, dtype=torch.float64, device=device) for _ in range(world)]
-        dist.all_gather(every, torch.tensor(mine, dtype=torch.float64, device=device))
-        configs = [c.tolist() for c in every]
-        if any(c != configs[0] for c in configs):
-            shown = ", ".join(
-                f"rank {r} {_shown(d, int(e), int(w), FORMULAS[int(f)])}" for r, (d, e, w, f) in enumerate(configs)
-            )
+        group_world(None, self)  # a launch of several processes that never joined is refused
+        configs = differing((self.decay, self.every, self.warmup, self.formula))
+        if configs is not None and any(c != configs[0] for c in configs):  # -0.0 is 0.0, as the average takes it
+            shown = ", ".join(f"rank {r} {_shown(*config)}" for r, config in enumerate(configs))
             raise ValueError(
                 f"{self!r}: the ranks' ct.ema differ: {shown}; each would keep its own average (a checkpoint keeps "
                 "rank 0's): build it with the same decay, every, warmup and formula on every rank"

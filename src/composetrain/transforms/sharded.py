@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +17,9 @@ from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import check_bool, show
+from composetrain.launch.agree import differing, largest
 from composetrain.launch.rendezvous import group_world
-from composetrain.transforms._deferred_sync import LastSync, agree_max, grads_telling_the_others
+from composetrain.transforms._deferred_sync import LastSync, grads_telling_the_others
 from composetrain.transforms._shard_optimizer import only_initial_state, remake_initial_state
 from composetrain.transforms._shard_units import Units, check_units_argument, describe_units, select_units
 
@@ -165,7 +165,7 @@ class _Sharded(TrainStep):
             sync = _gradient_sync(model, every or c.last_backward, replicated if c.last_backward else [], group, world)
             return last.around(sync) if c.last_backward else sync
 
-        agree = functools.partial(agree_max, group=group, device=device)  # a refusal on one rank is on all
+        agree = functools.partial(largest, group=group)  # a refusal on one rank is on all
         return ctx._replace(
             around_pass=(*ctx.around_pass, sync_unless_more_follow), agree=agree, notes={**ctx.notes, self.role: last}
         )
@@ -334,16 +334,10 @@ def _agree(step: _Sharded, model: nn.Module, units: Any, problem: Exception | No
         [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_parameters(remove_duplicate=False)],
         [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_buffers()],
     )
-    world, device = group_world(step.group, step)
-    digest = int.from_bytes(hashlib.blake2b(repr(plan).encode(), digest_size=7).digest(), "big")
-    bounds = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
-    dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=step.group)  # one tiny collective; plans only if differ
-    every: list[Any] = [None] * world
-    if bounds[0].item() != -bounds[1].item():
-        dist.all_gather_object(every, plan, group=step.group)
+    every = differing(plan, step.group)  # one tiny collective; the plans only if they differ
     if problem is not None:
         raise problem
-    if every[0] is None:
+    if every is None:
         return
     refused = [(r, p[0]) for r, p in enumerate(every) if p[0] is not None]
     rank, other = next((r, p) for r, p in enumerate(every) if p != every[0])
