@@ -61,9 +61,9 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
         >>> averaged = ct.ema_model(state)                                  # a copy with the EMA weights
     """
     refuse_step(decay, "ema", "decay", "ema(0.999)")
-    decay = check_real(decay, "ema", "decay", positive=False, example="ema(0.999)")
+    given, decay = decay, check_real(decay, "ema", "decay", positive=False, example="ema(0.999)")
     if not 0.0 <= decay <= 1.0:
-        raise ValueError(f"ema: decay must be in [0, 1], got {decay}; e.g. ema(0.999), the old average's weight")
+        raise ValueError(f"ema: decay must be in [0, 1], got {show(given)}; e.g. ema(0.999), the old average's weight")
     every = check_int(every, "ema", "every", example="ema(0.999, every=4)")
     warmup = check_int(warmup, "ema", "warmup", minimum=0, example="ema(0.999, warmup=2 * updates_per_epoch)")
     if formula not in FORMULAS:
