@@ -7,13 +7,50 @@ import numbers
 import operator
 from typing import Any
 
-__all__ = ["CACHE", "HDF5", "LOAD_STATE", "RUN", "check_bool", "check_int", "check_real", "name", "show"]
+__all__ = [
+    "ACCUMULATE",
+    "CACHE",
+    "CHECKPOINT_ACTIVATIONS",
+    "CLIP_GRAD_NORM",
+    "COMPILE",
+    "DATA_PARALLEL",
+    "DISTRIBUTED",
+    "EMA",
+    "EMA_MODEL",
+    "HDF5",
+    "LOAD_STATE",
+    "MIXED_PRECISION",
+    "PIPELINE_SPLIT",
+    "RUN",
+    "SCALED_LR",
+    "SHARDED",
+    "WARMUP",
+    "check_bool",
+    "check_int",
+    "check_real",
+    "name",
+    "show",
+]
 
 # How public entry points name themselves in their messages, also in the parts below them that serve only them
 RUN = "run"  # ct.run: its options, loop, checkpoint files
 LOAD_STATE = "TrainState.load_state_dict"  # its checks and its rollback
 CACHE = "cache"  # ct.cache: its store's files, lock, writer and reader
 HDF5 = "ct.hdf5"  # ct.hdf5: its file checks and readers
+# the transforms (and ct.ema_model, ct.scaled_lr, ct.warmup): their argument checks, messages and reprs
+ACCUMULATE = "accumulate"
+CHECKPOINT_ACTIVATIONS = "checkpoint_activations"
+CLIP_GRAD_NORM = "clip_grad_norm"
+COMPILE = "compile"
+DATA_PARALLEL = "data_parallel"
+DISTRIBUTED = "distributed"
+EMA = "ema"
+EMA_MODEL = "ema_model"
+MIXED_PRECISION = "mixed_precision"
+PIPELINE_SPLIT = "pipeline_split"
+SCALED_LR = "scaled_lr"
+SHARDED = "sharded"
+WARMUP = "warmup"
 
 
 def show(value: Any) -> str:

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
+from composetrain.core.util import CHECKPOINT_ACTIVATIONS
+
 try:  # NumPy's global stream is replayed when NumPy is there; torch does not require it
     import numpy as np
 except ImportError:  # pragma: no cover - numpy comes with every usual torch install
@@ -110,7 +112,7 @@ def refuse_cache(module: nn.Module, values: Iterable[Any]) -> None:
         kinds = type(value).__mro__
         if any(k.__name__ == "Cache" and k.__module__.startswith("transformers") for k in kinds):
             raise ValueError(
-                f"checkpoint_activations: {type(module).__name__} was called with a key/value cache "
+                f"{CHECKPOINT_ACTIVATIONS}: {type(module).__name__} was called with a key/value cache "
                 f"({type(value).__name__}), which its recomputation in backward would fill a second time; "
                 "train without it: model(**batch, use_cache=False), or model.config.use_cache = False"
             )
