@@ -334,8 +334,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0",
-        "replace": "isinstance(timeout, int | float) and timeout > 0",
+        "find": '    timeout = check_real(timeout, CACHE, "timeout",',
+        "replace": '    timeout = float(timeout) if timeout is True else check_real(timeout, CACHE, "timeout",',
         "tests": [f"{T_ODD}::test_a_bool_timeout_is_refused_rather_than_taken_for_one_second"],
         "why": "timeout=True is taken for one second",
     },

@@ -184,8 +184,8 @@ MUTANTS += [
     },
     {
         "file": H,
-        "find": "    if not -(2**63) <= seed < 2**63:",
-        "replace": "    if False:",
+        "find": 'HDF5, "seed", minimum=-(2**63), maximum=2**63 - 1',
+        "replace": 'HDF5, "seed", minimum=-(2**99), maximum=2**99',
         "tests": [A + "test_a_seed_beyond_64_bits_is_refused_when_made"],
         "why": "a seed past int64 accepted: an OverflowError at the first augmented read, far from the call",
     },

@@ -108,7 +108,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": '    check_bool(verify, "cache", "verify")\n',
+        "find": '    check_bool(verify, CACHE, "verify")\n',
         "replace": "",
         "tests": [f"{S}::test_verify_and_progress_must_be_bools"],
         "why": 'verify="no" verifies',

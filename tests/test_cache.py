@@ -196,14 +196,18 @@ def test_items_that_cannot_be_stored_are_refused_by_name(tmp_path: Path) -> None
 
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) -> None:
     data, path = _store(tmp_path)
-    for kwargs, message in [
-        ({"num_workers": -1}, "num_workers must be"), ({"timeout": 0}, "timeout must be"),
-        ({"augment": 3}, "augment must be a function"), ({"rebuild": 1}, "rebuild must be True or False"),
-        ({"key": object()}, "key must be something JSON"), ({"key": float("nan")}, "key must be something JSON"),
-        ({"seed": 1.5}, "seed must be an int"),
+    for kwargs, error, message in [  # the wrong kind a TypeError, as in ct.run; a value out of range a ValueError
+        ({"num_workers": -1}, ValueError, "num_workers must be"), ({"timeout": 0}, ValueError, "timeout must be"),
+        ({"augment": 3}, TypeError, "augment must be a function"),
+        ({"rebuild": 1}, TypeError, "rebuild must be True or False"),
+        ({"key": object()}, ValueError, "key must be something JSON"),
+        ({"key": float("nan")}, ValueError, "key must be something JSON"),
+        ({"seed": 1.5}, TypeError, "seed must be a 64-bit int"),
     ]:  # fmt: skip
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(error, match=message):
             ct.cache(data, path, **kwargs)
+    with pytest.raises(TypeError, match=r"^cache: path must be a folder path \(str or os\.PathLike\), got 3 \(int\); "):
+        ct.cache(data, 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="does not exist"):
         ct.cache(data, tmp_path / "missing" / "store")
     (tmp_path / "mine").mkdir()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import runpy
+import tempfile
 from collections.abc import Callable
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,9 +37,42 @@ class Arg(NamedTuple):
     positive: bool = True  # reals
     finite: bool = True  # reals
     below: float = math.inf  # reals: the exclusive upper bound
+    maximum: int | None = None  # ints: the inclusive upper bound
+    at_most: float = math.inf  # reals: the inclusive upper bound
 
 
 _SAVED = make_state().state_dict()
+_SCRATCH = tempfile.TemporaryDirectory(prefix="conventions-")  # the store and file the data calls open
+_ITEMS = [torch.arange(3.0), torch.ones(3)]
+
+
+@functools.cache
+def _store() -> Path:
+    """A ct.cache store of ``_ITEMS``, written once: a call in range opens it (rebuild=True writes it again)."""
+    path = Path(_SCRATCH.name) / "store"
+    ct.cache(_ITEMS, path, progress=False)
+    return path
+
+
+@functools.cache
+def _h5() -> Path:
+    h5py = pytest.importorskip("h5py")
+    path = Path(_SCRATCH.name) / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.zeros((4, 2), np.float32)
+    return path
+
+
+def _cache(**options: Any) -> Any:
+    return ct.cache(_ITEMS, _store(), **{"progress": False, **options})
+
+
+def _rendezvous(timeout: Any) -> None:
+    with ct.rendezvous(env={}, timeout=timeout):  # a single process: no group, so nothing to wait for
+        pass
+
+
+_INT64 = {"minimum": -(2**63), "maximum": 2**63 - 1}
 
 ARGS = [
     Arg("accumulate", "n", lambda v: ct.accumulate(v), "int"),
@@ -61,11 +98,20 @@ ARGS = [
     Arg("warmup", "start", lambda v: ct.warmup(10, start=v), "real", positive=False, below=1.0),
     Arg("split_batch", "n", lambda v: ct.split_batch(torch.zeros(5, 2), v), "int"),
     Arg("TrainState.load_state_dict", "step", lambda v: make_state().load_state_dict({**_SAVED, "step": v}), "int", 0),
+    Arg("ema", "decay", lambda v: ct.ema(v), "real", positive=False, at_most=1.0),
+    Arg("ema", "every", lambda v: ct.ema(0.9, every=v), "int"),
+    Arg("ema", "warmup", lambda v: ct.ema(0.9, warmup=v), "int", minimum=0),
+    Arg("rendezvous", "timeout", _rendezvous, "real"),
+    Arg("cache", "seed", lambda v: _cache(seed=v), "int", **_INT64),
+    Arg("cache", "num_workers", lambda v: _cache(num_workers=v), "int", minimum=0),  # or "auto"
+    Arg("cache", "timeout", lambda v: _cache(timeout=v), "real", finite=False),
+    *[Arg("cache", f, lambda v, f=f: _cache(**{f: v}), "bool") for f in ("rebuild", "verify", "progress")],
+    Arg("ct.hdf5", "seed", lambda v: ct.hdf5(_h5(), "x", seed=v), "int", **_INT64),
 ]
 
 _OTHER = st.one_of(
     st.none(),
-    st.text(max_size=5).filter(lambda s: s != "dynamic"),  # loss_scale's one word
+    st.text(max_size=5).filter(lambda s: s not in ("dynamic", "auto")),  # loss_scale's and num_workers' words
     st.complex_numbers(allow_nan=False).filter(lambda z: z.imag != 0),
     st.lists(st.integers(), max_size=2),
     st.builds(torch.tensor, st.integers(1, 4)),  # a one-element tensor is not a number argument
@@ -79,12 +125,19 @@ _WRONG_KIND = {
 
 def _out_of_range(a: Arg) -> st.SearchStrategy[Any]:
     if a.kind == "int":
-        below = st.integers(max_value=a.minimum - 1)
-        return st.one_of(below, st.integers(-(2**63), a.minimum - 1).map(np.int64))
+        bad = [st.integers(max_value=a.minimum - 1)]
+        if a.minimum > -(2**63):  # an int64 below the range
+            bad.append(st.integers(-(2**63), a.minimum - 1).map(np.int64))
+        if a.maximum is not None:
+            bad.append(st.integers(min_value=a.maximum + 1))
+            if a.maximum < 2**63 - 1:
+                bad.append(st.integers(a.maximum + 1, 2**63 - 1).map(np.int64))
+        return st.one_of(*bad)
 
     def bad_real(x: float) -> bool:
         low = x <= 0 if a.positive else x < 0
-        return math.isnan(x) or (a.finite and math.isinf(x)) or low or (a.below < math.inf and x >= a.below)
+        high = (a.below < math.inf and x >= a.below) or x > a.at_most
+        return math.isnan(x) or (a.finite and math.isinf(x)) or low or high
 
     bad = st.floats(allow_nan=True, allow_infinity=True).filter(bad_real)
     return st.one_of(bad, bad.filter(lambda x: not math.isnan(x)).map(np.float64))
@@ -92,10 +145,11 @@ def _out_of_range(a: Arg) -> st.SearchStrategy[Any]:
 
 def _in_range(a: Arg) -> st.SearchStrategy[Any]:
     if a.kind == "int":
-        return st.one_of(st.integers(a.minimum, 10**6), st.integers(a.minimum, 64).map(np.int64))
+        top = 10**6 if a.maximum is None else a.maximum
+        return st.one_of(st.integers(a.minimum, top), st.integers(a.minimum, min(top, 64)).map(np.int64))
     if a.kind == "bool":
         return st.booleans()
-    top = min(a.below, 1e6)
+    top = min(a.below, a.at_most, 1e6)
     good = st.floats(0.0 if not a.positive else 1e-6, top, exclude_max=top == a.below)
     extra = [st.just(math.inf)] if not a.finite else []
     return st.one_of(good, good.map(np.float64), *extra)
@@ -120,6 +174,35 @@ def test_numeric_and_flag_arguments_follow_one_rule(a, data):
     a.call(data.draw(_in_range(a), label="in range"))
 
 
+def _edges(a: Arg) -> tuple[list[Any], list[Any], list[Any]]:
+    """(wrong kinds, out of range, in range): the values at the edges of an argument's rule, tried every time
+    (the draws above reach them only now and then)."""
+    wrong: list[Any] = ["3", None, torch.tensor(3)]
+    if a.kind == "bool":
+        return [*wrong, 1, np.bool_(True)], [], [True, False]
+    wrong += [True, 3j]
+    if a.kind == "int":
+        wrong.append(3.0)
+        out: list[Any] = [a.minimum - 1] + ([] if a.maximum is None else [a.maximum + 1])
+        return wrong, out, [a.minimum] + ([] if a.maximum is None else [a.maximum])
+    bounded = a.finite or a.below < math.inf or a.at_most < math.inf
+    out = [math.nan, -math.inf] + ([math.inf] if bounded else []) + ([0.0] if a.positive else [-1e-300])
+    out += ([a.below] if a.below < math.inf else []) + ([math.nextafter(a.at_most, 2.0)] if a.at_most < 1e300 else [])
+    inside = ([] if a.positive else [0.0]) + ([a.at_most] if a.at_most < math.inf else [])
+    return wrong, out, inside + ([] if a.finite else [math.inf])
+
+
+@pytest.mark.parametrize("a", ARGS, ids=[f"{a.who}-{a.arg}" for a in ARGS])
+def test_the_edges_of_each_arguments_rule(a):
+    wrong, out, inside = _edges(a)
+    for value in wrong:
+        _refused(a, value, TypeError)
+    for value in out:
+        _refused(a, value, ValueError)
+    for value in inside:
+        a.call(value)
+
+
 def test_a_refused_step_count_in_a_checkpoint_changes_nothing():
     state = make_state()
     before = snapshot(state)
@@ -129,6 +212,19 @@ def test_a_refused_step_count_in_a_checkpoint_changes_nothing():
     assert_untouched(state, before)
     state.load_state_dict({**_SAVED, "step": np.int64(7)})
     assert state.step == 7 and type(state.step) is int
+
+
+# -- messages say what to do ---------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_most_raises_in_the_data_layer_say_what_to_do():
+    """STYLE.md: a message names the function and argument, shows what arrived, and says the fix. Counted by
+    tools/fixes.py (its docstring gives the rule): at least 70% of data/'s raises give one."""
+    tool = runpy.run_path(str(ROOT / "tools" / "fixes.py"))
+    found = tool["raises"](ROOT / "src" / "composetrain" / "data", tool["constants"]())
+    without = [f"{file}:{line}: {text}" for file, line, text, fix in found if not fix]
+    assert len(found) >= 90 and len(without) <= 0.3 * len(found), "\n".join(without)
 
 
 # -- transforms bare and called ---------------------------------------------------------------------

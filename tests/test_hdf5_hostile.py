@@ -111,7 +111,7 @@ def test_index_lists_that_are_not_integers_are_refused(tmp_path, bad, augmented)
 @pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**70])
 def test_a_seed_beyond_64_bits_is_refused_when_made(tmp_path, seed):
     path = h5(tmp_path / "data.h5", x=(ROWS, {}))
-    with pytest.raises(ValueError, match=r"ct\.hdf5: seed must fit in 64 bits"):
+    with pytest.raises(ValueError, match=r"ct\.hdf5: seed must be a 64-bit int \(-2\*\*63 <= seed < 2\*\*63\), got"):
         ct.hdf5(path, "x", seed=seed, augment=lambda b, g: b)
     for edge in (2**63 - 1, -(2**63)):
         assert ct.hdf5(path, "x", seed=edge, augment=lambda b, g: b).read_batch([1]).shape == (1, 3)

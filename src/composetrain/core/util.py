@@ -7,11 +7,50 @@ import numbers
 import operator
 from typing import Any
 
-__all__ = ["LOAD_STATE", "RUN", "check_bool", "check_int", "check_real", "name", "show"]
+__all__ = [
+    "ACCUMULATE",
+    "CACHE",
+    "CHECKPOINT_ACTIVATIONS",
+    "CLIP_GRAD_NORM",
+    "COMPILE",
+    "DATA_PARALLEL",
+    "DISTRIBUTED",
+    "EMA",
+    "EMA_MODEL",
+    "HDF5",
+    "LOAD_STATE",
+    "MIXED_PRECISION",
+    "PIPELINE_SPLIT",
+    "RUN",
+    "SCALED_LR",
+    "SHARDED",
+    "WARMUP",
+    "check_bool",
+    "check_int",
+    "check_real",
+    "name",
+    "show",
+]
 
 # How public entry points name themselves in their messages, also in the parts below them that serve only them
 RUN = "run"  # ct.run: its options, loop, checkpoint files
 LOAD_STATE = "TrainState.load_state_dict"  # its checks and its rollback
+CACHE = "cache"  # ct.cache: its store's files, lock, writer and reader
+HDF5 = "ct.hdf5"  # ct.hdf5: its file checks and readers
+# the transforms (and ct.ema_model, ct.scaled_lr, ct.warmup): their argument checks, messages and reprs
+ACCUMULATE = "accumulate"
+CHECKPOINT_ACTIVATIONS = "checkpoint_activations"
+CLIP_GRAD_NORM = "clip_grad_norm"
+COMPILE = "compile"
+DATA_PARALLEL = "data_parallel"
+DISTRIBUTED = "distributed"
+EMA = "ema"
+EMA_MODEL = "ema_model"
+MIXED_PRECISION = "mixed_precision"
+PIPELINE_SPLIT = "pipeline_split"
+SCALED_LR = "scaled_lr"
+SHARDED = "sharded"
+WARMUP = "warmup"
 
 
 def show(value: Any) -> str:
@@ -27,8 +66,10 @@ def name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or repr(fn)
 
 
-def check_int(value: Any, who: str, arg: str, *, minimum: int = 1, example: str = "") -> int:
-    """``value`` as an int of at least ``minimum``: the one rule for integer arguments.
+def check_int(
+    value: Any, who: str, arg: str, *, minimum: int = 1, maximum: int | None = None, example: str = ""
+) -> int:
+    """``value`` as an int of at least ``minimum`` (and at most ``maximum``): the one rule for integer arguments.
 
     Anything that is not an integer (a bool, a float, a tensor, a string) is a
     TypeError; an integer out of range is a ValueError. Integer-like values such
@@ -41,12 +82,16 @@ def check_int(value: Any, who: str, arg: str, *, minimum: int = 1, example: str 
     """
     hint = f"; e.g. {example}" if example else ""
     kind = "a positive int" if minimum == 1 else "a non-negative int" if minimum == 0 else f"an int >= {minimum}"
+    if (minimum, maximum) == (-(2**63), 2**63 - 1):  # a seed that NumPy and torch hold as an int64
+        kind = f"a 64-bit int (-2**63 <= {arg} < 2**63)"
+    elif maximum is not None:
+        kind = f"an int from {minimum} to {maximum}"
     index = None
     if not isinstance(value, bool) and isinstance(value, numbers.Integral):
         index = operator.index(value)
     if index is None:
         raise TypeError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
-    if index < minimum:
+    if index < minimum or (maximum is not None and index > maximum):
         raise ValueError(f"{who}: {arg} must be {kind}, got {show(value)}{hint}")
     return index
 

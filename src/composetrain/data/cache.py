@@ -19,7 +19,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from composetrain.core.util import check_bool
+from composetrain.core.util import CACHE, check_bool, check_int, check_real, show
 from composetrain.data.kinds import augmented_inside
 from composetrain.data.mapped import Augment, MappedDataset
 from composetrain.data.store import (
@@ -33,13 +33,14 @@ from composetrain.data.store import (
     remove_store,
     stamp,
 )
-from composetrain.data.store_files import MANIFEST, StoreError, fsync_folder, read_manifest, regions
+from composetrain.data.store_files import MANIFEST, REWRITE, StoreError, fsync_folder, read_manifest, regions
 from composetrain.data.writer import fingerprint, write_store
 
 __all__ = ["CachedDataset", "cache"]
 
 _FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 _MOST = 16  # items a fingerprint may name: a second open reads these, never the whole dataset
+_AGAIN = "call ct.cache again to open it as it is now"
 
 
 class CachedDataset(MappedDataset):
@@ -105,9 +106,11 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         equals ``default_collate`` of those items.
 
     Raises:
-        ValueError: an argument, an item that cannot be stored, a store made from something else, or a path
-            that holds something else (never replaced).
-        TypeError: ``verify`` or ``progress`` not True or False.
+        ValueError: an argument out of range, an item that cannot be stored, a store made from something else,
+            or a path that holds something else (never replaced).
+        TypeError: an argument of the wrong kind, as ``ct.run`` refuses it (a dataset that is not map-style, a
+            path that is not a str or PathLike, an ``augment`` that is not a function, a flag that is not True or
+            False, a seed or ``num_workers`` that is not an int, a ``timeout`` that is not a number).
         RuntimeError (at a process's first read): the store was rebuilt or removed since it was opened.
         TimeoutError: another process held the store's lock longer than ``timeout``.
         OSError: the disk is full, or the path cannot take a renamed folder (nothing that looks complete is left).
@@ -116,9 +119,9 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         >>> data = ct.cache(ImageFolderDecoded(root), "/tmp/digits.cache")  # doctest: +SKIP
         >>> ct.run(ct.distributed(ct.mixed_precision(step)), state, data, batch_size=256)  # doctest: +SKIP
     """
-    check_bool(verify, "cache", "verify")
-    check_bool(progress, "cache", "progress")
-    path = _check(dataset, path, augment, rebuild, seed, key, num_workers, timeout)
+    check_bool(verify, CACHE, "verify")
+    check_bool(progress, CACHE, "progress")
+    path, seed, num_workers, timeout = _check(dataset, path, augment, rebuild, seed, key, num_workers, timeout)
     key = json.loads(json.dumps(key))  # as the manifest will hold it: tuples become lists, dict keys strings
     origin = {"type": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "length": len(dataset), "key": key}
     started = time.time()
@@ -128,7 +131,7 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
         except FileNotFoundError:
             pass  # no store yet (or a writer is publishing it): take the lock
         except StoreError as e:
-            raise StoreError(f"cache: {e}; pass rebuild=True to write the store again") from None
+            raise StoreError(f"{CACHE}: {e}") from None  # its message says what to do
     with _locked(path, timeout) as waited:
         # another process rebuilt it while this one waited (a store dated later than now is not that)
         fresh = waited or started <= _created(path) <= time.time()
@@ -145,45 +148,56 @@ def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None
 
 def _check(
     dataset: Any, path: Any, augment: Any, rebuild: Any, seed: Any, key: Any, workers: Any, timeout: Any
-) -> Path:
+) -> tuple[Path, int, int | str, float]:
+    """The arguments checked, before anything is read or written: the store's path, the seed, ``num_workers`` and
+    the timeout as plain Python values."""
     if isinstance(dataset, IterableDataset):  # it may define __len__, and inherits a __getitem__ that raises
-        raise ValueError(f"cache: dataset is an IterableDataset ({type(dataset).__name__}): ct.cache needs a "
-                         "map-style Dataset (items by index, __len__ and __getitem__)")  # fmt: skip
+        raise TypeError(
+            f"{CACHE}: dataset is an IterableDataset ({type(dataset).__name__}): ct.cache needs a "
+            "map-style Dataset (items by index, __len__ and __getitem__); give a map-style dataset "
+            "(a list of the items will do)"
+        )
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise ValueError(f"cache: dataset must be a map-style Dataset (with __len__ and __getitem__), got a "
-                         f"{type(dataset).__name__}")  # fmt: skip
+        raise TypeError(
+            f"{CACHE}: dataset must be a map-style Dataset (with __len__ and __getitem__), got a "
+            f"{type(dataset).__name__}; e.g. a torch Dataset, or a list of the items"
+        )
     if isinstance(dataset, MappedDataset) and dataset.augment is not None:  # its items are drawn, not data
-        raise ValueError("cache: the dataset augments its batches (made with augment=): its store would hold "
+        raise ValueError(f"{CACHE}: the dataset augments its batches (made with augment=): its store would hold "
                          "one draw for all epochs; make it without augment= and give augment= to ct.cache")  # fmt: skip
     if augmented_inside(dataset):  # a Subset of one: its items are drawn too
-        raise ValueError(f"cache: the dataset ({type(dataset).__name__}) wraps one that augments its batches (made "
-                         "with augment=): its store would hold one draw for all epochs; wrap the store made "
+        raise ValueError(f"{CACHE}: the dataset ({type(dataset).__name__}) wraps one that augments its batches "
+                         "(made with augment=): its store would hold one draw for all epochs; wrap the store made "
                          "without augment=, and give augment= to ct.cache")  # fmt: skip
-    if not isinstance(path, str | os.PathLike) or not str(path):
-        raise ValueError(f"cache: path must be a folder path, got {path!r}")
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"{CACHE}: path must be a folder path (str or os.PathLike), got {show(path)}; e.g. '/tmp/digits.cache'"
+        )
+    if not str(path):
+        raise ValueError(f"{CACHE}: path must be a folder path, got {show(path)}; e.g. '/tmp/digits.cache'")
     if augment is not None and not callable(augment):
-        raise ValueError(f"cache: augment must be a function (batch, generator) -> batch, got {augment!r}")
-    if type(rebuild) is not bool:
-        raise ValueError(f"cache: rebuild must be True or False, got {rebuild!r}")
-    if type(seed) is not int or not -(2**63) <= seed < 2**63:
-        raise ValueError(f"cache: seed must be an int (int64), got {seed!r}")
-    if not (workers == "auto" or (type(workers) is int and workers >= 0)):
-        raise ValueError(f'cache: num_workers must be "auto" or an int >= 0, got {workers!r}')
-    if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0):
-        raise ValueError(f"cache: timeout must be a positive number of seconds, got {timeout!r}")
+        raise TypeError(
+            f"{CACHE}: augment must be a function (batch, generator) -> batch, got {show(augment)}; or leave it out"
+        )
+    check_bool(rebuild, CACHE, "rebuild")
+    seed = check_int(seed, CACHE, "seed", minimum=-(2**63), maximum=2**63 - 1, example="seed=0")
+    if not (isinstance(workers, str) and workers == "auto"):
+        workers = check_int(workers, CACHE, "num_workers", minimum=0, example="num_workers=2 or 'auto'")
+    timeout = check_real(timeout, CACHE, "timeout", finite=False, example="timeout=3600.0 (seconds)")
     try:
         json.dumps(key, allow_nan=False)
     except (TypeError, ValueError):
         raise ValueError(
-            f"cache: key must be something JSON can hold (str, numbers, lists, dicts), got {key!r}"
+            f"{CACHE}: key must be something JSON can hold (str, finite numbers, lists, dicts), got {show(key)}; "
+            "e.g. key={'resize': 256, 'crop': 224}"
         ) from None
     path = Path(os.path.realpath(path))  # a link to a folder on a larger disk: the store is written there
     if not path.parent.is_dir():
-        raise ValueError(f"cache: the folder that holds the store, {path.parent}, does not exist; create it first")
+        raise ValueError(f"{CACHE}: the folder that holds the store, {path.parent}, does not exist; create it first")
     check_replaceable(path, replacing=rebuild)
     if os.path.lexists(path) and os.path.ismount(path):
         check_renamable(path)  # refused now, before the lock file is made beside it
-    return path
+    return path, seed, workers, timeout
 
 
 def _created(path: Path) -> float:
@@ -207,19 +221,21 @@ def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: 
         if manifest["length"] != origin["length"]:
             differs.append(f"items: the store holds {manifest['length']}")
         if differs:
-            raise ValueError(f"cache: the store at {path} was made from something else ({'; '.join(differs)}); pass "
+            raise ValueError(f"{CACHE}: the store at {path} was made from something else ({'; '.join(differs)}); pass "
                              "rebuild=True to write it again, or another path")  # fmt: skip
         found = regions(path, manifest["item"], manifest["length"])
         stamps = {str(path / MANIFEST): stamp(path / MANIFEST), **{r.path: stamp(r.path) for r in found.values()}}
     except ValueError:
         if _folder(path) != folder:  # a rebuild renamed another store into place meanwhile: opened again
-            raise FileNotFoundError(f"cache: the store at {path} was replaced while it was opened") from None
+            raise FileNotFoundError(
+                f"{CACHE}: the store at {path} was replaced while it was opened; {_AGAIN}"
+            ) from None
         raise
     if folder is None or _folder(path) != folder:  # rebuilt between the manifest and the files: opened again
-        raise FileNotFoundError(f"cache: the store at {path} was replaced while it was opened")
+        raise FileNotFoundError(f"{CACHE}: the store at {path} was replaced while it was opened; {_AGAIN}")
     data = CachedDataset(found, manifest["item"], manifest["length"], augment=augment, seed=seed)
     if augment is not None and data.ragged:  # augment is given the stacked batch, which ragged items have not
-        raise ValueError(f"cache: augment= is given, but the items of the store at {path} differ in shape (a ragged "
+        raise ValueError(f"{CACHE}: augment= is given, but the items of the store at {path} differ in shape (a ragged "
                          "store: its batches need a collate_fn that pads, and an augmented batch is stacked "
                          "first); pad the items in the dataset, or augment in the collate_fn (the store is kept: "
                          "it opens without augment=)")  # fmt: skip
@@ -248,10 +264,10 @@ def _compare(dataset: Any, data: CachedDataset) -> None:
         and (not n or {0, n // 2, n - 1} <= set(sampled))
         and isinstance(recorded.get("blake2b"), str)
     ):  # fmt: skip
-        raise StoreError(f"{data.path / MANIFEST}: its fingerprint of the items is missing or malformed")
+        raise StoreError(f"{data.path / MANIFEST}: its fingerprint of the items is missing or malformed; {REWRITE}")
     items = {i: copy.deepcopy(dataset[i]) for i in sampled}  # as read: one buffer may be filled anew at each read
     if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):
-        raise ValueError(f"cache: items {sampled} of the dataset differ from those the store at {data.path} was "
+        raise ValueError(f"{CACHE}: items {sampled} of the dataset differ from those the store at {data.path} was "
                          "made from (the fingerprint it recorded): pass rebuild=True to write it again")  # fmt: skip
     # the store's own items there too: a manifest or array altered since it was written (same names, dtypes and
     # shapes) passes every other check, and would be served as the dataset's items
@@ -259,8 +275,11 @@ def _compare(dataset: Any, data: CachedDataset) -> None:
 
     stored = _plain(data).__getitems__(sampled)  # mapped by a copy: this one maps at its first read, as before
     if not all(same_item(s, items[i]) for i, s in zip(sampled, stored, strict=True)):
-        raise StoreError(f"items {sampled} of the store at {data.path} differ from the dataset's, which match the "
-                         "fingerprint it recorded: its files were altered since it was written")  # fmt: skip
+        raise StoreError(
+            f"items {sampled} of the store at {data.path} differ from the dataset's, which match the "
+            "fingerprint it recorded: its files were altered since it was written; "
+            f"{REWRITE}"
+        )
 
 
 def _plain(data: CachedDataset) -> CachedDataset:
@@ -279,7 +298,7 @@ def _verify(dataset: Any, data: CachedDataset) -> None:
         indices = list(range(start, min(start + 256, len(data))))
         for i, stored in zip(indices, plain.__getitems__(indices), strict=True):
             if not same_item(stored, dataset[i]):
-                raise ValueError(f"cache: item {i} of the store at {data.path} differs from the dataset's: pass "
+                raise ValueError(f"{CACHE}: item {i} of the store at {data.path} differs from the dataset's: pass "
                                  "rebuild=True to write it again")  # fmt: skip
 
 
@@ -307,7 +326,7 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
                 if time.monotonic() > deadline:
                     holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
                     raise TimeoutError(
-                        f"cache: waited {timeout:g} s for {holder} to write {path} (lock {lock}); raise timeout=, "
+                        f"{CACHE}: waited {timeout:g} s for {holder} to write {path} (lock {lock}); raise timeout=, "
                         "or remove the store if its writer is gone"
                     ) from None
                 time.sleep(0.05)
@@ -330,12 +349,12 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
     tmp.mkdir()
     try:
         tick = time.perf_counter()
-        write_store(dataset, tmp, origin, workers, f"cache: writing {path.name}" if progress else None)
+        write_store(dataset, tmp, origin, workers, f"{CACHE}: writing {path.name}" if progress else None)
         size = sum(f.stat().st_size for f in tmp.iterdir())
         if progress:
             seconds = time.perf_counter() - tick
             print(
-                f"cache: wrote {size / 1e6:.1f} MB to {path} in {seconds:.1f} s "
+                f"{CACHE}: wrote {size / 1e6:.1f} MB to {path} in {seconds:.1f} s "
                 f"({size / 1e6 / max(seconds, 1e-9):.0f} MB/s)",
                 file=sys.stderr,
             )
@@ -349,7 +368,7 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
         fsync_folder(path.parent)
         remove_store(old)  # its own files only: checked to hold nothing else, and nothing else is ever removed
         if os.path.lexists(old):  # a file put there between the check and the rename: kept, and said
-            warnings.warn(f"cache: {path} held files that are not the store's when it was replaced "
+            warnings.warn(f"{CACHE}: {path} held files that are not the store's when it was replaced "
                           f"({', '.join(os.listdir(old))}): they were kept in {old}", stacklevel=3)  # fmt: skip
     except BaseException as e:
         remove_store(tmp)
@@ -357,6 +376,6 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
             with contextlib.suppress(OSError):
                 os.rename(old, path)
         if isinstance(e, OSError) and e.errno in _FULL:
-            raise OSError(e.errno, f"cache: writing {path} failed: {os.strerror(e.errno or 0)}; nothing was kept: "
+            raise OSError(e.errno, f"{CACHE}: writing {path} failed: {os.strerror(e.errno or 0)}; nothing was kept: "
                           "free space, or give a path on a larger disk") from e  # fmt: skip
         raise

@@ -11,12 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from composetrain.core.util import HDF5
+
 __all__ = [
-    "INSTALL", "NAME", "Rows", "Swapped", "broken_link", "check_unchanged", "file_of", "flat_offset", "h5py_module",
+    "INSTALL", "Rows", "Swapped", "broken_link", "check_unchanged", "file_of", "flat_offset", "h5py_module",
     "native", "open_file", "stamp", "virtual_files",
 ]  # fmt: skip
 
-NAME, INSTALL = "ct.hdf5", "pip install composetrain[hdf5]"
+INSTALL = "pip install composetrain[hdf5]"
 
 Stamp = tuple[int, int, int, int] | None
 
@@ -26,7 +28,9 @@ def h5py_module() -> Any:
     try:
         import h5py
     except ImportError as error:
-        raise ImportError(f"{NAME} reads HDF5 files with h5py, which is not installed: {INSTALL}") from error
+        raise ImportError(
+            f"{HDF5} reads HDF5 files with h5py, which is not installed: install it ({INSTALL})"
+        ) from error
     return h5py
 
 
@@ -37,11 +41,13 @@ def open_file(path: str) -> Any:
     except BlockingIOError as error:
         raise BlockingIOError(
             error.errno,
-            f"{NAME}: {path} is open for writing in another process (HDF5 locks it: {error}); close it there "
+            f"{HDF5}: {path} is open for writing in another process (HDF5 locks it: {error}); close it there "
             "first, or let that process open it with locking=False if it does not change what is read",
         ) from None
     except OSError as error:  # cut short, damaged: h5py's words, with whose file it is
-        raise OSError(f"{NAME}: h5py cannot open {path}: {error}") from error
+        raise OSError(
+            f"{HDF5}: h5py cannot open {path}: {error}; if it was cut short or damaged, copy or write it again"
+        ) from error
 
 
 def file_of(dset: Any) -> str:
@@ -92,7 +98,7 @@ def broken_link(f: Any, name: str) -> str | None:
             if target is None:
                 return (
                     f"{here!r} is an external link to {link.path!r} in the file {link.filename!r}, which is not "
-                    f"there (looked for beside {f.filename} and in the working folder): restore that file"
+                    f"there (looked for beside {f.filename} and in the working folder)"
                 )
             return f"{here!r} is an external link to {link.path!r} in {target}, which has no such object"
         if isinstance(link, h5py.SoftLink):
@@ -117,16 +123,16 @@ def virtual_files(dset: Any, path: str) -> list[str]:
         file = path if source.file_name == "." else _found(source.file_name, path, "HDF5_VDS_PREFIX")
         if file is None:
             raise FileNotFoundError(
-                f"{NAME}: {dset.name!r} in {path} is a virtual dataset whose rows come from {source.dset_name!r} in "
+                f"{HDF5}: {dset.name!r} in {path} is a virtual dataset whose rows come from {source.dset_name!r} in "
                 f"the file {source.file_name!r}, which is not there (looked for beside {path} and in the working "
                 "folder); h5py would read the fill value for its rows: restore that file"
             )
         with contextlib.nullcontext(dset.file) if source.file_name == "." else open_file(file) as f:
             if not isinstance(f.get(source.dset_name), h5py_module().Dataset):
                 raise FileNotFoundError(
-                    f"{NAME}: {dset.name!r} in {path} is a virtual dataset whose rows come from "
+                    f"{HDF5}: {dset.name!r} in {path} is a virtual dataset whose rows come from "
                     f"{source.dset_name!r} in {file}, which has no such dataset; h5py would read the fill value "
-                    "for its rows"
+                    "for its rows: restore that dataset in it"
                 )
         files.append(file)
     return list(dict.fromkeys(files))
@@ -162,7 +168,7 @@ def check_unchanged(stamps: Mapping[str, Stamp]) -> None:
         else:
             what = "it was written to"
         raise RuntimeError(
-            f"{NAME}: {path} changed since ct.hdf5 opened it ({what}); the offsets and shapes read then would read "
+            f"{HDF5}: {path} changed since ct.hdf5 opened it ({what}); the offsets and shapes read then would read "
             "other bytes now: call ct.hdf5 again on the file as it is (and keep it unchanged while it is read)"
         )
 
@@ -196,7 +202,10 @@ class Rows:
         unique, inverse = np.unique(index, return_inverse=True)
         opened = self.opened()
         if opened is None:
-            raise RuntimeError(f"{NAME}: the rows of {self.key!r} were asked for after their dataset was dropped")
+            raise RuntimeError(
+                f"{HDF5}: the rows of {self.key!r} were asked for after their dataset was dropped; "
+                "keep the HDF5Dataset while its rows are read"
+            )
         out = opened()[self.key][unique]
         out = out if len(unique) == len(index) and (unique == index).all() else out[inverse.reshape(-1)]
         return out.astype(self.dtype, copy=False)

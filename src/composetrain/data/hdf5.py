@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from composetrain.core.util import HDF5, check_int, show
 from composetrain.data.h5files import (
-    NAME,
     Rows,
     Swapped,
     broken_link,
@@ -102,7 +102,7 @@ class HDF5Dataset(MappedDataset):
         return self._arrays  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        return f"{NAME}({self.path!r}, {self.keys!r}): {len(self)} rows, memory-mapped {self.mapped}"
+        return f"{HDF5}({self.path!r}, {self.keys!r}): {len(self)} rows, memory-mapped {self.mapped}"
 
 
 def _torch_name(dtype: np.dtype) -> str:
@@ -120,8 +120,8 @@ def _names(keys: Any) -> list[str]:
         names = []
     if not names or not all(isinstance(name, str) and name for name in names):
         raise TypeError(
-            f"{NAME}: keys must be a dataset name, a list or tuple of names, or a dict {{item key: name}}, with "
-            f"at least one name, got {keys!r}"
+            f"{HDF5}: keys must be a dataset name, a list or tuple of names, or a dict {{item key: name}}, with "
+            f"at least one name, got {show(keys)}; e.g. ['images', 'labels']"
         )
     return list(dict.fromkeys(names))
 
@@ -172,36 +172,50 @@ def hdf5(
     h5py = h5py_module()
     names = _names(keys)
     if augment is not None and not callable(augment):
-        raise TypeError(f"{NAME}: augment must be a function (batch, generator) -> batch, got {augment!r}")
-    if type(seed) is not int:
-        raise TypeError(f"{NAME}: seed must be an int, got {seed!r}")
-    if not -(2**63) <= seed < 2**63:  # it seeds the augmentation as an int64
-        raise ValueError(f"{NAME}: seed must fit in 64 bits (-2**63 <= seed < 2**63), got {seed}")
+        raise TypeError(
+            f"{HDF5}: augment must be a function (batch, generator) -> batch, got {show(augment)}; or leave it out"
+        )
+    # it seeds the augmentation as an int64
+    seed = check_int(seed, HDF5, "seed", minimum=-(2**63), maximum=2**63 - 1, example="seed=0")
     if not isinstance(file, str | bytes | os.PathLike):
-        raise TypeError(f"{NAME}: file must be a path (str or os.PathLike), got {file!r}")
+        raise TypeError(f"{HDF5}: file must be a path (str or os.PathLike), got {show(file)}; e.g. 'digits.h5'")
     path = os.path.abspath(os.fsdecode(file))
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{NAME}: {path} is a directory, not an HDF5 file")
+        raise IsADirectoryError(f"{HDF5}: {path} is a directory, not an HDF5 file; give the path of an HDF5 file")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{NAME}: no file {path}")
+        raise FileNotFoundError(f"{HDF5}: no file {path}; give the path of an existing HDF5 file")
     if not h5py.is_hdf5(path):
-        raise ValueError(f"{NAME}: {path} is not an HDF5 file (no HDF5 signature in it)")
+        raise ValueError(
+            f"{HDF5}: {path} is not an HDF5 file (no HDF5 signature in it); give an HDF5 file, or "
+            "ct.cache a Dataset over the data"
+        )
     with open_file(path) as f:
         columns = {}
         for name in names:
             dset = f.get(name)
             if not isinstance(dset, h5py.Dataset):
                 if dset is None and (broken := broken_link(f, name)) is not None:
-                    raise FileNotFoundError(f"{NAME}: {name!r} in {path}: {broken}")
+                    raise FileNotFoundError(
+                        f"{HDF5}: {name!r} in {path}: {broken}; restore what the link leads to, or give another name"
+                    )
                 what = "no such dataset" if dset is None else f"a {type(dset).__name__}, not a dataset"
-                raise KeyError(f"{NAME}: {name!r} in {path}: {what}; its top level has {sorted(f.keys())}")
+                raise KeyError(
+                    f"{HDF5}: {name!r} in {path}: {what}; its top level has {sorted(f.keys())}: give "
+                    "a dataset's name, with its groups ('train/x')"
+                )
             _check_dtype(h5py, name, dset, path)
             if dset.ndim == 0:
-                raise ValueError(f"{NAME}: {name!r} in {path} is a scalar; a dataset needs a first dimension of rows")
+                raise ValueError(
+                    f"{HDF5}: {name!r} in {path} is a scalar; a dataset needs a first dimension of rows: "
+                    "give datasets of rows (read a scalar with h5py)"
+                )
             columns[name] = dset
         lengths = {name: dset.shape[0] for name, dset in columns.items()}
         if len(set(lengths.values())) > 1:
-            raise ValueError(f"{NAME}: the datasets of {path} differ in rows (first dimension): {lengths}")
+            raise ValueError(
+                f"{HDF5}: the datasets of {path} differ in rows (first dimension): {lengths}; give "
+                "datasets with the same number of rows (one row per item)"
+            )
         return HDF5Dataset(path, keys, columns, augment, seed)
 
 
@@ -220,6 +234,6 @@ def _check_dtype(h5py: Any, name: str, dset: Any, path: str) -> None:
             else dtype.kind
         )
         raise TypeError(
-            f"{NAME}: {name!r} in {path} has dtype {dtype} ({kind}),"
+            f"{HDF5}: {name!r} in {path} has dtype {dtype} ({kind}),"
             " which torch has no tensor for; give numeric or bool datasets (encode strings as integer ids)"
         ) from None

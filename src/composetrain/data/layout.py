@@ -80,7 +80,9 @@ def storage_dtype(kind: str, dtype: str) -> np.dtype[Any]:
         except TypeError:  # bfloat16, float8, complex32, ...: held as integers of the same width
             size = t.itemsize
             if size not in _BY_SIZE:
-                raise ValueError(f"a {dtype} tensor cannot be stored") from None
+                raise ValueError(
+                    f"a {dtype} tensor cannot be stored; convert it to another dtype in __getitem__"
+                ) from None
             return np.dtype(_BY_SIZE[size])
     if kind == "numpy":
         return numpy_dtype(dtype)
@@ -107,7 +109,10 @@ def leaf_kind(value: Any, where: str) -> tuple[str, str, tuple[int, ...], bool]:
                          "array, from __getitem__")  # fmt: skip
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.kind not in _NUMPY_KINDS or value.dtype.fields is not None:
-            raise ValueError(f"{where} is a NumPy {value.dtype} value: only numbers and booleans are stored")
+            raise ValueError(
+                f"{where} is a NumPy {value.dtype} value: only numbers and booleans are stored; "
+                "convert it in __getitem__ (strings to integer ids)"
+            )
         if not value.dtype.isnative:
             native = value.dtype.newbyteorder("=").str
             raise ValueError(f"{where} is a NumPy {value.dtype.str} value, not in this machine's byte order: "

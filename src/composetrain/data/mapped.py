@@ -111,9 +111,15 @@ class MappedDataset(Dataset[Any]):
                 raise TypeError
             i = operator.index(i)
         except TypeError:
-            raise TypeError(f"{type(self).__name__}: an index must be an int, got {type(i).__name__}") from None
+            raise TypeError(
+                f"{type(self).__name__}: an index must be an int, got {type(i).__name__}; index one "
+                "item (data[3]), or read several with data.read_batch([3, 4])"
+            ) from None
         if not -self.length <= i < self.length:
-            raise IndexError(f"{type(self).__name__}: index {i} out of range for {self.length} items")
+            raise IndexError(
+                f"{type(self).__name__}: index {i} out of range for {self.length} items; give an index "
+                f"from {-self.length} to {self.length - 1}"
+            )
         return int(i) % self.length
 
     def _indices(self, indices: Sequence[int]) -> torch.Tensor:
@@ -123,13 +129,14 @@ class MappedDataset(Dataset[Any]):
         if idx.ndim > 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
             raise TypeError(  # never rounded, cast or flattened into other rows
                 f"{type(self).__name__}.read_batch: indices must be a flat list of ints, got {idx.dtype} "
-                f"{idx.reshape(-1)[:8].tolist()}"
+                f"{idx.reshape(-1)[:8].tolist()}; e.g. read_batch([0, 5, 2])"
             )
         idx = idx.to(torch.int64).reshape(-1)  # a 0-dim integer tensor indexes as in a list or a TensorDataset
         low, high = idx.aminmax()
         if not (-self.length <= int(low) and int(high) < self.length):
             raise IndexError(
-                f"{type(self).__name__}: an index of {list(indices)} is out of range for {self.length} items"
+                f"{type(self).__name__}: an index of {list(indices)} is out of range for {self.length} items; give "
+                f"indices from {-self.length} to {self.length - 1}"
             )
         return idx if int(low) >= 0 else torch.where(idx < 0, idx + self.length, idx)
 
@@ -157,8 +164,10 @@ class MappedDataset(Dataset[Any]):
             ValueError: a ragged field: its items cannot be stacked (give ct.run a collate_fn that pads).
         """
         if self.ragged:
-            raise ValueError(f"{type(self).__name__}: a field's shape differs between items: batches need a "
-                             "collate_fn that pads them (ct.run(..., collate_fn=...))")  # fmt: skip
+            raise ValueError(
+                f"{type(self).__name__}: a field's shape differs between items: batches need a "
+                "collate_fn that pads them; give one to ct.run(..., collate_fn=...)"
+            )
         idx = self._indices(indices)
         arrays, views = self.arrays(), self._views
 

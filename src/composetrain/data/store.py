@@ -17,6 +17,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from composetrain.core.util import CACHE
 from composetrain.data.store_files import MANIFEST, NotAStore, read_manifest
 
 __all__ = ["Stamp", "check_lock_file", "check_renamable", "check_replaceable", "check_unchanged", "foreign",
@@ -62,34 +63,36 @@ def check_replaceable(path: Path, replacing: bool = True) -> None:
     if not os.path.lexists(path):
         return
     if not path.is_dir():
-        raise ValueError(f"cache: {path} is a file, not a cache store: choose another path")
+        raise ValueError(f"{CACHE}: {path} is a file, not a cache store: choose another path")
     manifest = path / MANIFEST
     if not os.path.lexists(manifest):
         if any(path.iterdir()):
-            raise ValueError(f"cache: {path} is a folder that is not a cache store (no {MANIFEST}): "
+            raise ValueError(f"{CACHE}: {path} is a folder that is not a cache store (no {MANIFEST}): "
                              "choose another path")  # fmt: skip
         return
     try:
         read_manifest(path)
     except NotAStore as e:  # a dataset's own manifest (WebDataset shards, an export): never ct.cache's to delete
-        raise NotAStore(f"cache: {path} is not a cache store ({e}); ct.cache never replaces or removes it, "
+        raise NotAStore(f"{CACHE}: {path} is not a cache store ({e}); ct.cache never replaces or removes it, "
                         "with or without rebuild=True: choose another path") from None  # fmt: skip
     except (OSError, ValueError):
         pass  # a cache manifest of another version, or a store damaged otherwise: a store, rebuilt on request
     others = foreign(path) if replacing else []
     if others:  # a user's files put in the store, or a cache manifest copied into a folder of other things
         shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        raise ValueError(f"cache: {path} holds files that are not the store's ({shown}); ct.cache never removes "
+        raise ValueError(f"{CACHE}: {path} holds files that are not the store's ({shown}); ct.cache never removes "
                          "them, so it does not write the store again there: move them out, or choose another "
                          "path")  # fmt: skip
 
 
 def check_renamable(path: Path) -> None:
     """Refuse, before any item is read, a ``path`` that a folder cannot be renamed onto (a mount point)."""
-    hint = f"give a folder inside it (e.g. {path / 'store'})"
     if os.path.lexists(path) and os.path.ismount(path):
-        raise ValueError(f"cache: {path} is a mount point: a store is published by renaming a folder into place, "
-                         f"which a mount point cannot take; {hint}")  # fmt: skip
+        raise ValueError(
+            f"{CACHE}: {path} is a mount point: a store is published by renaming a folder into place, "
+            f"which a mount point cannot take; give a folder inside it (e.g. "
+            f"{path / 'store'})"
+        )
     if not path.is_dir() or os.path.lexists(path / MANIFEST):
         return
     # an empty folder, as a bind mount or a container's volume is (os.path.ismount does not see those): try it
@@ -97,8 +100,11 @@ def check_renamable(path: Path) -> None:
     try:
         os.rename(path, aside)
     except OSError as e:
-        raise OSError(e.errno, f"cache: {path} cannot be replaced by a renamed folder ({os.strerror(e.errno or 0)}),"
-                      f" as a store is published; {hint}") from None  # fmt: skip
+        raise OSError(
+            e.errno,
+            f"{CACHE}: {path} cannot be replaced by a renamed folder ({os.strerror(e.errno or 0)}),"
+            f" as a store is published; give a folder inside it (e.g. {path / 'store'})",
+        ) from None
     os.rename(aside, path)
 
 
@@ -107,7 +113,7 @@ def publish_error(path: Path, e: OSError) -> OSError:
     if e.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES):
         return e
     why = os.strerror(e.errno or 0)
-    return OSError(e.errno, f"cache: {path} cannot be replaced by a renamed folder ({why}), as a store is published; "
+    return OSError(e.errno, f"{CACHE}: {path} cannot be replaced by a renamed folder ({why}), as a store is published; "
                    f"nothing was kept: give a folder inside it (e.g. {path / 'store'})")  # fmt: skip
 
 
@@ -129,7 +135,7 @@ def check_lock_file(lock: Path, mode: int | None = None) -> None:
     if stat.S_ISREG(mode):
         return
     what = "symbolic link" if stat.S_ISLNK(mode) else "folder" if stat.S_ISDIR(mode) else "special file"
-    raise ValueError(f"cache: the lock file {lock} is a {what}, not a file: remove it (ct.cache creates it), or "
+    raise ValueError(f"{CACHE}: the lock file {lock} is a {what}, not a file: remove it (ct.cache creates it), or "
                      "choose another path")  # fmt: skip
 
 
@@ -149,6 +155,6 @@ def check_unchanged(store: Path, stamps: Mapping[str, Stamp]) -> None:
         if now != then:
             what = "it is gone" if now is None else "another file is at its path now"
             raise RuntimeError(
-                f"cache: the store at {store} changed since this CachedDataset was opened ({path}: {what}): it was "
+                f"{CACHE}: the store at {store} changed since this CachedDataset was opened ({path}: {what}): it was "
                 "rebuilt or removed; call ct.cache again to open the store as it is now"
             )

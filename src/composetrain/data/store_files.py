@@ -16,12 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from composetrain.core.util import CACHE
 from composetrain.data.layout import NAME, Field, from_json, to_json, unflatten
 from composetrain.data.mapped import Region
 
 __all__ = [
     "FORMAT",
     "MANIFEST",
+    "REWRITE",
     "NotAStore",
     "NpyWriter",
     "StoreError",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 FORMAT, MANIFEST = 1, "manifest.json"
+REWRITE = "pass rebuild=True to write the store again"  # the fix for a store that cannot be read as it claims
 # never through a symbolic link, and never waiting: opening a FIFO for reading would block until it has a writer
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 _LIMIT = 1 << 24  # the largest manifest read (a crafted one must not exhaust memory): none larger is written
@@ -80,7 +83,10 @@ class NpyWriter:
         header = repr({"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
         header = header.ljust(_HEADER - 10 - 1) + "\n"
         if len(header) + 10 != _HEADER:
-            raise ValueError(f"cache: an array of shape {shape} needs a longer .npy header than {_HEADER} bytes")
+            raise ValueError(
+                f"{CACHE}: an array of shape {shape} needs a longer .npy header than {_HEADER} bytes; "
+                "give the item's leaves fewer dimensions (reshape them in __getitem__)"
+            )
         self.flush()
         with open(self.path, "r+b") as f:
             f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1"))
@@ -100,7 +106,7 @@ def manifest_text(item: Any, length: int, origin: dict[str, Any]) -> str:
     """The manifest's JSON; a ValueError where it is larger than ``read_manifest`` reads (never published)."""
     text = json.dumps({"format": FORMAT, "length": length, "item": to_json(item), "origin": origin}, indent=1)
     if len(text.encode()) > _LIMIT:
-        raise ValueError(f"cache: the store's manifest would take {len(text.encode())} bytes, more than its reader "
+        raise ValueError(f"{CACHE}: the store's manifest would take {len(text.encode())} bytes, more than its reader "
                          f"reads ({_LIMIT}): give items fewer leaves, or a shorter key")  # fmt: skip
     return text
 
@@ -145,13 +151,16 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     if type(raw["format"]) is not int or raw["format"] < 1:  # another tool's manifest with these keys ("webdataset")
         raise NotAStore(f"{folder / MANIFEST} is not a cache manifest (its format is {raw['format']!r}, not a version)")
     if raw["format"] != FORMAT:
-        raise StoreError(f"{folder} has format version {raw['format']!r}; this composetrain reads version {FORMAT}")
+        raise StoreError(
+            f"{folder} has format version {raw['format']!r}; this composetrain reads version {FORMAT}: "
+            f"{REWRITE}, or read it with the composetrain that wrote it"
+        )
     if type(raw["length"]) is not int or raw["length"] < 0 or not isinstance(raw["origin"], dict):
-        raise StoreError(f"{folder / MANIFEST}: its length or origin is malformed")
+        raise StoreError(f"{folder / MANIFEST}: its length or origin is malformed; {REWRITE}")
     try:
         raw["item"] = from_json(raw["item"])
     except (ValueError, TypeError) as e:
-        raise StoreError(f"{folder / MANIFEST}: {e}") from None
+        raise StoreError(f"{folder / MANIFEST}: {e}; {REWRITE}") from None
     return raw
 
 
@@ -178,30 +187,37 @@ def regions(folder: Path, item: Any, length: int) -> dict[str, Region]:
 
 def _region(folder: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> Region:
     if not NAME.match(name):
-        raise StoreError(f"{folder}: the array name {name!r} is not a plain name")
+        raise StoreError(f"{folder}: the array name {name!r} is not a plain name; {REWRITE}")
     path = folder / f"{name}.npy"
     try:
         fd = os.open(path, _READ)
     except OSError as e:
-        raise StoreError(f"{path} cannot be opened ({e.strerror or e}): a store's arrays are regular files") from None
+        raise StoreError(
+            f"{path} cannot be opened ({e.strerror or e}): a store's arrays are regular files; {REWRITE}"
+        ) from None
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode):
-            raise StoreError(f"{path} is not a regular file")
+            raise StoreError(f"{path} is not a regular file; {REWRITE}")
         try:
             version = np.lib.format.read_magic(f)
-            if version != (1, 0):
-                raise ValueError(f"version {version}")
-            got_shape, fortran, got_dtype = np.lib.format.read_array_header_1_0(f, max_header_size=_HEADER)
+            header = np.lib.format.read_array_header_1_0(f, max_header_size=_HEADER) if version == (1, 0) else None
+            why = f"version {version}"
         except ValueError as e:
-            raise StoreError(f"{path} is not a .npy file this store wrote: {e}") from None
+            header, why = None, str(e)
+        if header is None:
+            raise StoreError(f"{path} is not a .npy file this store wrote: {why}; {REWRITE}")
+        got_shape, fortran, got_dtype = header
         offset = f.tell()
     if fortran or got_dtype != dtype or (shape is not None and got_shape != shape):
-        raise StoreError(f"{path} holds {got_dtype} {got_shape}{' (Fortran order)' if fortran else ''}; "
-                         f"the manifest needs {dtype} {shape if shape is not None else '(any length)'}")  # fmt: skip
+        raise StoreError(
+            f"{path} holds {got_dtype} {got_shape}{' (Fortran order)' if fortran else ''}; "
+            f"the manifest needs {dtype} {shape if shape is not None else '(any length)'}; "
+            f"{REWRITE}"
+        )
     size = offset + int(np.prod(got_shape)) * dtype.itemsize
     if info.st_size != size:
-        raise StoreError(f"{path} has {info.st_size} bytes; its header says {size} (truncated or altered)")
+        raise StoreError(f"{path} has {info.st_size} bytes; its header says {size} (truncated or altered): {REWRITE}")
     return Region(str(path), offset, dtype.str, tuple(got_shape))
 
 
@@ -217,4 +233,6 @@ def _check_ragged(folder: Path, f: Field, found: dict[str, Region], length: int)
         and bool(np.all(np.prod(shapes, axis=1) == np.diff(offsets)))
     )  # fmt: skip
     if not ok:
-        raise StoreError(f"{folder}: the offsets and shapes of ragged array {f.data!r} do not match its data")
+        raise StoreError(
+            f"{folder}: the offsets and shapes of ragged array {f.data!r} do not match its data; {REWRITE}"
+        )

@@ -48,7 +48,9 @@ def locate(dataset: Any, i: int) -> tuple[Any, int]:
     while isinstance(dataset, Subset | ConcatDataset):
         n = len(dataset)
         if not -n <= i < n:
-            raise IndexError(f"{type(dataset).__name__}: index {i} out of range for {n} items")
+            raise IndexError(
+                f"{type(dataset).__name__}: index {i} out of range for {n} items; give an index from {-n} to {n - 1}"
+            )
         i %= n
         if isinstance(dataset, Subset):
             dataset, i = dataset.dataset, int(dataset.indices[i])

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from composetrain.core.util import CACHE
 from composetrain.data.layout import DEPTH, Field, leaf_kind, storage_dtype
 from composetrain.data.mapped import same
 from composetrain.data.store_files import NpyWriter, manifest_text, write_manifest
@@ -42,11 +43,16 @@ def _leaves(item: Any, where: str, out: list[tuple[str, Any]], depth: int = 0) -
     elif kind is dict:
         for k, v in item.items():
             if not isinstance(k, str):
-                raise ValueError(f"{where} has the key {k!r}: only string keys are stored")
+                raise ValueError(
+                    f"{where} has the key {k!r}: only string keys are stored; make the keys strings in __getitem__"
+                )
             _leaves(v, f"{where}[{k!r}]", out, depth + 1)
     elif isinstance(item, tuple | list | dict):
-        raise ValueError(f"{where} is a {type(item).__name__}: only plain tuples, lists and dicts are stored "
-                         "(a namedtuple or dataclass would come back as a plain container)")  # fmt: skip
+        raise ValueError(
+            f"{where} is a {type(item).__name__}: only plain tuples, lists and dicts are stored "
+            "(a namedtuple or dataclass would come back as a plain container); return a plain "
+            "tuple, list or dict from __getitem__"
+        )
     else:
         out.append((where, item))
     return out
@@ -70,8 +76,11 @@ class _Column:
 
     def add(self, value: Any, shape: tuple[int, ...]) -> None:
         if self.shapes and len(shape) != len(self.shapes[0]):
-            raise ValueError(f"has {len(shape)} dimensions here and {len(self.shapes[0])} in item 0: "
-                             "a leaf's number of dimensions must not change")  # fmt: skip
+            raise ValueError(
+                f"has {len(shape)} dimensions here and {len(self.shapes[0])} in item 0: "
+                "a leaf's number of dimensions must not change; give it the same number in every "
+                "item (reshape it in __getitem__)"
+            )
         self.out.append(_array(value).reshape(-1))
         self.shapes.append(shape)
 
@@ -118,7 +127,7 @@ def fingerprint(items: Iterable[Any]) -> str:
     """
     digest = hashlib.blake2b(digest_size=16)
     for item in items:
-        for where, value in _leaves(item, "cache: an item", []):
+        for where, value in _leaves(item, f"{CACHE}: an item", []):
             digest.update(repr((where, leaf_kind(value, where))).encode())
             digest.update(_array(value).tobytes())
     return digest.hexdigest()
@@ -167,7 +176,7 @@ def write_store(
     for i, item in enumerate(_items(dataset, n, workers)):
         if i in kept:  # a copy: a dataset may hand out one buffer, filled anew at each read
             kept[i] = copy.deepcopy(item)
-        prefix = f"cache: item {i}"
+        prefix = f"{CACHE}: item {i}"
         leaves = _leaves(item, prefix, [])
         here = [where[len(prefix) :] for where, _ in leaves]
         if i == 0:
@@ -183,13 +192,18 @@ def write_store(
             first = [Field(c.kind, c.dtype, np.shape(v), c.name) for c, (_, v) in zip(columns, leaves, strict=True)]
             manifest_text(_skeleton(item, iter(first)), n, origin)
         elif here != paths:
-            raise ValueError(f"cache: item {i} has the leaves {here} and item 0 has {paths}: every item must "
-                             "have the same structure")  # fmt: skip
+            raise ValueError(
+                f"{CACHE}: item {i} has the leaves {here} and item 0 has {paths}: every item must "
+                "have the same structure; return the same keys and lengths for every item"
+            )
         for (where, value), column, (kind, dtype, scalar) in zip(leaves, columns, kinds, strict=True):
             got = leaf_kind(value, where)
             if (got[0], got[1], got[3]) != (kind, dtype, scalar):
-                raise ValueError(f"{where} is a {got[0]} of {got[1]}, and in item 0 a {kind} of {dtype}: every "
-                                 "item's leaves must keep their type and dtype")  # fmt: skip
+                raise ValueError(
+                    f"{where} is a {got[0]} of {got[1]}, and in item 0 a {kind} of {dtype}: every "
+                    "item's leaves must keep their type and dtype; convert it to item 0's in "
+                    "__getitem__"
+                )
             try:
                 column.add(value, got[2])
             except ValueError as e:

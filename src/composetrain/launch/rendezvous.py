@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composetrain.core.util import show
+from composetrain.core.util import check_real
 from composetrain.launch import agree
 from composetrain.launch.attempts import AttemptTimeout, join_attempt
 from composetrain.launch.hostlist import nodelist_summary
@@ -376,8 +376,7 @@ def rendezvous(
         ...     model.to(proc.device)
         ...     ct.distributed(ct.accumulate(4)(step))(state, batch)
     """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"rendezvous: timeout must be a positive number of seconds, got {show(timeout)}")
+    timeout = check_real(timeout, "rendezvous", "timeout", example="timeout=300 (seconds)")
     cluster = detect(env, **explicit)
     if dist.is_initialized() and cluster.source == "single":  # a group set up by hand: adopt it
         local = torch.cuda.current_device() if torch.cuda.is_available() else 0

@@ -14,14 +14,14 @@ from composetrain.core.protocol import Context, Pass, TrainStep, Update, WeightF
 from composetrain.core.rng import Generators
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform
-from composetrain.core.util import name, show
+from composetrain.core.util import ACCUMULATE, name, show
 
 __all__ = ["auto_transform"]
 
 
 def auto_transform(weight: WeightFn | None) -> Transform:
     """``accumulate("auto", weight=...)``; documented there."""
-    label = "accumulate('auto')" if weight is None else f"accumulate('auto', weight={name(weight)})"
+    label = f"{ACCUMULATE}('auto')" if weight is None else f"{ACCUMULATE}('auto', weight={name(weight)})"
     return Transform(label, lambda step: _AutoAccumulate(step, label, weight))
 
 
@@ -46,7 +46,7 @@ class MicroBatchMemory:
         size = saved.get("micro_batch", "missing") if isinstance(saved, dict) else "missing"
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(
-                f"accumulate('auto'): the checkpoint's micro-batch size must be a positive int or None, got "
+                f"{ACCUMULATE}('auto'): the checkpoint's micro-batch size must be a positive int or None, got "
                 f"{show(saved)}; load a checkpoint that TrainState.state_dict() wrote"
             )
         self.micro_batch = size

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from composetrain.core.util import check_int, show
+from composetrain.core.util import EMA, check_int, show
 
 __all__ = ["Averages", "model_tensors", "same_names"]
 
@@ -51,7 +51,7 @@ class Averages:
             a, w = mine[k], live[k]
             if a.shape != w.shape or a.dtype != w.dtype or type(a) is not type(w):
                 raise ValueError(
-                    f"ema: the model's {k!r} is {_described(w)}, its average {_described(a)}; average one model "
+                    f"{EMA}: the model's {k!r} is {_described(w)}, its average {_described(a)}; average one model "
                     "throughout: a model changed after the EMA began needs a new TrainState"
                 )
         return live
@@ -107,8 +107,8 @@ class Averages:
     def load_state_dict(self, saved: Any) -> None:
         """All checked before anything is written; whole tensors are sharded as the live averages are."""
         if not (isinstance(saved, Mapping) and isinstance(saved.get("averages"), Mapping)):
-            raise TypeError(f"ema: the checkpoint's EMA state must come from ct.ema's state_dict, got {show(saved)}")
-        n = check_int(saved.get("n_averaged"), "ema", "the checkpoint's n_averaged", minimum=0)
+            raise TypeError(f"{EMA}: the checkpoint's EMA state must come from ct.ema's state_dict, got {show(saved)}")
+        n = check_int(saved.get("n_averaged"), EMA, "the checkpoint's n_averaged", minimum=0)
         theirs = saved["averages"]
         same_names(self.tensors, theirs, "the checkpoint's")
         for k, mine in self.tensors.items():
@@ -116,14 +116,14 @@ class Averages:
             if not isinstance(t, torch.Tensor) or t.shape != mine.shape or t.dtype != mine.dtype:
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else show(t)
                 raise ValueError(
-                    f"ema: the checkpoint's average of {k!r} is {got}, this model's {tuple(mine.shape)} {mine.dtype}; "
-                    "load a checkpoint of the same model, in the same dtype"
+                    f"{EMA}: the checkpoint's average of {k!r} is {got}, this model's {tuple(mine.shape)} "
+                    f"{mine.dtype}; load a checkpoint of the same model, in the same dtype"
                 )
         saved_settings = saved.get("settings")  # older checkpoints lack them
         if isinstance(saved_settings, Mapping) and dict(saved_settings) != self.settings:
             # a deliberate change (a higher decay late in training) is allowed, but never silent
             warnings.warn(
-                f"ema: the checkpoint's average was kept with {_settings(saved_settings)}, this run's ct.ema is "
+                f"{EMA}: the checkpoint's average was kept with {_settings(saved_settings)}, this run's ct.ema is "
                 f"{_settings(self.settings)}: the resumed average continues with this run's settings from here on; "
                 f"build ct.ema as {_settings(saved_settings)} to continue it as it was",
                 UserWarning,
@@ -162,6 +162,6 @@ def same_names(mine: Mapping[str, Any], theirs: Mapping[str, Any], whose: str) -
     if mine.keys() != theirs.keys():
         missing, extra = sorted(mine.keys() - theirs.keys()), sorted(map(str, theirs.keys() - mine.keys()))
         raise ValueError(
-            f"ema: {whose} parameters and buffers differ from the averaged ones (missing {missing[:5]}, new "
+            f"{EMA}: {whose} parameters and buffers differ from the averaged ones (missing {missing[:5]}, new "
             f"{extra[:5]}); average one model throughout: a model changed after the EMA began needs a new TrainState"
         )

@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
 from composetrain.core.rng import HOST, Generators
+from composetrain.core.util import CHECKPOINT_ACTIVATIONS
 
 __all__ = ["Replay", "refuse_cache", "refuse_checkpointed_twice"]
 
@@ -95,7 +96,7 @@ def refuse_cache(module: nn.Module, values: Iterable[Any]) -> None:
         kinds = type(value).__mro__
         if any(k.__name__ == "Cache" and k.__module__.startswith("transformers") for k in kinds):
             raise ValueError(
-                f"checkpoint_activations: {type(module).__name__} was called with a key/value cache "
+                f"{CHECKPOINT_ACTIVATIONS}: {type(module).__name__} was called with a key/value cache "
                 f"({type(value).__name__}), which its recomputation in backward would fill a second time; "
                 "train without it: model(**batch, use_cache=False), or model.config.use_cache = False"
             )

@@ -8,8 +8,8 @@ from typing import Any, TypeAlias
 
 from torch import nn
 
+from composetrain.core.util import SHARDED, show
 from composetrain.core.util import name as fn_name
-from composetrain.core.util import show
 
 __all__ = ["Units", "check_units_argument", "chosen_by", "describe_units", "predicate_mismatch", "select_units"]
 
@@ -72,14 +72,14 @@ def check_units_argument(modules: Any) -> Any:
     """``modules`` normalised (names to a tuple), or a TypeError naming what arrived."""
     if isinstance(modules, nn.Module):
         raise TypeError(
-            f"sharded: modules got an nn.Module instance, {show(modules)}; give its name in the model "
+            f"{SHARDED}: modules got an nn.Module instance, {show(modules)}; give its name in the model "
             f"(modules=['layers.0']) or its class (modules={type(modules).__name__})"
         )
     if callable(modules) and not isinstance(modules, type):
         wrong = predicate_mismatch(modules)
         if wrong is not None:
             raise TypeError(
-                f"sharded: modules got the predicate {wrong[0]}, which takes {wrong[1]} arguments; a predicate "
+                f"{SHARDED}: modules got the predicate {wrong[0]}, which takes {wrong[1]} arguments; a predicate "
                 "takes the module alone: modules=lambda module: isinstance(module, Block) (to choose by name, "
                 "give the names: modules=['layers.0', 'layers.1'])"
             )
@@ -91,17 +91,17 @@ def check_units_argument(modules: Any) -> Any:
     ):
         classes = tuple(modules) if isinstance(modules, (tuple, list)) else (modules,)
         if not all(issubclass(c, nn.Module) for c in classes):
-            raise TypeError(f"sharded: modules classes must be nn.Module subclasses, got {show(modules)}")
+            raise TypeError(f"{SHARDED}: modules classes must be nn.Module subclasses, got {show(modules)}")
         return classes
     names = (modules,) if isinstance(modules, str) else modules
     if isinstance(names, Sequence) and names and all(isinstance(n, str) for n in names):
         if "" in names:
             raise ValueError(
-                "sharded: modules names submodules; the root is always a unit of its own: drop '' from modules"
+                f"{SHARDED}: modules names submodules; the root is always a unit of its own: drop '' from modules"
             )
         return tuple(names)
     raise TypeError(
-        f"sharded: modules must be submodule names, nn.Module classes or a predicate fn(module) -> bool, "
+        f"{SHARDED}: modules must be submodule names, nn.Module classes or a predicate fn(module) -> bool, "
         f"got {show(modules)}; e.g. modules=['layers.0', 'layers.1'], modules=TransformerBlock, or leave it out "
         "for the blocks of every nn.ModuleList"
     )

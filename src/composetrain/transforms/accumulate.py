@@ -9,7 +9,7 @@ from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep, WeightFn, combine
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
-from composetrain.core.util import check_int, name, show
+from composetrain.core.util import ACCUMULATE, check_int, name, show
 from composetrain.transforms._auto_accumulate import auto_transform
 
 __all__ = ["accumulate"]
@@ -70,20 +70,20 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
         are read once per update (one host sync): return Python numbers or CPU
         tensors to avoid it.
     """
-    refuse_step(n, "accumulate", "n", "accumulate(4)")
+    refuse_step(n, ACCUMULATE, "n", "accumulate(4)")
     if weight is not None and not callable(weight):
         raise TypeError(
-            f"accumulate: weight must be a function micro_batch -> number of units, got {show(weight)}; "
+            f"{ACCUMULATE}: weight must be a function micro_batch -> number of units, got {show(weight)}; "
             "e.g. weight=lambda b: (b['labels'] != -100).sum()"
         )
     if isinstance(n, str) and n == "auto":
         return auto_transform(weight)
-    n = check_int(n, "accumulate", "n", example="accumulate(4), accumulate(1) for no split, or accumulate('auto')")
+    n = check_int(n, ACCUMULATE, "n", example="accumulate(4), accumulate(1) for no split, or accumulate('auto')")
     return Transform(_label(n, weight), lambda step: _Accumulate(step, n, weight))
 
 
 def _label(n: int, weight: WeightFn | None) -> str:
-    return f"accumulate({n})" if weight is None else f"accumulate({n}, weight={name(weight)})"
+    return f"{ACCUMULATE}({n})" if weight is None else f"{ACCUMULATE}({n}, weight={name(weight)})"
 
 
 class _Accumulate(TrainStep):

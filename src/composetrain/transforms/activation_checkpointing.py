@@ -17,7 +17,7 @@ from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
-from composetrain.core.util import name, show
+from composetrain.core.util import CHECKPOINT_ACTIVATIONS, name, show
 from composetrain.transforms._recompute import Replay, refuse_cache, refuse_checkpointed_twice
 from composetrain.transforms._shard_units import chosen_by, predicate_mismatch
 
@@ -64,7 +64,7 @@ def checkpoint_activations(modules: Selector | Sequence[str | type[nn.Module]]) 
         >>> train = ct.checkpoint_activations(["encoder.layers.0", "encoder.layers.1"])(step)
     """
     specs = _check_specs(modules)
-    label = f"checkpoint_activations({', '.join(_show_spec(s) for s in specs)})"
+    label = f"{CHECKPOINT_ACTIVATIONS}({', '.join(_show_spec(s) for s in specs)})"
     return Transform(label, lambda step: _CheckpointActivations(step, label, specs))
 
 
@@ -74,41 +74,41 @@ def _check_specs(modules: Any) -> tuple[Any, ...]:
     wrong = predicate_mismatch(modules) if plain else None
     if wrong is not None and wrong[1] == 2:  # step(model, batch) used bare, or a predicate (name, module)
         raise TypeError(
-            f"checkpoint_activations: modules is required, got a step instead: {wrong[0]}, a function of two "
+            f"{CHECKPOINT_ACTIVATIONS}: modules is required, got a step instead: {wrong[0]}, a function of two "
             f"arguments; a predicate takes the module alone: {_PREDICATE}; give modules first, then the step: "
             "checkpoint_activations(Block)(step)"
         )
-    refuse_step(modules, "checkpoint_activations", "modules", "checkpoint_activations(Block)")
+    refuse_step(modules, CHECKPOINT_ACTIVATIONS, "modules", "checkpoint_activations(Block)")
     single = isinstance(modules, (str, type)) or (callable(modules) and not isinstance(modules, nn.Module))
     specs = (modules,) if single else tuple(modules) if isinstance(modules, (list, tuple)) else None
     if specs is None:
         raise TypeError(
-            f"checkpoint_activations: modules must be a submodule name, a module class, a predicate "
+            f"{CHECKPOINT_ACTIVATIONS}: modules must be a submodule name, a module class, a predicate "
             f"fn(module) -> bool, or a list of names and classes, got {show(modules)}; {example}"
         )
     if not specs:
-        raise ValueError(f"checkpoint_activations: modules is empty; say which submodules to checkpoint, {example}")
+        raise ValueError(f"{CHECKPOINT_ACTIVATIONS}: modules is empty; say which submodules to checkpoint, {example}")
     for spec in specs:
         if isinstance(spec, str):
             if not spec:
                 raise ValueError(
-                    "checkpoint_activations: the name '' is the whole model, whose inputs are all a checkpoint would "
-                    f"keep anyway; name its submodules, {example}"
+                    f"{CHECKPOINT_ACTIVATIONS}: the name '' is the whole model, whose inputs are all a checkpoint "
+                    f"would keep anyway; name its submodules, {example}"
                 )
         elif isinstance(spec, type):
             if not issubclass(spec, nn.Module):
-                raise TypeError(f"checkpoint_activations: the class {spec.__name__} is not an nn.Module; {example}")
+                raise TypeError(f"{CHECKPOINT_ACTIVATIONS}: the class {spec.__name__} is not an nn.Module; {example}")
         elif callable(spec) and single:
             _check_predicate(spec)
         else:
             raise TypeError(
-                f"checkpoint_activations: modules holds {show(spec)}; a list holds submodule names (str) and module "
+                f"{CHECKPOINT_ACTIVATIONS}: modules holds {show(spec)}; a list holds submodule names (str) and module "
                 f"classes; pass a predicate alone; {example}"
             )
     seen = [s for s in specs if specs.count(s) > 1]
     if seen:
         raise ValueError(
-            f"checkpoint_activations: {_show_spec(seen[0])} is given {specs.count(seen[0])} times; give each once"
+            f"{CHECKPOINT_ACTIVATIONS}: {_show_spec(seen[0])} is given {specs.count(seen[0])} times; give each once"
         )
     return specs
 
@@ -117,7 +117,7 @@ def _check_predicate(fn: Callable[..., Any]) -> None:
     wrong = predicate_mismatch(fn)
     if wrong is not None:
         raise TypeError(
-            f"checkpoint_activations: modules got the predicate {wrong[0]}, which takes {wrong[1]} arguments; "
+            f"{CHECKPOINT_ACTIVATIONS}: modules got the predicate {wrong[0]}, which takes {wrong[1]} arguments; "
             f"a predicate takes the module alone: {_PREDICATE}"
         )
 

@@ -9,7 +9,7 @@ import torch
 from composetrain.core.protocol import Context, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
-from composetrain.core.util import check_real, show
+from composetrain.core.util import CLIP_GRAD_NORM, check_real, show
 
 __all__ = ["clip_grad_norm"]
 
@@ -48,17 +48,19 @@ def clip_grad_norm(max_norm: float, *, norm_type: float = 2.0, foreach: bool | N
         >>> train = ct.compose(ct.clip_grad_norm(1.0), ct.mixed_precision, ct.accumulate(4))(step)
         >>> train(state, batch).metrics["grad_norm"]
     """
-    refuse_step(max_norm, "clip_grad_norm", "max_norm", "clip_grad_norm(1.0)")
-    max_norm = check_real(max_norm, "clip_grad_norm", "max_norm", example="1.0")
-    norm_type = check_real(norm_type, "clip_grad_norm", "norm_type", finite=False, example="2.0, or float('inf')")
+    refuse_step(max_norm, CLIP_GRAD_NORM, "max_norm", "clip_grad_norm(1.0)")
+    max_norm = check_real(max_norm, CLIP_GRAD_NORM, "max_norm", example="1.0")
+    norm_type = check_real(norm_type, CLIP_GRAD_NORM, "norm_type", finite=False, example="2.0, or float('inf')")
     if foreach is not None and not isinstance(foreach, bool):
-        raise TypeError(f"clip_grad_norm: foreach must be True, False or None, got {show(foreach)}; e.g. foreach=None")
+        raise TypeError(
+            f"{CLIP_GRAD_NORM}: foreach must be True, False or None, got {show(foreach)}; e.g. foreach=None"
+        )
     options = [str(max_norm)]
     if norm_type != 2.0:
         options.append(f"norm_type={norm_type}")
     if foreach is not None:
         options.append(f"foreach={foreach}")
-    label = f"clip_grad_norm({', '.join(options)})"
+    label = f"{CLIP_GRAD_NORM}({', '.join(options)})"
     return Transform(label, lambda step: _ClipGradNorm(step, label, float(max_norm), float(norm_type), foreach))
 
 

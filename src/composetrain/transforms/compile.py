@@ -12,7 +12,7 @@ from composetrain.core.composition_rules import FULLGRAPH, check_inside, refused
 from composetrain.core.protocol import Context, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
-from composetrain.core.util import check_bool, name, show
+from composetrain.core.util import COMPILE, check_bool, name, show
 
 __all__ = ["compile"]
 
@@ -82,7 +82,7 @@ def compile(
     """
     if isinstance(step, nn.Module):
         raise TypeError(
-            f"compile: step must be a function step(model, batch) or a TrainStep, got the model {show(step)}; "
+            f"{COMPILE}: step must be a function step(model, batch) or a TrainStep, got the model {show(step)}; "
             "ct.compile compiles the step and leaves the model as it is: ct.compile(step), with "
             "ct.TrainState(model, optimizer) on the plain model"
         )
@@ -90,7 +90,7 @@ def compile(
     shown = [f"{k}={v!r}" for k, v in options.items() if v != _DEFAULTS[k] and k != "backend"]
     if options["backend"] != "inductor":
         shown.insert(0, f"backend={options['backend']!r}" if isinstance(backend, str) else f"backend={name(backend)}")
-    label = f"compile({', '.join(shown)})" if shown else "compile"
+    label = f"{COMPILE}({', '.join(shown)})" if shown else COMPILE
     transform = Transform(label, lambda inner: _Compile(inner, label, options))
     return transform if step is None else transform(step)
 
@@ -103,32 +103,34 @@ def _check_options(mode: Any, dynamic: Any, fullgraph: Any, backend: Any, cache:
     """The options checked, before anything is built."""
     if mode in _CUDAGRAPHS:
         raise ValueError(
-            f"compile: mode={mode!r} replays CUDA graphs, whose outputs the next call overwrites, while a "
+            f"{COMPILE}: mode={mode!r} replays CUDA graphs, whose outputs the next call overwrites, while a "
             "composition keeps each micro-batch's loss until the update ends; use mode="
             "'max-autotune-no-cudagraphs' (or the default)"
         )
     if isinstance(backend, str) and backend == "cudagraphs":
         raise ValueError(
-            "compile: backend='cudagraphs' replays CUDA graphs, whose outputs the next call overwrites, while a "
+            f"{COMPILE}: backend='cudagraphs' replays CUDA graphs, whose outputs the next call overwrites, while a "
             "composition keeps each micro-batch's loss until the update ends; use backend='inductor' (with "
             "mode='max-autotune-no-cudagraphs' to autotune)"
         )
     if mode not in _MODES:
-        raise ValueError(f"compile: mode must be one of {list(_MODES)}, got {show(mode)}")
+        raise ValueError(f"{COMPILE}: mode must be one of {list(_MODES)}, got {show(mode)}")
     if dynamic is not None:
-        check_bool(dynamic, "compile", "dynamic", example="dynamic=None (automatic), True or False")
-    check_bool(fullgraph, "compile", "fullgraph")
-    check_bool(cache, "compile", "cache", example="cache=False")
+        check_bool(dynamic, COMPILE, "dynamic", example="dynamic=None (automatic), True or False")
+    check_bool(fullgraph, COMPILE, "fullgraph")
+    check_bool(cache, COMPILE, "cache", example="cache=False")
     if isinstance(backend, str):
         known = torch._dynamo.list_backends(exclude_tags=())
         if backend not in known:
-            raise ValueError(f"compile: backend must be one of {known} or a callable backend, got {backend!r}")
+            raise ValueError(f"{COMPILE}: backend must be one of {known} or a callable backend, got {backend!r}")
     elif not callable(backend) or isinstance(backend, (nn.Module, TrainStep)):
         raise TypeError(
-            f"compile: backend must be a backend name such as 'inductor', or a callable, got {show(backend)}"
+            f"{COMPILE}: backend must be a backend name such as 'inductor', or a callable, got {show(backend)}"
         )
     if mode is not None and backend != "inductor":
-        raise ValueError(f"compile: mode={mode!r} is an inductor option, but backend={show(backend)}; drop one of them")
+        raise ValueError(
+            f"{COMPILE}: mode={mode!r} is an inductor option, but backend={show(backend)}; drop one of them"
+        )
     return {"mode": mode, "dynamic": dynamic, "fullgraph": fullgraph, "backend": backend, "cache": cache}
 
 

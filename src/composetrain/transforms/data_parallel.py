@@ -14,6 +14,7 @@ from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep, combine
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
+from composetrain.core.util import DATA_PARALLEL
 from composetrain.transforms._placement import parse_devices
 
 __all__ = ["data_parallel"]
@@ -49,9 +50,9 @@ def data_parallel(devices: list[str | torch.device]) -> Transform:
         with ``nn.DataParallel``. ``mixed_precision`` goes outside it (it must unscale
         after the gradients are summed); ``distributed`` does not compose with it.
     """
-    refuse_step(devices, "data_parallel", "devices", 'data_parallel(["cuda:0", "cuda:1"])')
-    parsed = parse_devices(devices, "data_parallel", "devices")
-    label = f"data_parallel({[str(d) for d in parsed]})"
+    refuse_step(devices, DATA_PARALLEL, "devices", 'data_parallel(["cuda:0", "cuda:1"])')
+    parsed = parse_devices(devices, DATA_PARALLEL, "devices")
+    label = f"{DATA_PARALLEL}({[str(d) for d in parsed]})"
     return Transform(label, lambda step: _DataParallel(step, label, parsed))
 
 

@@ -16,7 +16,7 @@ from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
-from composetrain.core.util import check_bool, check_real, name, show
+from composetrain.core.util import DISTRIBUTED, check_bool, check_real, name, show
 from composetrain.launch.agree import largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, grads_telling_the_others
@@ -85,11 +85,11 @@ def distributed(
         ("gradient_as_bucket_view", gradient_as_bucket_view),
         ("static_graph", static_graph),
     ):
-        check_bool(value, "distributed", arg)
-    bucket_cap_mb = check_real(bucket_cap_mb, "distributed", "bucket_cap_mb", example="25")
+        check_bool(value, DISTRIBUTED, arg)
+    bucket_cap_mb = check_real(bucket_cap_mb, DISTRIBUTED, "bucket_cap_mb", example="25")
     if comm_hook is not None and not callable(comm_hook):
         raise TypeError(
-            f"distributed: comm_hook must be a DDP communication hook hook(state, bucket) -> Future, "
+            f"{DISTRIBUTED}: comm_hook must be a DDP communication hook hook(state, bucket) -> Future, "
             f"got {show(comm_hook)}"
         )
     options = {
@@ -103,7 +103,7 @@ def distributed(
     shown = [f"{k}={v}" for k, v in options.items() if defaults.get(k, False) != v]
     if comm_hook is not None:
         shown.append(f"comm_hook={name(comm_hook)}")
-    label = f"distributed({', '.join(shown)})" if shown else "distributed"
+    label = f"{DISTRIBUTED}({', '.join(shown)})" if shown else DISTRIBUTED
     transform = Transform(
         label, lambda inner: _Distributed(inner, label, options, comm_hook, comm_state, process_group)
     )

@@ -14,7 +14,7 @@ from torch import nn
 from composetrain.core.protocol import Context, Pass, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
-from composetrain.core.util import check_int, check_real, show
+from composetrain.core.util import EMA, EMA_MODEL, check_int, check_real, show
 from composetrain.launch.agree import differing
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._averages import Averages, model_tensors
@@ -60,15 +60,17 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
         >>> ct.run(train, state, data, eval_step=evaluate, eval_data=val)  # evals "eval" and "eval_ema"
         >>> averaged = ct.ema_model(state)                                  # a copy with the EMA weights
     """
-    refuse_step(decay, "ema", "decay", "ema(0.999)")
-    decay = check_real(decay, "ema", "decay", positive=False, example="ema(0.999)")
+    refuse_step(decay, EMA, "decay", "ema(0.999)")
+    given, decay = decay, check_real(decay, EMA, "decay", positive=False, example="ema(0.999)")
     if not 0.0 <= decay <= 1.0:
-        raise ValueError(f"ema: decay must be in [0, 1], got {decay}; e.g. ema(0.999), the old average's weight")
-    every = check_int(every, "ema", "every", example="ema(0.999, every=4)")
-    warmup = check_int(warmup, "ema", "warmup", minimum=0, example="ema(0.999, warmup=2 * updates_per_epoch)")
+        raise ValueError(
+            f"{EMA}: decay must be in [0, 1], got {show(given)}; e.g. ema(0.999), the old average's weight"
+        )
+    every = check_int(every, EMA, "every", example="ema(0.999, every=4)")
+    warmup = check_int(warmup, EMA, "warmup", minimum=0, example="ema(0.999, warmup=2 * updates_per_epoch)")
     if formula not in FORMULAS:
         raise ValueError(
-            f"ema: formula must be 'lerp' (torch's get_ema_multi_avg_fn) or 'sum' (torchvision's "
+            f"{EMA}: formula must be 'lerp' (torch's get_ema_multi_avg_fn) or 'sum' (torchvision's "
             f"ExponentialMovingAverage), got {show(formula)}"
         )
     formula = FORMULAS[FORMULAS.index(formula)]  # a plain str (not NumPy's), as it prints
@@ -79,7 +81,7 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
 def _shown(decay: float, every: int, warmup: int, formula: str) -> str:
     given = (("every", every, 1), ("warmup", warmup, 0), ("formula", formula, "lerp"))
     options = [f"{k}={v!r}" for k, v, default in given if v != default]
-    return f"ema({', '.join([repr(decay), *options])})"
+    return f"{EMA}({', '.join([repr(decay), *options])})"
 
 
 class _Ema(TrainStep):
@@ -184,24 +186,24 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
     from torch.distributed.tensor import DTensor
 
     if not isinstance(state, TrainState):
-        raise TypeError(f"ema_model: state must be a ct.TrainState, got {show(state)}")
+        raise TypeError(f"{EMA_MODEL}: state must be a ct.TrainState, got {show(state)}")
     transforms = state.state_dict()["transforms"]  # read, not created: live, or loaded and not yet claimed
     averages = _saved_averages(transforms[KEY]) if KEY in transforms else model_tensors(state.model)
     sharded = any(isinstance(t, DTensor) for t in averages.values())
     if into is None:
         if sharded:
             raise ValueError(
-                "ema_model: the averages are sharded (ct.sharded); give a plain model of the same architecture "
+                f"{EMA_MODEL}: the averages are sharded (ct.sharded); give a plain model of the same architecture "
                 "to gather them into: ct.ema_model(state, into=build_model())"
             )
         into = copy.deepcopy(state.model)
     elif not isinstance(into, nn.Module):
-        raise TypeError(f"ema_model: into must be a torch.nn.Module, got {show(into)}")
+        raise TypeError(f"{EMA_MODEL}: into must be a torch.nn.Module, got {show(into)}")
     target = model_tensors(into)
     if target.keys() != averages.keys():
         missing, extra = sorted(averages.keys() - target.keys()), sorted(target.keys() - averages.keys())
         raise ValueError(
-            f"ema_model: into ({type(into).__name__}) is not the architecture averaged: it lacks {missing[:5]} and "
+            f"{EMA_MODEL}: into ({type(into).__name__}) is not the architecture averaged: it lacks {missing[:5]} and "
             f"has {extra[:5]} besides the averaged parameters and buffers; give a module built as the trained "
             "one: ct.ema_model(state, into=build_model())"
         )
@@ -209,7 +211,7 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
         a = averages[k]
         if t.shape != a.shape or t.dtype != a.dtype:  # copy_ would cast silently, losing the averages' digits
             raise ValueError(
-                f"ema_model: into's {k!r} is {tuple(t.shape)} {t.dtype}, its average {tuple(a.shape)} {a.dtype}; "
+                f"{EMA_MODEL}: into's {k!r} is {tuple(t.shape)} {t.dtype}, its average {tuple(a.shape)} {a.dtype}; "
                 "give into in the averages' shape and dtype (a model built as the trained one), and cast the "
                 "result if you want another dtype: ct.ema_model(state, into=build_model()).half()"
             )
@@ -225,7 +227,7 @@ def _saved_averages(saved: Any) -> Mapping[str, torch.Tensor]:
     found = saved.get("averages") if isinstance(saved, Mapping) else None
     if not (isinstance(found, Mapping) and all(isinstance(t, torch.Tensor) for t in found.values())):
         raise TypeError(
-            f"ema_model: the state's EMA (loaded from a checkpoint) is not ct.ema's: {show(saved)}; load a "
+            f"{EMA_MODEL}: the state's EMA (loaded from a checkpoint) is not ct.ema's: {show(saved)}; load a "
             "checkpoint saved by a run with ct.ema"
         )
     return found

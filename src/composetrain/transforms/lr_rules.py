@@ -6,7 +6,7 @@ import contextlib
 import math
 from collections.abc import Callable
 
-from composetrain.core.util import check_int, check_real, show
+from composetrain.core.util import SCALED_LR, WARMUP, check_int, check_real, show
 
 __all__ = ["scaled_lr", "warmup"]
 
@@ -37,12 +37,12 @@ def scaled_lr(base_lr: float, batch: int, base_batch: int, *, rule: str = "linea
         >>> sched = torch.optim.lr_scheduler.LambdaLR(opt, ct.warmup(500))    # 500 updates of warmup
         >>> train = ct.distributed(ct.accumulate("auto")(step))
     """
-    base_lr = check_real(base_lr, "scaled_lr", "base_lr", example="scaled_lr(0.1, batch=1024, base_batch=256)")
-    batch = check_int(batch, "scaled_lr", "batch", example="batch=per_process_batch * world_size")
-    base_batch = check_int(base_batch, "scaled_lr", "base_batch", example="base_batch=256")
+    base_lr = check_real(base_lr, SCALED_LR, "base_lr", example="scaled_lr(0.1, batch=1024, base_batch=256)")
+    batch = check_int(batch, SCALED_LR, "batch", example="batch=per_process_batch * world_size")
+    base_batch = check_int(base_batch, SCALED_LR, "base_batch", example="base_batch=256")
     if rule not in ("linear", "sqrt"):
         raise ValueError(
-            f"scaled_lr: rule must be 'linear' or 'sqrt', got {show(rule)}; 'linear' for SGD, 'sqrt' for Adam"
+            f"{SCALED_LR}: rule must be 'linear' or 'sqrt', got {show(rule)}; 'linear' for SGD, 'sqrt' for Adam"
         )
     try:
         ratio = batch / base_batch
@@ -51,7 +51,7 @@ def scaled_lr(base_lr: float, batch: int, base_batch: int, *, rule: str = "linea
         lr = math.inf
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(
-            f"scaled_lr: base_lr={base_lr!r} scaled from base_batch={base_batch} to batch={batch} by the {rule!r} "
+            f"{SCALED_LR}: base_lr={base_lr!r} scaled from base_batch={base_batch} to batch={batch} by the {rule!r} "
             f"rule is not a positive finite learning rate (got {lr!r}); check batch and base_batch (samples per "
             "update, all processes together)"
         )
@@ -82,21 +82,21 @@ def warmup(steps: int, *, start: float = 0.0, then: Callable[[int], float] | Non
         >>> sched = torch.optim.lr_scheduler.LambdaLR(opt, ct.warmup(1000, then=cosine))
         >>> state = ct.TrainState(model, opt, sched)        # steps once per update
     """
-    steps = check_int(steps, "warmup", "steps", minimum=0, example="warmup(500)")
+    steps = check_int(steps, WARMUP, "steps", minimum=0, example="warmup(500)")
     if steps > 2**53:  # the multiplier divides a float by it: past 1e308 that raises, past 2**53 it rounds
-        raise ValueError(f"warmup: steps must be at most 2**53 updates, got {show(steps)}; e.g. warmup(500)")
-    given, start = start, check_real(start, "warmup", "start", positive=False, example="start=0.0")
+        raise ValueError(f"{WARMUP}: steps must be at most 2**53 updates, got {show(steps)}; e.g. warmup(500)")
+    given, start = start, check_real(start, WARMUP, "start", positive=False, example="start=0.0")
     if not 0 <= start < 1:
-        raise ValueError(f"warmup: start must be in [0, 1), got {show(given)}; e.g. start=0.0")
+        raise ValueError(f"{WARMUP}: start must be in [0, 1), got {show(given)}; e.g. start=0.0")
     if then is not None and not callable(then):
-        raise TypeError(f"warmup: then must be a function updates_after_warmup -> multiplier, got {show(then)}")
+        raise TypeError(f"{WARMUP}: then must be a function updates_after_warmup -> multiplier, got {show(then)}")
 
     def multiplier(update: int) -> float:
         if update < steps:
             return start + (1.0 - start) * (update + 1) / steps
         return 1.0 if then is None else _multiplier(then, update - steps)
 
-    multiplier.__qualname__ = multiplier.__name__ = f"warmup({steps})"
+    multiplier.__qualname__ = multiplier.__name__ = f"{WARMUP}({steps})"
     return multiplier
 
 
@@ -111,7 +111,7 @@ def _multiplier(then: Callable[[int], float], since: int) -> float:
             number = float(value)  # type: ignore[arg-type]  # a Python, NumPy or one-element torch number
     if not (math.isfinite(number) and number >= 0):
         raise ValueError(
-            f"warmup: then({since}) returned {show(value)}; it must return a finite number >= 0, the multiplier of "
+            f"{WARMUP}: then({since}) returned {show(value)}; it must return a finite number >= 0, the multiplier of "
             f"the learning rate {since} update(s) after warmup (then={getattr(then, '__qualname__', then)})"
         )
     return number

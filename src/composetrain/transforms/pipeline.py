@@ -13,7 +13,7 @@ from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
-from composetrain.core.util import check_int, show
+from composetrain.core.util import PIPELINE_SPLIT, check_int, show
 from composetrain.transforms._placement import check_placement, parse_device
 
 __all__ = ["pipeline_split"]
@@ -53,23 +53,23 @@ def pipeline_split(placement: Mapping[str, str | torch.device], *, chunks: int =
         as ``model.module`` (as under DDP). A tensor shared by stages on different
         devices (tied weights) is refused: place those modules together.
     """
-    refuse_step(placement, "pipeline_split", "placement", 'pipeline_split({"encoder": "cuda:0", "decoder": "cuda:1"})')
+    refuse_step(placement, PIPELINE_SPLIT, "placement", 'pipeline_split({"encoder": "cuda:0", "decoder": "cuda:1"})')
     if isinstance(placement, Mapping) and not placement:
         raise ValueError(
-            "pipeline_split: placement must name at least one submodule, e.g. {'encoder': 'cuda:0'}, got {}"
+            f"{PIPELINE_SPLIT}: placement must name at least one submodule, e.g. {{'encoder': 'cuda:0'}}, got {{}}"
         )
     if not isinstance(placement, Mapping):
         raise TypeError(
-            f"pipeline_split: placement must map submodule names to devices, e.g. "
+            f"{PIPELINE_SPLIT}: placement must map submodule names to devices, e.g. "
             f"{{'encoder': 'cuda:0', 'decoder': 'cuda:1'}}, got {show(placement)}"
         )
     for key in placement:
         if not isinstance(key, str):
-            raise TypeError(f"pipeline_split: placement keys must be submodule names, got {show(key)}")
-    parsed = {k: parse_device(v, "pipeline_split", f"placement[{k!r}]") for k, v in placement.items()}
-    chunks = check_int(chunks, "pipeline_split", "chunks", example="chunks=4, or chunks=1 for no pipelining")
+            raise TypeError(f"{PIPELINE_SPLIT}: placement keys must be submodule names, got {show(key)}")
+    parsed = {k: parse_device(v, PIPELINE_SPLIT, f"placement[{k!r}]") for k, v in placement.items()}
+    chunks = check_int(chunks, PIPELINE_SPLIT, "chunks", example="chunks=4, or chunks=1 for no pipelining")
     shown = {k: str(v) for k, v in parsed.items()}
-    label = f"pipeline_split({shown})" if chunks == 1 else f"pipeline_split({shown}, chunks={chunks})"
+    label = f"{PIPELINE_SPLIT}({shown})" if chunks == 1 else f"{PIPELINE_SPLIT}({shown}, chunks={chunks})"
     return Transform(label, lambda step: _Pipeline(step, label, parsed, chunks))
 
 

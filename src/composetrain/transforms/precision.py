@@ -9,7 +9,7 @@ import torch
 from composetrain.core.protocol import Context, Hook, Pass, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
-from composetrain.core.util import check_bool, check_int, check_real, show
+from composetrain.core.util import MIXED_PRECISION, check_bool, check_int, check_real, show
 from composetrain.transforms._scaling import LossScaling
 
 __all__ = ["mixed_precision"]
@@ -75,35 +75,35 @@ def mixed_precision(
     if isinstance(step, (str, torch.dtype)):  # mixed_precision("bf16"): the dtype, in the step's place
         if not (isinstance(dtype, str) and dtype == "auto"):
             raise TypeError(
-                f"mixed_precision: the dtype is given twice, {step!r} and dtype={dtype!r}; give it once, "
+                f"{MIXED_PRECISION}: the dtype is given twice, {step!r} and dtype={dtype!r}; give it once, "
                 f"e.g. mixed_precision({step!r})"
             )
         dtype = step
         step = None
     if not isinstance(dtype, (str, torch.dtype)):
         raise TypeError(
-            f"mixed_precision: dtype must be a string such as 'bf16' or a torch dtype, got {show(dtype)}; "
+            f"{MIXED_PRECISION}: dtype must be a string such as 'bf16' or a torch dtype, got {show(dtype)}; "
             "e.g. mixed_precision(dtype='bf16')"
         )
     if dtype not in _DTYPES:
-        raise ValueError(f"mixed_precision: dtype must be one of 'bf16', 'fp16', 'auto' or 'fp32', got {show(dtype)}")
+        raise ValueError(f"{MIXED_PRECISION}: dtype must be one of 'bf16', 'fp16', 'auto' or 'fp32', got {show(dtype)}")
     resolved = _DTYPES[dtype]
     if not (isinstance(loss_scale, str) and loss_scale == "dynamic"):
         if isinstance(loss_scale, str):
             raise TypeError(
-                f"mixed_precision: loss_scale must be 'dynamic' or a positive number, got {show(loss_scale)}"
+                f"{MIXED_PRECISION}: loss_scale must be 'dynamic' or a positive number, got {show(loss_scale)}"
             )
-        loss_scale = check_real(loss_scale, "mixed_precision", "loss_scale", example="loss_scale=1024.0, or 'dynamic'")
+        loss_scale = check_real(loss_scale, MIXED_PRECISION, "loss_scale", example="loss_scale=1024.0, or 'dynamic'")
         if resolved in (torch.bfloat16, torch.float32):
             raise ValueError(
-                f"mixed_precision: loss_scale={loss_scale} applies to fp16 only, got dtype={dtype!r}; "
+                f"{MIXED_PRECISION}: loss_scale={loss_scale} applies to fp16 only, got dtype={dtype!r}; "
                 "bf16 and fp32 need no loss scaling: drop loss_scale, or use dtype='fp16'"
             )
-    skips = check_int(max_consecutive_skips, "mixed_precision", "max_consecutive_skips", example="100")
-    check_bool(check_finite, "mixed_precision", "check_finite", example="check_finite=False (bf16 only)")
+    skips = check_int(max_consecutive_skips, MIXED_PRECISION, "max_consecutive_skips", example="100")
+    check_bool(check_finite, MIXED_PRECISION, "check_finite", example="check_finite=False (bf16 only)")
     if not check_finite and resolved is torch.float16:
         raise ValueError(
-            "mixed_precision: check_finite=False is for bf16; fp16's loss scaling must see overflows: "
+            f"{MIXED_PRECISION}: check_finite=False is for bf16; fp16's loss scaling must see overflows: "
             "drop check_finite, or use dtype='bf16'"
         )
 
@@ -116,7 +116,7 @@ def mixed_precision(
         options.append(f"max_consecutive_skips={skips}")
     if not check_finite:
         options.append("check_finite=False")
-    label = f"mixed_precision({', '.join(options)})" if options else "mixed_precision"
+    label = f"{MIXED_PRECISION}({', '.join(options)})" if options else MIXED_PRECISION
     transform = Transform(label, lambda inner: _MixedPrecision(inner, label, resolved, loss_scale, skips, check_finite))
     return transform if step is None else transform(step)
 

@@ -16,7 +16,7 @@ from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
-from composetrain.core.util import check_bool, show
+from composetrain.core.util import SHARDED, check_bool, show
 from composetrain.launch.agree import differing, largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import LastSync, grads_telling_the_others
@@ -77,7 +77,7 @@ def sharded(
     """
     if isinstance(step, (type, str, list, tuple)):  # sharded(Block): the units, in the step's place
         raise TypeError(
-            f"sharded: step must be a function step(model, batch), got {show(step)}; pass the sharding units by "
+            f"{SHARDED}: step must be a function step(model, batch), got {show(step)}; pass the sharding units by "
             f"keyword: sharded(modules={step.__name__ if isinstance(step, type) else repr(step)})"
         )
     units = check_units_argument(modules)
@@ -85,11 +85,11 @@ def sharded(
         ("reshard_after_forward", reshard_after_forward),
         ("sync_every_micro_batch", sync_every_micro_batch),
     ):
-        check_bool(value, "sharded", arg)
+        check_bool(value, SHARDED, arg)
     shown = [f"modules={describe_units(units)}"] if units is not None else []
     shown += ["reshard_after_forward=False"] if not reshard_after_forward else []
     shown += ["sync_every_micro_batch=True"] if sync_every_micro_batch else []
-    label = f"sharded({', '.join(shown)})" if shown else "sharded"
+    label = f"{SHARDED}({', '.join(shown)})" if shown else SHARDED
     options = (units, reshard_after_forward, sync_every_micro_batch)
     transform = Transform(label, lambda inner: _Sharded(inner, label, options, process_group))
     return transform if step is None else transform(step)
