@@ -33,12 +33,14 @@ class Arg(NamedTuple):
     positive: bool = True  # reals
     finite: bool = True  # reals
     below: float = math.inf  # reals: the exclusive upper bound
+    unset: bool = False  # None is its default, "not given": not a value of the wrong kind
 
 
 _SAVED = make_state().state_dict()
 
 ARGS = [
     Arg("accumulate", "n", lambda v: ct.accumulate(v), "int"),
+    Arg("accumulate", "micro_batch", lambda v: ct.accumulate(micro_batch=v), "int", unset=True),
     Arg("clip_grad_norm", "max_norm", lambda v: ct.clip_grad_norm(v), "real"),
     Arg("clip_grad_norm", "norm_type", lambda v: ct.clip_grad_norm(1.0, norm_type=v), "real", finite=False),
     Arg("mixed_precision", "loss_scale", lambda v: ct.mixed_precision(dtype="fp16", loss_scale=v), "real"),
@@ -114,7 +116,9 @@ def _refused(a: Arg, value: Any, error: type[Exception]) -> None:
 def test_numeric_and_flag_arguments_follow_one_rule(a, data):
     """A value of the wrong kind is a TypeError, one out of range a ValueError, each naming the function
     and the argument and showing the value; a value in range is accepted."""
-    _refused(a, data.draw(_WRONG_KIND[a.kind], label="wrong kind"), TypeError)
+    _refused(
+        a, data.draw(_WRONG_KIND[a.kind].filter(lambda v: not a.unset or v is not None), label="wrong kind"), TypeError
+    )
     if a.kind != "bool":
         _refused(a, data.draw(_out_of_range(a), label="out of range"), ValueError)
     a.call(data.draw(_in_range(a), label="in range"))
@@ -237,6 +241,7 @@ def _built() -> list[ct.TrainStep]:
         ct.accumulate(2)(classify),
         ct.accumulate("auto")(classify),
         ct.accumulate(2, weight=len)(classify),
+        ct.accumulate(micro_batch=3)(classify),
         ct.mixed_precision(classify),
         ct.mixed_precision("fp16", loss_scale=8.0)(classify),
         ct.distributed(classify),
