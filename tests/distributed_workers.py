@@ -1,7 +1,7 @@
 """Cases run on every rank of a processes.Pool, and their single-process references.
 
 A case names its composition as the composed step prints (``step`` for the step, ``n`` for the case's
-accumulation count): ``"distributed(clip_grad_norm(0.5)(accumulate(n)(step)))"``. The global
+accumulation count, or micro-batch size): ``"distributed(clip_grad_norm(0.5)(accumulate(n)(step)))"``. The global
 batch of each update is the concatenation of the ranks' shards in rank order, so
 the reference is the composition without ``distributed`` on the global batch, in one process.
 
@@ -46,6 +46,7 @@ def build(printed: str, n: int, kind: str, **distributed_options: Any) -> ct.Tra
         "distributed": ct.distributed(**distributed_options),
         "mixed_precision(dtype='bf16')": ct.mixed_precision(dtype="bf16"),
         "accumulate(n)": ct.accumulate(n, weight=weight),
+        "accumulate(micro_batch=n)": ct.accumulate(micro_batch=n, weight=weight),
         "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
     }
     return composed(printed, parts, step)

@@ -82,6 +82,32 @@ def test_ranks_with_very_different_batches_never_hang(pool):
     assert_matches_reference(results, reference)
 
 
+@settings(max_examples=10)
+@given(
+    data=st.data(),
+    composition=st.sampled_from(
+        [
+            "distributed(accumulate(micro_batch=n)(step))",
+            "accumulate(micro_batch=n)(distributed(step))",
+            "distributed(clip_grad_norm(0.5)(accumulate(micro_batch=n)(step)))",
+        ]
+    ),
+    kind=st.sampled_from(["classify", "tokens"]),
+    m=st.integers(1, 4),
+    seed=st.integers(0, 999),
+)
+def test_micro_batch_size_follows_each_ranks_batch(pool, data, composition, kind, m, seed):
+    """accumulate(micro_batch=m): ranks holding different numbers of samples run different numbers of micro-batches
+    (the last one short), one gradient sync each, and the update is one process's on the global batch, token-weighted
+    ones included."""
+    sizes = [
+        [s + 2 * r for r, s in enumerate(data.draw(st.lists(rank_sizes, min_size=pool.world, max_size=pool.world)))]
+        for _ in range(3)
+    ]
+    results, reference = run(pool, composition=composition, n=m, kind=kind, sizes=sizes, seed=seed)
+    assert_matches_reference(results, reference)
+
+
 MP_ORDERS = [  # every nesting of distributed, mixed_precision and accumulate
     "".join(p + "(" for p in order) + "step" + ")" * 3
     for order in itertools.permutations(("distributed", "mixed_precision(dtype='bf16')", "accumulate(n)"))
