@@ -166,7 +166,7 @@ def disk_error(path: Path, e: OSError) -> OSError | None:
     if e.errno in FULL:
         fix = "free space, or give a path on a larger disk"
     elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        fix = f"give a path in a folder this process can write ({path.parent} is not)"
+        fix = "give a path in a folder this process can write, on a disk mounted read-write"
     else:
         return None
     why = os.strerror(e.errno or 0)
