@@ -40,14 +40,14 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "        remove_store(stale)",
+        "find": "        remove_store(stale, temporary=True)",
         "replace": "        pass",
         "tests": [f"{T_PROC}::test_a_writer_killed_mid_write_leaves_nothing_complete_and_a_rerun_starts_over"],
         "why": "a killed writer's temporary folder is left for ever",
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "    except BaseException as e:\n        remove_store(tmp)",
+        "find": "    except BaseException as e:\n        remove_store(tmp, temporary=True)",
         "replace": "    except BaseException as e:\n        pass",
         "tests": [
             f"{T_PROC}::test_a_full_disk_is_a_clear_error_and_leaves_nothing",
@@ -208,8 +208,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/store_files.py",
-        "find": "json.JSONDecodeError, RecursionError)",
-        "replace": "json.JSONDecodeError)",
+        "find": "    except (ValueError, RecursionError) as e:",
+        "replace": "    except ValueError as e:",
         "tests": [f"{T_ODD}::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error"],
         "why": "a deeply nested manifest escapes as a RecursionError rather than a StoreError",
     },
@@ -313,8 +313,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "        with contextlib.suppress(OSError):  # who holds it",
-        "replace": "        with contextlib.nullcontext():  # who holds it",
+        "find": "            with contextlib.suppress(OSError):\n                os.ftruncate(fd, 0)",
+        "replace": "            with contextlib.nullcontext():\n                os.ftruncate(fd, 0)",
         "tests": [f"{T_ODD}::test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_cache_message"],
         "why": "a disk full at the lock's first byte fails with a bare errno, without the cache's message",
     },

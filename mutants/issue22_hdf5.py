@@ -7,7 +7,7 @@ F = "src/composetrain/data/h5files.py"
 MUTANTS = [
     {
         "file": F,
-        "find": "if end is None or dset.id.get_storage_size() < dset.size * dset.dtype.itemsize:",
+        "find": "if end is None or dset.id.get_storage_size() != dset.size * dset.dtype.itemsize:",
         "replace": "if end is None:",
         "tests": [T + "test_external_compact_and_unwritten_data_are_read_by_h5py"],
         "why": "an unwritten dataset (no storage) behind a userblock has an undefined address inside the file: mapped",

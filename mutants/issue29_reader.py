@@ -150,8 +150,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/mapped.py",
-        "find": "        if not (-self.length <= int(low) and int(high) < self.length):",
-        "replace": "        if not (-self.length <= int(low) and int(high) <= self.length):",
+        "find": "        if past or not (-self.length <= int(low) and int(high) < self.length):",
+        "replace": "        if past or not (-self.length <= int(low) and int(high) <= self.length):",
         "tests": [T_BOUNDS],
         "why": "a batch holding one past the end is not refused by the store (left to whatever reads the rows)",
     },

@@ -18,16 +18,16 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/store.py",
-        "find": '_OWN = re.compile(r"f[0-9]+[os]?\\.npy")',
-        "replace": '_OWN = re.compile(r"f[0-9]+[os]?\\.np.")',
+        "find": "        if not (plain and (name in own or (temporary and _OWN.fullmatch(name)))):",
+        "replace": "        if not (plain and (name[:-4] + '.npy' in own or (temporary and _OWN.fullmatch(name)))):",
         "tests": ["tests/test_cache_store.py"],
         "why": "a user's file whose name resembles a store's array is taken for the store's own and removed",
     },
     {
         "file": "src/composetrain/data/store.py",
-        "find": "        if not (plain and (name == MANIFEST or _OWN.fullmatch(name))):",
-        "replace": "        if not (name == MANIFEST or _OWN.fullmatch(name)):",
-        "tests": ["tests/test_cache_store.py"],
+        "find": "        if not (plain and (name in own or (temporary and _OWN.fullmatch(name)))):",
+        "replace": "        if not (name in own or (temporary and _OWN.fullmatch(name))):",
+        "tests": ["tests/test_cache_damaged.py"],
         "why": "a link named like a store's array is taken for the store's own",
     },
     {

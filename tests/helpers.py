@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 import composetrain as ct
 
@@ -172,3 +173,58 @@ def reseal(folder):
     folder = Path(folder)
     files = [p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS]
     write_sums(folder, {str(p.relative_to(folder)): digest(p) for p in files})
+
+
+class Listed(Dataset[Any]):
+    """The items of a list, as a map-style Dataset of a type of this module (a ct.cache store records its type)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+
+def labelled(n: int = 12, seed: int = 0) -> list[Any]:
+    """``n`` items ``(x, y)``: a float64 row of ``IN`` features drawn from ``seed``, and an int label."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(IN, dtype=torch.float64, generator=g), i % 3) for i in range(n)]
+
+
+def reads_back(cached: Any, items: list[Any]) -> bool:
+    """Whether every item reads back from ``cached`` (one by one, and with one ``__getitems__``) as ``items`` hold it:
+    the same types, dtypes, shapes and bits."""
+    from composetrain.data.equal import same_item
+
+    together = cached.__getitems__(list(range(len(items))))
+    return all(same_item(cached[i], x) and same_item(together[i], x) for i, x in enumerate(items))
+
+
+class StopsAt(Dataset[Any]):
+    """20 items ``(x, y)`` whose item 13 raises StopIteration (as ``next()`` on an exhausted iterator inside
+    ``__getitem__`` would)."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 13:
+            raise StopIteration
+        return torch.full((IN,), float(i), dtype=torch.float64), i % 3
+
+
+def batches_seen(data: Any, epochs: int = 1, **options: Any) -> list[Any]:
+    """The batches ``ct.run`` hands the step, in order (over a Dataset: batches of 4, unshuffled, by default)."""
+    seen: list[Any] = []
+
+    def record(model: nn.Module, batch: Any) -> Any:
+        seen.append(batch)
+        return classify(model, batch)
+
+    if not isinstance(data, DataLoader):
+        options = {"batch_size": 4, "shuffle": False, "num_workers": 0, **options}
+    ct.run(ct.train_step(record), make_state(), data, epochs=epochs, progress=False, **options)
+    return seen

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from helpers import StopsAt, labelled, reads_back
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -300,3 +302,86 @@ def test_the_store_is_mapped_never_loaded_and_loader_workers_get_no_copy_of_it(t
     for array in cached.arrays().values():
         assert isinstance(array.base, mmap.mmap | np.memmap)  # pages read on demand: a store may exceed memory
     assert len(pickle.dumps(cached)) < 4000 < 12 * 4000  # what a worker receives: the file names, not the data
+
+
+# -- items in other containers, a loader that stops early, the global random state, every dtype -----------------
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [(torch.tensor([1.0]), []), (torch.tensor([2.0]), {}), (torch.tensor([3.0]), ())],
+        [[torch.tensor([1.0]), (torch.tensor(1),)], [torch.tensor([2.0]), [torch.tensor(2)]]],
+    ],
+    ids=["empty containers of other types", "a tuple in item 0, a list in item 1"],
+)
+def test_items_whose_containers_differ_are_refused_or_come_back_as_they_were(tmp_path: Path, items: Any) -> None:
+    """The bug (wrong item served): the writer compares items by their leaves' paths only, which a tuple and a
+    list (or empty containers of any type) share: the store serves item 0's containers for every item."""
+    try:
+        cached = ct.cache(Items(items), tmp_path / "store", progress=False)
+    except ValueError as e:  # refused as items of another structure: as good
+        assert "cache: item 1" in str(e)
+        return
+    assert reads_back(cached, items)
+
+
+def test_a_stopiteration_while_a_store_is_written_by_workers_is_named(tmp_path: Path) -> None:
+    """The bug (bare exception): ct.cache's writer reads by a DataLoader with workers, which stops at item 13's
+    StopIteration; the writer then fails on its own bookkeeping: AssertionError ((20, 5), 65) for fixed shapes,
+    "cannot reshape array" for ragged ones, and under ``python -O`` "an item is a NoneType"."""
+    with pytest.raises(ValueError, match=r"cache: .*13"):
+        ct.cache(StopsAt(), tmp_path / "store", num_workers=1, progress=False)
+    assert sorted(os.listdir(tmp_path)) == [".store.lock"]
+
+
+def test_writing_with_loader_workers_leaves_the_global_random_state_alone(tmp_path: Path) -> None:
+    """The bug (a seeded script not reproducible): the writer's DataLoader has no generator of its own, so starting
+    its workers draws their base seed from the global torch generator. Whether ct.cache writes with workers
+    (num_workers="auto": by timing) or only opens an existing store decides what a seeded script draws next:
+    its model is initialised differently on the run that wrote the store."""
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    ct.cache(Items(labelled(30)), tmp_path / "store", num_workers=1, progress=False)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+_TENSOR_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.int32,
+    torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+    torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2,
+]  # fmt: skip
+
+
+_NUMPY_DTYPES = ["?", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8", "c8", "c16"]
+
+
+def _odd_item(i: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(i)
+    bits = torch.randint(0, 256, (2, 48), generator=g, dtype=torch.uint8)
+    item: dict[str, Any] = {}
+    for dt in _TENSOR_DTYPES:  # random bytes viewed as each dtype: NaN payloads, -0.0, subnormals, edges
+        size = torch.empty(0, dtype=dt).element_size()
+        item[f"t {dt}"] = bits[:, : 48 // size * size].contiguous().view(dt)
+    for dt in _NUMPY_DTYPES:
+        a = bits.numpy().reshape(-1)[: 48 // np.dtype(dt).itemsize * np.dtype(dt).itemsize]
+        item[f"np {dt}"] = a.view(dt).copy() if dt != "?" else a.astype(bool)
+        item[f"npscalar {dt}"] = item[f"np {dt}"][0]
+    item["0-d"] = torch.tensor(float(i))
+    item["empty"] = torch.empty(0, 3)
+    item["numpy 0-d"] = np.array(i, dtype=np.int16)
+    item["python"] = [2**63 - 1, -(2**63), True, -0.0, float("nan"), float("inf"), i]
+    item["non-contiguous"] = torch.arange(12.0).reshape(3, 4).t() + i
+    item["strange keys"] = {"a\nb": 1, "[0]": 2.0, "": False, "é😀": torch.ones(1)}
+    return item
+
+
+def test_items_of_every_dtype_come_back_bit_for_bit_and_batches_as_default_collate_makes_them(tmp_path: Path) -> None:
+    items = [_odd_item(i) for i in range(5)]
+    cached = ct.cache(Items(items), tmp_path / "store", progress=False)
+    assert reads_back(cached, items)
+    ct.cache(Items(items), tmp_path / "store", verify=True, progress=False)
+    collatable = [{k: v for k, v in x.items() if k != "npscalar u8"} for x in items]  # torch cannot collate those
+    batch = cached.read_batch([4, 0, 2])
+    want = default_collate([collatable[i] for i in (4, 0, 2)])
+    assert same_item({k: v for k, v in batch.items() if k in want}, want)

@@ -13,16 +13,20 @@ import re
 import shutil
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from helpers import Listed, labelled, reads_back
 from torch.utils.data import DataLoader, Dataset
 
 import composetrain as ct
 from composetrain.data.equal import same_item
-from composetrain.data.writer import sampled
+from composetrain.data.store_files import write_manifest
+from composetrain.data.writer import fingerprint, sampled
 
 
 class Logged(Dataset[Any]):
@@ -483,3 +487,101 @@ def test_ints_at_the_edge_of_int64_are_stored_exactly_and_one_past_is_refused(tm
         with pytest.raises(ValueError, match=rf"cache: item 2\[1\] is the int {past}, outside int64"):
             ct.cache(items, tmp_path / f"past{n}", progress=False)
         assert sorted(p.name for p in tmp_path.iterdir() if f"past{n}" in p.name) == [f".past{n}.lock"]
+
+
+# -- a user's files, the working folder, odd names and paths, opening a long store ------------------------------
+
+
+def test_rebuild_never_removes_a_users_array_named_like_one_the_store_does_not_have(tmp_path: Path) -> None:
+    """The bug (a user's files deleted): "the store's own files" are matched by name (``f<n>[os].npy``), not by
+    the arrays its manifest names: a store of two fields (f0.npy, f1.npy) with the user's ``f7.npy`` and
+    ``f0s.npy`` saved into it is replaced by rebuild=True, and both are deleted."""
+    path, items = tmp_path / "store", labelled()
+    ct.cache(Listed(items), path, progress=False)
+    np.save(path / "f7.npy", np.arange(1000))  # an array of the user's ("f" for features), saved into the folder
+    (path / "f0s.npy").write_bytes(b"mine")
+    try:
+        ct.cache(Listed(labelled(seed=1)), path, rebuild=True, progress=False)
+    except ValueError as e:  # refused, naming them: as good
+        assert "f7.npy" in str(e) and "f0s.npy" in str(e)
+    kept = [p for p in tmp_path.rglob("f7.npy")] + [p for p in tmp_path.rglob("f0s.npy")]
+    assert len(kept) == 2 and kept[1].read_bytes() == b"mine"
+    assert np.array_equal(np.load(kept[0]), np.arange(1000))
+
+
+def test_caching_into_the_working_folder_leaves_the_process_a_working_folder(tmp_path: Path, monkeypatch: Any) -> None:
+    """The bug (the process's working folder removed): ``ct.cache(data, ".")`` in an empty working folder renames
+    that folder away and removes it (the store is renamed into its place): os.getcwd() then raises
+    FileNotFoundError, and every relative path after it (a checkpoint_dir="runs") fails."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    try:
+        ct.cache(Listed(labelled()), ".", progress=False)
+    except ValueError as e:  # refused, naming the working folder: as good
+        assert "cache:" in str(e)
+    assert os.getcwd() == str(tmp_path / "work")  # FileNotFoundError: the folder was removed
+
+
+class _Empties(Dataset[Any]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return ()
+
+
+def test_opening_a_store_takes_memory_independent_of_its_length(tmp_path: Path) -> None:
+    """The bug (memory and time linear in the length at every open): ``_compare`` checks the fingerprint's item
+    numbers with ``set(sampled) <= set(range(n))``, a set of every index: about 60 GB and a minute for a store of
+    10**9 items, in every process at every open. (The store is the one ``write_store`` makes for items ``()``,
+    written here from its parts: writing 10**6 items takes seconds.)"""
+    n, path = 10**6, tmp_path / "store"
+    path.mkdir()
+    kept = sampled(n)
+    origin = {"type": f"{__name__}._Empties", "length": n, "key": None, "created": 1.0,
+              "fingerprint": {"items": kept, "blake2b": fingerprint(() for _ in kept)}}  # fmt: skip
+    write_manifest(path, (), n, origin)
+    ct.cache(_Empties(10), tmp_path / "warm", progress=False)  # imports and first calls, outside the count
+    tracemalloc.start()
+    try:
+        cached = ct.cache(_Empties(n), path, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(cached) == n and cached[n - 1] == ()
+    assert peak < 8 << 20, f"opening a store of {n} items took {peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("name", ["a\nb", "é😀", "s[1]*?", "bad\udcff", "-rf", " lead", "x" * 230])
+def test_odd_store_names_are_written_and_opened_again(tmp_path: Path, name: str) -> None:
+    items = labelled()
+    assert reads_back(ct.cache(Listed(items), tmp_path / name, progress=False), items)
+    assert reads_back(ct.cache(Listed(items), tmp_path / name, progress=False), items)
+
+
+def test_paths_that_are_not_stores_are_refused_and_left_as_they_were(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "afile").write_text("x")
+    os.symlink("/", tmp_path / "root")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    (tmp_path / "d" / "inner").mkdir(parents=True)
+    (tmp_path / "d" / "keep.txt").write_text("mine")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    monkeypatch.chdir(tmp_path / "d" / "inner")
+    for path in [tmp_path / "afile", tmp_path / "root", tmp_path / "loop", "..", tmp_path / "d" / "keep.txt"]:
+        for rebuild in (False, True):
+            with pytest.raises(ValueError, match="cache: "):
+                ct.cache(Listed(labelled()), path, rebuild=rebuild, progress=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "afile").read_text() == "x" and (tmp_path / "d" / "keep.txt").read_text() == "mine"
+
+
+def test_a_link_to_nowhere_writes_the_store_where_it_points(tmp_path: Path) -> None:
+    os.symlink(tmp_path / "target", tmp_path / "dangling")
+    items = labelled()
+    ct.cache(Listed(items), tmp_path / "dangling", progress=False)
+    assert (tmp_path / "dangling").is_symlink() and reads_back(
+        ct.cache(Listed(items), tmp_path / "target", progress=False), items
+    )

@@ -3,6 +3,8 @@ through h5py otherwise; a run over them bit-identical to a run over the same ten
 
 import pickle
 import sys
+from pathlib import Path
+from typing import Any
 
 import hypothesis.strategies as st
 import numpy as np
@@ -312,3 +314,88 @@ def test_big_endian_rows_that_h5py_reads_come_native(h5file):
     assert data.mapped == []
     batch = data.read_batch([3, 1, 3])
     assert batch.dtype == torch.float32 and np.array_equal(batch.numpy(), expected(h5file, "packed/>f4", [3, 1, 3]))
+
+
+# -- types h5py converts, odd layouts and dtypes ----------------------------------------------------------------
+
+
+def _h5(path: Path, tid: Any, data: np.ndarray, memtype: Any) -> Path:
+    """A file with one contiguous dataset "x" of the HDF5 type ``tid``, written from ``data`` in ``memtype``."""
+    with h5py.File(path, "w") as f:
+        dset = h5py.h5d.create(f.id, b"x", tid, h5py.h5s.create_simple((len(data),)))
+        dset.write(h5py.h5s.ALL, h5py.h5s.ALL, data, mtype=memtype)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("tid", "values", "memtype"),
+    [
+        ("bool enum over int32", (np.arange(10) % 3 == 0).astype(np.int32), "NATIVE_INT32"),
+        ("12-bit signed", -np.arange(1, 11, dtype=np.int16) * 100, "NATIVE_INT16"),
+        ("16 bits at offset 8 of int32", np.arange(1, 11, dtype=np.int32) * 3, "NATIVE_INT32"),
+        ("12-bit unsigned padded with ones", np.arange(1, 11, dtype=np.uint16) * 100, "NATIVE_UINT16"),
+    ],
+)
+def test_a_contiguous_dataset_of_a_type_numpy_does_not_lay_out_reads_as_h5py_reads_it(
+    tmp_path: Path, tid: str, values: np.ndarray, memtype: str
+) -> None:
+    """The bug (wrong values served): ``flat_offset`` maps any contiguous unfiltered dataset and reads its bytes as
+    ``dset.dtype``, but h5py converts from the file's type: a boolean enum over a C int (h5py: bool; the map reads
+    the first bytes of the ints as booleans), integers of fewer bits than their size, at a bit offset, or padded
+    with ones. h5py reads [True, False, False, True, ...], the map [True, False, False, False, ...]; -100 as 3996.
+    The fix: map only where ``dset.id.get_type().equal(h5py.h5t.py_create(dset.dtype, logical=True))``."""
+    if tid == "bool enum over int32":
+        t = h5py.h5t.enum_create(h5py.h5t.NATIVE_INT32)
+        t.enum_insert(b"FALSE", 0)
+        t.enum_insert(b"TRUE", 1)
+    elif tid == "12-bit signed":
+        t = h5py.h5t.STD_I16LE.copy()
+        t.set_precision(12)
+    elif tid == "16 bits at offset 8 of int32":
+        t = h5py.h5t.STD_I32LE.copy()
+        t.set_precision(16)
+        t.set_offset(8)
+    else:
+        t = h5py.h5t.STD_U16LE.copy()
+        t.set_precision(12)
+        t.set_pad(h5py.h5t.PAD_ONE, h5py.h5t.PAD_ONE)
+    path = _h5(tmp_path / "odd.h5", t, values, getattr(h5py.h5t, memtype))
+    with h5py.File(path, "r") as f:
+        want = f["x"][()]
+    data = ct.hdf5(path, "x")
+    order = [9, 0, 3, 3, 5]
+    assert np.array_equal(data.read_batch(order).numpy(), want[order])
+    assert all(np.array_equal(data[i].numpy(), want[i]) for i in range(len(want)))
+
+
+def _make(f: Any, layout: str, x: np.ndarray) -> None:
+    if layout == "external raw file":
+        raw = Path(f.filename).with_suffix(".raw")
+        raw.write_bytes(b"\0" * 16 + x.tobytes())
+        f.create_dataset("x", shape=x.shape, dtype=x.dtype, external=[(str(raw), 16, x.nbytes)])
+    elif layout == "soft link":
+        f.create_dataset("g/x", data=x)
+        f["x"] = h5py.SoftLink("/g/x")
+    elif layout == "enum int8":
+        f.create_dataset("x", data=x.astype(np.int8) % 2, dtype=h5py.enum_dtype({"a": 0, "b": 1}, basetype="i1"))
+    else:
+        options = {"chunks": (3, *x.shape[1:]), "compression": "gzip", "shuffle": True, "fletcher32": True}
+        f.create_dataset("x", data=x, **(options if layout == "chunked" else {}))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "chunked", "external raw file", "soft link", "enum int8"])
+@pytest.mark.parametrize("dtype", [">f2", "<u8", ">i8", ">c16", "?"])
+def test_hdf5_datasets_of_odd_layouts_and_dtypes_read_as_h5py_reads_them(
+    tmp_path: Path, layout: str, dtype: str
+) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2**16, (20, 3)).astype(dtype)
+    path = tmp_path / "odd.h5"
+    with h5py.File(path, "w") as f:
+        _make(f, layout, x)
+    with h5py.File(path, "r") as f:
+        want = f["x"][()]
+    data = ct.hdf5(path, "x")
+    order = [19, 0, 7, 7, 3, -1]
+    assert np.array_equal(data.read_batch(order).numpy(), want[order].astype(want.dtype.newbyteorder("=")))
+    assert all(np.array_equal(data[i].numpy(), want[i]) for i in range(len(want)))

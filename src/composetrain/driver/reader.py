@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
 
+from composetrain.core.util import RUN
 from composetrain.data.kinds import as_mapped, augmented_inside, joined
 
 __all__ = [
@@ -156,6 +157,23 @@ def worker_loader(
     )
 
 
+def _whole(batches: Iterator[Any], expected: int) -> Iterator[Any]:
+    """``batches``, refused when they end before ``expected``: a StopIteration raised where a loader worker reads a
+    batch (a dataset's ``__getitem__``, a collate_fn) comes back as the end of the DataLoader's iteration, which
+    would end the epoch early, silently."""
+    got = 0
+    for batch in batches:
+        got += 1
+        yield batch
+    if got < expected:
+        raise RuntimeError(
+            f"{RUN}: the loader gave {got} of this epoch's {expected} batches, then stopped: a StopIteration raised "
+            "while a batch is read (by the dataset's __getitem__ or the collate_fn, in a loader worker) ends a "
+            "DataLoader early, as if the epoch were over; catch it where it is raised (a next() on an exhausted "
+            "iterator), or raise another exception there"
+        )
+
+
 class Reader:
     """ct.run's loader over a Dataset: this rank's batches, in its sampler's order, as a DataLoader
     over the same sampler would collate them.
@@ -216,7 +234,7 @@ class Reader:
         return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._workers()) if self.num_workers else self._read()
+        return _whole(iter(self._workers()) if self.num_workers else self._read(), len(self))
 
     def _workers(self) -> DataLoader[Any]:
         if self._loader is None:
