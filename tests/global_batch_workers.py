@@ -59,6 +59,7 @@ def job(rank, world, directory=None, spec=None):
     """
     options = dict(spec or {})
     stop_at, sharded, dropout = options.pop("stop_at", None), options.pop("sharded", False), options.pop("dropout", 0)
+    kill = options.pop("kill_node", None)  # {"rank", "update", "marker"}: that rank's whole node dies there, once
     s = state(dropout)
     seen, seeds, records, signalled = [], [], [], []
 
@@ -70,6 +71,10 @@ def job(rank, world, directory=None, spec=None):
         if stop_at is not None and s.step + 1 == stop_at and rank == 0 and not signalled:
             signalled.append(True)
             os.kill(os.getpid(), signal.SIGTERM)  # saved after this update, every rank stops with it
+        if kill and rank == kill["rank"] and s.step + 1 == kill["update"] and not Path(kill["marker"]).exists():
+            Path(kill["marker"]).write_text(f"rank {rank} of {world} at update {kill['update']}\n")
+            os.kill(os.getppid(), signal.SIGKILL)  # its torchrun agent: the node is gone, not only the process
+            os.kill(os.getpid(), signal.SIGKILL)
         logits = model(x)
         return F.cross_entropy(logits, y), {"acc": (logits.argmax(-1) == y).double().mean()}
 
