@@ -260,3 +260,19 @@ def test_a_cache_stores_workers_read_and_augment_the_shares_the_sequence_says(tm
         seen[workers] = (found, [p.detach().clone() for p in s.model.parameters()])
     assert seen[0][0] == seen[1][0] and len(seen[0][0]) == 14
     assert all(torch.equal(p, q) for p, q in zip(seen[0][1], seen[1][1], strict=True))
+
+
+def test_loading_a_checkpoint_keeps_the_live_runtime_state_it_lacks():
+    """Saved on one process (ct.sharded and ct.distributed are the plain step there: no runtime state), resumed on
+    several, whose setup sharded the model already: the group it is sharded over must stay the state's."""
+    import global_batch_workers as w
+
+    class Held(ct.RuntimeState):
+        pass
+
+    saved = w.state().state_dict()
+    assert "held" not in saved["transforms"]
+    live = w.state()
+    held = live.transform_state("held", Held)
+    live.load_state_dict(saved)
+    assert live.transform_state("held", Held) is held

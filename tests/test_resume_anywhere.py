@@ -54,6 +54,11 @@ def runs(tmp_path_factory, pool, pool3):
         pool.run(WORKERS, "job", sharded, {"sharded": True, "stop_at": 5, "keep_checkpoints": 5}),
         [job(0, 1, sharded, {"sharded": True, "keep_checkpoints": 5})],
     ]
+    grow = str(tmp / "sharded-grow")  # saved on 1 process (where ct.sharded is the plain step), resumed on 2
+    found["sharded_grow"] = [
+        [job(0, 1, grow, {"sharded": True, "stop_at": 5})],
+        pool.run(WORKERS, "job", grow, {"sharded": True}),
+    ]
     found["sharded_straight"] = [job(0, 1, None, {"sharded": True})]
     found["dropout"] = [
         pool.run(WORKERS, "job", str(tmp / "d-straight"), {"dropout": 0.3}),
@@ -155,6 +160,16 @@ def test_sharded_saved_on_2_processes_resumes_on_1_as_the_uninterrupted_run(runs
     straight = rank0(runs["sharded_straight"])
     difference = relative(straight["params"], resumed["params"])
     print(f"ct.sharded 2 -> 1 against the uninterrupted run: largest relative difference {difference:.3g}")
+    assert difference <= 1e-12
+    assert_same_records(resumed["history"], straight["history"])
+
+
+def test_sharded_saved_on_1_process_resumes_sharded_on_2_as_the_uninterrupted_run(runs):
+    stopped, resumed = (rank0(r) for r in runs["sharded_grow"])
+    assert stopped["steps"] == 5 and stopped["preempted"] and resumed["steps"] == 14
+    straight = rank0(runs["sharded_straight"])
+    difference = relative(straight["params"], resumed["params"])
+    print(f"ct.sharded 1 -> 2 against the uninterrupted run: largest relative difference {difference:.3g}")
     assert difference <= 1e-12
     assert_same_records(resumed["history"], straight["history"])
 
