@@ -50,8 +50,8 @@ def state(dropout=0.0):
 
 def job(rank, world, directory=None, spec=None):
     """The job trained to its end, or stopped by SIGTERM (to rank 0) inside update ``stop_at``: what each rank saw.
-    ``spec``: ``stop_at``, ``sharded``, ``dropout``, ``samples`` and ct.run's options, overriding the job's (a
-    pool passes arguments by position only).
+    ``spec``: ``stop_at``, ``sharded``, ``dropout``, ``accumulate`` (micro-batches, default 2; 1: none),
+    ``samples``, ``kill_node`` and ct.run's options, overriding the job's (a pool passes arguments by position only).
 
     Returns: the whole parameters (rank 0's; {} on the others), the history and evaluations, which samples each
     update read on this rank (``seen``: (update, indices) per micro-batch), the global seed its generators had at
@@ -60,6 +60,7 @@ def job(rank, world, directory=None, spec=None):
     options = dict(spec or {})
     stop_at, sharded, dropout = options.pop("stop_at", None), options.pop("sharded", False), options.pop("dropout", 0)
     kill = options.pop("kill_node", None)  # {"rank", "update", "marker"}: that rank's whole node dies there, once
+    micro_batches = options.pop("accumulate", 2)  # 1: no accumulate
     s = state(dropout)
     seen, seeds, records, signalled = [], [], [], []
 
@@ -83,7 +84,8 @@ def job(rank, world, directory=None, spec=None):
         "global_batch_size": G, "epochs": 2, "num_workers": 0, "progress": False, "log_every": 3, "seed": 5,
         "checkpoint_dir": directory, "on_record": records.append, **options,
     }  # fmt: skip
-    result = ct.run(parallel(ct.accumulate(2)(step)), s, dataset(options.pop("samples", N)), **options)
+    composed = parallel(ct.accumulate(micro_batches)(step) if micro_batches > 1 else step)
+    result = ct.run(composed, s, dataset(options.pop("samples", N)), **options)
     params = ct.full_state_dict(s.model)
     return {
         "params": params if rank == 0 else {},
