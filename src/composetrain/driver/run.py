@@ -124,7 +124,8 @@ def run(
     A run given ``global_batch_size`` is defined by its global batch, not by its number of processes: the same job
     on any number of processes that divides it trains the same model (to float64 rounding: sums over ranks add in
     another order) and logs the same records, and its checkpoints resume on any such number. Resumed on the
-    number that saved it, it continues bit for bit, as any run; on another, model, optimizer, scheduler and
+    number that saved it, it continues as any run (bit for bit on one or two processes; on three or more the
+    resumed first update all-reduces in another order: float rounding); on another, model, optimizer, scheduler and
     transform state carry over (``ct.sharded``'s shards resharded), the records continue from the unlogged
     updates' means over ranks, and each rank's random generators start from ``seed``, its rank and the update it
     resumes at: a step that draws no random numbers continues exactly, one that does (dropout) continues equal in
