@@ -276,3 +276,9 @@ def test_loading_a_checkpoint_keeps_the_live_runtime_state_it_lacks():
     held = live.transform_state("held", Held)
     live.load_state_dict(saved)
     assert live.transform_state("held", Held) is held
+
+
+def test_a_dataset_of_another_length_is_refused_as_in_a_batch_size_run(tmp_path):
+    job(0, 1, str(tmp_path), {"max_steps": 2})
+    found = refused(0, 1, str(tmp_path), {"samples": 38, "seed": 5})  # 7 updates of 6 either way: the length differs
+    assert found["params_unchanged"] and "other data settings (samples was 40, now 38)" in found["error"]
