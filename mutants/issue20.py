@@ -86,8 +86,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/format.py",
-        "find": 'if payload["world_size"] != world_size:',
-        "replace": 'if payload["world_size"] < world_size:',
+        "find": 'if payload["world_size"] != world_size and',
+        "replace": 'if payload["world_size"] < world_size and',
         "tests": ["tests/test_checkpoint_folder.py::test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept"],
         "why": "20.10: a checkpoint of more processes than the run has is resumed",
     },
