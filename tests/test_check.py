@@ -187,7 +187,7 @@ def test_the_result_reads_well():
 
 
 def test_a_composition_of_several_processes_is_refused_under_a_group_and_the_rest_checked(pool):
-    a, b = pool.run("check_workers", "under_a_group")
+    a, b = pool.run(__name__, "under_a_group")
     assert a == b
     assert a["refused"].startswith("check: distributed(accumulate(2)(classify)) synchronises the 2 processes")
     assert a["inside"] is True
@@ -229,3 +229,18 @@ def test_any_accepted_order_agrees_and_a_planted_layer_is_found_wherever_it_sits
     wrong = ct.compose(*chosen[: len(chosen) - at])(Twice(ct.compose(*chosen[len(chosen) - at :])(classify)))
     result = ct.check(wrong, state, make_batch(10, seed=planted))
     assert not result and result.diverges_at == "twice", result
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# ct.check under a process group.
+
+
+def under_a_group(rank, world):
+    """A composition that synchronises the group is refused; the part inside it is checked on each rank."""
+    state = make_state(rank)
+    try:
+        ct.check(ct.distributed(ct.accumulate(2)(classify)), state, make_batch(8, seed=rank))
+        refused = "no error"
+    except ValueError as e:
+        refused = str(e)
+    return {"refused": refused, "inside": bool(ct.check(ct.accumulate(2)(classify), state, make_batch(8, seed=rank)))}

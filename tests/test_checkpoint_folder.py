@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import run_script
@@ -247,10 +248,10 @@ def test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept(tmp_path):
 def test_two_ranks_share_the_folder_and_are_refused_together(pool, tmp_path):
     """Ranks of one run hold their own lock files; when another run holds rank 0's, every rank is
     refused (none waits in a collective for the refused one)."""
-    assert pool.run("checkpoint_folder_workers", "run_in", str(tmp_path / "a"), timeout=120) == ["no error"] * 2
+    assert pool.run(__name__, "run_in", str(tmp_path / "a"), timeout=120) == ["no error"] * 2
     holder = checkpoints(tmp_path / "a")
     try:
-        messages = pool.run("checkpoint_folder_workers", "run_in", str(tmp_path / "a"), timeout=120)
+        messages = pool.run(__name__, "run_in", str(tmp_path / "a"), timeout=120)
     finally:
         holder.close()
     assert "in use by another run (pid " in messages[0], messages
@@ -260,7 +261,7 @@ def test_two_ranks_share_the_folder_and_are_refused_together(pool, tmp_path):
 def test_a_checkpoint_of_one_process_is_refused_on_two_and_kept(pool, tmp_path):
     train(tmp_path, max_steps=3)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name)
-    messages = pool.run("checkpoint_folder_workers", "run_in", str(tmp_path), timeout=120)
+    messages = pool.run(__name__, "run_in", str(tmp_path), timeout=120)
     expected = "checkpoint .*step-000000003 was saved by 1 process\\(es\\), this run has 2"
     assert all(re.search(expected, m) for m in messages), messages
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name) == before
@@ -335,3 +336,19 @@ def test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_trainin
                batch_size=12, num_workers=0, progress=False, seed=5, epochs=3)  # fmt: skip
     assert calls == []
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "metrics" not in p.name) == before
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# ct.run on one checkpoint folder from every rank.
+
+
+def run_in(rank, world, folder):
+    """ct.run on ``folder`` on every rank: the error each rank raised, as text, or "no error"."""
+    try:
+        ct.run(
+            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
+            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
+        )  # fmt: skip
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

@@ -4,10 +4,13 @@ never written through), a lock file that cannot be used (not called "in use by a
 import errno
 import os
 import shutil
+from pathlib import Path
 
 import pytest
+import run_script
 import torch
 
+import composetrain as ct
 from composetrain.checkpoint import files as checkpoint
 
 
@@ -124,7 +127,7 @@ def test_a_checkpoint_this_user_cannot_read_is_refused_not_set_aside(tmp_path, w
 def test_a_save_that_fails_on_one_rank_is_named_alike_on_every_rank(pool, tmp_path, code):
     """Rank 1's full disk was, on rank 0 (whose output one reads), 'another rank could not write its
     part' with no errno: a handler for ENOSPC missed it, and nobody learned why or where."""
-    replies = pool.run("checkpoint_hostile_workers", "save_fails_on", str(tmp_path), 1, code, timeout=120)
+    replies = pool.run(__name__, "save_fails_on", str(tmp_path), 1, code, timeout=120)
     for rank, (message, number) in enumerate(replies):
         assert number == code, (rank, replies)
         assert "rank 1" in message and "refused" in message and str(tmp_path) in message, (rank, replies)
@@ -172,14 +175,14 @@ def test_a_crash_after_the_second_rename_of_a_resave_keeps_the_new_checkpoint(tm
 
 
 def test_a_checkpoint_one_rank_may_not_read_is_refused_on_every_rank(pool, tmp_path):
-    replies = pool.run("checkpoint_hostile_workers", "read_denied_on", str(tmp_path), 1, timeout=120)
+    replies = pool.run(__name__, "read_denied_on", str(tmp_path), 1, timeout=120)
     assert "cannot read checkpoint" in replies[0] and "on another rank" in replies[0], replies
     assert "cannot read checkpoint" in replies[1] and "rank-1.pt" in replies[1], replies
     assert sorted(p.name for p in tmp_path.iterdir() if "step" in p.name) == ["step-000000002"]
 
 
 def test_a_save_that_fails_otherwise_on_one_rank_names_that_rank_on_the_others(pool, tmp_path):
-    replies = pool.run("checkpoint_hostile_workers", "save_fails_on", str(tmp_path), 1, None, timeout=120)
+    replies = pool.run(__name__, "save_fails_on", str(tmp_path), 1, None, timeout=120)
     assert "checkpoint step 2 was not saved: rank 1 could not write its part" in replies[0][0], replies
     assert replies[1][0] == "RuntimeError: odd", replies
 
@@ -200,3 +203,61 @@ def test_a_save_onto_a_link_named_like_a_checkpoint_says_it_is_a_link(tmp_path):
     finally:
         found.close()
     assert torch.equal(torch.load(elsewhere / "step-000000004" / "state.pt")["state"]["w"], torch.zeros(2))
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# ct.run's saves and loads failing on one rank.
+
+
+def save_fails_on(rank, world, folder, bad_rank, code):
+    """ct.run on ``folder``, where ``bad_rank``'s writes fail with OSError ``code``: (error text, errno)."""
+    real = checkpoint._write
+
+    def failing(obj, path):
+        if rank == bad_rank and code is None:
+            raise RuntimeError("odd")
+        if rank == bad_rank:
+            raise OSError(code, "refused", str(path))
+        return real(obj, path)
+
+    checkpoint._write = failing
+    try:
+        ct.run(
+            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
+            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
+        )  # fmt: skip
+    except OSError as e:
+        return str(e), e.errno
+    except RuntimeError as e:
+        return f"RuntimeError: {e}", None
+    finally:
+        checkpoint._write = real
+    return "no error", None
+
+
+def read_denied_on(rank, world, folder, bad_rank):
+    """ct.run twice on ``folder``; the second's ``bad_rank`` may not read its rank file: the error text."""
+    import torch
+
+    def run():
+        ct.run(
+            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
+            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
+        )  # fmt: skip
+
+    run()
+    real = torch.load
+
+    def denied(path, *args, **kwargs):
+        if rank == bad_rank and str(path).endswith(f"rank-{rank}.pt"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    torch.load = denied
+    try:
+        run()
+    except PermissionError as e:
+        return str(e)
+    finally:
+        torch.load = real
+    return "no error"

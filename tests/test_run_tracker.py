@@ -2,13 +2,14 @@
 it, on rank 0; a resumed run sends none of its checkpoint's records again; a tracker that raises stops the run
 saved, and ct.run says which record failed."""
 
+import argparse
 import copy
 import json
 import os
 import shutil
 import signal
 import sys
-from pathlib import Path
+import tempfile
 
 import hypothesis.strategies as st
 import pytest
@@ -16,13 +17,12 @@ import run_script
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from processes import Job
-from run_script import untimed
-from run_workers import evaluate
+from run_script import accuracy, untimed
 
 import composetrain as ct
 
 OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 3,
-           "eval_step": evaluate, "eval_data": run_script.dataset(24), "eval_every": 4}  # fmt: skip
+           "eval_step": accuracy, "eval_data": run_script.dataset(24), "eval_every": 4}  # fmt: skip
 
 
 def train(tmp, on_record, step=run_script.step, **options):
@@ -164,12 +164,12 @@ def test_a_tracker_that_is_no_function_is_refused_before_anything_runs(tmp_path,
 
 
 def test_on_rank_zero_only(pool):
-    a, b = pool.run("tracker_workers", "rank_zero_only")
+    a, b = pool.run(__name__, "rank_zero_only")
     assert untimed(a["got"]) == untimed(a["history"]) and a["got"] and b["got"] == []
 
 
 def test_a_tracker_failing_on_rank_zero_stops_every_rank_after_the_same_update_saved(pool):
-    a, b = pool.run("tracker_workers", "fails_on_rank_zero")
+    a, b = pool.run(__name__, "fails_on_rank_zero")
     assert a["error"] is not None and "on the record of update 2" in a["error"] and "step-000000002" in a["error"]
     assert "step-000000002" in a["saved"]
     assert b["error"] is None and b["steps"] == 2 and b["preempted"] and b["saved"] == "step-000000002"
@@ -187,12 +187,12 @@ def sent_once(got, straight):
 
 @pytest.mark.parametrize("kills", [(7, 2), (7, 1, 1), (10, 3), (7, 5)])
 def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again(tmp_path, kills):
-    """Real SIGKILLs (run_script's job, tracker_kill_script.py): killed in update 7 (saved at 4, 6 sent), then killed
+    """Real SIGKILLs (run_script's job, this file's main): killed in update 7 (saved at 4, 6 sent), then killed
     again before the resumed run redid 6: its rewrite of the metrics file from the checkpoint must not forget what
     was sent, or the next run sends 6 again."""
     straight = []
     train(tmp_path / "a", straight.append, **RESUMED)
-    script = str(Path(__file__).with_name("tracker_kill_script.py"))
+    script = __file__  # its main block: the killed job
     sent = tmp_path / "sent.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for kill in (*kills, 0):
@@ -210,7 +210,7 @@ def test_a_run_killed_inside_the_trackers_call_sends_that_record_again_and_loses
     tracker: the metrics file must not yet count it as sent, or the resumed run never sends it (a record lost)."""
     straight = []
     train(tmp_path / "a", straight.append, **RESUMED)
-    script = str(Path(__file__).with_name("tracker_kill_script.py"))
+    script = __file__  # its main block: the killed job
     sent = tmp_path / "sent.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for kill in (*kills, 0):
@@ -291,6 +291,99 @@ def test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_a
 
 
 def test_a_tracker_blocking_past_the_timeout_on_two_ranks_is_named_by_both(pool, tmp_path):
-    messages = pool.run("tracker_workers", "blocks_on_rank_zero", str(tmp_path), timeout=90)
+    messages = pool.run(__name__, "blocks_on_rank_zero", str(tmp_path), timeout=90)
     assert messages[0] is not None and "on_record took 8" in messages[0] and "timeout=3s" in messages[0], messages
     assert messages[1] is not None and "rank 0 also calls on_record" in messages[1], messages
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# ct.run's on_record on every rank.
+
+
+def _run(on_record, directory=None, **options):
+    options = {"batch_size": 12, "num_workers": 0, "progress": False, "epochs": 1, "log_every": 1, **options}
+    state = run_script.state()
+    return state, ct.run(
+        ct.distributed(run_script.step), state, run_script.dataset(), checkpoint_dir=directory,
+        on_record=on_record, **options,
+    )  # fmt: skip
+
+
+def rank_zero_only(rank, world):
+    """Every rank passes a tracker: rank 0's receives each record once, the others' none."""
+    got = []
+    _, result = _run(got.append)
+    return {"got": got, "history": result.history}
+
+
+def fails_on_rank_zero(rank, world):
+    """Rank 0's tracker raises at update 2: every rank stops after it, saved there; rank 0 raises."""
+
+    def tracker(record):
+        if record["step"] == 2:
+            raise ConnectionError("tracker offline")
+
+    directory = f"{tempfile.gettempdir()}/ct-tracker-{os.getppid()}"
+    try:
+        state, result = _run(tracker, directory)
+    except RuntimeError as e:
+        return {"error": str(e), "steps": None, "saved": sorted(os.listdir(directory))}
+    return {"error": None, "steps": state.step, "preempted": result.preempted, "saved": result.checkpoint.name}
+
+
+def blocks_on_rank_zero(rank, world, directory):
+    """Rank 0's tracker blocks 8 s on the record of update 2, past the job's timeout of 3 s: both errors name it."""
+    import time
+
+    def tracker(record):
+        if record["step"] == 2:
+            time.sleep(8)
+
+    try:
+        _run(tracker, directory, timeout=3.0)
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+# -- the killed job: python tests/test_run_tracker.py --dir CKPT --sent FILE [--kill-at N] [--kill-in-tracker N] --
+# A ct.run job whose tracker appends each record it gets to a file, killed by SIGKILL (its own) at a chosen update.
+# ``--kill-at N``: the process kills itself in its N-th call of the step (counted in this process), before that
+# update; what the tracker file holds is what a real tracker would have received. ``--kill-in-tracker N``: killed
+# inside the tracker's N-th call, before it wrote the record (a network call cut short: the record never arrived).
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--sent", required=True)
+    p.add_argument("--kill-at", type=int, default=0)
+    p.add_argument("--kill-in-tracker", type=int, default=0)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    calls = []
+
+    def step(model, batch):
+        calls.append(1)
+        if len(calls) == args.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run_script.step(model, batch)
+
+    tracked = []
+
+    def tracker(record):
+        tracked.append(1)
+        if len(tracked) == args.kill_in_tracker:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with open(args.sent, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    options = {**OPTIONS, **RESUMED}
+    ct.run(step, run_script.state(), run_script.dataset(), checkpoint_dir=args.dir, on_record=tracker, **options)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

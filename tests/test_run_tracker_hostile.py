@@ -62,9 +62,7 @@ def _resumed_at_4_with(tmp_path, damage):
     """Saved at 4 and 6 (records 3, 4e, 6), the 6 removed as if the run was killed before it: ``damage``, then the
     run to 12 from 4. The tracker's records, each once, as a straight run's; and that run's."""
     from run_script import untimed
-    from run_workers import evaluate
-
-    options = {**OPTIONS, "log_every": 3, "checkpoint_every": 4, "eval_step": evaluate,
+    options = {**OPTIONS, "log_every": 3, "checkpoint_every": 4, "eval_step": run_script.accuracy,
                "eval_data": run_script.dataset(24), "eval_every": 4}  # fmt: skip
 
     def train(folder, got, max_steps):

@@ -4,7 +4,7 @@ step once, as a straight run's do."""
 import pytest
 import run_script
 from helpers import snapshot
-from run_workers import evaluate
+from run_script import accuracy
 
 import composetrain as ct
 
@@ -30,7 +30,7 @@ def scalars(folder, tag):
 def test_a_run_resumed_after_a_crash_past_its_checkpoint_has_each_step_once(tmp_path, crash_after):
     """Saved at 4, logged 5 (and 6), crashed; the resumed run starts at 4: TensorBoard shows 1..8 once each,
     the values of a straight run, and the evaluations at 4 and 8 once each."""
-    options = {"max_steps": 8, "checkpoint_every": 4, "eval_step": evaluate, "eval_data": run_script.dataset(24),
+    options = {"max_steps": 8, "checkpoint_every": 4, "eval_step": accuracy, "eval_data": run_script.dataset(24),
                "eval_every": 4}  # fmt: skip
     _, straight = train(tmp_path / "a", **options)
     calls = []
