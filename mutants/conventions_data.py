@@ -55,7 +55,7 @@ MUTANTS = [
         "tests": [
             f"{EDGES}[cache-num_workers]",
             f"{RULE}[cache-num_workers]",
-            "tests/test_cache_odd.py::test_conjugate_and_negative_views_are_stored_as_their_values",
+            "tests/test_cache.py::test_conjugate_and_negative_views_are_stored_as_their_values",
         ],
         "why": "num_workers=0 (read in this process) refused",
     },
@@ -84,7 +84,7 @@ MUTANTS = [
         "file": CACHE,
         "find": '        raise TypeError(\n            f"{CACHE}: dataset is an IterableDataset',
         "replace": '        raise ValueError(\n            f"{CACHE}: dataset is an IterableDataset',
-        "tests": ["tests/test_cache_odd.py::test_an_iterable_dataset_is_refused_even_with_a_len"],
+        "tests": ["tests/test_cache.py::test_an_iterable_dataset_is_refused_even_with_a_len"],
         "why": "an IterableDataset a ValueError in ct.cache and a TypeError in ct.run",
     },
     {
@@ -110,7 +110,7 @@ MUTANTS = [
             f"{RULE}[cache-seed]",
             f"{EDGES}[ct.hdf5-seed]",
             f"{RULE}[ct.hdf5-seed]",
-            "tests/test_hdf5_hostile.py::test_a_seed_beyond_64_bits_is_refused_when_made",
+            "tests/test_hdf5.py::test_a_seed_beyond_64_bits_is_refused_when_made",
         ],
         "why": "check_int's maximum ignored: a seed past int64 accepted by ct.cache and ct.hdf5",
     },

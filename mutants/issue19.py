@@ -8,9 +8,9 @@ T_FOLDER = "tests/test_checkpoint_folder.py"
 T_SHARD = "tests/test_sharded_setup.py"
 T_RANDOM = "tests/test_recomputed_randomness.py"
 T_UNDO = "tests/test_auto_accumulate_undo.py"
-T_ODD = "tests/test_launch_env_odd.py"
-T_LR = "tests/test_lr_odd_numbers.py"
-T_PLOT = "tests/test_plot_odd_lines.py"
+T_ODD = "tests/test_launch_env.py"
+T_LR = "tests/test_lr_limits.py"
+T_PLOT = "tests/test_plot_inputs.py"
 
 MUTANTS = [
     # -- metric names (core/metric_names.py, checked in the pass) -------------------------------------------

@@ -2,9 +2,9 @@
 
 T = "tests/test_cache.py"
 T_RUN = "tests/test_cache_run.py"
-T_BAD = "tests/test_cache_hostile.py"
+T_BAD = "tests/test_cache_store.py"
 T_PROC = "tests/test_cache_processes.py"
-T_ODD = "tests/test_cache_odd.py"  # the adversary a-cache's findings
+T_ODD = "tests/test_cache.py"  # the adversary a-cache's findings
 
 MUTANTS = [
     {

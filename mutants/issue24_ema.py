@@ -3,7 +3,7 @@
 
 EMA = "tests/test_ema.py"
 EPOCHS = "tests/test_epoch_schedules.py"
-ADV = "tests/test_ema_adversarial.py"
+ADV = "tests/test_ema.py"
 
 MUTANTS = [
     {
@@ -213,28 +213,28 @@ MUTANTS = [
         "file": "src/composetrain/driver/run.py",
         "find": "            _check_epochs_left(state, schedule, at)\n",
         "replace": "",
-        "tests": [f"{ADV}::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
+        "tests": ["tests/test_epoch_schedules.py::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
         "why": "adversarial: a too-short per-epoch OneCycleLR fails after training the last epoch, before its checkpoint",
     },
     {
         "file": "src/composetrain/driver/schedules.py",
         "find": "or steps <= total - taken:",
         "replace": "or steps < total - taken:",
-        "tests": [f"{ADV}::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
+        "tests": ["tests/test_epoch_schedules.py::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
         "why": "adversarial: off by one: a OneCycleLR with exactly the epochs' steps is refused",
     },
     {
         "file": "src/composetrain/driver/run.py",
         "find": "        by_steps = (schedule.max_steps - state.step + at.position) // schedule.per_epoch",
         "replace": "        by_steps = schedule.epochs or 0",
-        "tests": [f"{ADV}::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
+        "tests": ["tests/test_epoch_schedules.py::test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update"],
         "why": "adversarial: max_steps ignored: a run that stops before the schedule ends is refused",
     },
     {
         "file": "src/composetrain/core/state.py",
         "find": '                    if scheduler_interval == "epoch"',
         "replace": '                    if scheduler_interval == "update"',
-        "tests": [f"{ADV}::test_reduce_lr_on_plateau_is_refused_for_the_interval_asked"],
+        "tests": ["tests/test_epoch_schedules.py::test_reduce_lr_on_plateau_is_refused_for_the_interval_asked"],
         "why": "adversarial: ReduceLROnPlateau refused with the other interval's reason",
     },
     {

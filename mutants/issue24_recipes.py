@@ -5,9 +5,9 @@ CLIP = "tests/test_clip_order.py::"
 LR = "tests/test_run_lr.py::"
 TRACK = "tests/test_run_tracker.py::"
 CHECK = "tests/test_check.py::"
-HOSTILE_CHECK = "tests/test_check_hostile.py::"
-HOSTILE_TRACK = "tests/test_run_tracker_hostile.py::"
-HOSTILE_LR = "tests/test_run_lr_hostile.py::"
+HOSTILE_CHECK = "tests/test_check.py::"
+HOSTILE_TRACK = "tests/test_run_tracker.py::"
+HOSTILE_LR = "tests/test_run_lr.py::"
 
 MUTANTS = [
     # -- 24.1: the clipping norm summed in model.parameters() order ------------------------------------------------

@@ -4,7 +4,7 @@ tests named."""
 
 HARNESS = "tests/test_refusals_change_nothing.py"
 SCHEDULERS = "tests/test_scheduler_kinds.py"
-SETTINGS = "tests/test_ema_settings.py"
+SETTINGS = "tests/test_ema.py"
 
 MUTANTS = [
     {

@@ -4,7 +4,7 @@
 SHARDED = "tests/test_sharded_checkpoint_files.py"
 TRUST = "tests/test_checkpoint_trust.py"
 TRACKER = "tests/test_run_tracker.py"
-HOSTILE = "tests/test_run_tracker_hostile.py"
+HOSTILE = "tests/test_run_tracker.py"
 LR = "tests/test_run_lr.py"
 
 MUTANTS = [

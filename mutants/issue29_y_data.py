@@ -48,7 +48,7 @@ MUTANTS = [
         "file": "src/composetrain/data/writer.py",
         "find": '    n = origin["length"]',
         "replace": "    n = len(dataset)",
-        "tests": ["tests/test_cache_odd.py"],
+        "tests": ["tests/test_cache.py"],
         "why": "a dataset whose len changes while written: a store of another length is published, then refused",
     },
 ]

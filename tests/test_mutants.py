@@ -5,6 +5,7 @@ seconds, that each one still names exactly one place in the source, compiles, an
 that exist, so that a refactor cannot silently retire the catalogue.
 """
 
+import ast
 import runpy
 from pathlib import Path
 
@@ -22,6 +23,28 @@ def test_the_catalogue_is_not_empty():
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_each_mutant_applies_to_the_current_code(mutant):
     assert tool["problem"](mutant) is None
+
+
+def defined_tests(path: Path) -> set[str]:
+    """The test ids a file defines, as a mutant names them: ``name`` for a function, ``Class::name`` for a method."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            found |= {f"{node.name}::{f.name}" for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return found
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_each_mutant_names_tests_that_exist(mutant):
+    """Every test a mutant names is a test file, and the function (or method) it names is in that file: a test moved
+    to another file, or renamed, without its mutants following would otherwise leave them naming nothing."""
+    for test in mutant.tests:
+        path, _, name = test.partition("::")
+        assert (ROOT / path).is_file() and path.startswith("tests/test_"), test
+        if name:
+            assert name.split("[")[0] in defined_tests(ROOT / path), f"{test}: no such test in {path}"
 
 
 def test_a_mutant_that_no_longer_matches_is_reported(tmp_path):
