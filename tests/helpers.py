@@ -124,6 +124,16 @@ def assert_untouched(state: ct.TrainState, before: dict[str, Any]) -> None:
     assert all(g is None for g in now["grads"]), "a failed call left gradients behind"
 
 
+def outcome(call: Any) -> str:
+    """The error ``call()`` raised, as text (``"ValueError: ..."``: every rank of a pool must raise one, none may
+    hang), or "no error"."""
+    try:
+        call()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
 def process_group_threads() -> list[str] | None:
     """Names of this process's threads that belong to a gloo process group or its store (Linux only).
 
@@ -285,6 +295,30 @@ def train_distributed(case: dict[str, Any], rank: int | None, **distributed_opti
         "step": state.step,
         "lr": state.scheduler.get_last_lr(),
     }
+
+
+def counting_allreduce() -> tuple[list[int], Callable[..., Any]]:
+    """A DDP communication hook that all-reduces as DDP's default does and counts its calls: (calls, hook)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls: list[int] = []
+
+    def counting(state, bucket):  # unannotated: DDP checks hook annotations against its own types
+        calls.append(1)
+        return allreduce_hook(state, bucket)
+
+    return calls, counting
+
+
+def syncs_per_update(step: Any, state: ct.TrainState, calls: list[int], rank: int, world: int, updates: int) -> list[int]:
+    """``updates`` updates of ``step`` on this rank's shards of classify batches of 8 per rank: how many times the
+    counting hook (``counting_allreduce``'s ``calls``) ran in each."""
+    per_update = []
+    for i in range(updates):
+        before = len(calls)
+        step(state, shard(global_batch("classify", [8] * world, i, torch.float64), [8] * world, rank))
+        per_update.append(len(calls) - before)
+    return per_update
 
 
 def ddp_wrapper(state: ct.TrainState) -> Any:

@@ -75,12 +75,18 @@ def finish(job, timeout=180):
         return job.finish(timeout)
 
 
-def main():
+def job_arguments() -> argparse.ArgumentParser:
+    """The arguments every launched ct.run job of the tests takes: --dir, --out, --epochs, --max-steps."""
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--max-steps", type=int, default=None)
+    return p
+
+
+def main():
+    p = job_arguments()
     p.add_argument("--checkpoint-every", type=int, default=None)
     p.add_argument("--slow-save", type=int, default=0, help="hang inside the Kth save, after its first file")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep in every step")

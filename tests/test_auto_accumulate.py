@@ -16,11 +16,13 @@ from helpers import (
     case_state,
     classify,
     composed,
+    counting_allreduce,
     global_batch,
     make_batch,
     make_state,
     shard,
     snapshot,
+    syncs_per_update,
     without,
 )
 from hypothesis import given
@@ -434,22 +436,11 @@ def hopeless(rank: int, world: int) -> dict[str, Any]:
 
 def count_syncs_auto(rank: int, world: int, limits: list[int], updates: int) -> list[int]:
     """Gradient all-reduces per update through a counting DDP communication hook, one bucket per parameter."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    calls: list[int] = []
-
-    def counting(state, bucket):  # unannotated: DDP checks hook annotations against its own types
-        calls.append(1)
-        return allreduce_hook(state, bucket)
-
+    calls, counting = counting_allreduce()
     state = case_state("classify", 0, torch.float64)
     step = build("distributed(accumulate('auto')(step))", limited_on_ranks(limits[rank]), bucket_cap_mb=1e-6, comm_hook=counting)
-    per_update = []
-    for i in range(updates):
-        before = len(calls)
-        step(state, shard(global_batch("classify", [8] * world, i, torch.float64), [8] * world, rank))
-        per_update.append(len(calls) - before)
-    return per_update
+    return syncs_per_update(step, state, calls, rank, world, updates)
 
 
 def checkpointed(rank: int, world: int, printed: str, seed: int) -> list[torch.Tensor]:

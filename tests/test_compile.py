@@ -13,14 +13,10 @@ import pytest
 import torch
 from helpers import (
     assert_states_close,
-    case_state,
     classify,
-    classify_acc,
-    global_batch,
     make_batch,
     make_state,
     mlp,
-    shard,
     train_sharded,
 )
 from torch import nn
@@ -204,6 +200,8 @@ def test_a_model_in_the_steps_place_is_refused_with_the_fix():
 def test_under_distributed_one_gradient_sync_per_update_and_the_one_process_update(pool, outside):
     """compile inside or outside distributed: DDP all-reduces once per update (not once per micro-batch, as a
     loop that forgets no_sync does), and the ranks' update is the eager one of one process on the whole batch."""
+    from helpers import case_state, classify_acc, global_batch
+
     got = pool.run(__name__, "count_syncs", 4, 3, outside)
     assert [r["syncs"] for r in got] == [[1, 1, 1]] * pool.world  # one bucket (1 MiB) for the small model
     assert all(r["graphs"] >= 1 for r in got)
@@ -341,27 +339,18 @@ def test_compiled_compositions_of_different_plain_steps_on_one_state_each_run_th
 def count_syncs(rank: int, world: int, n: int, updates: int, outside: bool, bucket_mb: float = 1.0) -> dict[str, Any]:
     """All-reduces per update (a counting DDP communication hook) of a compiled composition, and
     its parameters after the updates, to compare with the eager composition's on one process."""
+    from helpers import case_state, classify_acc, counting_allreduce, syncs_per_update
     from torch._dynamo.utils import counters
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     torch._dynamo.reset()
     counters.clear()
-    calls: list[int] = []
-
-    def counting(state, bucket):  # unannotated: DDP checks hook annotations against its own types
-        calls.append(1)
-        return allreduce_hook(state, bucket)
-
+    calls, counting = counting_allreduce()
     state = case_state("classify", 0, torch.float64)
     compiled = ct.compile(backend="aot_eager")
     distributed = ct.distributed(bucket_cap_mb=bucket_mb, comm_hook=counting)
     inner = ct.accumulate(n)(classify_acc)
     step = compiled(distributed(inner)) if outside else distributed(compiled(inner))
-    per_update = []
-    for i in range(updates):
-        before = len(calls)
-        step(state, shard(global_batch("classify", [8] * world, i, torch.float64), [8] * world, rank))
-        per_update.append(len(calls) - before)
+    per_update = syncs_per_update(step, state, calls, rank, world, updates)
     params = [p.detach().clone() for p in state.model.parameters()]
     torch._dynamo.reset()
     return {"syncs": per_update, "params": params, "graphs": counters["stats"]["unique_graphs"]}

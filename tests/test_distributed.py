@@ -17,10 +17,12 @@ from helpers import (
     case_state,
     classify,
     classify_acc,
+    counting_allreduce,
     global_batch,
     make_batch,
     make_state,
     shard,
+    syncs_per_update,
     train_distributed,
 )
 from hypothesis import given, settings
@@ -247,35 +249,18 @@ def count_syncs(rank: int, world: int, n: int, updates: int) -> list[int]:
 
     DDP reduces its first iteration in one bucket and rebuilds its buckets after it, so
     the first update counts 1 whatever the parameters."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    calls: list[int] = []
-
-    def counting(state, bucket):  # unannotated: DDP checks hook annotations against its own types
-        calls.append(1)
-        return allreduce_hook(state, bucket)
-
+    calls, counting = counting_allreduce()
     state = case_state("classify", 0, torch.float64)
     step = build_distributed("distributed(accumulate(n)(step))", n, "classify", bucket_cap_mb=1e-6, comm_hook=counting)
-    per_update = []
-    for i in range(updates):
-        before = len(calls)
-        step(state, shard(global_batch("classify", [8] * world, i, torch.float64), [8] * world, rank))
-        per_update.append(len(calls) - before)
-    return per_update
+    return syncs_per_update(step, state, calls, rank, world, updates)
 
 
 def syncs_without_no_sync(rank: int, world: int, n: int) -> int:
     """What a loop that forgets no_sync pays: a gradient all-reduce after every micro-batch."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    calls: list[int] = []
-
-    def counting(state, bucket):  # unannotated: DDP checks hook annotations against its own types
-        calls.append(1)
-        return allreduce_hook(state, bucket)
-
+    calls, counting = counting_allreduce()
     state = case_state("classify", 0, torch.float64)
     ddp = DistributedDataParallel(state.model, bucket_cap_mb=1e-6)
     ddp.register_comm_hook(None, counting)

@@ -6,6 +6,7 @@ mismatch on one rank (metric names, evaluation, an unwritable folder) failing ev
 import pytest
 import run_script
 import torch
+from helpers import outcome
 from run_script import accuracy, untimed
 
 import composetrain as ct
@@ -207,15 +208,6 @@ def unwritable(rank, world):
     return "no error"
 
 
-def _outcome(call):
-    """The error a call raised, as text (every rank must raise one, none may hang), or "no error"."""
-    try:
-        call()
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
-    return "no error"
-
-
 def _run_two(step, **options):
     options = {"batch_size": 12, "num_workers": 0, "progress": False, "epochs": 1, **options}
     return ct.run(ct.distributed(step), run_script.state(), run_script.dataset(), **options)
@@ -225,7 +217,7 @@ def eval_names_differ(rank, world):
     def unequal(model, batch):
         return {**accuracy(model, batch), **({"extra": 1.0} if rank == 1 else {})}
 
-    return _outcome(lambda: _run_two(run_script.step, eval_step=unequal, eval_data=run_script.dataset(50)))
+    return outcome(lambda: _run_two(run_script.step, eval_step=unequal, eval_data=run_script.dataset(50)))
 
 
 def eval_fails_on_one_rank(rank, world):
@@ -234,7 +226,7 @@ def eval_fails_on_one_rank(rank, world):
             raise RuntimeError("the eval step broke")
         return accuracy(model, batch)
 
-    return _outcome(lambda: _run_two(run_script.step, eval_step=fails, eval_data=run_script.dataset(50)))
+    return outcome(lambda: _run_two(run_script.step, eval_step=fails, eval_data=run_script.dataset(50)))
 
 
 def train_names_differ(rank, world):
@@ -242,7 +234,7 @@ def train_names_differ(rank, world):
         loss, metrics = run_script.step(model, batch)
         return loss, {**metrics, **({"extra": 1.0} if rank == 1 else {})}
 
-    return _outcome(lambda: _run_two(unequal, log_every=2))
+    return outcome(lambda: _run_two(unequal, log_every=2))
 
 
 def stop_inside_a_window(rank, world):

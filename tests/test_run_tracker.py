@@ -158,9 +158,14 @@ def test_without_a_checkpoint_dir_the_error_says_nothing_was_saved():
 
 @pytest.mark.parametrize("bad", [42, "wandb", dict], ids=["int", "str", "class"])
 def test_a_tracker_that_is_no_function_is_refused_before_anything_runs(tmp_path, bad):
+    refused_before_anything_runs(tmp_path, bad, r"run: on_record must be a function on_record\(record\)", OPTIONS)
+
+
+def refused_before_anything_runs(tmp_path, tracker, message, options):
+    """ct.run with ``tracker`` raises a TypeError saying ``message``, before an update or a file."""
     state = run_script.state()
-    with pytest.raises(TypeError, match=r"run: on_record must be a function on_record\(record\)"):
-        ct.run(run_script.step, state, run_script.dataset(), checkpoint_dir=tmp_path, on_record=bad, **OPTIONS)
+    with pytest.raises(TypeError, match=message):
+        ct.run(run_script.step, state, run_script.dataset(), checkpoint_dir=tmp_path, on_record=tracker, **options)
     assert state.step == 0 and not any(tmp_path.iterdir())
 
 
@@ -191,14 +196,19 @@ def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again
     """Real SIGKILLs (run_script's job, this file's main): killed in update 7 (saved at 4, 6 sent), then killed
     again before the resumed run redid 6: its rewrite of the metrics file from the checkpoint must not forget what
     was sent, or the next run sends 6 again."""
+    sent_once_across_kills(tmp_path, "--kill-at", kills)
+
+
+def sent_once_across_kills(tmp_path, where, kills):
+    """This file's killed job (its main block), killed ``where`` (--kill-at or --kill-in-tracker) at each of ``kills``
+    and then run to its end: each record reached the tracker once, and the metrics file is the straight run's."""
     straight = []
     train(tmp_path / "a", straight.append, **RESUMED)
-    script = __file__  # its main block: the killed job
     sent = tmp_path / "sent.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for kill in (*kills, 0):
-        with Job([sys.executable, script, "--dir", str(tmp_path / "b"), "--sent", str(sent), "--kill-at", str(kill)],
-                 env) as job:  # fmt: skip
+        command = [sys.executable, __file__, "--dir", str(tmp_path / "b"), "--sent", str(sent)]
+        with Job([*command, where, str(kill)], env) as job:
             code, out = job.finish(180)
         assert code == (-signal.SIGKILL if kill else 0), out
     sent_once([json.loads(line) for line in sent.read_text().splitlines()], straight)
@@ -209,18 +219,7 @@ def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again
 def test_a_run_killed_inside_the_trackers_call_sends_that_record_again_and_loses_none(tmp_path, kills):
     """SIGKILLed inside on_record's N-th call (after the save at 4 for N >= 2), before the record reached the
     tracker: the metrics file must not yet count it as sent, or the resumed run never sends it (a record lost)."""
-    straight = []
-    train(tmp_path / "a", straight.append, **RESUMED)
-    script = __file__  # its main block: the killed job
-    sent = tmp_path / "sent.jsonl"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for kill in (*kills, 0):
-        command = [sys.executable, script, "--dir", str(tmp_path / "b"), "--sent", str(sent)]
-        with Job([*command, "--kill-in-tracker", str(kill)], env) as job:
-            code, out = job.finish(180)
-        assert code == (-signal.SIGKILL if kill else 0), out
-    sent_once([json.loads(line) for line in sent.read_text().splitlines()], straight)
-    assert untimed(lines(tmp_path / "b")) == untimed(straight)
+    sent_once_across_kills(tmp_path, "--kill-in-tracker", kills)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
@@ -426,10 +425,8 @@ class AsyncCall:
     ],
 )
 def test_a_tracker_whose_call_runs_nothing_is_refused_before_anything_runs(tmp_path, tracker):
-    state = run_script.state()
-    with pytest.raises(TypeError, match=r"run: on_record must be a plain function .* runs none of its body"):
-        ct.run(run_script.step, state, run_script.dataset(), checkpoint_dir=tmp_path, on_record=tracker, **PLAIN_OPTIONS)
-    assert state.step == 0 and not any(tmp_path.iterdir())
+    message = r"run: on_record must be a plain function .* runs none of its body"
+    refused_before_anything_runs(tmp_path, tracker, message, PLAIN_OPTIONS)
 
 
 def test_a_tracker_that_returns_a_generator_stops_the_run_and_says_why(tmp_path):

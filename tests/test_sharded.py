@@ -19,6 +19,7 @@ from helpers import (
     make_batch,
     make_state,
     optimizer_state,
+    outcome,
     shard,
     sharded_net,
     sharded_state,
@@ -393,13 +394,6 @@ def found_inf_on_one_rank(rank: int, world: int, dtype: str) -> dict[str, Any]:
 
 def refusals(rank: int, world: int) -> dict[str, str]:
     """The errors bad inputs give at the first update (each state is left as it was)."""
-
-    def outcome(call: Any) -> str:
-        try:
-            call()
-        except Exception as e:
-            return f"{type(e).__name__}: {e}"
-        return "no error"
 
     batch = shard(
         global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank

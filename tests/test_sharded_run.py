@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 import torch.distributed as dist
 from helpers import Net, full, optimizer_state, process_group_threads
 from processes import Job, Pool, free_port
-from run_script import dataset, step, untimed
+from run_script import dataset, job_arguments, step, untimed
 from torch import nn
 
 import composetrain as ct
@@ -186,12 +185,7 @@ def local(t):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--dir", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--max-steps", type=int, default=None)
-    args = p.parse_args()
+    args = job_arguments().parse_args()
     torch.set_num_threads(1)
     s = run_state()
     result = ct.run(

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from helpers import CLASSES, IN, classify_acc, full, global_batch, shard, sharded_state
+from helpers import CLASSES, IN, classify_acc, full, global_batch, outcome, shard, sharded_state
 from torch import nn
 
 import composetrain as ct
@@ -225,13 +225,6 @@ def scalar_parameters(rank: int, world: int, kind: str) -> dict[str, Any]:
 def half_sharded(rank: int, world: int) -> dict[str, str]:
     """fully_shard failing on the root after the units were sharded (injected): what every later use says."""
     import torch.distributed.fsdp as fsdp
-
-    def outcome(call: Any) -> str:
-        try:
-            call()
-        except Exception as e:
-            return f"{type(e).__name__}: {e}"
-        return "no error"
 
     batch = batches(rank, world)[0]
     state = sharded_state("classify", 0, torch.float64)  # blocks (units), then the root
