@@ -41,8 +41,9 @@ def benchmarks(session: nox.Session) -> None:
 
 @nox.session
 def mutants(session: nox.Session) -> None:
-    """Replay the planted bugs of mutants/*.py (`nox -s mutants -- NAME` for one file): each must be caught.
-    Part of every change's definition of done: add the change's own planted bugs to the catalogue."""
+    """Replay the planted bugs of mutants/*.py, one catalogue per module they are planted in (`nox -s mutants --
+    transforms_ema` for one module's): each must be caught. Part of every change's definition of done: add the
+    change's own planted bugs (a catalogue of its own, filed by module with `python tools/regroup_mutants.py`)."""
     session.install("-e", ".[test]")
     session.run("python", "tools/mutants.py", *session.posargs)
 

@@ -1,8 +1,9 @@
-"""The planted-bug catalogue (mutants/*.py) still applies to today's code.
+"""The planted-bug catalogue (mutants/*.py, one file per module the bugs are planted in) still applies to today's code.
 
 `nox -s mutants` replays every mutant against its tests (too slow for CI); this checks, in
 seconds, that each one still names exactly one place in the source, compiles, and names tests
-that exist, so that a refactor cannot silently retire the catalogue.
+that exist (the file and the function: a test moved or renamed without its mutants is found), so
+that a refactor cannot silently retire the catalogue.
 """
 
 import ast
@@ -17,7 +18,18 @@ MUTANTS = tool["load"]()
 
 
 def test_the_catalogue_is_not_empty():
-    assert len(MUTANTS) >= 53
+    assert len(MUTANTS) >= 504
+
+
+def test_each_catalogue_holds_the_planted_bugs_of_one_file_and_says_where_each_came_from():
+    """mutants/<folder>_<module>.py holds the bugs planted in that module, each with the catalogue (the issue) it was
+    first written for: a catalogue written per issue is filed there by ``python tools/regroup_mutants.py``."""
+    regroup = runpy.run_path(str(ROOT / "tools" / "regroup_mutants.py"))
+    for mutant in MUTANTS:
+        catalogue = mutant.name.split(":")[0]
+        where = regroup["catalogue_name"](mutant.file)
+        assert where == catalogue, f"{mutant.name} belongs in mutants/{where}.py: run python tools/regroup_mutants.py"
+        assert mutant.origin, f"{mutant.name} does not say which catalogue it was written in (its 'from')"
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
@@ -32,7 +44,8 @@ def defined_tests(path: Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             found.add(node.name)
         elif isinstance(node, ast.ClassDef):
-            found |= {f"{node.name}::{f.name}" for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            methods = [f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            found |= {f"{node.name}::{name}" for name in methods}
     return found
 
 
