@@ -310,7 +310,9 @@ def counting_allreduce() -> tuple[list[int], Callable[..., Any]]:
     return calls, counting
 
 
-def syncs_per_update(step: Any, state: ct.TrainState, calls: list[int], rank: int, world: int, updates: int) -> list[int]:
+def syncs_per_update(
+    step: Any, state: ct.TrainState, calls: list[int], rank: int, world: int, updates: int
+) -> list[int]:
     """``updates`` updates of ``step`` on this rank's shards of classify batches of 8 per rank: how many times the
     counting hook (``counting_allreduce``'s ``calls``) ran in each."""
     per_update = []

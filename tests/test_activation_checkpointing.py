@@ -37,7 +37,12 @@ class CountingBlock(nn.Module):
 
 def counting_net(depth=3, p=0.2, norm="layer", width=6):
     """embed, blocks (a Sequential of ``depth`` CountingBlocks), head."""
-    return Net(width=width, first="embed", last="head", blocks=lambda: nn.Sequential(*[CountingBlock(width, p, norm) for _ in range(depth)]))
+    return Net(
+        width=width,
+        first="embed",
+        last="head",
+        blocks=lambda: nn.Sequential(*[CountingBlock(width, p, norm) for _ in range(depth)]),
+    )
 
 
 def step(model, batch):
@@ -276,7 +281,8 @@ def test_bad_selections_are_clear_errors():
 
 def test_shown_and_compared_as_configured():
     assert (
-        repr(ct.checkpoint_activations(["blocks.0", CountingBlock])(step)) == "checkpoint_activations('blocks.0', CountingBlock)(step)"
+        repr(ct.checkpoint_activations(["blocks.0", CountingBlock])(step))
+        == "checkpoint_activations('blocks.0', CountingBlock)(step)"
     )
     assert ct.checkpoint_activations(CountingBlock)(step) == ct.checkpoint_activations(CountingBlock)(step)
     assert ct.checkpoint_activations(CountingBlock)(step) != ct.checkpoint_activations("blocks.0")(step)

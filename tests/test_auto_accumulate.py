@@ -439,7 +439,9 @@ def count_syncs_auto(rank: int, world: int, limits: list[int], updates: int) -> 
 
     calls, counting = counting_allreduce()
     state = case_state("classify", 0, torch.float64)
-    step = build("distributed(accumulate('auto')(step))", limited_on_ranks(limits[rank]), bucket_cap_mb=1e-6, comm_hook=counting)
+    step = build(
+        "distributed(accumulate('auto')(step))", limited_on_ranks(limits[rank]), bucket_cap_mb=1e-6, comm_hook=counting
+    )
     return syncs_per_update(step, state, calls, rank, world, updates)
 
 

@@ -273,8 +273,15 @@ def test_state_is_untouched_by_a_refused_run(tmp_path):
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     try:
         with pytest.raises(RuntimeError, match="in use by another run"):
-            ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
-                   checkpoint_dir=tmp_path)  # fmt: skip
+            ct.run(
+                run_script.step,
+                state,
+                run_script.dataset(),
+                batch_size=12,
+                num_workers=0,
+                progress=False,
+                checkpoint_dir=tmp_path,
+            )
     finally:
         holder.close()
     assert all(torch.equal(v, before[k]) for k, v in state.model.state_dict().items())
@@ -332,8 +339,17 @@ def test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_trainin
     )
     warned = r"step-000000016 alone: it holds no state\.pt, so it is no checkpoint"
     with pytest.raises(FileExistsError, match=refused), pytest.warns(UserWarning, match=warned):
-        ct.run(ct.accumulate(2)(counted), run_script.state(), run_script.dataset(), checkpoint_dir=tmp_path,
-               batch_size=12, num_workers=0, progress=False, seed=5, epochs=3)  # fmt: skip
+        ct.run(
+            ct.accumulate(2)(counted),
+            run_script.state(),
+            run_script.dataset(),
+            checkpoint_dir=tmp_path,
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+            seed=5,
+            epochs=3,
+        )
     assert calls == []
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "metrics" not in p.name) == before
 
@@ -346,9 +362,15 @@ def run_in(rank, world, folder):
     """ct.run on ``folder`` on every rank: the error each rank raised, as text, or "no error"."""
     try:
         ct.run(
-            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
-            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
-        )  # fmt: skip
+            ct.distributed(run_script.step),
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=12,
+            checkpoint_dir=Path(folder),
+            progress=False,
+            num_workers=0,
+            max_steps=2,
+        )
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
@@ -481,8 +503,15 @@ def test_a_checkpoint_dir_that_names_no_folder_is_refused_by_name(folder, error,
     monkeypatch.chdir(tmp_path)  # "" is the working folder: a regression writes there, not in the repository
     state = run_script.state()
     with pytest.raises(error, match=r"run: checkpoint_dir must be a non-empty str or os.PathLike, got "):
-        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
-               checkpoint_dir=folder)  # fmt: skip
+        ct.run(
+            run_script.step,
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=folder,
+        )
     assert state.step == 0 and not list(tmp_path.iterdir())
 
 
@@ -557,9 +586,15 @@ def save_fails_on(rank, world, folder, bad_rank, code):
     checkpoint._write = failing
     try:
         ct.run(
-            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
-            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
-        )  # fmt: skip
+            ct.distributed(run_script.step),
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=12,
+            checkpoint_dir=Path(folder),
+            progress=False,
+            num_workers=0,
+            max_steps=2,
+        )
     except OSError as e:
         return str(e), e.errno
     except RuntimeError as e:
@@ -575,9 +610,15 @@ def read_denied_on(rank, world, folder, bad_rank):
 
     def run():
         ct.run(
-            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
-            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
-        )  # fmt: skip
+            ct.distributed(run_script.step),
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=12,
+            checkpoint_dir=Path(folder),
+            progress=False,
+            num_workers=0,
+            max_steps=2,
+        )
 
     run()
     real = torch.load

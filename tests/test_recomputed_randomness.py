@@ -34,7 +34,12 @@ class Chancy(nn.Module):
 
 def chancy_net(depth: int, p_drop: float, p_mask: float, width: int = 4) -> nn.Module:
     """embed, blocks (a Sequential of ``depth`` Chancy blocks), head."""
-    return Net(width=width, first="embed", last="head", blocks=lambda: nn.Sequential(*[Chancy(width, p_drop, p_mask) for _ in range(depth)]))
+    return Net(
+        width=width,
+        first="embed",
+        last="head",
+        blocks=lambda: nn.Sequential(*[Chancy(width, p_drop, p_mask) for _ in range(depth)]),
+    )
 
 
 def step(model, batch):

@@ -22,8 +22,16 @@ from run_script import accuracy, untimed
 
 import composetrain as ct
 
-OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 3,
-           "eval_step": accuracy, "eval_data": run_script.dataset(24), "eval_every": 4}  # fmt: skip
+OPTIONS = {
+    "batch_size": 12,
+    "num_workers": 0,
+    "progress": False,
+    "seed": 5,
+    "log_every": 3,
+    "eval_step": accuracy,
+    "eval_data": run_script.dataset(24),
+    "eval_every": 4,
+}
 
 
 def train(tmp, on_record, step=run_script.step, **options):
@@ -283,8 +291,10 @@ def test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_a
     with pytest.raises(stop) as caught:
         train(tmp_path, interrupted, epochs=2)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000006"]
-    assert any("on_record raised it on the record of update 6; the run saved checkpoint" in n
-               for n in getattr(caught.value, "__notes__", []))  # fmt: skip
+    assert any(
+        "on_record raised it on the record of update 6; the run saved checkpoint" in n
+        for n in getattr(caught.value, "__notes__", [])
+    )
     got = []
     train(tmp_path, got.append, epochs=2)
     assert got[0]["step"] == 8
@@ -304,9 +314,13 @@ def _run(on_record, directory=None, **options):
     options = {"batch_size": 12, "num_workers": 0, "progress": False, "epochs": 1, "log_every": 1, **options}
     state = run_script.state()
     return state, ct.run(
-        ct.distributed(run_script.step), state, run_script.dataset(), checkpoint_dir=directory,
-        on_record=on_record, **options,
-    )  # fmt: skip
+        ct.distributed(run_script.step),
+        state,
+        run_script.dataset(),
+        checkpoint_dir=directory,
+        on_record=on_record,
+        **options,
+    )
 
 
 def rank_zero_only(rank, world):
@@ -434,9 +448,14 @@ def test_a_tracker_that_returns_a_generator_stops_the_run_and_says_why(tmp_path)
     state = run_script.state()
     with pytest.raises(RuntimeError, match=r"on_record returned a generator .* on the record of update 2") as e:
         ct.run(
-            run_script.step, state, run_script.dataset(), checkpoint_dir=tmp_path, on_record=lambda r: generator(r),
-            max_steps=6, **PLAIN_OPTIONS,
-        )  # fmt: skip
+            run_script.step,
+            state,
+            run_script.dataset(),
+            checkpoint_dir=tmp_path,
+            on_record=lambda r: generator(r),
+            max_steps=6,
+            **PLAIN_OPTIONS,
+        )
     assert state.step == 2 and "step-000000002" in str(e.value)
 
 
@@ -444,12 +463,26 @@ def _resumed_at_4_with(tmp_path, damage):
     """Saved at 4 and 6 (records 3, 4e, 6), the 6 removed as if the run was killed before it: ``damage``, then the
     run to 12 from 4. The tracker's records, each once, as a straight run's; and that run's."""
     from run_script import untimed
-    options = {**PLAIN_OPTIONS, "log_every": 3, "checkpoint_every": 4, "eval_step": run_script.accuracy,
-               "eval_data": run_script.dataset(24), "eval_every": 4}  # fmt: skip
+
+    options = {
+        **PLAIN_OPTIONS,
+        "log_every": 3,
+        "checkpoint_every": 4,
+        "eval_step": run_script.accuracy,
+        "eval_data": run_script.dataset(24),
+        "eval_every": 4,
+    }
 
     def train(folder, got, max_steps):
-        ct.run(run_script.step, run_script.state(), run_script.dataset(), checkpoint_dir=folder, on_record=got.append,
-               max_steps=max_steps, **options)  # fmt: skip
+        ct.run(
+            run_script.step,
+            run_script.state(),
+            run_script.dataset(),
+            checkpoint_dir=folder,
+            on_record=got.append,
+            max_steps=max_steps,
+            **options,
+        )
 
     straight, got = [], []
     train(tmp_path / "a", straight, 12)
@@ -490,6 +523,13 @@ def test_a_list_of_sent_records_that_is_a_folder_is_refused_before_anything_resu
     (tmp_path / ".metrics.jsonl.sent").mkdir()
     before = {k: v.clone() for k, v in run_script_state.model.state_dict().items()}
     with pytest.raises(PermissionError, match=r"log_file .*\.metrics\.jsonl\.sent.* is a folder"):
-        ct.run(run_script.step, run_script_state, run_script.dataset(), checkpoint_dir=tmp_path, max_steps=2,
-               on_record=print, **PLAIN_OPTIONS)  # fmt: skip
+        ct.run(
+            run_script.step,
+            run_script_state,
+            run_script.dataset(),
+            checkpoint_dir=tmp_path,
+            max_steps=2,
+            on_record=print,
+            **PLAIN_OPTIONS,
+        )
     assert all(v.equal(before[k]) for k, v in run_script_state.model.state_dict().items())

@@ -137,10 +137,7 @@ def test_bf16_in_either_order_agrees_and_tracks_one_process(pool):
 def test_a_gradient_not_finite_on_one_rank_only_skips_the_update_on_every_rank(pool, dtype):
     """Each rank sees its own shard of the gradients: the skip decision must be the same on every rank
     (DTensor's unscale_ reduces GradScaler's found_inf flag over the mesh; this guards that it still does)."""
-    assert (
-        pool.run(__name__, "found_inf_on_one_rank", dtype)
-        == [{"skipped": True, "unchanged": True, "step": 1}] * 2
-    )
+    assert pool.run(__name__, "found_inf_on_one_rank", dtype) == [{"skipped": True, "unchanged": True, "step": 1}] * 2
 
 
 @pytest.mark.parametrize(
@@ -330,9 +327,7 @@ def dtypes_under_bf16(rank: int, world: int) -> dict[str, Any]:
     state = sharded_state("classify", 0, torch.float32)
     ct.sharded(ct.mixed_precision(dtype="bf16")(Spy(ct.train_step(step))))(
         state,
-        shard(
-            global_batch("classify", [4] * world, 0, torch.float32), [4] * world, rank
-        ),
+        shard(global_batch("classify", [4] * world, 0, torch.float32), [4] * world, rank),
     )
     seen["params"] = sorted({str(p.dtype) for p in state.model.parameters()})
     seen["output"] = str(seen["output"])
@@ -395,14 +390,10 @@ def found_inf_on_one_rank(rank: int, world: int, dtype: str) -> dict[str, Any]:
 def refusals(rank: int, world: int) -> dict[str, str]:
     """The errors bad inputs give at the first update (each state is left as it was)."""
 
-    batch = shard(
-        global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank
-    )
+    batch = shard(global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank)
     found = {}
     state = sharded_state("classify", 0, torch.float64)
-    found["unknown"] = outcome(
-        lambda: ct.sharded(modules=["blocks.0", "block.7"])(classify_acc)(state, batch)
-    )
+    found["unknown"] = outcome(lambda: ct.sharded(modules=["blocks.0", "block.7"])(classify_acc)(state, batch))
     found["unknown_untouched"] = str(type(state.model).__name__ == "Net" and not state.optimizer.state)
     found["class"] = outcome(lambda: ct.sharded(modules=nn.Conv2d)(classify_acc)(state, batch))
     trained = sharded_state("classify", 0, torch.float64)
@@ -414,9 +405,7 @@ def refusals(rank: int, world: int) -> dict[str, str]:
     found["tied"] = outcome(lambda: ct.sharded(classify_acc)(tied, batch))
     found["tied_in_one_unit"] = outcome(lambda: ct.sharded(modules=["inp"])(classify_acc)(tied, batch))
     found["container"] = outcome(lambda: ct.sharded(modules=["blocks"])(classify_acc)(state, batch))
-    uneven = shard(
-        global_batch("classify", [4, 5], 0, torch.float64), [4, 5], rank
-    )
+    uneven = shard(global_batch("classify", [4, 5], 0, torch.float64), [4, 5], rank)
     found["unequal"] = outcome(lambda: ct.sharded(ct.accumulate(2)(classify_acc))(state, uneven))
     return found
 
@@ -474,9 +463,7 @@ def holds(root: Any, target: Any) -> bool:
 
 def released(rank: int, world: int) -> dict[str, Any]:
     """A sharded state whose runtime is released (as ct.run does before destroying its group)."""
-    batch = shard(
-        global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank
-    )
+    batch = shard(global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank)
     state = sharded_state("classify", 0, torch.float64)
     step = ct.sharded(classify_acc)
     step(state, batch)
@@ -501,9 +488,7 @@ FP16_UPDATES = 8  # rank batches of 6, two micro-batches of 3 each
 def fp16_batch(rank: int, world: int, i: int, poisoned: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s batch of update ``i``; at update ``poisoned`` the last rank's inputs are too large
     for fp16 (inf once autocast casts them, NaN after the first layer): the update must be skipped."""
-    x, y = shard(
-        global_batch("classify", [6] * world, 500 + i, torch.float32), [6] * world, rank
-    )
+    x, y = shard(global_batch("classify", [6] * world, 500 + i, torch.float32), [6] * world, rank)
     return (x * 1e6 if i == poisoned and rank == world - 1 else x), y
 
 

@@ -25,8 +25,15 @@ def torchrun(*args, nproc=2):
     if nproc == 1:
         command = [sys.executable, SCRIPT, *args]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                   f"--master-port={free_port()}", SCRIPT, *args]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            f"--master-port={free_port()}",
+            SCRIPT,
+            *args,
+        ]
     with Job(command, env) as job:
         code, out = job.finish(300)
     assert code == 0, out[-6000:]
@@ -189,9 +196,18 @@ def main():
     torch.set_num_threads(1)
     s = run_state()
     result = ct.run(
-        ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))), s, dataset(), batch_size=12, epochs=args.epochs,
-        max_steps=args.max_steps, num_workers=0, checkpoint_dir=args.dir, log_every=4, progress=False, seed=5,
-    )  # fmt: skip
+        ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))),
+        s,
+        dataset(),
+        batch_size=12,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        num_workers=0,
+        checkpoint_dir=args.dir,
+        log_every=4,
+        progress=False,
+        seed=5,
+    )
     rank = int(os.environ.get("RANK", "0"))
     kept = dist.is_initialized()  # ct.run leaves its group to the sharded model, until the process exits
     params = {n: local(p) for n, p in s.model.named_parameters()}

@@ -275,9 +275,14 @@ def no_decay_first(model: nn.Module) -> torch.optim.Optimizer:
 def order_state() -> ct.TrainState:
     torch.manual_seed(3)
     model = nn.Sequential(
-        nn.Linear(IN, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
+        nn.Linear(IN, 8),
+        nn.Tanh(),
+        nn.Linear(8, 8),
+        nn.Tanh(),
+        nn.Linear(8, 8),
+        nn.Tanh(),
         nn.Linear(8, CLASSES),
-    ).double()  # fmt: skip
+    ).double()
     return ct.TrainState(model, no_decay_first(model))
 
 
