@@ -1,4 +1,5 @@
-"""Models, steps and comparisons shared by the tests."""
+"""What several test files share: batches, steps, models (Net, Block), state comparisons, the multi-rank cases
+run on a pool's ranks (distributed and sharded, with their one-process references) and a tiny Hugging Face GPT-2."""
 
 from __future__ import annotations
 
