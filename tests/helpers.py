@@ -364,7 +364,7 @@ class Net(nn.Module):
     layer's output.
 
         Net(layers=lambda: nn.ModuleList([Block(), Block()]))  # inp, layers.0, layers.1, out
-        Net(width=8, last="head", blocks=lambda: nn.ModuleList(Block(8) for _ in range(2)))
+        Net(width=8, output_layer="head", blocks=lambda: nn.ModuleList(Block(8) for _ in range(2)))
     """
 
     def __init__(
@@ -373,17 +373,17 @@ class Net(nn.Module):
         width: int = 4,
         outputs: int = CLASSES,
         *,
-        first: str = "inp",
-        last: str = "out",
+        input_layer: str = "inp",
+        output_layer: str = "out",
         tanh_input: bool = False,
         **parts: Callable[[], nn.Module],
     ) -> None:
         super().__init__()
-        setattr(self, first, nn.Linear(inputs, width))
+        setattr(self, input_layer, nn.Linear(inputs, width))
         for name, make in parts.items():
             setattr(self, name, make())
-        setattr(self, last, nn.Linear(width, outputs))
-        self.order, self.tanh_input = [first, *parts, last], tanh_input
+        setattr(self, output_layer, nn.Linear(width, outputs))
+        self.order, self.tanh_input = [input_layer, *parts, output_layer], tanh_input
 
     def forward(self, x):
         first, *middle, last = (getattr(self, name) for name in self.order)
@@ -401,7 +401,7 @@ def sharded_net() -> Net:
     """An input layer, a ModuleList of blocks (sharded's default units) and a head."""
     return Net(
         width=8,
-        last="head",
+        output_layer="head",
         tanh_input=True,
         blocks=lambda: nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2)),
     )

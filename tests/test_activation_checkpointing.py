@@ -39,8 +39,8 @@ def counting_net(depth=3, p=0.2, norm="layer", width=6):
     """embed, blocks (a Sequential of ``depth`` CountingBlocks), head."""
     return Net(
         width=width,
-        first="embed",
-        last="head",
+        input_layer="embed",
+        output_layer="head",
         blocks=lambda: nn.Sequential(*[CountingBlock(width, p, norm) for _ in range(depth)]),
     )
 

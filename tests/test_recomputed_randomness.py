@@ -36,8 +36,8 @@ def chancy_net(depth: int, p_drop: float, p_mask: float, width: int = 4) -> nn.M
     """embed, blocks (a Sequential of ``depth`` Chancy blocks), head."""
     return Net(
         width=width,
-        first="embed",
-        last="head",
+        input_layer="embed",
+        output_layer="head",
         blocks=lambda: nn.Sequential(*[Chancy(width, p_drop, p_mask) for _ in range(depth)]),
     )
 

@@ -197,29 +197,29 @@ def test_bad_inputs_are_clear_errors_that_change_nothing(pool):
     assert found[0] == found[1]
     found = found[0]
     assert found["unknown"].startswith(
-        "ValueError: sharded(modules=['blocks.0', 'block.7'])(classify): modules names ['block.7'], which the model "
-        "does not have; its submodules include ['inp', 'blocks', 'blocks.0', "
+        "ValueError: sharded(modules=['blocks.0', 'block.7'])(classify_acc): modules names ['block.7'], which the "
+        "model does not have; its submodules include ['inp', 'blocks', 'blocks.0', "
     )
     assert found["unknown_untouched"] == "True"
     assert (
         found["class"]
-        == "ValueError: sharded(modules=Conv2d)(classify): modules=Conv2d matches no submodule of the model"
+        == "ValueError: sharded(modules=Conv2d)(classify_acc): modules=Conv2d matches no submodule of the model"
     )
     assert found["optimizer"].startswith(
-        "ValueError: sharded(classify): the optimizer already holds state (momentum, moments) for 8 unsharded "
+        "ValueError: sharded(classify_acc): the optimizer already holds state (momentum, moments) for 8 unsharded "
         "parameter(s); sharding replaces the parameters"
     )
     assert found["tied"].startswith(
-        "ValueError: sharded(classify): parameters ['blocks.0.0.weight', 'blocks.1.0.weight'] are one tensor (tied "
+        "ValueError: sharded(classify_acc): parameters ['blocks.0.0.weight', 'blocks.1.0.weight'] are one tensor (tied "
         "weights) used in units ['blocks.0', 'blocks.1']"
     )
     assert found["tied_in_one_unit"] == "no error"
     assert found["container"].startswith(
-        "ValueError: sharded(modules=['blocks'])(classify): modules selects ['blocks'], which have no forward of "
+        "ValueError: sharded(modules=['blocks'])(classify_acc): modules selects ['blocks'], which have no forward of "
         "their own (an nn.ModuleList or ModuleDict)"
     )
     assert found["unequal"].startswith(
-        "ValueError: sharded(accumulate(2)(classify)): the ranks' batches hold [4, 5] samples; under sharded every "
+        "ValueError: sharded(accumulate(2)(classify_acc)): the ranks' batches hold [4, 5] samples; under sharded every "
         "rank must run the same forward and backward passes"
     )
 
@@ -293,7 +293,7 @@ def test_a_released_state_holds_no_reference_to_its_group_and_refuses_the_next_s
     for r in found:
         assert r["held_before"] and not r["held_after"]  # FSDP2 held it; ct.run destroys it next
         assert r["next_step"].startswith(
-            "RuntimeError: sharded(classify): the TrainState's model was sharded over a process group that is "
+            "RuntimeError: sharded(classify_acc): the TrainState's model was sharded over a process group that is "
             "gone, released (TrainState.release_runtime, which ct.run calls when the process exits) or another one"
         )
         assert r["untouched"]

@@ -82,7 +82,7 @@ def main() -> None:
     atexit.register(threads_at_exit, str(Path(sys.argv[1]) / f"threads-at-exit-{os.environ['RANK']}.txt"))
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = Net(4, 8, 2, last="head", layers=lambda: nn.ModuleList(Block(8) for _ in range(2))).double()
+    model = Net(4, 8, 2, output_layer="head", layers=lambda: nn.ModuleList(Block(8) for _ in range(2))).double()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 4, dtype=torch.float64, generator=g)

@@ -160,7 +160,7 @@ def run_state() -> ct.TrainState:
         6,
         16,
         2,
-        last="head",
+        output_layer="head",
         blocks=lambda: nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Dropout(0.2)) for _ in range(2)),
     ).double()
     opt = torch.optim.AdamW(m.parameters(), lr=0.01)

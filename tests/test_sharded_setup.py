@@ -61,7 +61,7 @@ def test_a_failure_half_way_leaves_a_state_that_says_so(pool):
     assert found[0] == found[1]
     found = found[0]
     assert found["first"].startswith(
-        "RuntimeError: sharded(classify): fully_shard failed on the root module after 2 unit(s) were sharded "
+        "RuntimeError: sharded(classify_acc): fully_shard failed on the root module after 2 unit(s) were sharded "
         "(RuntimeError: injected failure at the root); the TrainState's model is half-sharded"
     ), found["first"]
     for use in ("retry", "distributed", "plain", "apply_sharding"):  # the same sentence, not torch's puzzle
@@ -96,7 +96,7 @@ def test_full_state_dict_without_its_group_points_at_load_checkpoint(pool):
 def test_adagrad_state_made_by_training_is_refused_before_sharding(pool):
     for r in pool.run(__name__, "trained_adagrad"):
         assert r["error"].startswith(
-            "ValueError: sharded(classify): the optimizer already holds state (momentum, moments) for 12 unsharded "
+            "ValueError: sharded(classify_acc): the optimizer already holds state (momentum, moments) for 12 unsharded "
             "parameter(s); sharding replaces the parameters"
         ), r
         assert "(the state an optimizer's __init__ makes, such as Adagrad's, is fine" in r["error"]
@@ -106,7 +106,7 @@ def test_adagrad_state_made_by_training_is_refused_before_sharding(pool):
 def test_fp16_loss_scaling_with_zero_dim_parameters_is_refused_with_the_fix(pool):
     for said in pool.run(__name__, "fp16_with_scalars"):
         assert said.startswith(
-            "ValueError: sharded(mixed_precision(dtype='fp16')(classify)): fp16 loss scaling with the 0-dim "
+            "ValueError: sharded(mixed_precision(dtype='fp16')(classify_acc)): fp16 loss scaling with the 0-dim "
             "parameters ['blocks.0.gate', 'blocks.1.gate', 'logit_scale', 'rare']"
         ), said
         assert "use mixed_precision(dtype='bf16')" in said, said
