@@ -125,6 +125,21 @@ def assert_untouched(state: ct.TrainState, before: dict[str, Any]) -> None:
     assert all(g is None for g in now["grads"]), "a failed call left gradients behind"
 
 
+def slurm_env(procid: str, ntasks: str, localid: str, **overrides: str | None) -> dict[str, str]:
+    """SLURM's variables for task ``procid`` of ``ntasks`` (``localid`` on its node) of job 123456 on the 2 nodes
+    gpu[07-08]; ``overrides`` add or replace variables, None removes one."""
+    env: dict[str, str | None] = {
+        "SLURM_PROCID": procid,
+        "SLURM_NTASKS": ntasks,
+        "SLURM_LOCALID": localid,
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_JOB_ID": "123456",
+    }
+    env.update(overrides)
+    return {k: v for k, v in env.items() if v is not None}
+
+
 def outcome(call: Any) -> str:
     """The error ``call()`` raised, as text (``"ValueError: ..."``: every rank of a pool must raise one, none may
     hang), or "no error"."""

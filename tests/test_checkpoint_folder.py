@@ -273,15 +273,7 @@ def test_state_is_untouched_by_a_refused_run(tmp_path):
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     try:
         with pytest.raises(RuntimeError, match="in use by another run"):
-            ct.run(
-                run_script.step,
-                state,
-                run_script.dataset(),
-                batch_size=12,
-                num_workers=0,
-                progress=False,
-                checkpoint_dir=tmp_path,
-            )
+            run_script.run_plain(state, checkpoint_dir=tmp_path)
     finally:
         holder.close()
     assert all(torch.equal(v, before[k]) for k, v in state.model.state_dict().items())
@@ -361,16 +353,7 @@ def test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_trainin
 def run_in(rank, world, folder):
     """ct.run on ``folder`` on every rank: the error each rank raised, as text, or "no error"."""
     try:
-        ct.run(
-            ct.distributed(run_script.step),
-            run_script.state(),
-            run_script.dataset(),
-            batch_size=12,
-            checkpoint_dir=Path(folder),
-            progress=False,
-            num_workers=0,
-            max_steps=2,
-        )
+        run_script.run_distributed(checkpoint_dir=Path(folder), max_steps=2)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
@@ -585,16 +568,7 @@ def save_fails_on(rank, world, folder, bad_rank, code):
 
     checkpoint._write = failing
     try:
-        ct.run(
-            ct.distributed(run_script.step),
-            run_script.state(),
-            run_script.dataset(),
-            batch_size=12,
-            checkpoint_dir=Path(folder),
-            progress=False,
-            num_workers=0,
-            max_steps=2,
-        )
+        run_script.run_distributed(checkpoint_dir=Path(folder), max_steps=2)
     except OSError as e:
         return str(e), e.errno
     except RuntimeError as e:
@@ -609,16 +583,7 @@ def read_denied_on(rank, world, folder, bad_rank):
     import torch
 
     def run():
-        ct.run(
-            ct.distributed(run_script.step),
-            run_script.state(),
-            run_script.dataset(),
-            batch_size=12,
-            checkpoint_dir=Path(folder),
-            progress=False,
-            num_workers=0,
-            max_steps=2,
-        )
+        run_script.run_distributed(checkpoint_dir=Path(folder), max_steps=2)
 
     run()
     real = torch.load

@@ -5,6 +5,7 @@ import re
 import time
 
 import pytest
+from helpers import slurm_env
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,16 +15,7 @@ from composetrain.launch.rendezvous import unjoined_launch
 
 
 def slurm(**overrides):
-    env = {
-        "SLURM_PROCID": "3",
-        "SLURM_NTASKS": "4",
-        "SLURM_LOCALID": "0",
-        "SLURM_NNODES": "2",
-        "SLURM_JOB_NODELIST": "gpu[07-08]",
-        "SLURM_JOB_ID": "123456",
-    }
-    env.update(overrides)
-    return {k: v for k, v in env.items() if v is not None}
+    return slurm_env("3", "4", "0", **overrides)
 
 
 @pytest.mark.parametrize(
@@ -133,16 +125,7 @@ TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h
 
 def slurm_task_one(**overrides):
     """The variables of task 1 (the second of the first node) of a 4-task job on 2 nodes."""
-    env = {
-        "SLURM_PROCID": "1",
-        "SLURM_NTASKS": "4",
-        "SLURM_LOCALID": "1",
-        "SLURM_NNODES": "2",
-        "SLURM_JOB_NODELIST": "gpu[07-08]",
-        "SLURM_JOB_ID": "123456",
-    }
-    env.update(overrides)
-    return {k: v for k, v in env.items() if v is not None}
+    return slurm_env("1", "4", "1", **overrides)
 
 
 @pytest.mark.parametrize("value", ["²", "abc", "-1", "0", "", "2.0", "\u0662"])

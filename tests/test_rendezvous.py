@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import process_group_threads, train_distributed
+from helpers import process_group_threads, slurm_env, train_distributed
 from hypothesis import given
 from hypothesis import strategies as st
 from processes import Job, free_port, wait_all
@@ -84,16 +84,7 @@ def test_torchrun_environment():
 
 
 def slurm(**overrides):
-    env = {
-        "SLURM_PROCID": "5",
-        "SLURM_NTASKS": "8",
-        "SLURM_LOCALID": "1",
-        "SLURM_NNODES": "2",
-        "SLURM_JOB_NODELIST": "gpu[07-08]",
-        "SLURM_JOB_ID": "123456",
-    }
-    env.update(overrides)
-    return {k: v for k, v in env.items() if v is not None}
+    return slurm_env("5", "8", "1", **overrides)
 
 
 def test_slurm_environment_derives_master_and_port():

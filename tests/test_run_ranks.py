@@ -71,9 +71,14 @@ def test_an_unwritable_checkpoint_dir_fails_on_every_rank_without_hanging(pool):
 
 
 def test_every_rank_refuses_eval_metric_names_that_differ_between_ranks(pool):
-    messages = pool.run(__name__, "eval_names_differ", timeout=50)
+    assert_names_refused_on_every_rank(pool, "eval_names_differ", "eval_step")
+
+
+def assert_names_refused_on_every_rank(pool, case, returner):
+    """Every rank raises that ``returner`` returned rank 1's extra metric name on rank 1 only."""
+    messages = pool.run(__name__, case, timeout=50)
     expected = (
-        "ValueError: run: eval_step returned different metric names on different ranks (rank 0: ['acc']; "
+        f"ValueError: run: {returner} returned different metric names on different ranks (rank 0: ['acc']; "
         "rank 1: ['acc', 'extra']); return the same names on every rank"
     )
     assert messages == [expected, expected]
@@ -88,12 +93,7 @@ def test_an_evaluation_failing_on_one_rank_fails_every_rank(pool):
 
 
 def test_every_rank_refuses_training_metric_names_that_differ_between_ranks(pool):
-    messages = pool.run(__name__, "train_names_differ", timeout=50)
-    expected = (
-        "ValueError: run: the step returned different metric names on different ranks (rank 0: ['acc']; "
-        "rank 1: ['acc', 'extra']); return the same names on every rank"
-    )
-    assert messages == [expected, expected]
+    assert_names_refused_on_every_rank(pool, "train_names_differ", "the step")
 
 
 def test_every_rank_logs_the_window_a_stop_cut_short(pool):
@@ -112,19 +112,10 @@ def two_ranks(rank, world):
         return run_script.step(model, batch)
 
     state = run_script.state()
-    result = ct.run(
-        ct.distributed(ct.accumulate(2)(spy)),
-        state,
-        run_script.dataset(),
-        batch_size=12,
-        epochs=3,
-        num_workers=0,
-        progress=False,
-        eval_step=accuracy,
-        eval_data=run_script.dataset(50),
-        log_every=4,
-        seed=5,
-    )
+    evaluation = {"eval_step": accuracy, "eval_data": run_script.dataset(50)}
+    train = ct.distributed(ct.accumulate(2)(spy))
+    options = {**run_script.QUICK, "epochs": 3, **evaluation, "log_every": 4, "seed": 5}
+    result = ct.run(train, state, run_script.dataset(), **options)
     x, y = run_script.dataset(50).tensors
     state.model.eval()
     with torch.no_grad():
@@ -153,17 +144,8 @@ def logged_means(rank, world):
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2)).double()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
-    result = ct.run(
-        ct.distributed(ct.accumulate(2)(spy)),
-        state,
-        run_script.dataset(),
-        batch_size=12,
-        epochs=2,
-        num_workers=0,
-        progress=False,
-        log_every=3,
-        seed=5,
-    )
+    options = {**run_script.QUICK, "epochs": 2, "log_every": 3, "seed": 5}
+    result = ct.run(ct.distributed(ct.accumulate(2)(spy)), state, run_script.dataset(), **options)
     return {"history": result.history, "seen": seen, "model": model}
 
 
@@ -221,22 +203,14 @@ def unwritable(rank, world):
     blocker = Path(tempfile.gettempdir()) / f"ct-blocker-{rank}"
     blocker.write_text("")  # each rank names its own file: checkpoint_dir is rank 0's anyway
     try:
-        ct.run(
-            ct.distributed(run_script.step),
-            run_script.state(),
-            run_script.dataset(),
-            batch_size=12,
-            checkpoint_dir=Path(tempfile.gettempdir()) / "ct-blocker-0" / "runs",
-            progress=False,
-            num_workers=0,
-        )
+        run_script.run_distributed(checkpoint_dir=Path(tempfile.gettempdir()) / "ct-blocker-0" / "runs")
     except PermissionError as e:
         return str(e)
     return "no error"
 
 
 def _run_two(step, **options):
-    options = {"batch_size": 12, "num_workers": 0, "progress": False, "epochs": 1, **options}
+    options = {**run_script.QUICK, "epochs": 1, **options}
     return ct.run(ct.distributed(step), run_script.state(), run_script.dataset(), **options)
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from helpers import Net, full, optimizer_state, process_group_threads
 from processes import Job, Pool, free_port
-from run_script import dataset, job_arguments, step, untimed
+from run_script import dataset, job_arguments, job_options, step, untimed
 from torch import nn
 
 import composetrain as ct
@@ -195,19 +195,7 @@ def main():
     args = job_arguments().parse_args()
     torch.set_num_threads(1)
     s = run_state()
-    result = ct.run(
-        ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))),
-        s,
-        dataset(),
-        batch_size=12,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        num_workers=0,
-        checkpoint_dir=args.dir,
-        log_every=4,
-        progress=False,
-        seed=5,
-    )
+    result = ct.run(ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))), s, dataset(), **job_options(args))
     rank = int(os.environ.get("RANK", "0"))
     kept = dist.is_initialized()  # ct.run leaves its group to the sharded model, until the process exits
     params = {n: local(p) for n, p in s.model.named_parameters()}
