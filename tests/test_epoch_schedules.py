@@ -85,8 +85,9 @@ def test_ct_run_steps_the_recipe_schedule_per_epoch_and_uses_its_rates_exactly()
     rates = []
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # its horizon fits: no warning
-        ct.run(rates_recorder(state, rates), state, data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False,
-               progress=False)  # fmt: skip
+        ct.run(
+            rates_recorder(state, rates), state, data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False, progress=False
+        )
     assert rates == recipe_rates()  # exactly: the same floats
     assert state.scheduler.last_epoch == EPOCHS
 
@@ -99,8 +100,15 @@ def test_a_resume_steps_the_epoch_scheduler_neither_twice_nor_never(tmp_path, st
     ct.run(ct.ema(0.8)(rates_recorder(straight, straight_rates)), straight, data(), **args)
     first = recipe_state()
     rates = []
-    ct.run(ct.ema(0.8)(rates_recorder(first, rates)), first, data(), max_steps=stop, checkpoint_dir=tmp_path,
-           checkpoint_every=3, **args)  # fmt: skip
+    ct.run(
+        ct.ema(0.8)(rates_recorder(first, rates)),
+        first,
+        data(),
+        max_steps=stop,
+        checkpoint_dir=tmp_path,
+        checkpoint_every=3,
+        **args,
+    )
     assert first.scheduler.last_epoch == stop // PER_EPOCH
     resumed = recipe_state(seed=9)
     ct.run(ct.ema(0.8)(rates_recorder(resumed, rates)), resumed, data(), checkpoint_dir=tmp_path, **args)
@@ -116,8 +124,9 @@ def test_a_resume_steps_the_epoch_scheduler_neither_twice_nor_never(tmp_path, st
 def test_a_schedule_built_in_epochs_but_stepped_per_update_is_warned_about_with_the_fix():
     state = recipe_state(interval="update")
     with pytest.warns(UserWarning) as caught:
-        ct.run(lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=EPOCHS,
-               progress=False)  # fmt: skip
+        ct.run(
+            lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=EPOCHS, progress=False
+        )
     message = str(caught[0].message)
     assert "run: the scheduler SequentialLR ends after 5 of its steps (milestones [2] + CosineAnnealingLR T_max=3)" in (
         message
@@ -130,10 +139,12 @@ def test_an_epoch_schedule_shorter_than_the_epochs_is_warned_about_too():
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     state = ct.TrainState(m, opt, sched.CosineAnnealingLR(opt, T_max=1), scheduler_interval="epoch")
-    with pytest.warns(UserWarning, match=r"CosineAnnealingLR ends after 1 .* steps it 4 times \(once per epoch.*"
-                      r"climbs back up and cycles; build it for 4 epochs"):  # fmt: skip
-        ct.run(lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=4,
-               progress=False)  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"CosineAnnealingLR ends after 1 .* steps it 4 times \(once per epoch.*"
+        r"climbs back up and cycles; build it for 4 epochs",
+    ):
+        ct.run(lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=4, progress=False)
 
 
 def test_horizons():
@@ -153,8 +164,11 @@ def test_horizons():
 
 
 def test_a_wrong_interval_and_a_checkpoint_of_the_other_interval_are_refused():
-    with pytest.raises(ValueError, match=r"TrainState: scheduler_interval must be 'update' or 'epoch', got 'step' "
-                       r"\(str\) \(Lightning's 'step' is 'update' here\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"TrainState: scheduler_interval must be 'update' or 'epoch', got 'step' "
+        r"\(str\) \(Lightning's 'step' is 'update' here\)",
+    ):
         recipe_state(interval="step")
     saved = copy.deepcopy(recipe_state(interval="update").state_dict())
     state = recipe_state()
@@ -222,3 +236,57 @@ def test_a_one_cycle_schedule_of_exactly_the_runs_epochs_resumes_part_way(tmp_pa
     ct.run(rates_recorder(resumed, rates), resumed, data(), checkpoint_dir=tmp_path, **args)
     assert rates == straight_rates
     assert resumed.scheduler.last_epoch == EPOCHS
+
+
+# -- per-epoch schedules that cannot serve the run, refused before the first update -----------------------------------
+
+
+def cross_entropy(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def bn_net(seed=0):
+    """A float32 model with BatchNorm."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def one_cycle_state(total):
+    model = bn_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=total)
+    return ct.TrainState(model, opt, cycle, scheduler_interval="epoch")
+
+
+def test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(36, 5, generator=g), torch.randint(0, 3, (36,), generator=g))
+    state = one_cycle_state(3)
+    with pytest.raises(
+        ValueError,
+        match=r"run: the scheduler OneCycleLR has 3 steps left \(total_steps=3\), but this "
+        r"run reaches 4 epoch ends",
+    ):
+        ct.run(
+            ct.train_step(cross_entropy), state, data, batch_size=12, epochs=4, progress=False, checkpoint_dir=tmp_path
+        )
+    assert state.step == 0  # was: it trained all 4 epochs, then end_epoch raised before the last one was saved
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enough = one_cycle_state(4)
+        ct.run(ct.train_step(cross_entropy), enough, data, batch_size=12, epochs=4, progress=False)
+        assert enough.scheduler.last_epoch == 4
+        stops = one_cycle_state(2)  # max_steps ends it after 2 epochs
+        ct.run(ct.train_step(cross_entropy), stops, data, batch_size=12, epochs=4, max_steps=7, progress=False)
+        assert stops.step == 7 and stops.scheduler.last_epoch == 2
+
+
+def test_reduce_lr_on_plateau_is_refused_for_the_interval_asked():
+    model = bn_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    with pytest.raises(TypeError, match=r"cannot step once per update;"):
+        ct.TrainState(model, opt, plateau)
+    with pytest.raises(TypeError, match=r"which end_epoch\(\) does not have; keep it out"):
+        ct.TrainState(model, opt, plateau, scheduler_interval="epoch")  # was: 'cannot step once per update'

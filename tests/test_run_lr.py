@@ -104,9 +104,15 @@ def test_a_tensor_rate_is_logged_as_it_was_used(tmp_path):
     for group in s.optimizer.param_groups:
         group["lr"] = torch.tensor(group["lr"], dtype=torch.float64)
     result = ct.run(
-        run_script.step, s, run_script.dataset(), batch_size=12, num_workers=0, progress=False, log_every=1,
+        run_script.step,
+        s,
+        run_script.dataset(),
+        batch_size=12,
+        num_workers=0,
+        progress=False,
+        log_every=1,
         max_steps=6,
-    )  # fmt: skip
+    )
     used = [r[0] for r in rates_used(6)]
     assert [r["lr"] for r in result.history] == pytest.approx(used, rel=1e-15)
     assert all(type(r["lr"]) is float for r in result.history)
@@ -138,8 +144,11 @@ def test_settings_given_to_a_resumed_run_that_the_checkpoint_replaces_are_named(
     args = {"batch_size": 12, "num_workers": 0, "progress": False, "checkpoint_dir": tmp_path}
     ct.run(run_script.step, sgd_state(**first), run_script.dataset(), max_steps=4, **args)
     resumed = sgd_state(**then)
-    with pytest.warns(UserWarning, match=r"run: resuming from checkpoint .*step-000000004, whose optimizer and "
-                      rf"scheduler settings replace those given: {re.escape(named)}.*ct\.load_checkpoint"):  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"run: resuming from checkpoint .*step-000000004, whose optimizer and "
+        rf"scheduler settings replace those given: {re.escape(named)}.*ct\.load_checkpoint",
+    ):
         ct.run(run_script.step, resumed, run_script.dataset(), max_steps=8, **args)
     assert resumed.optimizer.param_groups[0].get("initial_lr", resumed.optimizer.param_groups[0]["lr"]) == 0.05
 
@@ -163,3 +172,43 @@ def test_a_resume_with_the_same_settings_says_nothing_though_the_schedule_moved_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ct.run(run_script.step, state(groups=True), run_script.dataset(), max_steps=12, **args)
+
+
+# -- optimizers that hold no usable rate ------------------------------------------------------------------------------
+
+
+class NoRate(torch.optim.Optimizer):
+    """Plain gradient descent by a factor its groups call "scale": no "lr" key anywhere."""
+
+    def __init__(self, params):
+        super().__init__(params, {"scale": 0.01})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["scale"])
+
+
+def test_an_optimizer_without_a_rate_trains_and_logs_none():
+    model = run_script.model()
+    before = [p.detach().clone() for p in model.parameters()]
+    state = ct.TrainState(model, NoRate(model.parameters()))
+    options = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 1}
+    result = ct.run(run_script.step, state, run_script.dataset(), max_steps=2, **options)
+    assert [(r["step"], r["lr"]) for r in result.history] == [(1, None), (2, None)]
+    assert state.step == 2 and not torch.equal(next(model.parameters()), before[0])
+
+
+def test_the_plot_takes_a_null_rate_as_no_point_without_a_warning(tmp_path, recwarn):
+    """ct.run writes "lr": null on purpose (no rate, or a window made by an earlier process): not bad data."""
+    from composetrain.plot import curves
+
+    model = run_script.model()
+    state = ct.TrainState(model, NoRate(model.parameters()))
+    options = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 1}
+    ct.run(run_script.step, state, run_script.dataset(), max_steps=3, checkpoint_dir=tmp_path, **options)
+    drawn = curves(tmp_path)
+    assert drawn["learning rate"] == {} and drawn["training loss"]["train"][0] == [1, 2, 3]
+    assert not [w for w in recwarn if "not numbers" in str(w.message)]
