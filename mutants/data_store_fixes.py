@@ -11,6 +11,7 @@ WRITER = "src/composetrain/data/writer.py"
 MAPPED = "src/composetrain/data/mapped.py"
 H5FILES = "src/composetrain/data/h5files.py"
 READER = "src/composetrain/driver/reader.py"
+HDF5 = "src/composetrain/data/hdf5.py"
 
 T_CACHE = "tests/test_cache.py::"
 T_BOUNDS = "tests/test_cache_bounds.py::"
@@ -18,6 +19,8 @@ T_STORE = "tests/test_cache_store.py::"
 T_DAMAGED = "tests/test_cache_damaged.py::"
 T_WRITERS = "tests/test_cache_writers.py::"
 T_HDF5 = "tests/test_hdf5.py::"
+T_LINKS = "tests/test_hdf5_links.py::"
+T_RUN = "tests/test_cache_run.py::"
 
 MUTANTS = [
     # -- writer.py: items, containers, the loader --------------------------------------------------------------
@@ -89,15 +92,17 @@ MUTANTS = [
     },
     {
         "file": STORE,
-        "find": '[f"f{n}.npy", *([f"f{n}o.npy", f"f{n}s.npy"] if r else [])]',
-        "replace": '[f"f{n}.npy", f"f{n}o.npy", f"f{n}s.npy"]',
+        "find": '    return [name for name, suffix in zip(names, ("", "o", "s"), strict=False) '
+        'if name == f"f{n}{suffix}"]',
+        "replace": '    return [f"f{n}{suffix}" for suffix in ("", "o", "s")]',
         "tests": [T_STORE + "test_rebuild_never_removes_a_users_array_named_like_one_the_store_does_not_have"],
         "why": "finding 4: a fixed field's offsets and shapes names taken as the store's: a user's f0s.npy deleted",
     },
     {
         "file": STORE,
-        "find": "    if info.st_nlink == 1 and (not text or _HOLDER.fullmatch(text)):",
-        "replace": "    if not text or _HOLDER.fullmatch(text):",
+        "find": "    if info.st_nlink == 1 and info.st_size == len(text) <= _LINE "
+        "and (not text or _HOLDER.fullmatch(text)):",
+        "replace": "    if info.st_size == len(text) <= _LINE and (not text or _HOLDER.fullmatch(text)):",
         "tests": [T_WRITERS + "test_a_file_at_the_lock_files_path_is_never_overwritten"],
         "why": "finding 5: a hard link at the lock's path is written into: the user's file at its other name changes",
     },
@@ -139,8 +144,8 @@ MUTANTS = [
     },
     {
         "file": CACHE,
-        "find": "    if here is not None and (path == here or path in here.parents):",
-        "replace": "    if here is not None and path in here.parents:",
+        "find": "    places = [here, *here.parents] if here is not None and found is not None else []",
+        "replace": "    places = [*here.parents] if here is not None and found is not None else []",
         "tests": [T_STORE + "test_caching_into_the_working_folder_leaves_the_process_a_working_folder"],
         "why": "finding 10: ct.cache(data, '.') renames the working folder away and removes it",
     },
@@ -194,5 +199,156 @@ MUTANTS = [
         "replace": "    if False:",
         "tests": ["tests/test_data.py::test_a_stopiteration_in_a_loader_worker_is_an_error_not_the_end_of_the_epoch"],
         "why": "finding 6: a worker's StopIteration ends ct.run's epoch early, silently: 3 of 5 batches trained",
+    },
+    # == the fourth data round (issue 31): W = worst, H = high, L = low, as the round's findings are numbered =======
+    # -- store.py: the lock file's whole content, a writer's temporary folders, a field's own arrays -------------
+    {
+        "file": STORE,
+        "find": "    info, text = os.fstat(fd), os.pread(fd, _LINE + 1, 0)\n"
+        "    if info.st_nlink == 1 and info.st_size == len(text) <= _LINE and (not text or _HOLDER.fullmatch(text)):",
+        "replace": "    info, text = os.fstat(fd), os.pread(fd, 512, 0)\n"
+        '    if info.st_nlink == 1 and (not text or re.fullmatch(rb"process [0-9]+ on [^\\n]{0,255}", text)):',
+        "tests": [T_WRITERS + "test_a_lock_file_longer_than_a_holders_line_is_never_truncated"],
+        "why": "round 4, W4: a 2.5 kB file whose first 512 bytes read as a holder's line is truncated to one",
+    },
+    {
+        "file": STORE,
+        "find": "    temporary = temporary and not os.path.lexists(folder / MANIFEST)",
+        "replace": "    temporary = bool(temporary)",
+        "tests": [T_WRITERS + "test_a_users_folder_named_like_a_writers_temporary_keeps_its_files"],
+        "why": "round 4, W5: a dead writer's folder loses every f<n>.npy, its manifest (another tool's) unread",
+    },
+    {
+        "file": STORE,
+        "find": "    except (OSError, NotAStore):\n        return set()",
+        "replace": "    except (OSError, NotAStore):\n        return {MANIFEST}",
+        "tests": [T_WRITERS + "test_a_users_folder_named_like_a_writers_temporary_keeps_its_files"],
+        "why": "round 4, W5: another tool's manifest.json in a folder named like a dead writer's is deleted",
+    },
+    {
+        "file": STORE,
+        "find": '    return [name for name, suffix in zip(names, ("", "o", "s"), strict=False) '
+        'if name == f"f{n}{suffix}"]',
+        "replace": '    return [f"f{n}{suffix}" for name, suffix in zip(names, ("", "o", "s"), strict=False) '
+        'if name is None or name == f"f{n}{suffix}"]',
+        "tests": [T_DAMAGED + "test_a_field_the_manifest_does_not_call_ragged_owns_no_offsets_or_shapes"],
+        "why": "round 4, W6: a field that names no offsets or shapes owns f<n>o.npy, f<n>s.npy by its place",
+    },
+    {
+        "file": STORE,
+        "find": '        elif _gone(int(named["pid"])):',
+        "replace": "        else:",
+        "tests": [T_WRITERS + "test_a_writers_temporary_folder_is_removed_only_once_its_writer_is_gone"],
+        "why": "round 4, H4: a live writer's temporary folder (flock not honoured) is emptied by a second writer",
+    },
+    {
+        "file": STORE,
+        "find": '        if named["host"] != host:',
+        "replace": "        if False:",
+        "tests": [T_WRITERS + "test_a_writers_temporary_folder_is_removed_only_once_its_writer_is_gone"],
+        "why": "round 4, H4: another host's writer judged by a pid of this host: removed when that pid is free here",
+    },
+    # -- store_files.py: an array removed or cut short under its writer, a ragged field's check in blocks --------
+    {
+        "file": FILES,
+        "find": "            return os.open(self.path, flags)",
+        "replace": "            return os.open(self.path, flags | os.O_CREAT, 0o644)",
+        "tests": [T_WRITERS + "test_a_writers_array_changed_by_another_process_is_never_published"],
+        "why": "round 4, H4: an array removed under its writer is made again mid-way, its header over later rows",
+    },
+    {
+        "file": FILES,
+        "find": "    step = max(1, _BLOCK // (8 * (shapes.shape[1] + 1))) if ok else 1",
+        "replace": "    step = max(1, length) if ok else 1",
+        "tests": [T_STORE + "test_opening_a_ragged_store_takes_memory_independent_of_its_length"],
+        "why": "round 4, H1: every open loads a ragged field's offsets and shapes whole: 8 GB per rank for 10**8",
+    },
+    {
+        "file": FILES,
+        "find": "    for start in range(0, length if ok else 0, step):",
+        "replace": "    for start in range(0, min(length, step) if ok else 0, step):",
+        "tests": [T_DAMAGED + "test_a_ragged_store_whose_shapes_are_wrong_past_the_first_block_is_refused"],
+        "why": "round 4, H1: only a ragged field's first block checked: wrong shapes further on served",
+    },
+    # -- cache.py: the written open under the lock, a call inside another, rebuild after waiting, publishing ---
+    {
+        "file": CACHE,
+        "find": "        return _open(dataset, path, origin, augment, seed, verify, written=True)  # locked: no other "
+        "store swapped in",
+        "replace": "    return _open(dataset, path, origin, augment, seed, verify, written=True)",
+        "tests": [T_STORE + "test_a_store_just_written_is_not_swapped_for_another_writers_before_it_is_opened"],
+        "why": "round 4, W2: the lock released before the written open: another job's store served as this one's",
+    },
+    {
+        "file": CACHE,
+        "find": "                if path in held:  # an flock is per open file",
+        "replace": "                if False:  # an flock is per open file",
+        "tests": [T_WRITERS + "test_a_cache_call_inside_another_of_the_same_store_is_refused_not_waited_for"],
+        "why": "round 4, W2: a ct.cache of a store inside another call of it waits for itself until its timeout",
+    },
+    {
+        "file": CACHE,
+        "find": "        fresh = started <= _created(path) <= time.time()",
+        "replace": "        fresh = _created(path) <= time.time()",
+        "tests": [T_STORE + "test_rebuild_after_waiting_for_an_older_write_writes_this_datasets_items"],
+        "why": "round 4, W3: rebuild=True after waiting maps a store begun before it: the buggy item 3 served",
+    },
+    {
+        "file": CACHE,
+        "find": "        _check_written(tmp, path)\n",
+        "replace": "",
+        "tests": [T_WRITERS + "test_a_writers_array_changed_by_another_process_is_never_published"],
+        "why": "round 4, H4: an array cut short by a second writer is published: the store refused at every open",
+    },
+    {
+        "file": CACHE,
+        "find": "    holding = [p for p in places if _folder(p) == found]",
+        "replace": "    holding = [p for p in places if p == path]",
+        "tests": [T_STORE + "test_the_working_folder_seen_through_a_bind_mount_is_refused"],
+        "why": "round 4, L1: the working folder seen through a bind mount is renamed away and removed",
+    },
+    # -- hdf5.py, h5files.py: the files rows come from, types NumPy lacks, filters without a plugin -------------
+    {
+        "file": HDF5,
+        "find": "        self._by_h5py = {name: (file_of(d), d.name, tuple(d.shape), d.dtype, sources[name])",
+        "replace": "        self._by_h5py = {name: (path, name, tuple(d.shape), d.dtype, sources[name])",
+        "tests": [T_LINKS + "test_rows_behind_an_external_link_come_from_the_file_ct_hdf5_found"],
+        "why": "round 4, W1: a relative external link followed again at each read: rows of another file after a cd",
+    },
+    {
+        "file": H5FILES,
+        "find": "        if self.sources:  # a virtual dataset: HDF5 finds its sources again at this read",
+        "replace": "        if False:  # a virtual dataset: HDF5 finds its sources again at this read",
+        "tests": [T_LINKS + "test_rows_of_a_virtual_dataset_come_from_the_sources_ct_hdf5_checked"],
+        "why": "round 4, W1: a virtual dataset's relative source found elsewhere at a read: another file's rows",
+    },
+    {
+        "file": HDF5,
+        "find": "    except TypeError:  # an HDF5 type NumPy has no dtype for",
+        "replace": "    except ZeroDivisionError:  # an HDF5 type NumPy has no dtype for",
+        "tests": [T_HDF5 + "test_an_hdf5_integer_type_numpy_has_no_dtype_for_is_named"],
+        "why": "round 4, H2: 3-byte integers are h5py's bare TypeError \"data type '<i3' not understood\"",
+    },
+    {
+        "file": HDF5,
+        "find": "            check_filters(name, dset, path)",
+        "replace": "            pass",
+        "tests": [T_HDF5 + "test_an_hdf5_dataset_whose_filter_is_not_installed_is_named"],
+        "why": "round 4, H3: a zstd dataset without hdf5plugin fails at its first read with HDF5's words only",
+    },
+    # -- writer.py, mapped.py: two messages -----------------------------------------------------------------------
+    {
+        "file": WRITER,
+        "find": "    what = f\"NumPy {'scalar' if scalar else 'array'}\" if kind == \"numpy\" else kind",
+        "replace": "    what = kind",
+        "tests": [T_CACHE + "test_a_numpy_scalar_then_a_zero_dim_array_is_said_as_such"],
+        "why": "round 4, L2: a NumPy scalar then a 0-dim array said as 'a numpy of <f4, and in item 0 a numpy of <f4'",
+    },
+    {
+        "file": MAPPED,
+        "find": "            if not isinstance(indices, Iterable):",
+        "replace": "            if False:",
+        "tests": [T_BOUNDS + "test_read_batch_given_a_slice_names_itself"],
+        "why": "round 4, L3: read_batch(slice(0, 3)) is Python's bare \"'slice' object is not iterable\"",
     },
 ]

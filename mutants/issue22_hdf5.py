@@ -50,13 +50,13 @@ MUTANTS = [
     {
         "file": H,
         "find": "        if self._pid != os.getpid():",
-        "replace": "        if self._file is None:",
+        "replace": "        if not self._files:",
         "tests": [T + "test_a_forked_process_opens_the_file_again"],
         "why": "a forked loader worker reads through the parent's h5py handle (HDF5 state shared across fork)",
     },
     {
         "file": H,
-        "find": 'return {**super().__getstate__(), "_file": None, "_pid": -1}',
+        "find": 'return {**super().__getstate__(), "_files": {}, "_pid": -1}',
         "replace": "return {**super().__getstate__()}",
         "tests": [T + "test_it_pickles_by_path_and_reads_in_another_process"],
         "why": "the open h5py file pickled with the dataset (h5py objects do not pickle: no loader workers)",

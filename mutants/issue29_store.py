@@ -80,8 +80,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/store.py",
-        "find": "n.startswith(prefix) and _TEMPORARY.fullmatch(n[len(prefix) :])]",
-        "replace": "n.startswith(prefix)]",
+        "find": "        named = _TEMPORARY.fullmatch(n[len(prefix) :]) if n.startswith(prefix) else None",
+        "replace": "        named = _TEMPORARY.search(n) if n.startswith(prefix) else None",
         "tests": [f"{S}::test_stale_temporaries_are_matched_by_name_not_by_glob"],
         "why": "the writer of store s[1].tmp-old has its folder deleted by the writer of s[1]",
     },
