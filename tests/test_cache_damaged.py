@@ -196,8 +196,13 @@ def test_a_ragged_store_whose_shapes_are_wrong_past_the_first_block_is_refused(t
     np.save(path / "f0o.npy", np.concatenate([[0], np.cumsum(sizes)]).astype("<i8"))
     np.save(path / "f0s.npy", shapes.astype("<i8"))
     kept = sampled(n)
-    origin = {"type": f"{__name__}._Ragged", "length": n, "key": None, "created": 1.0,
-              "fingerprint": {"items": kept, "blake2b": fingerprint(_Ragged(n)[i] for i in kept)}}  # fmt: skip
+    origin = {
+        "type": f"{__name__}._Ragged",
+        "length": n,
+        "key": None,
+        "created": 1.0,
+        "fingerprint": {"items": kept, "blake2b": fingerprint(_Ragged(n)[i] for i in kept)},
+    }
     write_manifest(path, Field("tensor", "int8", None, "f0", "f0o", "f0s"), n, origin)
     with pytest.raises(StoreError, match=r"offsets and shapes of ragged array 'f0' do not match"):
         ct.cache(_Ragged(n), path, progress=False)

@@ -14,9 +14,20 @@ import numpy as np
 from composetrain.core.util import HDF5
 
 __all__ = [
-    "INSTALL", "Rows", "Swapped", "broken_link", "check_filters", "check_unchanged", "file_of", "flat_offset",
-    "h5py_module", "native", "open_file", "stamp", "virtual_sources",
-]  # fmt: skip
+    "INSTALL",
+    "Rows",
+    "Swapped",
+    "broken_link",
+    "check_filters",
+    "check_unchanged",
+    "file_of",
+    "flat_offset",
+    "h5py_module",
+    "native",
+    "open_file",
+    "stamp",
+    "virtual_sources",
+]
 
 INSTALL = "pip install composetrain[hdf5]"
 
@@ -233,8 +244,15 @@ class Rows:
         sources: a virtual dataset's source files, as named and where they were found (``virtual_sources``).
     """
 
-    def __init__(self, opened: Callable[[str], Any], file: str, key: str, shape: tuple[int, ...], dtype: np.dtype,
-                 sources: list[tuple[str, str]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        opened: Callable[[str], Any],
+        file: str,
+        key: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        sources: list[tuple[str, str]],
+    ) -> None:
         self.opened = weakref.WeakMethod(opened)  # a bound method: see Args
         self.file, self.key, self.shape, self.dtype, self.sources = file, key, shape, native(dtype), sources
 

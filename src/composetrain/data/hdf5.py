@@ -30,7 +30,7 @@ from composetrain.data.h5files import (
     open_file,
     stamp,
     virtual_sources,
-)  # fmt: skip
+)
 from composetrain.data.layout import Field
 from composetrain.data.mapped import Augment, MappedDataset, Region
 
@@ -56,8 +56,11 @@ class HDF5Dataset(MappedDataset):
         }
         # read from the file found now, at the dataset's name there: a relative external link is followed once
         sources = {name: virtual_sources(d, file_of(d)) for name, d in columns.items()}
-        self._by_h5py = {name: (file_of(d), d.name, tuple(d.shape), d.dtype, sources[name])
-                         for name, d in columns.items() if offsets[name] is None}  # fmt: skip
+        self._by_h5py = {
+            name: (file_of(d), d.name, tuple(d.shape), d.dtype, sources[name])
+            for name, d in columns.items()
+            if offsets[name] is None
+        }
         fields = {name: Field("tensor", _torch_name(d.dtype), tuple(d.shape[1:]), name) for name, d in columns.items()}
         if isinstance(keys, str):
             item: Any = fields[keys]

@@ -127,8 +127,10 @@ def manifest_text(item: Any, length: int, origin: dict[str, Any]) -> str:
     """The manifest's JSON; a ValueError where it is larger than ``read_manifest`` reads (never published)."""
     text = json.dumps({"format": FORMAT, "length": length, "item": to_json(item), "origin": origin}, indent=1)
     if len(text.encode()) > _LIMIT:
-        raise ValueError(f"{CACHE}: the store's manifest would take {len(text.encode())} bytes, more than its reader "
-                         f"reads ({_LIMIT}): give items fewer leaves, or a shorter key")  # fmt: skip
+        raise ValueError(
+            f"{CACHE}: the store's manifest would take {len(text.encode())} bytes, more than its reader "
+            f"reads ({_LIMIT}): give items fewer leaves, or a shorter key"
+        )
     return text
 
 
@@ -261,17 +263,21 @@ def _check_ragged(folder: Path, f: Field, found: dict[str, Region], length: int)
     assert f.offsets is not None and f.shapes is not None
     data, offsets, shapes = found[f.data], _mapped(found[f.offsets]), _mapped(found[f.shapes])
     ok = (
-        len(data.shape) == 1 and shapes.ndim == 2 and shapes.shape[0] == length and offsets[0] == 0
+        len(data.shape) == 1
+        and shapes.ndim == 2
+        and shapes.shape[0] == length
+        and offsets[0] == 0
         and offsets[-1] == data.shape[0]
-    )  # fmt: skip
+    )
     step = max(1, _BLOCK // (8 * (shapes.shape[1] + 1))) if ok else 1
     for start in range(0, length if ok else 0, step):
         sizes, block = np.diff(offsets[start : start + step + 1]), np.asarray(shapes[start : start + step])
         ok = (
-            bool(np.all(sizes >= 0)) and bool(np.all(block >= 0))
+            bool(np.all(sizes >= 0))
+            and bool(np.all(block >= 0))
             and bool(np.all(np.prod(block.astype(np.float64), axis=1) < 2**62))  # no product wraps around
             and bool(np.all(np.prod(block, axis=1) == sizes))
-        )  # fmt: skip
+        )
         if not ok:
             break
     if not ok:
