@@ -231,6 +231,26 @@ def reads_back(cached: Any, items: list[Any]) -> bool:
     return all(same_item(cached[i], x) and same_item(together[i], x) for i, x in enumerate(items))
 
 
+def writers_folder(
+    store: Any, pid: int, *, old: bool = False, host: str | None = None, tag: str = "0123456789ab"
+) -> Any:
+    """The temporary folder a writer of ``store`` (process ``pid`` of ``host``: a digest of its name, by default this
+    host's) makes beside it, as ``composetrain.data.store.temporary`` names it."""
+    from composetrain.data.store import _host
+
+    return store.parent / f".{store.name}.tmp-{'old-' if old else ''}{tag}-{pid}-{host or _host()}"
+
+
+def gone_pid() -> int:
+    """The pid of a process of this host that has ended (a writer that died)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
 class StopsAt(Dataset[Any]):
     """20 items ``(x, y)`` whose item 13 raises StopIteration (as ``next()`` on an exhausted iterator inside
     ``__getitem__`` would)."""

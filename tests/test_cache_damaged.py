@@ -4,17 +4,23 @@ ct.cache's own store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from helpers import Listed, labelled, reads_back
+from torch.utils.data import Dataset
 
 import composetrain as ct
-from composetrain.data.store_files import MANIFEST, StoreError
+from composetrain.data.layout import Field
+from composetrain.data.store_files import MANIFEST, StoreError, write_manifest
+from composetrain.data.writer import fingerprint, sampled
 
 
 def test_a_manifest_of_another_tool_with_a_huge_integer_is_named_and_never_replaced(tmp_path: Path) -> None:
@@ -96,7 +102,7 @@ def _socket(path: Path) -> None:
         (_field(0, "dtype", ">f8"), True),  # a big-endian dtype NumPy accepts: not the file's
         (_field(0, "dtype", "__class__"), True),
         (_field(0, "dtype", "bits8"), True),
-        (_field(1, "data", "f0"), True),  # two fields naming one array
+        (_field(1, "data", "f0"), False),  # two fields naming one array: f1.npy named by none, not known as its own
         (_field(1, "kind", "float"), True),
         (_edit_manifest(lambda m: m.update(length=2**70)), True),
         (_edit_manifest(lambda m: m.update(format=2**80)), True),
@@ -130,3 +136,73 @@ def test_a_damaged_or_crafted_store_is_refused_and_rebuilt_only_where_it_is_ct_c
     else:
         with pytest.raises(ValueError, match="cache: "):
             ct.cache(Listed(items), path, rebuild=True, progress=False)
+
+
+# -- a damaged manifest names fewer arrays than the folder holds: the others are not the store's -----------------
+
+
+def test_a_field_the_manifest_does_not_call_ragged_owns_no_offsets_or_shapes(tmp_path: Path) -> None:
+    """The bug (a user's files deleted): ``store._own`` names a field's arrays by its position and by ``"shape":
+    null`` alone, not by the names the field gives: a manifest whose field 1 says ``shape: null`` but names no
+    ``offsets`` or ``shapes`` (``null``) owns ``f1o.npy`` and ``f1s.npy``, and ``rebuild=True`` deletes a user's
+    files of those names. README: a store's own files are "the arrays its manifest's fields name". (Needs a
+    hand-damaged manifest.) The fix: own exactly the names a field gives (``data``, ``offsets``, ``shapes``) that
+    are the writer's names for its position."""
+    path = tmp_path / "store"
+    ct.cache(labelled(6), path, progress=False)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["item"]["tuple"][1]["field"]["shape"] = None
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    for name in ("f1o.npy", "f1s.npy"):
+        (path / name).write_bytes(b"the user's " + name.encode())
+    with contextlib.suppress(ValueError):
+        ct.cache(labelled(6), path, rebuild=True, progress=False)
+    leftover = [p for p in tmp_path.rglob("f1[os].npy")]
+    assert sorted(p.read_bytes() for p in leftover) == [b"the user's f1o.npy", b"the user's f1s.npy"]
+
+
+def test_a_manifest_listing_fewer_fields_than_arrays_disowns_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    ct.cache(labelled(6), path, progress=False)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["item"] = manifest["item"]["tuple"][0]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"f1\.npy"):
+        ct.cache(labelled(6), path, rebuild=True, progress=False)
+    assert (path / "f1.npy").exists()
+
+
+class _Ragged(Dataset[Any]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.zeros(1 + i % 2, dtype=torch.int8)
+
+
+def test_a_ragged_store_whose_shapes_are_wrong_past_the_first_block_is_refused(tmp_path: Path) -> None:
+    """A ragged field's offsets and shapes are checked a block of rows at a time (opening takes bounded memory):
+    every block, the last one too, where two shapes are swapped against their offsets. (The store is the one
+    ``write_store`` makes, written here from its parts.)"""
+    n, path = 100_000, tmp_path / "store"
+    path.mkdir()
+    sizes = 1 + np.arange(n, dtype=np.int64) % 2
+    shapes = sizes.reshape(n, 1).copy()
+    shapes[[n - 3, n - 2]] = shapes[[n - 2, n - 3]]  # the same bytes in all, split otherwise
+    np.save(path / "f0.npy", np.zeros(int(sizes.sum()), np.int8))
+    np.save(path / "f0o.npy", np.concatenate([[0], np.cumsum(sizes)]).astype("<i8"))
+    np.save(path / "f0s.npy", shapes.astype("<i8"))
+    kept = sampled(n)
+    origin = {
+        "type": f"{__name__}._Ragged",
+        "length": n,
+        "key": None,
+        "created": 1.0,
+        "fingerprint": {"items": kept, "blake2b": fingerprint(_Ragged(n)[i] for i in kept)},
+    }
+    write_manifest(path, Field("tensor", "int8", None, "f0", "f0o", "f0s"), n, origin)
+    with pytest.raises(StoreError, match=r"offsets and shapes of ragged array 'f0' do not match"):
+        ct.cache(_Ragged(n), path, progress=False)

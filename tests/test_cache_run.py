@@ -169,3 +169,48 @@ def test_a_ragged_store_padded_by_a_collate_fn_gives_the_datasets_batches(tmp_pa
             batches_seen(cached, collate_fn=pad, num_workers=workers),
             batches_seen(Listed(items), collate_fn=pad, num_workers=workers),
         )
+
+
+# -- wrapped stores under workers, auto's switch to workers mid-epoch resumed ------------------------------------
+
+
+WRAPPERS = {
+    "a Subset with repeats and a negative index": lambda d, e: Subset(d, [5, 0, 22, 3, 3, -1, 7, 11, 19, 2]),
+    "a ConcatDataset of three": lambda d, e: ConcatDataset([d, e, d]),
+    "a random_split": lambda d, e: random_split(d, [0.6, 0.4], generator=torch.Generator().manual_seed(1))[1],
+    "a Subset of a ConcatDataset": lambda d, e: Subset(ConcatDataset([e, d]), list(range(29, -1, -2))),
+}
+
+
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_runs_over_wrapped_stores_see_the_wrapped_datasets_batches(tmp_path: Path, wrapper: str, workers: int) -> None:
+    first, second = labelled(23), labelled(7, seed=1)
+    stores = [ct.cache(Listed(x), tmp_path / n, progress=False) for x, n in ((first, "a"), (second, "b"))]
+    options = {"epochs": 2, "batch_size": 4, "shuffle": True, "drop_last": workers == 2, "seed": 5}
+    want = batches_seen(WRAPPERS[wrapper](Listed(first), Listed(second)), num_workers=0, **options)
+    got = batches_seen(WRAPPERS[wrapper](*stores), num_workers=workers, **options)
+    assert len(got) == len(want) and all(same_item(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_auto_switching_to_workers_mid_epoch_over_an_augmented_store_resumes_bit_exactly(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """num_workers="auto" made to choose 2 workers after 3 batches (the switch happens inside the first epoch), a
+    run stopped at update 5 and resumed: the batches seen equal the uninterrupted run's."""
+    import composetrain.driver.reader as reader
+
+    monkeypatch.setattr(reader, "choose_workers", lambda fetch, step, spare: (2, "chosen by the test"))
+    monkeypatch.setattr(reader, "MEASURED", 2)
+
+    def noise(batch: Any, generator: torch.Generator) -> Any:
+        x, y = batch
+        return [x + torch.randn(x.shape, generator=generator, dtype=x.dtype), y]
+
+    store = ct.cache(Listed(labelled(22)), tmp_path / "store", progress=False, augment=noise)
+    options = {"batch_size": 4, "shuffle": True, "seed": 3, "checkpoint_every": 1, "num_workers": "auto"}
+    straight = batches_seen(store, epochs=2, checkpoint_dir=tmp_path / "a", **options)
+    stopped = batches_seen(store, epochs=2, checkpoint_dir=tmp_path / "b", max_steps=5, **options)
+    rest = batches_seen(store, epochs=2, checkpoint_dir=tmp_path / "b", **options)
+    assert len(stopped + rest) == len(straight)
+    assert all(same_item(a, b) for a, b in zip(stopped + rest, straight, strict=True))

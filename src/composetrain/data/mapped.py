@@ -9,7 +9,7 @@ import operator
 import os
 import resource
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from composetrain.core.util import show
 from composetrain.data.layout import Field, torch_dtype, unflatten
 
 __all__ = ["Augment", "MappedDataset", "Region", "check_rows", "same", "split_batch"]
@@ -129,6 +130,11 @@ class MappedDataset(Dataset[Any]):
         try:
             idx = torch.as_tensor(indices)
         except (TypeError, ValueError, RuntimeError):  # an int past int64 (Python's, NumPy's uint64): index by index
+            if not isinstance(indices, Iterable):  # a slice: never read as the rows it spans in another sequence
+                raise TypeError(
+                    f"{type(self).__name__}.read_batch: indices must be a sequence of ints, got {show(indices)}; "
+                    "e.g. read_batch([0, 5, 2]), or read_batch(range(0, 3)) for the rows of slice(0, 3)"
+                ) from None
             idx = torch.tensor([self._index(i) for i in indices], dtype=torch.int64)
         if not idx.numel():  # [] is a float tensor
             return torch.empty(0, dtype=torch.int64)

@@ -251,9 +251,9 @@ def write_store(
             got = leaf_kind(value, where)
             if (got[0], got[1], got[3]) != (kind, dtype, scalar):
                 raise ValueError(
-                    f"{where} is a {got[0]} of {got[1]}, and in item 0 a {kind} of {dtype}: every "
-                    "item's leaves must keep their type and dtype; convert it to item 0's in "
-                    "__getitem__"
+                    f"{where} is {_said(got[0], got[1], got[3])}, and in item 0 {_said(kind, dtype, scalar)}: every "
+                    "item's leaves must keep their type and dtype (a NumPy scalar stays a scalar, an array an "
+                    "array); convert it to item 0's in __getitem__"
                 )
             try:
                 column.add(value, got[2])
@@ -274,6 +274,12 @@ def write_store(
     item = _skeleton(item0, fields) if n else ()
     origin = {**origin, "fingerprint": {"items": list(kept), "blake2b": fingerprint(kept.values())}}
     write_manifest(folder, item, n, origin)
+
+
+def _said(kind: str, dtype: str, scalar: bool) -> str:
+    """A leaf's kind in words: ``a tensor of float32``, ``a NumPy scalar of <f4``, ``a NumPy array of <f4``."""
+    what = f"NumPy {'scalar' if scalar else 'array'}" if kind == "numpy" else kind
+    return f"a {what} of {dtype}"
 
 
 def _bar(n: int, title: str | None) -> Any:
