@@ -259,7 +259,6 @@ MUTANTS = [
         "replace": "    if False:",
         "tests": [
             "tests/test_cache_store.py",
-            "tests/test_cache_store.py",
         ],
         "why": "the store's own items are never compared at open: altered files served as the dataset's items",
         "from": "issue29_x_data",
@@ -269,7 +268,6 @@ MUTANTS = [
         "find": "    stored = _plain(data).__getitems__(sampled)  # mapped by a copy",
         "replace": "    stored = [items[i] for i in sampled]  # mapped by a copy",
         "tests": [
-            "tests/test_cache_store.py",
             "tests/test_cache_store.py",
         ],
         "why": "the dataset's items compared with themselves, not with the store's",
@@ -421,8 +419,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/cache.py",
-        "find": "for k, v in origin.items() if made.get(k) != v]",
-        "replace": 'for k, v in origin.items() if k != "key" and made.get(k) != v]',
+        "find": "for k, v in origin.items() if made.get(k) != v\n",
+        "replace": 'for k, v in origin.items() if k != "key" and made.get(k) != v\n',
         "tests": [
             "tests/test_cache.py::test_a_store_made_from_another_dataset_is_refused_and_rebuilt_on_request",
         ],
@@ -434,7 +432,7 @@ MUTANTS = [
         "find": "    if isinstance(dataset, IterableDataset):",
         "replace": "    if False:",
         "tests": [
-            "tests/test_cache_odd.py::test_an_iterable_dataset_is_refused_even_with_a_len",
+            "tests/test_cache.py::test_an_iterable_dataset_is_refused_even_with_a_len",
         ],
         "why": "an IterableDataset with a __len__ fails in torch's inherited __getitem__ (NotImplementedError)",
         "from": "issue22_cache",
@@ -444,7 +442,7 @@ MUTANTS = [
         "find": "    path = Path(os.path.realpath(path))",
         "replace": "    path = Path(os.path.abspath(path))",
         "tests": [
-            "tests/test_cache_odd.py::test_a_link_to_a_store_is_followed_and_a_rebuild_writes_where_it_points",
+            "tests/test_cache.py::test_a_link_to_a_store_is_followed_and_a_rebuild_writes_where_it_points",
         ],
         "why": (
             "a rebuild through a link replaces the link by a folder (on the wrong disk) and leaves the link beside"
@@ -456,7 +454,7 @@ MUTANTS = [
         "find": '    if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):',
         "replace": "    if False:",
         "tests": [
-            "tests/test_cache_odd.py::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle",
+            "tests/test_cache.py::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle",
         ],
         "why": "verify=True misses a dataset changed only between its first and last items",
         "from": "issue22_cache",
@@ -466,7 +464,7 @@ MUTANTS = [
         "find": ("            with contextlib.suppress(OSError):\n                os.ftruncate(fd, 0)"),
         "replace": ("            with contextlib.nullcontext():\n                os.ftruncate(fd, 0)"),
         "tests": [
-            "tests/test_cache_odd.py::test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_cache_message",
+            "tests/test_cache.py::test_a_disk_too_full_for_the_lock_files_note_fails_as_a_full_disk_with_the_cache_message",
         ],
         "why": "a disk full at the lock's first byte fails with a bare errno, without the cache's message",
         "from": "issue22_cache",
@@ -476,7 +474,7 @@ MUTANTS = [
         "find": "fresh = waited or started <= _created(path) <= time.time()",
         "replace": "fresh = waited or started <= _created(path)",
         "tests": [
-            "tests/test_cache_odd.py::test_rebuild_is_not_skipped_for_a_store_dated_in_the_future",
+            "tests/test_cache.py::test_rebuild_is_not_skipped_for_a_store_dated_in_the_future",
         ],
         "why": "rebuild=True keeps (and maps) a store whose clock was ahead: stale items, silently",
         "from": "issue22_cache",
@@ -486,7 +484,7 @@ MUTANTS = [
         "find": '    timeout = check_real(timeout, CACHE, "timeout",',
         "replace": '    timeout = float(timeout) if timeout is True else check_real(timeout, CACHE, "timeout",',
         "tests": [
-            "tests/test_cache_odd.py::test_a_bool_timeout_is_refused_rather_than_taken_for_one_second",
+            "tests/test_cache.py::test_a_bool_timeout_is_refused_rather_than_taken_for_one_second",
         ],
         "why": "timeout=True is taken for one second",
         "from": "issue22_cache",
@@ -496,7 +494,7 @@ MUTANTS = [
         "find": "    if isinstance(dataset, MappedDataset) and dataset.augment is not None:",
         "replace": "    if False:",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_caching_an_augmented_dataset_is_refused_not_one_draw_frozen",
+            "tests/test_hdf5.py::test_caching_an_augmented_dataset_is_refused_not_one_draw_frozen",
         ],
         "why": "ct.cache of an augmented ct.hdf5 dataset stores one draw of the augmentation for every epoch",
         "from": "issue22_hdf5",

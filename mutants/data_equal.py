@@ -10,7 +10,7 @@ MUTANTS = [
         "find": "    if _kind(a) is not _kind(b):",
         "replace": "    if type(a) is not type(b):",
         "tests": [
-            "tests/test_cache_odd.py::test_numpy_memmap_rows_are_stored_and_verify_accepts_them_other_subclasses_are_refused",
+            "tests/test_cache.py::test_numpy_memmap_rows_are_stored_and_verify_accepts_them_other_subclasses_are_refused",
         ],
         "why": "verify=True refuses a correct store of a dataset returning rows of a np.memmap",
         "from": "issue22_cache",
@@ -20,7 +20,7 @@ MUTANTS = [
         "find": "        if not a.numel():",
         "replace": "        if False:",
         "tests": [
-            "tests/test_cache_odd.py::test_empty_complex_tensors_come_back_viewable_and_verify_compares_them",
+            "tests/test_cache.py::test_empty_complex_tensors_come_back_viewable_and_verify_compares_them",
         ],
         "why": "verify=True crashes comparing an empty complex tensor",
         "from": "issue22_cache",
@@ -30,7 +30,7 @@ MUTANTS = [
         "find": ("    if isinstance(x, np.generic):\n        return np.generic\n"),
         "replace": "",
         "tests": [
-            "tests/test_cache_odd.py::test_numpy_scalars_of_an_alias_type_pass_verify",
+            "tests/test_cache.py::test_numpy_scalars_of_an_alias_type_pass_verify",
         ],
         "why": "verify=True refuses a correct store of np.longlong scalars (read back as np.int64, the same dtype)",
         "from": "issue22_cache",

@@ -82,7 +82,7 @@ MUTANTS = [
         "find": "    except OSError as error:  # cut short, damaged",
         "replace": "    except KeyError as error:  # cut short, damaged",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_a_file_cut_short_before_ct_hdf5_is_named",
+            "tests/test_hdf5.py::test_a_file_cut_short_before_ct_hdf5_is_named",
         ],
         "why": "a file cut short reported by h5py alone, without ct.hdf5 or the file's name",
         "from": "issue22_hdf5",
@@ -92,7 +92,7 @@ MUTANTS = [
         "find": "        if now == then:",
         "replace": "        if now is None or then is None or now[2] == then[2]:",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_a_file_changed_after_ct_hdf5_is_refused_not_misread",
+            "tests/test_hdf5.py::test_a_file_changed_after_ct_hdf5_is_refused_not_misread",
         ],
         "why": "only the size compared: a file rewritten with other values of the same size passes",
         "from": "issue22_hdf5",
@@ -102,7 +102,7 @@ MUTANTS = [
         "find": "        self.opened = weakref.WeakMethod(opened)",
         "replace": "        self.opened = lambda: opened",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_a_dropped_dataset_closes_its_file_at_once",
+            "tests/test_hdf5.py::test_a_dropped_dataset_closes_its_file_at_once",
         ],
         "why": "the h5py reader holds its dataset strongly: a cycle keeps the file open until a garbage collection",
         "from": "issue22_hdf5",
@@ -112,7 +112,7 @@ MUTANTS = [
         "find": "    except BlockingIOError as error:",
         "replace": "    except KeyError as error:",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_a_file_another_process_writes_is_named_with_the_fix",
+            "tests/test_hdf5.py::test_a_file_another_process_writes_is_named_with_the_fix",
         ],
         "why": "h5py's 'unable to lock file, errno = 11' passed on without the file's name or the fix",
         "from": "issue22_hdf5",

@@ -30,7 +30,7 @@ MUTANTS = [
         "find": 'NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")',
         "replace": 'NAME = re.compile(r"^[A-Za-z0-9_./]{1,64}$")',
         "tests": [
-            "tests/test_cache_hostile.py",
+            "tests/test_cache_store.py",
         ],
         "why": "a manifest may name an array outside the store's folder",
         "from": "issue22_cache",
@@ -40,7 +40,7 @@ MUTANTS = [
         "find": "        if value.is_quantized:",
         "replace": "        if False:",
         "tests": [
-            "tests/test_cache_odd.py::test_quantized_tensors_are_refused_rather_than_read_back_without_their_scale",
+            "tests/test_cache.py::test_quantized_tensors_are_refused_rather_than_read_back_without_their_scale",
         ],
         "why": "a quantized tensor is stored without its scale and read back as an unusable tensor",
         "from": "issue22_cache",
@@ -50,7 +50,7 @@ MUTANTS = [
         "find": "type(value) not in (np.ndarray, np.memmap):",
         "replace": "type(value) not in (np.ndarray, np.memmap, np.ma.MaskedArray, np.matrix):",
         "tests": [
-            "tests/test_cache_odd.py::test_numpy_memmap_rows_are_stored_and_verify_accepts_them_other_subclasses_are_refused",
+            "tests/test_cache.py::test_numpy_memmap_rows_are_stored_and_verify_accepts_them_other_subclasses_are_refused",
         ],
         "why": "a masked array's mask is silently dropped",
         "from": "issue22_cache",

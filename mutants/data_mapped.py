@@ -86,7 +86,7 @@ MUTANTS = [
         "find": "        if idx.ndim > 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():",
         "replace": "        if idx.ndim > 1 or idx.is_complex():",
         "tests": [
-            "tests/test_cache_odd.py::test_indices_that_are_not_ints_are_refused_and_integer_tensors_index_as_in_the_dataset",
+            "tests/test_cache.py::test_indices_that_are_not_ints_are_refused_and_integer_tensors_index_as_in_the_dataset",
         ],
         "why": "read_batch([1.7]) silently reads item 1, read_batch([True, False]) items 1 and 0",
         "from": "issue22_cache",
@@ -96,7 +96,7 @@ MUTANTS = [
         "find": "            i = operator.index(i)",
         "replace": "            i = i if isinstance(i, int | np.integer) else int(i.foo)",
         "tests": [
-            "tests/test_cache_odd.py::test_indices_that_are_not_ints_are_refused_and_integer_tensors_index_as_in_the_dataset",
+            "tests/test_cache.py::test_indices_that_are_not_ints_are_refused_and_integer_tensors_index_as_in_the_dataset",
         ],
         "why": "a 0-dim integer tensor indexes the original dataset but not the cache",
         "from": "issue22_cache",
@@ -106,7 +106,7 @@ MUTANTS = [
         "find": "        if batch.ndim and len(batch) != n:",
         "replace": "        if False:",
         "tests": [
-            "tests/test_cache_odd.py::test_an_augment_that_changes_the_batch_size_is_named",
+            "tests/test_cache.py::test_an_augment_that_changes_the_batch_size_is_named",
         ],
         "why": "an augment returning fewer rows fails with IndexError: list index out of range",
         "from": "issue22_cache",
@@ -116,7 +116,7 @@ MUTANTS = [
         "find": "        if not t.numel():  # NumPy may give",
         "replace": "        if False:  # NumPy may give",
         "tests": [
-            "tests/test_cache_odd.py::test_empty_complex_tensors_come_back_viewable_and_verify_compares_them",
+            "tests/test_cache.py::test_empty_complex_tensors_come_back_viewable_and_verify_compares_them",
         ],
         "why": "an empty tensor comes back with zero strides: .view(dtype) on it fails",
         "from": "issue22_cache",
@@ -126,7 +126,7 @@ MUTANTS = [
         "find": "        if e.errno != errno.ENOMEM:",
         "replace": "        if True:",
         "tests": [
-            "tests/test_cache_odd.py::test_a_map_refused_for_lack_of_address_space_says_so",
+            "tests/test_cache.py::test_a_map_refused_for_lack_of_address_space_says_so",
         ],
         "why": "a store mapped past ulimit -v fails with a bare 'Cannot allocate memory'",
         "from": "issue22_cache",
@@ -146,7 +146,7 @@ MUTANTS = [
         "find": "if idx.ndim > 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():",
         "replace": "if idx.ndim > 1:",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_index_lists_that_are_not_integers_are_refused",
+            "tests/test_hdf5.py::test_index_lists_that_are_not_integers_are_refused",
         ],
         "why": "read_batch([1.7]) reads row 1 and [True] row 1: indices rounded, never refused",
         "from": "issue22_hdf5",
@@ -156,7 +156,7 @@ MUTANTS = [
         "find": "        if batch.ndim and len(batch) != n:",
         "replace": "        if False:",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_an_augment_that_changes_the_number_of_rows_is_named",
+            "tests/test_hdf5.py::test_an_augment_that_changes_the_number_of_rows_is_named",
         ],
         "why": "an augment returning more or fewer rows than indices: items dropped or an IndexError",
         "from": "issue22_hdf5",

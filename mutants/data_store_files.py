@@ -90,7 +90,7 @@ MUTANTS = [
         "find": "    if info.st_size != size:",
         "replace": "    if info.st_size < size:",
         "tests": [
-            "tests/test_cache_hostile.py",
+            "tests/test_cache_store.py",
         ],
         "why": "an array file longer than its header says (altered) is accepted",
         "from": "issue22_cache",
@@ -100,7 +100,7 @@ MUTANTS = [
         "find": "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
         "replace": "_READ = os.O_RDONLY | os.O_NONBLOCK",
         "tests": [
-            "tests/test_cache_hostile.py::test_symbolic_links_inside_a_store_are_refused",
+            "tests/test_cache_store.py::test_symbolic_links_inside_a_store_are_refused",
         ],
         "why": "an array file that is a symbolic link (to anywhere) is followed and mapped",
         "from": "issue22_cache",
@@ -110,7 +110,7 @@ MUTANTS = [
         "find": "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
         "replace": "_READ = os.O_RDONLY | os.O_NOFOLLOW",
         "tests": [
-            "tests/test_cache_odd.py::test_a_fifo_in_a_store_is_refused_without_blocking",
+            "tests/test_cache.py::test_a_fifo_in_a_store_is_refused_without_blocking",
         ],
         "why": "a FIFO in a crafted store blocks the reader for ever",
         "from": "issue22_cache",
@@ -120,7 +120,7 @@ MUTANTS = [
         "find": "    except (ValueError, RecursionError) as e:",
         "replace": "    except ValueError as e:",
         "tests": [
-            "tests/test_cache_odd.py::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error",
+            "tests/test_cache.py::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error",
         ],
         "why": "a deeply nested manifest escapes as a RecursionError rather than a StoreError",
         "from": "issue22_cache",
@@ -130,7 +130,7 @@ MUTANTS = [
         "find": "        and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))",
         "replace": "",
         "tests": [
-            "tests/test_cache_odd.py::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error",
+            "tests/test_cache.py::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error",
         ],
         "why": "ragged shapes whose product wraps around int64 pass the check and fail when read",
         "from": "issue22_cache",
@@ -144,7 +144,7 @@ MUTANTS = [
             "        self.keep.flush()"
         ),
         "tests": [
-            "tests/test_cache_odd.py::test_items_with_more_leaves_than_open_files_allowed_are_written",
+            "tests/test_cache.py::test_items_with_more_leaves_than_open_files_allowed_are_written",
         ],
         "why": "one file held open per leaf: an item with more leaves than the open-file limit fails (EMFILE)",
         "from": "issue22_cache",

@@ -10,7 +10,7 @@ MUTANTS = [
         "find": "    return batch if collate is None else collate(split_batch(batch, len(indices)))",
         "replace": "    return batch",
         "tests": [
-            "tests/test_cache_odd.py::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run",
+            "tests/test_cache.py::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run",
         ],
         "why": "loader workers ignore the collate_fn given to ct.run for an augmented cache",
         "from": "issue22_cache",

@@ -37,8 +37,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/writer.py",
-        "find": "prefetch_factor=4, generator=torch.Generator().manual_seed(0))",
-        "replace": "prefetch_factor=4)",
+        "find": ("        prefetch_factor=4,\n        generator=torch.Generator().manual_seed(0),\n"),
+        "replace": "        prefetch_factor=4,\n",
         "tests": [
             "tests/test_cache.py::test_writing_with_loader_workers_leaves_the_global_random_state_alone",
         ],
@@ -80,7 +80,7 @@ MUTANTS = [
         "find": "        if all(s == first for s in self.shapes):",
         "replace": "        if all(len(s) == len(first) for s in self.shapes):",
         "tests": [
-            "tests/test_cache_hostile.py::test_ragged_items_come_back_and_batches_need_a_collate_fn",
+            "tests/test_cache_store.py::test_ragged_items_come_back_and_batches_need_a_collate_fn",
         ],
         "why": "a field whose shape varies is taken for a fixed one",
         "from": "issue22_cache",
@@ -90,7 +90,7 @@ MUTANTS = [
         "find": "t = value.detach().resolve_conj().resolve_neg().contiguous()",
         "replace": "t = value.detach().contiguous()",
         "tests": [
-            "tests/test_cache_odd.py::test_conjugate_and_negative_views_are_stored_as_their_values",
+            "tests/test_cache.py::test_conjugate_and_negative_views_are_stored_as_their_values",
         ],
         "why": "a conjugate view (x.conj()) cannot be written: numpy() refuses it",
         "from": "issue22_cache",
@@ -100,7 +100,7 @@ MUTANTS = [
         "find": "    return sorted({0, n // 2, n - 1, *seeded}) if n else []",
         "replace": "    return sorted({0, n - 1, *seeded}) if n else []",
         "tests": [
-            "tests/test_cache_odd.py::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle",
+            "tests/test_cache.py::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle",
         ],
         "why": "the fingerprint samples only the items verify already compares with the store",
         "from": "issue22_cache",
@@ -110,7 +110,7 @@ MUTANTS = [
         "find": "            digest.update(repr((where, leaf_kind(value, where))).encode())\n",
         "replace": "",
         "tests": [
-            "tests/test_cache_odd.py::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle",
+            "tests/test_cache.py::test_the_store_records_a_fingerprint_of_some_items_and_verify_finds_a_change_in_the_middle",
         ],
         "why": "the fingerprint ignores structure, dtype and shape: only bytes",
         "from": "issue22_cache",
@@ -150,7 +150,7 @@ MUTANTS = [
         "find": '    n = origin["length"]',
         "replace": "    n = len(dataset)",
         "tests": [
-            "tests/test_cache_odd.py",
+            "tests/test_cache.py",
         ],
         "why": "a dataset whose len changes while written: a store of another length is published, then refused",
         "from": "issue29_y_data",

@@ -53,7 +53,7 @@ MUTANTS = [
         ),
         "replace": "    pass",
         "tests": [
-            "tests/test_cache_odd.py::test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew",
+            "tests/test_cache.py::test_a_given_dataloader_run_by_ct_run_augments_each_epoch_anew",
         ],
         "why": "ct.run over a given DataLoader of an augmented cache draws the same augmentation every epoch",
         "from": "issue22_cache",
@@ -63,7 +63,7 @@ MUTANTS = [
         "find": "        mapped_data.set_epoch(epoch)",
         "replace": "        pass",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_a_dataloader_given_to_ct_run_augments_per_epoch",
+            "tests/test_hdf5.py::test_a_dataloader_given_to_ct_run_augments_per_epoch",
         ],
         "why": "a DataLoader given to ct.run over an augmented dataset: the same draw every epoch",
         "from": "issue22_hdf5",
@@ -73,7 +73,7 @@ MUTANTS = [
         "find": "        if augmented and data.num_workers > 0 and data.persistent_workers:",
         "replace": "        if False:",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_a_dataloader_whose_persistent_workers_never_see_the_epoch_is_refused",
+            "tests/test_hdf5.py::test_a_dataloader_whose_persistent_workers_never_see_the_epoch_is_refused",
         ],
         "why": "persistent workers over an augmented dataset accepted: they never see the epoch",
         "from": "issue22_hdf5",

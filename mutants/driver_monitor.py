@@ -148,7 +148,7 @@ MUTANTS = [
         "find": "    if h5 is not None and not h5.memory_mapped:",
         "replace": "    if False:",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_the_bottleneck_report_advises_what_fits_an_hdf5_file",
+            "tests/test_hdf5.py::test_the_bottleneck_report_advises_what_fits_an_hdf5_file",
         ],
         "why": "a file h5py reads called 'a ct.cache store already: make its augment cheaper'",
         "from": "issue22_hdf5",

@@ -47,8 +47,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/options.py",
-        "find": "data, batch_size, True if shuffle is None else shuffle, bool(drop_last)",
-        "replace": "data, batch_size, bool(shuffle), bool(drop_last)",
+        "find": (
+            "            batch_size,\n            True if shuffle is None else shuffle,\n            bool(drop_last),\n"
+        ),
+        "replace": ("            batch_size,\n            bool(shuffle),\n            bool(drop_last),\n"),
         "tests": [
             "tests/test_run_options.py",
         ],

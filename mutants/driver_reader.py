@@ -72,7 +72,7 @@ MUTANTS = [
         "find": "    return dataset.augment is not None or (not dataset.ragged and collate_fn is None)",
         "replace": "    return not dataset.ragged and collate_fn is None",
         "tests": [
-            "tests/test_cache_odd.py::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run",
+            "tests/test_cache.py::test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run",
         ],
         "why": "ct.run over an augmented cache with a collate_fn draws the same augmentation every epoch",
         "from": "issue22_cache",
@@ -92,7 +92,7 @@ MUTANTS = [
         "find": "    return dataset.augment is not None or (not dataset.ragged and collate_fn is None)",
         "replace": "    return not dataset.ragged and collate_fn is None",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn",
+            "tests/test_hdf5.py::test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn",
         ],
         "why": (
             "with a collate_fn, augmented items read with the dataset's epoch (never set): one draw for every epoch"
@@ -104,7 +104,7 @@ MUTANTS = [
         "find": 'getattr(inner, "rank", 0), self._given)',
         "replace": 'getattr(inner, "rank", 0))',
         "tests": [
-            "tests/test_hdf5_hostile.py::test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn",
+            "tests/test_hdf5.py::test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn",
         ],
         "why": "the collate_fn given dropped in this process: batches collated by default_collate",
         "from": "issue22_hdf5",
@@ -114,7 +114,7 @@ MUTANTS = [
         "find": "Batches(dataset, collate_fn) if whole else dataset,",
         "replace": "Batches(dataset) if whole else dataset,",
         "tests": [
-            "tests/test_hdf5_hostile.py::test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn",
+            "tests/test_hdf5.py::test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn",
         ],
         "why": "the collate_fn given dropped in loader workers",
         "from": "issue22_hdf5",

@@ -355,8 +355,11 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "local_world_size=proc.local_world_size, equal_shares=can.forward_needs_every_rank,",
-        "replace": "local_world_size=proc.local_world_size, equal_shares=False,",
+        "find": (
+            "            local_world_size=proc.local_world_size,\n"
+            "            equal_shares=can.forward_needs_every_rank,\n"
+        ),
+        "replace": ("            local_world_size=proc.local_world_size,\n            equal_shares=False,\n"),
         "tests": [
             "tests/test_resume_anywhere.py::test_what_cannot_be_exact_is_refused_before_anything_changes",
         ],

@@ -1,19 +1,23 @@
 """What several test files share: batches, steps, models (Net, Block), state comparisons, the multi-rank cases
-run on a pool's ranks (distributed and sharded, with their one-process references) and a tiny Hugging Face GPT-2."""
+run on a pool's ranks (distributed and sharded, with their one-process references), the global batch job (run on
+1, 2 or 3 processes and resumed across them) and a tiny Hugging Face GPT-2."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+import signal
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import composetrain as ct
 
@@ -577,6 +581,125 @@ def train_sharded(case: dict[str, Any], rank: int | None) -> dict[str, Any]:
         "lr": state.scheduler.get_last_lr(),
         "kinds": sorted({type(p).__name__ for p in state.model.parameters()}),
     }
+
+
+# -- the global batch job: ct.run(global_batch_size=...) the same on 1, 2 or 3 processes ----------------------------
+# Run alone in the test process, on every rank of a processes.Pool (``pool.run("helpers", "global_batch_job", ...)``:
+# its process group already up) or under torchrun (test_elastic_shrink.py launched as a script): test_global_batch,
+# test_resume_anywhere, test_resume_chains and test_elastic_shrink train it and compare.
+
+SAMPLES, GLOBAL_BATCH = 40, 6  # 6 updates of 6 samples and a last, short one of 4 per epoch: shared 2+1+1 on 3 ranks
+
+
+def indexed_dataset(n: int = SAMPLES) -> TensorDataset:
+    """Samples carry their index, so that a step can say which samples each update trained on."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    return TensorDataset(x, (x[:, 0] > 0).long(), torch.arange(n))
+
+
+def global_batch_state(dropout: float = 0.0) -> ct.TrainState:
+    """Two blocks for ct.sharded's units; dropout only where a test asks for random draws."""
+    torch.manual_seed(1)
+
+    def blocks() -> nn.ModuleList:
+        return nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Dropout(dropout)) for _ in range(2))
+
+    model = Net(6, 8, 2, output_layer="head", blocks=blocks).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.7))
+
+
+def indexed_loss(model, batch):
+    x, y, _ = batch
+    return F.cross_entropy(model(x), y)
+
+
+def global_batch_job(rank: int, world: int, directory: str | None = None, spec: dict | None = None) -> dict[str, Any]:
+    """The job trained to its end, or stopped by SIGTERM (to rank 0) inside update ``stop_at``: what each rank saw.
+    ``spec``: ``stop_at``, ``sharded``, ``dropout``, ``accumulate`` (micro-batches, default 2; 1: none),
+    ``samples``, ``kill_node`` and ct.run's options, overriding the job's (a pool passes arguments by position only).
+
+    Returns: the whole parameters (rank 0's; {} on the others), the history and evaluations, which samples each
+    update read on this rank (``seen``: (update, indices) per micro-batch), the global seed its generators had at
+    its first forward, the records ``on_record`` got (rank 0), and whether it was pre-empted.
+    """
+    options = dict(spec or {})
+    stop_at, sharded, dropout = options.pop("stop_at", None), options.pop("sharded", False), options.pop("dropout", 0)
+    kill = options.pop("kill_node", None)  # {"rank", "update", "marker"}: that rank's whole node dies there, once
+    micro_batches = options.pop("accumulate", 2)  # 1: no accumulate
+    s = global_batch_state(dropout)
+    seen: list[tuple[int, list[int]]] = []
+    seeds: list[int] = []
+    records: list[dict[str, Any]] = []
+    signalled: list[bool] = []
+
+    def step(model, batch):
+        x, y, i = batch
+        if not seeds:
+            seeds.append(torch.initial_seed())
+        seen.append((s.step + 1, i.tolist()))
+        if stop_at is not None and s.step + 1 == stop_at and rank == 0 and not signalled:
+            signalled.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)  # saved after this update, every rank stops with it
+        if kill and rank == kill["rank"] and s.step + 1 == kill["update"] and not Path(kill["marker"]).exists():
+            Path(kill["marker"]).write_text(f"rank {rank} of {world} at update {kill['update']}\n")
+            os.kill(os.getppid(), signal.SIGKILL)  # its torchrun agent: the node is gone, not only the process
+            os.kill(os.getpid(), signal.SIGKILL)
+        logits = model(x)
+        return F.cross_entropy(logits, y), {"acc": (logits.argmax(-1) == y).double().mean()}
+
+    parallel = ct.sharded if sharded else ct.distributed
+    options = {
+        "global_batch_size": GLOBAL_BATCH,
+        "epochs": 2,
+        "num_workers": 0,
+        "progress": False,
+        "log_every": 3,
+        "seed": 5,
+        "checkpoint_dir": directory,
+        "on_record": records.append,
+        **options,
+    }
+    composed = parallel(ct.accumulate(micro_batches)(step) if micro_batches > 1 else step)
+    result = ct.run(composed, s, indexed_dataset(options.pop("samples", SAMPLES)), **options)
+    params = ct.full_state_dict(s.model)
+    return {
+        "params": params if rank == 0 else {},
+        "history": result.history,
+        "evals": result.evals,
+        "seen": seen,
+        "seed": seeds[0] if seeds else None,
+        "records": records,
+        "preempted": result.preempted,
+        "steps": result.steps,
+    }
+
+
+def global_batch_refusal(rank: int, world: int, directory: str, spec: dict | None = None) -> dict[str, Any]:
+    """The job's error, on every rank, and whether it changed anything: the parameters, the checkpoint folder (what
+    a lock left is the run's own bookkeeping, not a change: its files name their holder)."""
+    options = dict(spec or {})
+    parallel = ct.sharded if options.pop("sharded", False) else ct.distributed
+    s = global_batch_state()
+    before = [p.detach().clone() for p in s.model.parameters()]
+    folder = Path(directory)
+
+    def files() -> list[str] | None:
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else None
+
+    found = files()
+    options = {"global_batch_size": GLOBAL_BATCH, "epochs": 2, "num_workers": 0, "progress": False, **options}
+    try:
+        data = indexed_dataset(options.pop("samples", SAMPLES))
+        ct.run(parallel(ct.accumulate(2)(indexed_loss)), s, data, checkpoint_dir=directory, **options)
+        error = None
+    except (ValueError, TypeError) as e:
+        error = f"{type(e).__name__}: {e}"
+    after = files()
+    unchanged = all(torch.equal(p, q) for p, q in zip(before, s.model.parameters(), strict=True))
+    unlocked = None if after is None else [f for f in after if not Path(f).name.startswith(".lock-")]
+    return {"error": error, "params_unchanged": unchanged, "files_before": found, "files_after": unlocked}
 
 
 # -- a tiny Hugging Face GPT-2 (built from a config, no download) and padded SFT batches ---------------------------

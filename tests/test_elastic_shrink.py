@@ -1,9 +1,11 @@
 """An elastic torchrun job that shrinks: two "nodes" (torchrun agents of one process each, ``--nnodes=1:2``, c10d
-rendezvous) train ``global_batch_size``'s job; one node dies whole (its agent and its worker, SIGKILL) inside an
+rendezvous) train helpers.global_batch_job; one node dies whole (its agent and its worker, SIGKILL) inside an
 update; the other agent restarts its worker in a group of one, which continues from the newest checkpoint (written
 by two processes) and ends as the job run straight through on one process.
 """
 
+import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from elastic_runs import environment
-from global_batch_workers import job
+from helpers import global_batch_job
 from processes import Job, free_port
 
-SCRIPT = str(Path(__file__).resolve().parent / "global_batch_script.py")
+SCRIPT = str(Path(__file__).resolve())  # this file, as a script: its main block at the end
 
 
 def test_a_job_whose_node_dies_continues_on_the_nodes_left(tmp_path):
@@ -61,7 +63,7 @@ def test_a_job_whose_node_dies_continues_on_the_nodes_left(tmp_path):
     assert (tmp_path / "job.killed").read_text().startswith("rank 1 of 2 at update 9")
     survivor = torch.load(tmp_path / "job-rank0.pt", weights_only=False)
     assert (survivor["world"], survivor["restart"], survivor["steps"]) == (1, "1", 14)
-    straight = job(0, 1, str(tmp_path / "straight"))
+    straight = global_batch_job(0, 1, str(tmp_path / "straight"))
     worst = max(
         ((v - survivor["params"][k]).abs() / v.abs().clamp_min(1e-300)).max().item()
         for k, v in straight["params"].items()
@@ -71,3 +73,30 @@ def test_a_job_whose_node_dies_continues_on_the_nodes_left(tmp_path):
     assert [r["step"] for r in survivor["history"]] == [r["step"] for r in straight["history"]]
     for a, b in zip(survivor["history"], straight["history"], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-12, abs=0)
+
+
+def main():
+    """torchrun's worker: python tests/test_elastic_shrink.py --dir CKPT --out OUT.pt [--kill-node RANK:UPDATE]
+    [--checkpoint-every K]. Each rank that finishes writes OUT-rank<r>.pt: the job's result, the world size and
+    torchrun's restart count."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--kill-node", default=None, help="RANK:UPDATE: that rank's agent and itself are killed there, once")
+    p.add_argument("--checkpoint-every", type=int, default=None)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    spec = {"checkpoint_every": args.checkpoint_every}
+    if args.kill_node:
+        killed, update = map(int, args.kill_node.split(":"))
+        spec["kill_node"] = {"rank": killed, "update": update, "marker": f"{args.dir}.killed"}
+    result = global_batch_job(rank, world, args.dir, spec)
+    result["world"], result["restart"] = world, os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    out = Path(args.out)
+    torch.save(result, out.with_name(f"{out.stem}-rank{rank}{out.suffix}"))
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,15 @@ import json
 import hypothesis.strategies as st
 import pytest
 import torch
-from global_batch_workers import G, dataset, job, refused
+from helpers import (
+    GLOBAL_BATCH,
+    SAMPLES,
+    global_batch_job,
+    global_batch_refusal,
+    global_batch_state,
+    indexed_dataset,
+    indexed_loss,
+)
 from hypothesis import given
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
@@ -126,7 +134,7 @@ class Items(Dataset):
     """A dataset read sample by sample (loader workers read it when asked to)."""
 
     def __init__(self, n):
-        self.data = dataset(n)
+        self.data = indexed_dataset(n)
 
     def __len__(self):
         return len(self.data)
@@ -137,30 +145,41 @@ class Items(Dataset):
 
 def test_loader_workers_read_the_samples_the_sequence_says(tmp_path):
     """The sequence is the sampler's alone: read by 2 workers, every update gets the samples it gets in this process."""
-    import global_batch_workers as w
-
     seen = {}
     for workers in (0, 2):
-        s, found = w.state(), []
+        s, found = global_batch_state(), []
 
         def step(model, batch, found=found, s=s):
             found.append((s.step + 1, batch[2].tolist()))
-            return w._plain(model, batch)
+            return indexed_loss(model, batch)
 
-        ct.run(step, s, Items(w.N), global_batch_size=G, epochs=2, num_workers=workers, progress=False, seed=3)
+        ct.run(
+            step,
+            s,
+            Items(SAMPLES),
+            global_batch_size=GLOBAL_BATCH,
+            epochs=2,
+            num_workers=workers,
+            progress=False,
+            seed=3,
+        )
         seen[workers] = (found, [p.detach().clone() for p in s.model.parameters()])
     assert seen[0][0] == seen[2][0] and len(seen[0][0]) == 14
     assert all(torch.equal(p, q) for p, q in zip(seen[0][1], seen[2][1], strict=True))
 
 
 def test_a_run_stopped_mid_window_in_one_process_resumes_bit_for_bit(tmp_path):
-    straight = job(0, 1, str(tmp_path / "a"))
-    stopped = job(0, 1, str(tmp_path / "b"), {"stop_at": 5})
+    straight = global_batch_job(0, 1, str(tmp_path / "a"))
+    stopped = global_batch_job(0, 1, str(tmp_path / "b"), {"stop_at": 5})
     # the checkpoint keeps the unlogged updates' means over ranks too (here: the one rank's own), for any W
     saved, problem = read(tmp_path / "b" / "step-000000005" / "state.pt", SHARED, lambda v: None)
-    assert problem is None and saved["settings"]["global_batch_size"] == G and saved["settings"]["batch_size"] is None
+    assert (
+        problem is None
+        and saved["settings"]["global_batch_size"] == GLOBAL_BATCH
+        and saved["settings"]["batch_size"] is None
+    )
     assert [(w["loss"].dtype, w["skipped"]) for w in saved["window"]] == [(torch.float64, False)] * 2  # 4 and 5
-    resumed = job(0, 1, str(tmp_path / "b"))
+    resumed = global_batch_job(0, 1, str(tmp_path / "b"))
     assert stopped["preempted"] and stopped["steps"] == 5 and resumed["steps"] == 14
     assert all(torch.equal(v, resumed["params"][k]) for k, v in straight["params"].items())
     untimed = [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in straight["history"]]
@@ -171,8 +190,8 @@ def test_a_run_stopped_mid_window_in_one_process_resumes_bit_for_bit(tmp_path):
 
 def test_a_changed_global_batch_size_is_refused_naming_both(tmp_path):
     """8 and 9 make the same 5 updates of 40 samples: only the setting itself tells the runs apart."""
-    job(0, 1, str(tmp_path), {"global_batch_size": 8, "max_steps": 2})
-    found = refused(0, 1, str(tmp_path), {"global_batch_size": 9})
+    global_batch_job(0, 1, str(tmp_path), {"global_batch_size": 8, "max_steps": 2})
+    found = global_batch_refusal(0, 1, str(tmp_path), {"global_batch_size": 9})
     assert found["params_unchanged"] and found["files_after"] == [f for f in found["files_before"] if ".lock" not in f]
     assert (
         found["error"].startswith(
@@ -181,7 +200,7 @@ def test_a_changed_global_batch_size_is_refused_naming_both(tmp_path):
         )
         and "resume with global_batch_size=8" in found["error"]
     )
-    other = refused(0, 1, str(tmp_path), {"global_batch_size": None, "batch_size": 8})  # per process, now
+    other = global_batch_refusal(0, 1, str(tmp_path), {"global_batch_size": None, "batch_size": 8})  # per process, now
     assert other["params_unchanged"] and "other data settings" in other["error"]
     assert "global_batch_size was 8, now None" in other["error"]
 
@@ -200,23 +219,21 @@ def test_a_changed_global_batch_size_is_refused_naming_both(tmp_path):
     ],
 )
 def test_arguments_that_do_not_define_the_global_batch_are_refused_before_anything(tmp_path, options, expected):
-    import global_batch_workers as w
-
-    s = w.state()
+    s = global_batch_state()
     before = [p.detach().clone() for p in s.model.parameters()]
     options = dict(options)
-    data = w.dataset()
+    data = indexed_dataset()
     if options.pop("data", None) == "loader":
         data = DataLoader(data, batch_size=4)
     with pytest.raises((ValueError, TypeError), match=expected.replace("(", r"\(").replace(")", r"\)")):
-        ct.run(w._plain, s, data, checkpoint_dir=tmp_path / "run", progress=False, **options)
+        ct.run(indexed_loss, s, data, checkpoint_dir=tmp_path / "run", progress=False, **options)
     assert not (tmp_path / "run").exists()
     assert all(torch.equal(p, q) for p, q in zip(before, s.model.parameters(), strict=True))
 
 
 def test_a_checkpoint_written_before_the_shared_window_reads_as_one_without(tmp_path):
     """state.pt gained "window" (the unlogged updates' means over ranks): one without it reads, with none."""
-    job(0, 1, str(tmp_path), {"max_steps": 2})
+    global_batch_job(0, 1, str(tmp_path), {"max_steps": 2})
     path = tmp_path / "step-000000002" / "state.pt"
     payload = torch.load(path, weights_only=True)
     del payload["window"]
@@ -252,18 +269,16 @@ def shifted(batch, generator):
 
 def test_a_cache_stores_workers_read_and_augment_the_shares_the_sequence_says(tmp_path):
     """A ct.cache store is read a whole share at a time, by its workers too (each share with its epoch and rank)."""
-    import global_batch_workers as w
-
-    store = ct.cache(Items(w.N), tmp_path / "store", augment=shifted, progress=False)
+    store = ct.cache(Items(SAMPLES), tmp_path / "store", augment=shifted, progress=False)
     seen = {}
     for workers in (0, 1):
-        s, found = w.state(), []
+        s, found = global_batch_state(), []
 
         def step(model, batch, found=found, s=s):
             found.append((s.step + 1, batch[2].tolist(), batch[0].sum().item()))
-            return w._plain(model, batch)
+            return indexed_loss(model, batch)
 
-        ct.run(step, s, store, global_batch_size=G, epochs=2, num_workers=workers, progress=False, seed=3)
+        ct.run(step, s, store, global_batch_size=GLOBAL_BATCH, epochs=2, num_workers=workers, progress=False, seed=3)
         seen[workers] = (found, [p.detach().clone() for p in s.model.parameters()])
     assert seen[0][0] == seen[1][0] and len(seen[0][0]) == 14
     assert all(torch.equal(p, q) for p, q in zip(seen[0][1], seen[1][1], strict=True))
@@ -272,20 +287,21 @@ def test_a_cache_stores_workers_read_and_augment_the_shares_the_sequence_says(tm
 def test_loading_a_checkpoint_keeps_the_live_runtime_state_it_lacks():
     """Saved on one process (ct.sharded and ct.distributed are the plain step there: no runtime state), resumed on
     several, whose setup sharded the model already: the group it is sharded over must stay the state's."""
-    import global_batch_workers as w
 
     class Held(ct.RuntimeState):
         pass
 
-    saved = w.state().state_dict()
+    saved = global_batch_state().state_dict()
     assert "held" not in saved["transforms"]
-    live = w.state()
+    live = global_batch_state()
     held = live.transform_state("held", Held)
     live.load_state_dict(saved)
     assert live.transform_state("held", Held) is held
 
 
 def test_a_dataset_of_another_length_is_refused_as_in_a_batch_size_run(tmp_path):
-    job(0, 1, str(tmp_path), {"max_steps": 2})
-    found = refused(0, 1, str(tmp_path), {"samples": 38, "seed": 5})  # 7 updates of 6 either way: the length differs
+    global_batch_job(0, 1, str(tmp_path), {"max_steps": 2})
+    found = global_batch_refusal(
+        0, 1, str(tmp_path), {"samples": 38, "seed": 5}
+    )  # 7 updates of 6 either way: the length differs
     assert found["params_unchanged"] and "other data settings (samples was 40, now 38)" in found["error"]

@@ -2,7 +2,7 @@
 and 3 processes trains the same model and logs the same records; interrupted and resumed on 2, then 1, then 3,
 then 2 processes it ends as the uninterrupted run, each update on the same samples, each record once; ct.sharded
 saved on 2 resumes on 1 (DCP reshards); on the same number it resumes bit for bit; what cannot be made exact is
-refused before anything changes. The job is tests/global_batch_workers.py (float64, no dropout unless asked).
+refused before anything changes. The job is helpers.global_batch_job (float64, no dropout unless asked).
 
 One pool of 2 ranks, one of 3 and this process serve every check: the runs are made once, in ``runs``.
 """
@@ -11,13 +11,22 @@ import json
 
 import pytest
 import torch
-from global_batch_workers import G, N, job, refused
+from helpers import (
+    GLOBAL_BATCH,
+    SAMPLES,
+    global_batch_job,
+    global_batch_refusal,
+    global_batch_state,
+    indexed_dataset,
+    indexed_loss,
+)
 from processes import Pool
 from run_script import untimed
 
+import composetrain as ct
 from composetrain.core.rng import derive_seed
 
-WORKERS = "global_batch_workers"
+JOB = "helpers"  # the module the pools' ranks import for the job
 SEED = 5  # the job's
 
 
@@ -38,40 +47,56 @@ def runs(tmp_path_factory, pool, pool3):
     tmp = tmp_path_factory.mktemp("anywhere")
     found = {"tmp": tmp}
     found["straight"] = {
-        1: [job(0, 1, str(tmp / "s1"))],
-        2: pool.run(WORKERS, "job", str(tmp / "s2")),
-        3: pool3.run(WORKERS, "job", str(tmp / "s3")),
+        1: [global_batch_job(0, 1, str(tmp / "s1"))],
+        2: pool.run(JOB, "global_batch_job", str(tmp / "s2")),
+        3: pool3.run(JOB, "global_batch_job", str(tmp / "s3")),
     }
     chain = str(tmp / "chain")  # 2 -> 1 -> 3 -> 2, each stopped by a signal inside a logging window
     found["chain"] = [
-        pool.run(WORKERS, "job", chain, {"stop_at": 4}),
-        [job(0, 1, chain, {"stop_at": 6})],
-        pool3.run(WORKERS, "job", chain, {"stop_at": 10}),
-        pool.run(WORKERS, "job", chain),
+        pool.run(JOB, "global_batch_job", chain, {"stop_at": 4}),
+        [global_batch_job(0, 1, chain, {"stop_at": 6})],
+        pool3.run(JOB, "global_batch_job", chain, {"stop_at": 10}),
+        pool.run(JOB, "global_batch_job", chain),
     ]
     sharded = str(tmp / "sharded")
     found["sharded"] = [
-        pool.run(WORKERS, "job", sharded, {"sharded": True, "stop_at": 5, "keep_checkpoints": 5}),
-        [job(0, 1, sharded, {"sharded": True, "keep_checkpoints": 5})],
+        pool.run(JOB, "global_batch_job", sharded, {"sharded": True, "stop_at": 5, "keep_checkpoints": 5}),
+        [global_batch_job(0, 1, sharded, {"sharded": True, "keep_checkpoints": 5})],
     ]
     grow = str(tmp / "sharded-grow")  # saved on 1 process (where ct.sharded is the plain step), resumed on 2
     found["sharded_grow"] = [
-        [job(0, 1, grow, {"sharded": True, "stop_at": 5})],
-        pool.run(WORKERS, "job", grow, {"sharded": True}),
+        [global_batch_job(0, 1, grow, {"sharded": True, "stop_at": 5})],
+        pool.run(JOB, "global_batch_job", grow, {"sharded": True}),
     ]
-    found["sharded_straight"] = [job(0, 1, None, {"sharded": True})]
+    found["sharded_straight"] = [global_batch_job(0, 1, None, {"sharded": True})]
     found["dropout"] = [
-        pool.run(WORKERS, "job", str(tmp / "d-straight"), {"dropout": 0.3}),
-        pool.run(WORKERS, "job", str(tmp / "d"), {"dropout": 0.3, "stop_at": 5}),
-        pool.run(WORKERS, "job", str(tmp / "d"), {"dropout": 0.3}),
+        pool.run(JOB, "global_batch_job", str(tmp / "d-straight"), {"dropout": 0.3}),
+        pool.run(JOB, "global_batch_job", str(tmp / "d"), {"dropout": 0.3, "stop_at": 5}),
+        pool.run(JOB, "global_batch_job", str(tmp / "d"), {"dropout": 0.3}),
     ]
     found["refused3"] = {
-        "not_dividing": pool3.run(WORKERS, "refused", str(tmp / "r1"), {"global_batch_size": 4}),
-        "empty_rank": pool3.run(WORKERS, "refused", str(tmp / "r2"), {"samples": 38}),
-        "sharded_uneven": pool3.run(WORKERS, "refused", str(tmp / "r3"), {"sharded": True}),
+        "not_dividing": pool3.run(JOB, "global_batch_refusal", str(tmp / "r1"), {"global_batch_size": 4}),
+        "empty_rank": pool3.run(JOB, "global_batch_refusal", str(tmp / "r2"), {"samples": 38}),
+        "sharded_uneven": pool3.run(JOB, "global_batch_refusal", str(tmp / "r3"), {"sharded": True}),
     }
-    assert pool.run(WORKERS, "per_process", str(tmp / "per-process")) == [2, 2]
+    assert pool.run(__name__, "per_process", str(tmp / "per-process")) == [2, 2]
     return found
+
+
+def per_process(rank, world, directory):
+    """A run in batch_size mode (per process), stopped after 2 updates: its checkpoint is tied to this world size."""
+    s = global_batch_state()
+    ct.run(
+        ct.distributed(indexed_loss),
+        s,
+        indexed_dataset(),
+        batch_size=3,
+        max_steps=2,
+        num_workers=0,
+        progress=False,
+        checkpoint_dir=directory,
+    )
+    return s.step
 
 
 def relative(a, b):
@@ -92,7 +117,7 @@ def assert_same_records(a, b, rel=1e-12):
             == (
                 x["epoch"],
                 0,
-                G,
+                GLOBAL_BATCH,
             )
         )
         for key in ("loss", "acc", "lr"):
@@ -122,7 +147,7 @@ def test_the_same_job_on_1_2_and_3_processes_trains_the_same_model_and_logs_the_
     per_update = updates(straight[1])
     for epoch in range(2):  # every sample once per epoch; the last update the short one
         chosen = [per_update[u] for u in range(7 * epoch + 1, 7 * epoch + 8)]
-        assert sorted(i for u in chosen for i in u) == list(range(N))
+        assert sorted(i for u in chosen for i in u) == list(range(SAMPLES))
         assert [len(u) for u in chosen] == [6] * 6 + [4]
     assert per_update[1] != per_update[8]  # reshuffled every epoch
     shares = [sorted({len(i) for u, i in r["seen"] if u == 7}) for r in runs["straight"][3]]
@@ -211,10 +236,10 @@ def test_what_cannot_be_exact_is_refused_before_anything_changes(runs, tmp_path)
     )
     # a checkpoint of batch_size (per process) on 2 processes, resumed on 1
     folder = str(runs["tmp"] / "per-process")
-    found = refused(0, 1, folder, {"global_batch_size": None, "batch_size": 3})
+    found = global_batch_refusal(0, 1, folder, {"global_batch_size": None, "batch_size": 3})
     assert found["params_unchanged"] and found["files_after"] == [f for f in found["files_before"] if ".lock" not in f]
     assert "step-000000002 was saved by 2 process(es), this run has 1; resume with the same number" in found["error"]
     assert "global_batch_size=" in found["error"]
     # nor does a run of global_batch_size resume it (its sample sequence is per process)
-    again = refused(0, 1, folder)
+    again = global_batch_refusal(0, 1, folder)
     assert again["params_unchanged"] and "was saved by 2 process(es)" in again["error"]

@@ -15,12 +15,12 @@ from pathlib import Path
 import hypothesis.strategies as st
 import pytest
 import torch
-from global_batch_workers import job
+from helpers import global_batch_job
 from hypothesis import given, settings
 from processes import Pool
 from run_script import untimed
 
-WORKERS = "global_batch_workers"
+JOB = "helpers"  # the module the pools' ranks import for the job
 EXAMPLES = int(os.environ.get("CT_RESUME_EXAMPLES", "6"))
 
 
@@ -38,8 +38,8 @@ def launch(pool, pool3):
 
     def on(world, directory, spec):
         if world == 1:
-            return job(0, 1, directory, spec)
-        results = pools[world].run(WORKERS, "job", directory, spec)
+            return global_batch_job(0, 1, directory, spec)
+        results = pools[world].run(JOB, "global_batch_job", directory, spec)
         seen = [entry for r in results for entry in r["seen"]]  # every rank's samples, in rank order
         return {**results[0], "seen": seen}
 
