@@ -147,4 +147,14 @@ MUTANTS = [
         "why": "a dangling external link reported as no such dataset, not naming its missing file",
         "from": "issue29_reader",
     },
+    {
+        "file": "src/composetrain/data/h5files.py",
+        "find": "        if self.sources:  # a virtual dataset: HDF5 finds its sources again at this read",
+        "replace": "        if False:  # a virtual dataset: HDF5 finds its sources again at this read",
+        "tests": [
+            "tests/test_hdf5_links.py::test_rows_of_a_virtual_dataset_come_from_the_sources_ct_hdf5_checked",
+        ],
+        "why": "round 4, W1: a virtual dataset's relative source found elsewhere at a read: another file's rows",
+        "from": "data_store_fixes",
+    },
 ]

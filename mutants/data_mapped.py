@@ -221,4 +221,14 @@ MUTANTS = [
         "why": "negative indices in a batch not counted from the end",
         "from": "issue29_reader",
     },
+    {
+        "file": "src/composetrain/data/mapped.py",
+        "find": "            if not isinstance(indices, Iterable):",
+        "replace": "            if False:",
+        "tests": [
+            "tests/test_cache_bounds.py::test_read_batch_given_a_slice_names_itself",
+        ],
+        "why": "round 4, L3: read_batch(slice(0, 3)) is Python's bare \"'slice' object is not iterable\"",
+        "from": "data_store_fixes",
+    },
 ]

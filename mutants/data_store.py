@@ -27,8 +27,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/store.py",
-        "find": "n.startswith(prefix) and _TEMPORARY.fullmatch(n[len(prefix) :])]",
-        "replace": "n.startswith(prefix)]",
+        "find": "        named = _TEMPORARY.fullmatch(n[len(prefix) :]) if n.startswith(prefix) else None",
+        "replace": "        named = _TEMPORARY.search(n) if n.startswith(prefix) else None",
         "tests": [
             "tests/test_cache_store.py::test_stale_temporaries_are_matched_by_name_not_by_glob",
         ],
@@ -77,8 +77,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/store.py",
-        "find": '[f"f{n}.npy", *([f"f{n}o.npy", f"f{n}s.npy"] if r else [])]',
-        "replace": '[f"f{n}.npy", f"f{n}o.npy", f"f{n}s.npy"]',
+        "find": (
+            '    return [name for name, suffix in zip(names, ("", "o", "s"), strict=False) if name == f"f{n}{suffix}"]'
+        ),
+        "replace": '    return [f"f{n}{suffix}" for suffix in ("", "o", "s")]',
         "tests": [
             "tests/test_cache_store.py::test_rebuild_never_removes_a_users_array_named_like_one_the_store_does_not_have",
         ],
@@ -87,8 +89,11 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/store.py",
-        "find": "    if info.st_nlink == 1 and (not text or _HOLDER.fullmatch(text)):",
-        "replace": "    if not text or _HOLDER.fullmatch(text):",
+        "find": (
+            "    if info.st_nlink == 1 and info.st_size == len(text) <= _LINE and (not text or "
+            "_HOLDER.fullmatch(text)):"
+        ),
+        "replace": "    if info.st_size == len(text) <= _LINE and (not text or _HOLDER.fullmatch(text)):",
         "tests": [
             "tests/test_cache_writers.py::test_a_file_at_the_lock_files_path_is_never_overwritten",
         ],
@@ -146,5 +151,77 @@ MUTANTS = [
         ],
         "why": "a link named like a store's array is taken for the store's own",
         "from": "issue29_y_data",
+    },
+    {
+        "file": "src/composetrain/data/store.py",
+        "find": (
+            "    info, text = os.fstat(fd), os.pread(fd, _LINE + 1, 0)\n"
+            "    if info.st_nlink == 1 and info.st_size == len(text) <= _LINE and (not text or "
+            "_HOLDER.fullmatch(text)):"
+        ),
+        "replace": (
+            "    info, text = os.fstat(fd), os.pread(fd, 512, 0)\n"
+            '    if info.st_nlink == 1 and (not text or re.fullmatch(rb"process [0-9]+ on [^\\n]{0,255}", text)):'
+        ),
+        "tests": [
+            "tests/test_cache_writers.py::test_a_lock_file_longer_than_a_holders_line_is_never_truncated",
+        ],
+        "why": "round 4, W4: a 2.5 kB file whose first 512 bytes read as a holder's line is truncated to one",
+        "from": "data_store_fixes",
+    },
+    {
+        "file": "src/composetrain/data/store.py",
+        "find": "    temporary = temporary and not os.path.lexists(folder / MANIFEST)",
+        "replace": "    temporary = bool(temporary)",
+        "tests": [
+            "tests/test_cache_writers.py::test_a_users_folder_named_like_a_writers_temporary_keeps_its_files",
+        ],
+        "why": "round 4, W5: a dead writer's folder loses every f<n>.npy, its manifest (another tool's) unread",
+        "from": "data_store_fixes",
+    },
+    {
+        "file": "src/composetrain/data/store.py",
+        "find": ("    except (OSError, NotAStore):\n        return set()"),
+        "replace": ("    except (OSError, NotAStore):\n        return {MANIFEST}"),
+        "tests": [
+            "tests/test_cache_writers.py::test_a_users_folder_named_like_a_writers_temporary_keeps_its_files",
+        ],
+        "why": "round 4, W5: another tool's manifest.json in a folder named like a dead writer's is deleted",
+        "from": "data_store_fixes",
+    },
+    {
+        "file": "src/composetrain/data/store.py",
+        "find": (
+            '    return [name for name, suffix in zip(names, ("", "o", "s"), strict=False) if name == f"f{n}{suffix}"]'
+        ),
+        "replace": (
+            '    return [f"f{n}{suffix}" for name, suffix in zip(names, ("", "o", "s"), strict=False) if name is '
+            'None or name == f"f{n}{suffix}"]'
+        ),
+        "tests": [
+            "tests/test_cache_damaged.py::test_a_field_the_manifest_does_not_call_ragged_owns_no_offsets_or_shapes",
+        ],
+        "why": "round 4, W6: a field that names no offsets or shapes owns f<n>o.npy, f<n>s.npy by its place",
+        "from": "data_store_fixes",
+    },
+    {
+        "file": "src/composetrain/data/store.py",
+        "find": '        elif _gone(int(named["pid"])):',
+        "replace": "        else:",
+        "tests": [
+            "tests/test_cache_writers.py::test_a_writers_temporary_folder_is_removed_only_once_its_writer_is_gone",
+        ],
+        "why": "round 4, H4: a live writer's temporary folder (flock not honoured) is emptied by a second writer",
+        "from": "data_store_fixes",
+    },
+    {
+        "file": "src/composetrain/data/store.py",
+        "find": '        if named["host"] != host:',
+        "replace": "        if False:",
+        "tests": [
+            "tests/test_cache_writers.py::test_a_writers_temporary_folder_is_removed_only_once_its_writer_is_gone",
+        ],
+        "why": "round 4, H4: another host's writer judged by a pid of this host: removed when that pid is free here",
+        "from": "data_store_fixes",
     },
 ]

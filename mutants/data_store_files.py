@@ -127,7 +127,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/store_files.py",
-        "find": "        and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))",
+        "find": "            and bool(np.all(np.prod(block.astype(np.float64), axis=1) < 2**62))",
         "replace": "",
         "tests": [
             "tests/test_cache.py::test_a_deeply_nested_or_overflowing_manifest_is_refused_as_a_store_error",
@@ -137,11 +137,20 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/store_files.py",
-        "find": ('        with open(self.path, "ab") as f:\n            f.writelines(self.pending)'),
+        "find": (
+            "        fd = self._reopen(os.O_WRONLY | os.O_APPEND)\n"
+            "        try:\n"
+            '            left = memoryview(b"".join(self.pending))\n'
+            "            while left:\n"
+            "                left = left[os.write(fd, left) :]\n"
+            "        finally:\n"
+            "            os.close(fd)\n"
+        ),
         "replace": (
-            '        self.keep = getattr(self, "keep", None) or open(self.path, "ab")  # noqa: SIM115\n'
-            "        self.keep.writelines(self.pending)\n"
-            "        self.keep.flush()"
+            '        fd = self.keep = getattr(self, "keep", None) or self._reopen(os.O_WRONLY | os.O_APPEND)\n'
+            '        left = memoryview(b"".join(self.pending))\n'
+            "        while left:\n"
+            "            left = left[os.write(fd, left) :]\n"
         ),
         "tests": [
             "tests/test_cache.py::test_items_with_more_leaves_than_open_files_allowed_are_written",
@@ -158,5 +167,35 @@ MUTANTS = [
         ],
         "why": "the writer's manifest limit is not the reader's: a store published that its reader refuses",
         "from": "issue29_reader",
+    },
+    {
+        "file": "src/composetrain/data/store_files.py",
+        "find": "            return os.open(self.path, flags)",
+        "replace": "            return os.open(self.path, flags | os.O_CREAT, 0o644)",
+        "tests": [
+            "tests/test_cache_writers.py::test_a_writers_array_changed_by_another_process_is_never_published",
+        ],
+        "why": "round 4, H4: an array removed under its writer is made again mid-way, its header over later rows",
+        "from": "data_store_fixes",
+    },
+    {
+        "file": "src/composetrain/data/store_files.py",
+        "find": "    step = max(1, _BLOCK // (8 * (shapes.shape[1] + 1))) if ok else 1",
+        "replace": "    step = max(1, length) if ok else 1",
+        "tests": [
+            "tests/test_cache_store.py::test_opening_a_ragged_store_takes_memory_independent_of_its_length",
+        ],
+        "why": "round 4, H1: every open loads a ragged field's offsets and shapes whole: 8 GB per rank for 10**8",
+        "from": "data_store_fixes",
+    },
+    {
+        "file": "src/composetrain/data/store_files.py",
+        "find": "    for start in range(0, length if ok else 0, step):",
+        "replace": "    for start in range(0, min(length, step) if ok else 0, step):",
+        "tests": [
+            "tests/test_cache_damaged.py::test_a_ragged_store_whose_shapes_are_wrong_past_the_first_block_is_refused",
+        ],
+        "why": "round 4, H1: only a ragged field's first block checked: wrong shapes further on served",
+        "from": "data_store_fixes",
     },
 ]

@@ -7,6 +7,18 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/data/writer.py",
+        "find": "    what = f\"NumPy {'scalar' if scalar else 'array'}\" if kind == \"numpy\" else kind",
+        "replace": "    what = kind",
+        "tests": [
+            "tests/test_cache.py::test_a_numpy_scalar_then_a_zero_dim_array_is_said_as_such",
+        ],
+        "why": (
+            "round 4, L2: a NumPy scalar then a 0-dim array said as 'a numpy of <f4, and in item 0 a numpy of <f4'"
+        ),
+        "from": "data_store_fixes",
+    },
+    {
+        "file": "src/composetrain/data/writer.py",
         "find": "        elif made != nests:",
         "replace": "        elif False:",
         "tests": [
