@@ -9,10 +9,12 @@ from helpers import (
     STRUCTURES,
     assert_states_close,
     assert_states_equal,
+    assert_untouched,
     classify,
     get_xy,
     make_batch,
     make_state,
+    snapshot,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -108,6 +110,33 @@ def test_a_batch_without_a_batch_dimension_is_one_sample_and_stays_whole():
     ref = ct.train_step(scalar_step)(b, (torch.tensor(2.0),))
     assert torch.equal(out.loss, ref.loss)
     assert_states_equal(a, b)
+
+
+def test_per_sample_values_that_are_not_tensors_are_refused_before_any_pass():
+    """default_collate makes a batch's strings a list, one per sample: cut into micro-batches of 4, each would get
+    all 10 beside its own 4 inputs, and a step that pairs them (zip, indexing) would pair samples with others'."""
+    x, y = make_batch(10)
+    state, seen = make_state(), []
+
+    def step(model, batch):
+        seen.append((len(batch["x"]), len(batch["names"])))
+        return classify(model, batch)
+
+    before = snapshot(state)
+    for names in ([f"sample {i}" for i in range(10)], [[i, i + 1] for i in range(10)]):  # strings, token lists
+        with pytest.raises(ValueError, match=r"batch\['names'\] is a list of 10 values, one per sample"):
+            ct.accumulate(micro_batch=4)(step)(state, {"x": x, "y": y, "names": names})
+        assert seen == []
+        assert_untouched(state, before)
+    # what is not one value per sample passes whole to every micro-batch, as documented: a tuple, a list of
+    # another length, a list that holds tensors (a structure: each tensor is cut), and any batch left whole
+    for names in (tuple(f"s{i}" for i in range(10)), ["a", "b", "c"], [y, "tag"] * 5):
+        seen.clear()
+        ct.accumulate(micro_batch=4)(step)(make_state(), {"x": x, "y": y, "names": names})
+        assert [n for _, n in seen] == [len(names)] * 3
+    seen.clear()
+    ct.accumulate(micro_batch=10)(step)(make_state(), {"x": x, "y": y, "names": [str(i) for i in range(10)]})
+    assert seen == [(10, 10)]
 
 
 # -- nestings --------------------------------------------------------------------------------------

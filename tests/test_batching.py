@@ -59,6 +59,20 @@ def test_disagreeing_leading_sizes_name_every_tensor():
         split_batch({"x": torch.zeros(8, 2), "y": [torch.zeros(7)]}, 2)
 
 
+def test_a_list_of_one_value_per_sample_that_no_piece_could_follow_is_refused():
+    """Strings collated into a list (default_collate), one per sample: every piece would get all of them. Every
+    splitter refuses them alike (accumulate, data_parallel, split_batch), naming where they are."""
+    batch = {"x": torch.zeros(6, 2), "meta": {"names": list("abcdef")}}
+    with pytest.raises(ValueError, match=r"split_batch: batch\['meta'\]\['names'\] is a list of 6 values, one"):
+        split_batch(batch, 2)
+    with pytest.raises(ValueError, match=r"data_parallel.*batch\[1\] is a list of 4 values, one per sample"):
+        split_weighted((torch.zeros(4, 3), [None] * 4), 2, context((torch.zeros(4, 3),)), "data_parallel", "shard")
+    assert split_batch(batch, 1) == [batch]  # a batch left whole is the step's as it came
+    assert [p["names"] for p in split_batch({"x": torch.zeros(6, 2), "names": tuple("abcdef")}, 2)] == [
+        tuple("abcdef")
+    ] * 2
+
+
 def test_unsplittable_and_empty_batches_are_clear_errors():
     with pytest.raises(ValueError, match="no tensor with a batch dimension"):
         split_batch(["a", "b"], 2)

@@ -6,10 +6,14 @@ The same job on 2 and 3 real processes, resumed across them: tests/test_resume_a
 """
 
 import json
+import os
+import shutil
+import signal
 
 import hypothesis.strategies as st
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import (
     GLOBAL_BATCH,
     SAMPLES,
@@ -18,6 +22,7 @@ from helpers import (
     global_batch_state,
     indexed_dataset,
     indexed_loss,
+    reseal,
 )
 from hypothesis import given
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
@@ -104,6 +109,14 @@ def test_what_the_processes_cannot_run_is_named_with_the_numbers_and_the_fix():
     assert global_problem(40, 6, 2, False, True) is None and "divides both 6 and 4 (1, 2)" in global_problem(
         40, 6, 3, False, True
     )
+
+
+def test_a_resumed_job_is_not_sent_to_a_global_batch_size_its_checkpoint_refuses():
+    """A requeued job on 4 processes of a run of global_batch_size=6: another global_batch_size changes the run,
+    which its checkpoints refuse (naming both); the number of processes is the fix there."""
+    problem = global_problem(40, 6, 4, False, False)
+    assert "a run resumed from its checkpoints keeps the global_batch_size it was saved with" in problem
+    assert "resume it on 1, 2, 3 or 6 processes" in problem
 
 
 def test_on_one_process_global_batch_size_is_batch_size_bit_for_bit(tmp_path):
@@ -305,3 +318,114 @@ def test_a_dataset_of_another_length_is_refused_as_in_a_batch_size_run(tmp_path)
         0, 1, str(tmp_path), {"samples": 38, "seed": 5}
     )  # 7 updates of 6 either way: the length differs
     assert found["params_unchanged"] and "other data settings (samples was 40, now 38)" in found["error"]
+
+
+# -- random draws in loader workers after a resume --------------------------------------------------------------------
+class Noisy(Dataset):
+    """An augmentation drawn per sample in the loader's workers (torch.rand), returned with the sample."""
+
+    def __init__(self):
+        self.data = indexed_dataset()
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return (*self.data[i], torch.rand(()))
+
+
+def noisy_run(directory, stop_at=None):
+    """The draws each update's samples got, (update, draws), read by one loader worker."""
+    s, draws = global_batch_state(), []
+
+    def step(model, batch):
+        x, y, _, drawn = batch
+        draws.append((s.step + 1, drawn.tolist()))
+        if stop_at is not None and s.step + 1 == stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # saved after this update
+        return F.cross_entropy(model(x), y)
+
+    ct.run(
+        step,
+        s,
+        Noisy(),
+        global_batch_size=GLOBAL_BATCH,
+        epochs=1,
+        num_workers=1,
+        progress=False,
+        seed=3,
+        checkpoint_dir=directory,
+    )
+    return draws
+
+
+def test_a_resumed_runs_loader_workers_draw_new_numbers_not_the_fresh_starts_again(tmp_path):
+    """README: random augmentation in loader workers restarts from new seeds on resume (exact only if seeded per
+    sample). Seeded as at the fresh start, a resumed run's workers drew its first updates' numbers again, for other
+    samples: every requeue of a job replayed one stream of augmentations from its start."""
+    first = noisy_run(tmp_path / "a", stop_at=3)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    resumed, again = noisy_run(tmp_path / "a"), noisy_run(tmp_path / "b")
+    assert [u for u, _ in first] == [1, 2, 3] and [u for u, _ in resumed] == [4, 5, 6, 7]
+    assert [d for _, d in resumed[:3]] != [d for _, d in first]
+    assert not {v for _, d in resumed for v in d} & {v for _, d in first for v in d}
+    assert resumed == again  # seeded from the seed, the rank and where it resumed: any two resumes there draw alike
+
+
+# -- evaluation's batches ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("accumulate", "largest"), [(None, 6), (ct.accumulate(micro_batch=2), 2), (ct.accumulate(4), 2)]
+)
+def test_evaluation_reads_batches_no_larger_than_the_training_forward(accumulate, largest):
+    """A run defined by its global batch reads G/W samples per process and update, twice as many on half the
+    processes; accumulate(micro_batch=m) keeps the training's forwards at m, and evaluation must not read G/W at
+    once beside it (on one process: the whole global batch), or a job resumed on fewer processes runs out of memory
+    in its first evaluation. It reads batches of the training's forward size instead (the means are exact)."""
+    s, sizes = global_batch_state(), []
+
+    def evaluate(model, batch):
+        x, y, _ = batch
+        sizes.append(len(x))
+        return {"ce": F.cross_entropy(model(x), y)}
+
+    step = indexed_loss if accumulate is None else accumulate(indexed_loss)
+    result = ct.run(
+        step,
+        s,
+        indexed_dataset(),
+        global_batch_size=GLOBAL_BATCH,
+        epochs=1,
+        num_workers=0,
+        progress=False,
+        eval_step=evaluate,
+        eval_data=indexed_dataset(13),
+    )
+    assert max(sizes) == largest and sum(sizes) == 13
+    with torch.no_grad():
+        x, y, _ = indexed_dataset(13)[:]
+        s.model.eval()
+        assert result.evals[-1]["ce"] == pytest.approx(F.cross_entropy(s.model(x), y).item(), rel=1e-12)
+
+
+# -- a checkpoint whose unlogged updates do not add up to its step ----------------------------------------------------
+@pytest.mark.parametrize("part", ["rank-0.pt", "state.pt"])
+def test_a_checkpoint_whose_unlogged_updates_do_not_add_up_is_set_aside(tmp_path, part):
+    """The window (updates 4 and 5, after the record at 3) continues the next record; one edited or damaged so that
+    it does not hold step - last record's updates would make that record another mean, silently. rank-0.pt's is read
+    on the same number of processes, state.pt's (the means over ranks) on another: here the checkpoint says 2."""
+    straight = global_batch_job(0, 1, None)
+    global_batch_job(0, 1, str(tmp_path), {"stop_at": 5, "checkpoint_every": 2})
+    folder = tmp_path / "step-000000005"
+    payload = torch.load(folder / part, weights_only=True)
+    payload["window"] = payload["window"][:1]
+    if part == "state.pt":
+        payload["world_size"] = 2  # its window is the one read on this number
+    torch.save(payload, folder / part)
+    reseal(folder)
+    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*step-000000005: its 1 unlogged upd"):
+        resumed = global_batch_job(0, 1, str(tmp_path), {"checkpoint_every": 2})  # from step 4
+    assert all(torch.equal(v, resumed["params"][k]) for k, v in straight["params"].items())
+    untimed = [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in straight["history"]]
+    assert [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in resumed["history"]] == (
+        untimed
+    )

@@ -8,6 +8,7 @@ One pool of 2 ranks, one of 3 and this process serve every check: the runs are m
 """
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -97,6 +98,26 @@ def per_process(rank, world, directory):
         checkpoint_dir=directory,
     )
     return s.step
+
+
+def batchnorm_warnings(rank, world, directory):
+    """A run of global_batch_size=6 whose model normalises with BatchNorm in training mode: what it warned of."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)).double()
+    s = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ct.run(
+            ct.distributed(indexed_loss),
+            s,
+            indexed_dataset(),
+            global_batch_size=GLOBAL_BATCH,
+            max_steps=2,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=directory,
+        )
+    return [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
 
 
 def relative(a, b):
@@ -243,3 +264,16 @@ def test_what_cannot_be_exact_is_refused_before_anything_changes(runs, tmp_path)
     # nor does a run of global_batch_size resume it (its sample sequence is per process)
     again = global_batch_refusal(0, 1, folder)
     assert again["params_unchanged"] and "was saved by 2 process(es)" in again["error"]
+
+
+def test_batchnorm_that_makes_the_run_depend_on_the_number_of_processes_is_warned_of(pool, tmp_path):
+    """BatchNorm in training mode normalises each process's share with its own statistics (and DDP keeps rank 0's
+    running ones): the same job on 2 processes trained a model 2.0 (relative) away from the one on 1, and a resume on
+    another number changes the run, silently; on 3, the 40 samples' last update gives two processes 1 sample each,
+    which BatchNorm1d cannot normalise (a 5-minute hang, then a crash, at that update). On one process it is the
+    run itself: nothing to warn of."""
+    assert batchnorm_warnings(0, 1, str(tmp_path / "one")) == []
+    told = pool.run(__name__, "batchnorm_warnings", str(tmp_path / "two"))
+    assert len(told[0]) == 1 and told[1] == []  # rank 0 says it once
+    assert "global_batch_size=6 on 2 processes" in told[0][0] and "'1' (BatchNorm1d)" in told[0][0]
+    assert "its own share (3 samples" in told[0][0] and "GroupNorm" in told[0][0]

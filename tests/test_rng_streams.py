@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import run_script
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import composetrain as ct
@@ -189,6 +189,28 @@ def test_derived_seeds_are_those_runs_were_resumed_with(seed, rank, worker):
 def test_derived_seeds_for_a_few_runs(args, value):
     seed, purpose, *rest = args
     assert derive_seed(seed, purpose, **dict(zip(("rank", "worker"), rest, strict=False))) == value
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    rank=st.integers(0, 4095),
+    step=st.integers(1, 10**8),
+    other=st.integers(0, 4095),
+    later=st.integers(1, 10**8),
+)
+@example(seed=0, rank=0, step=1, other=2, later=1)  # seed 0: rank 0 resumed after 1 update drew fresh rank 2's stream
+@example(seed=0, rank=1, step=1, other=0, later=1000034)  # rank 1 at update 1 drew rank 0's at update 1000034
+def test_a_resumed_ranks_streams_are_none_of_the_runs_other_streams(seed, rank, step, other, later):
+    """A run resumed on another number of processes seeds each rank from the seed, its rank and the update: those
+    streams must be new ones, not a fresh start's rank's (whose dropout masks it would draw again, shifted) nor
+    another rank's at another update; nor may a resumed run's loader workers draw a fresh start's streams again."""
+    resumed = derive_seed(seed, "resume", rank=rank, step=step)
+    assert resumed != derive_seed(seed, "fresh start", rank=other)
+    if (rank, step) != (other, later):
+        assert resumed != derive_seed(seed, "resume", rank=other, step=later)
+    worker = derive_seed(seed, "worker", rank=rank, worker=other % 64, step=step)
+    assert worker != derive_seed(seed, "worker", rank=rank, worker=other % 64)
+    assert worker != derive_seed(seed, "worker", rank=rank, worker=other % 64, step=later) or step == later
 
 
 def test_an_unknown_purpose_is_refused():
