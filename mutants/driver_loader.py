@@ -7,8 +7,8 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/loader.py",
-        "find": "    return functools.partial(_init_worker, seed, rank)",
-        "replace": "    return lambda worker_id: _init_worker(seed, rank, worker_id)",
+        "find": "    return functools.partial(_init_worker, seed, rank, step)",
+        "replace": "    return lambda worker_id: _init_worker(seed, rank, step, worker_id)",
         "tests": [
             "tests/test_data.py",
         ],
@@ -17,8 +17,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/loader.py",
-        "find": '    seed_everything(derive_seed(seed, "worker", rank=rank, worker=worker_id))',
-        "replace": '    seed_everything(derive_seed(seed, "worker", rank=rank, worker=0))',
+        "find": '    seed_everything(derive_seed(seed, "worker", rank=rank, worker=worker_id, step=step))',
+        "replace": '    seed_everything(derive_seed(seed, "worker", rank=rank, worker=0, step=step))',
         "tests": [
             "tests/test_data.py",
         ],

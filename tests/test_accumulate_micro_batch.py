@@ -139,6 +139,25 @@ def test_per_sample_values_that_are_not_tensors_are_refused_before_any_pass():
     assert seen == [(10, 10)]
 
 
+def test_forward_size_says_how_large_the_compositions_forwards_are():
+    """What ct.run reads to evaluate a run defined by its global batch in batches no larger than its training's."""
+    from composetrain.transforms._auto_accumulate import MicroBatchMemory
+
+    state = make_state()
+    assert ct.train_step(classify).forward_size(state, 10) == 10
+    assert ct.accumulate(micro_batch=4)(classify).forward_size(state, 10) == 4
+    assert ct.accumulate(micro_batch=4)(classify).forward_size(state, 3) == 3
+    assert ct.accumulate(4)(classify).forward_size(state, 10) == 3  # 3, 3, 2, 2
+    assert ct.accumulate(4)(classify).forward_size(state, 2) == 1
+    assert ct.compose(ct.accumulate(2), ct.accumulate(micro_batch=3))(classify).forward_size(state, 10) == 3
+    assert ct.data_parallel(["cpu", "cpu"])(classify).forward_size(state, 7) == 4
+    assert ct.distributed(ct.accumulate(micro_batch=2)(classify)).forward_size(state, 9) == 2
+    auto = ct.accumulate("auto")(classify)
+    assert auto.forward_size(state, 10) == 10  # nothing ran out of memory yet: whole batches
+    state.transform_state("accumulate_auto", MicroBatchMemory).micro_batch = 3
+    assert auto.forward_size(state, 10) == 3  # 4 micro-batches: 3, 3, 2, 2
+
+
 # -- nestings --------------------------------------------------------------------------------------
 NESTINGS = {
     "size(size)": lambda p, q: ct.compose(ct.accumulate(micro_batch=p), ct.accumulate(micro_batch=q)),

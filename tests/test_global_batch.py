@@ -429,3 +429,62 @@ def test_a_checkpoint_whose_unlogged_updates_do_not_add_up_is_set_aside(tmp_path
     assert [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in resumed["history"]] == (
         untimed
     )
+
+
+def test_a_window_holding_skipped_updates_adds_up_by_its_applied_ones(tmp_path):
+    """A skipped update (non-finite under mixed_precision) is in the window but not in the step: a checkpoint saved
+    with one there is sound, and resumes as the uninterrupted run."""
+
+    def run(directory, stop_after=None):
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        s, calls = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)), []
+
+        def step(model, batch):
+            x, y, i = batch
+            calls.append(1)
+            if len(calls) == stop_after:
+                os.kill(os.getpid(), signal.SIGTERM)
+            loss = F.cross_entropy(model(x.float()), y)
+            return loss * float("inf") if bool((i == 24).any()) else loss  # update 5: skipped
+
+        result = ct.run(
+            ct.mixed_precision(step, dtype="fp16"),
+            s,
+            indexed_dataset(),
+            global_batch_size=GLOBAL_BATCH,
+            epochs=1,
+            shuffle=False,
+            num_workers=0,
+            progress=False,
+            log_every=3,
+            checkpoint_dir=directory,
+        )
+        return s, result
+
+    straight, whole = run(None)
+    run(tmp_path, stop_after=6)  # saved after update 6: the window holds 4, 5 (skipped) and 6, after the record at 3
+    window = torch.load(tmp_path / "step-000000005" / "rank-0.pt", weights_only=True)["window"]
+    assert [w["skipped"] for w in window] == [False, True, False]
+    resumed, result = run(tmp_path)
+    assert whole.steps == result.steps == 6 and [r["skipped"] for r in result.history] == [0, 1]
+    assert [(r["step"], r["loss"]) for r in result.history] == [(r["step"], r["loss"]) for r in whole.history]
+    assert all(torch.equal(p, q) for p, q in zip(straight.model.parameters(), resumed.model.parameters(), strict=True))
+
+
+def test_batchnorm_is_named_only_where_it_makes_the_run_depend_on_the_number_of_processes():
+    from composetrain.driver.global_batches import batchnorm_problem
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    assert batchnorm_problem(model, 40, 6, 1, False) is None  # one process: the run itself
+    problem = batchnorm_problem(model, 40, 6, 3, False)
+    assert problem.startswith("global_batch_size=6 on 3 processes with BatchNorm in training mode ('1' (BatchNorm1d))")
+    assert "(2 samples per update, 1 in the last, short one)" in problem and "one sample fails" in problem
+    assert "short one" not in batchnorm_problem(model, 40, 6, 3, True) and "one sample" not in batchnorm_problem(
+        model, 40, 6, 2, False
+    )
+    model[1].eval()  # frozen statistics: each process normalises alike
+    assert batchnorm_problem(model, 40, 6, 3, False) is None
+    synced = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.SyncBatchNorm(8))
+    assert batchnorm_problem(synced, 40, 6, 3, False) is None  # statistics over every process: the run's own

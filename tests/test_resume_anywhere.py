@@ -243,12 +243,14 @@ def test_what_cannot_be_exact_is_refused_before_anything_changes(runs, tmp_path)
     assert cases["not_dividing"][0]["error"] == (
         "ValueError: run: global_batch_size=4 cannot be shared evenly among 3 processes (4 / 3 is not whole); run "
         "it on a number of processes that divides 4 (1, 2, 4), or choose a global_batch_size that 3 divides (e.g. 3 "
-        "or 6)"
+        "or 6); a run resumed from its checkpoints keeps the global_batch_size it was saved with: resume it on 1, 2 "
+        "or 4 processes"
     )
     assert cases["empty_rank"][0]["error"] == (
         "ValueError: run: the dataset's 38 samples make 6 update(s) of global_batch_size=6 and a last, short one "
         "of 2 sample(s), too few for 3 processes (each needs one at least); set drop_last=True (that update is "
-        "dropped), or run on fewer processes: 1, 2"
+        "dropped), or run on fewer processes: 1, 2; a run resumed from its checkpoints keeps the drop_last it was "
+        "saved with: resume it on 1 or 2 processes"
     )
     assert (
         "last, short update of 4 samples (40 samples, global_batch_size=6) cannot be shared evenly among 3"

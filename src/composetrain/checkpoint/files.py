@@ -52,6 +52,7 @@ from composetrain.checkpoint.format import (
     shared_problem,
     stamp_local,
     stamp_shared,
+    unlogged_problem,
     unplain,
 )
 from composetrain.checkpoint.shards import ShardFiles, split
@@ -356,6 +357,8 @@ class Checkpoints:
                 check_fits(payload, self.world_size, path)  # the same file on every rank: all raise alike
                 if payload["world_size"] == self.world_size:
                     local, problem = self._read(path, rank_file(self.rank), LOCAL, local_problem)
+                    problem = problem or (local and unlogged_problem(payload, local["window"]))
+                    local = None if problem else local
                 read_all = payload["world_size"] != self.world_size or local is not None
             if all_true(read_all) and self.shards is not None:
                 assert payload is not None

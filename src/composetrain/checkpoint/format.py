@@ -42,6 +42,7 @@ __all__ = [
     "shared_problem",
     "stamp_local",
     "stamp_shared",
+    "unlogged_problem",
     "unplain",
     "window_problem",
 ]
@@ -193,7 +194,25 @@ def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | No
         return f"its TrainState's step {state['step']!r} is not the step of its folder ({step})"
     if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
         return "its history and evals must be lists of dicts"
-    return next(filter(None, map(window_problem, payload["window"])), None)
+    problem = next(filter(None, map(window_problem, payload["window"])), None)
+    if problem is None and payload["settings"].get("global_batch_size") is not None:  # its window: ranks' means
+        problem = unlogged_problem(payload, payload["window"])
+    return problem
+
+
+def unlogged_problem(payload: dict[str, Any], window: list[dict[str, Any]]) -> str | None:
+    """Why ``window``, a checkpoint's updates not yet logged (each checked by ``window_problem``), cannot continue
+    the record of the ``state.pt`` ``payload``, or None: its applied (not skipped) updates are those since the
+    last record, ``step - history[-1]["step"]`` (with no record yet, at most ``step``: the run may have begun at a
+    later update). One that does not add up (edited, damaged) would make the next record another mean, silently."""
+    step, history = payload["state"]["step"], payload["history"]
+    applied = sum(not entry["skipped"] for entry in window)
+    last = history[-1].get("step") if history else None
+    since = step - last if type(last) is int else None
+    if applied == since or (since is None and applied <= step):
+        return None
+    expected = f"the {since} since its last record (at update {last})" if since is not None else f"at most {step}"
+    return f"its {applied} unlogged update(s) are not {expected}, at update {step}"
 
 
 def local_problem(local: dict[str, Any]) -> str | None:

@@ -3,7 +3,10 @@
 A batch is any nesting of tensors, tuples (named or not), lists, mappings and
 dataclasses. Tensors with at least one dimension are split; 0-dim tensors and
 non-tensor leaves (strings, numbers, None, ...) are passed unchanged to every
-piece. Pieces are views (``torch.tensor_split``): splitting copies no data.
+piece. Pieces are views (``torch.tensor_split``): splitting copies no data. A list
+of as many values as the batch has samples, none of them holding a tensor (the
+strings ``default_collate`` gathers, one per sample), cannot follow its samples into
+the pieces: a split refuses it (a tuple of them passes whole to every piece).
 
 A batch's *units* are what its mean loss averages over: samples by default
 (``samples``), or what a ``weight`` function counts (tokens, ...).
@@ -115,6 +118,24 @@ def _leading(leaves: list[torch.Tensor], batch: Any, who: object) -> int | None:
     return sizes.pop() if sizes else None
 
 
+def _per_sample_values(obj: Any, size: int, prefix: str = "batch") -> Iterator[str]:
+    """The paths of the lists in ``obj`` that hold ``size`` values and no tensor: one value per sample of a batch of
+    ``size``, which no split can cut (a list holding tensors is a structure: its tensors are cut; a tuple passes
+    whole, as documented)."""
+    if isinstance(obj, list) and len(obj) == size and not leaves(obj):
+        yield prefix
+    elif isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield from _per_sample_values(item, size, f"{prefix}[{i}]")
+    elif isinstance(obj, Mapping):
+        for k in obj:
+            yield from _per_sample_values(obj[k], size, f"{prefix}[{k!r}]")
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            if f.init:
+                yield from _per_sample_values(getattr(obj, f.name), size, f"{prefix}.{f.name}")
+
+
 def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """The batch with ``fn`` applied to every tensor leaf, structure kept.
 
@@ -179,7 +200,8 @@ def split_batch(batch: Any, n: int, who: object = "split_batch") -> list[Any]:
     Raises:
         TypeError: ``n`` is not an int.
         ValueError: ``n`` is not positive, the batch is empty, holds no tensor with
-            a batch dimension, or its tensors disagree on the leading size.
+            a batch dimension, its tensors disagree on the leading size, or (split in
+            more than one piece) it holds a list of one non-tensor value per sample.
 
     Example:
         >>> [b[0].shape[0] for b in split_batch((torch.zeros(10, 2), "tag"), 4)]
@@ -207,6 +229,14 @@ def _split(batch: Any, n: int, who: object, plural: str, by_size: bool = False) 
     k = -(-size // n) if by_size else min(n, size)  # by size: the ceiling of size / n
     if k == 1:
         return [batch], [size]
+    per_sample = next(_per_sample_values(batch, size), None)
+    if per_sample is not None:  # every piece would get all of them beside its own samples' tensors
+        raise ValueError(
+            f"{who}: {per_sample} is a list of {size} values, one per sample, that are not tensors (as "
+            f"default_collate gathers strings): each of the {k} {plural} would get all {size} beside its own samples' "
+            "tensors; make them tensors (ids, labels), look them up by a tensor of indices inside the step, or "
+            "give them as a tuple to hand every piece all of them"
+        )
     if by_size:  # as a loop over slices cuts them: 10 by 4 gives 4, 4, 2
         pieces = [t.split(n) if t.dim() > 0 else (t,) * k for t in leaves]
         sizes = [min(n, size - i * n) for i in range(k)]

@@ -315,6 +315,13 @@ class TrainStep:
         under ``"eval_ema"``). Each transform adds its own to its inner step's; none by default."""
         return self.inner.eval_weights(state) if self.inner is not None else {}
 
+    def forward_size(self, state: TrainState, size: int) -> int:
+        """The most samples one forward runs on when the composition is given a batch of ``size``: what a transform
+        that cuts batches (``accumulate``, ``data_parallel``) makes of it, each calling its inner step's (``size``
+        by default). ``ct.run``'s evaluation of a run defined by its global batch reads batches of it, so that it
+        holds no more than training does on any number of processes."""
+        return self.inner.forward_size(state, size) if self.inner is not None else size
+
     def _inner(self) -> TrainStep:
         if self.inner is None:
             raise NotImplementedError(

@@ -77,20 +77,25 @@ def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0, epoc
     """The seed of one of a run's random streams, from the run's ``seed``: the one place each is derived.
 
     The values are part of every run's checkpoints (a resumed run continues the streams these started), so
-    they never change:
+    they never change (a resumed run's, which seed streams anew where no saved state applies, were changed once:
+    see ``"resume"``):
 
     - ``"fresh start"``: a rank's global generators when no checkpoint is resumed, ``seed * 1000003 + rank``
       (each rank its own: dropout masks and augmentations differ between ranks);
     - ``"loader"``: a rank's DataLoader generator (its workers' base seed), ``seed * 7919 + rank``;
     - ``"worker"``: a loader worker's generators, ``(seed * 7919 + rank * 104729 + 1009 * worker) % 2**32``
-      (every worker of every rank draws differently: PyTorch issue 5059; below 2**32 for NumPy);
+      (every worker of every rank draws differently: PyTorch issue 5059; below 2**32 for NumPy); in a run resumed
+      at update ``step`` (> 0), ``mixed(seed, 2, rank, worker, step) % 2**32``: new streams, not the fresh start's
+      again (each requeue would replay its augmentations), and any two resumes there draw alike;
     - ``"order"``: the generator of epoch ``epoch``'s order of a run defined by its global batch, ``seed + epoch``,
       the same on every rank and for any number of ranks (``DistributedSampler``'s: on one process the order is
       that of ``batch_size=`` runs);
     - ``"resume"``: a rank's global generators when a run defined by its global batch resumes on another number
-      of processes at update ``step`` (the saved streams were per rank of another job),
-      ``(seed * 1000003 + rank) * 1000033 + step + 1`` modulo 2**63: from the run's seed, the rank and the global
-      position alone, so any two resumes there draw alike.
+      of processes at update ``step`` (the saved streams were per rank of another job), ``mixed(seed, 1, rank,
+      step) % 2**63``: from the run's seed, the rank and the global position alone, so any two resumes there draw
+      alike; mixed (SplitMix64's finaliser over the numbers in turn), since a sum of multiples lines streams up
+      (``(seed * 1000003 + rank) * 1000033 + step + 1`` gave rank 0 resumed after update 1 of seed 0 the fresh
+      start's rank 2's stream). Its values are never in a checkpoint (a resumed run saves the states they start).
 
     Example:
         >>> seed_everything(derive_seed(5, "fresh start", rank=1))  # 5000016
@@ -99,13 +104,27 @@ def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0, epoc
         return seed * 1000003 + rank
     if purpose == "loader":
         return seed * 7919 + rank
+    if purpose == "worker" and step:
+        return _mixed(seed, 2, rank, worker, step) % 2**32
     if purpose == "worker":
         return (seed * 7919 + rank * 104729 + 1009 * worker) % 2**32
     if purpose == "order":
         return seed + epoch
     if purpose == "resume":
-        return ((seed * 1000003 + rank) * 1000033 + step + 1) % 2**63
+        return _mixed(seed, 1, rank, step) % 2**63
     raise ValueError(f"derive_seed: purpose must be one of {SEEDS}, got {purpose!r}")
+
+
+def _mixed(*numbers: int) -> int:
+    """A 64-bit value of non-negative ints, each folded in with SplitMix64's step and finaliser: nearby inputs give
+    unrelated values, so seeds derived from (seed, rank, step) never line up as sums of multiples do."""
+    mask, state = 2**64 - 1, 0
+    for n in numbers:
+        z = state = (state + n + 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        state = z ^ (z >> 31)
+    return state
 
 
 def seed_everything(seed: int) -> None:

@@ -39,14 +39,15 @@ class Evaluate:
 def evaluator(
     options: EvalOptions,
     *,
-    batch_size: int | None,
+    batch_size: int | Callable[[], int] | None,
     collate_fn: Any,
     num_workers: Callable[[], int],
     proc: Process,
 ) -> Evaluate | None:
     """``evaluate(model) -> {name: mean}``: ``eval_step``'s batch means, weighted by batch size,
     over all of ``eval_data`` (each rank a disjoint, unpadded share); None without eval_step (the
-    options, checked when built, hold both or neither)."""
+    options, checked when built, hold both or neither). ``batch_size`` (of a Dataset's batches) may be a
+    function, read at the first evaluation."""
     if not options.enabled:
         return None
     eval_step, eval_data = options.eval_step, options.eval_data
@@ -69,7 +70,6 @@ def evaluator(
             worker_loader,
             dataset=eval_data,
             sampler=mine,
-            batch_size=batch_size,
             drop_last=False,
             collate_fn=collate_fn,
             pin_memory=proc.device.type == "cuda",
@@ -81,7 +81,10 @@ def evaluator(
             is indexed a whole batch at a time in this process, others read by as many workers as training's."""
             if not built:
                 n = 0 if indexable(eval_data, collate_fn) else num_workers()
-                built.append(Reader(eval_data, mine, batch_size, False, collate_fn, n, workers, 0))
+                size = batch_size() if callable(batch_size) else batch_size
+                assert size is not None  # for the type checker: refused above
+                read = functools.partial(workers, batch_size=size)
+                built.append(Reader(eval_data, mine, size, False, collate_fn, n, read, 0))
             return built[0]
 
     @torch.no_grad()

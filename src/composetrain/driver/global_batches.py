@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import Sampler
 
 from composetrain.core.rng import derive_seed
 
-__all__ = ["GlobalBatches", "global_problem", "share", "world_sizes"]
+__all__ = ["GlobalBatches", "batchnorm_problem", "global_problem", "share", "world_sizes"]
 
 
 def share(size: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -46,6 +48,17 @@ def _listed(sizes: list[int]) -> str:
     return ", ".join(map(str, sizes[:16])) + (", ..." if len(sizes) > 16 else "")
 
 
+def _resumed(setting: str, fits: list[int]) -> str:
+    """What a run resumed from its checkpoints can do of a refusal's fixes: not change ``setting`` (its checkpoints
+    refuse another, which changes the run), only the number of processes (``fits``: those that would do)."""
+    *others, last = fits[:16]
+    shown = _listed(fits) if len(fits) > 16 else f"{', '.join(map(str, others))} or {last}" if others else str(last)
+    processes = "process" if fits == [1] else "processes"
+    return (
+        f"; a run resumed from its checkpoints keeps the {setting} it was saved with: resume it on {shown} {processes}"
+    )
+
+
 def global_problem(samples: int, global_batch_size: int, world_size: int, drop_last: bool, equal: bool) -> str | None:
     """Why ``world_size`` processes cannot run updates of ``global_batch_size`` samples over ``samples`` samples, or
     None; ``equal``: every process must read as many samples in each update (a forward that gathers from every
@@ -56,7 +69,8 @@ def global_problem(samples: int, global_batch_size: int, world_size: int, drop_l
         return (
             f"global_batch_size={g} cannot be shared evenly among {w} processes ({g} / {w} is not whole); run it "
             f"on a number of processes that divides {g} ({_listed(fits)}), or choose a global_batch_size that {w} "
-            f"divides (e.g. {max(w, g // w * w)} or {(g // w + 1) * w})"
+            f"divides (e.g. {' or '.join(map(str, sorted({max(w, g // w * w), (g // w + 1) * w})))})"
+            + _resumed("global_batch_size", fits)
         )
     if drop_last and n < g:
         return (
@@ -69,7 +83,7 @@ def global_problem(samples: int, global_batch_size: int, world_size: int, drop_l
         return (
             f"the dataset's {n} samples make {n // g} update(s) of global_batch_size={g} and a last, short one of "
             f"{short} sample(s), too few for {w} processes (each needs one at least); set drop_last=True (that "
-            f"update is dropped), or run on fewer processes: {_listed(fits)}"
+            f"update is dropped), or run on fewer processes: {_listed(fits)}" + _resumed("drop_last", fits)
         )
     if equal and short % w:
         fits = world_sizes(g, short)
@@ -78,8 +92,36 @@ def global_problem(samples: int, global_batch_size: int, world_size: int, drop_l
             f"ct.sharded), but the dataset's last, short update of {short} samples ({n} samples, "
             f"global_batch_size={g}) cannot be shared evenly among {w} processes; set drop_last=True (that update is "
             f"dropped), or run on a number of processes that divides both {g} and {short} ({_listed(fits)})"
+            + _resumed("drop_last", fits)
         )
     return None
+
+
+def batchnorm_problem(
+    model: nn.Module, samples: int, global_batch_size: int, world_size: int, drop_last: bool
+) -> str | None:
+    """Why ``model`` trains another model on ``world_size`` processes than on one, or None: BatchNorm in training
+    mode (not SyncBatchNorm) normalises each process's share with that share's statistics."""
+    found = [
+        f"{name or 'the model'!r} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, _BatchNorm) and not isinstance(m, nn.SyncBatchNorm) and m.training
+    ]
+    if world_size == 1 or not found:
+        return None
+    short = 0 if drop_last else samples % global_batch_size
+    per = f"{global_batch_size // world_size} samples per update"
+    if short:
+        per += f", {short // world_size} in the last, short one"
+    one = short and short // world_size == 1
+    return (
+        f"global_batch_size={global_batch_size} on {world_size} processes with BatchNorm in training mode "
+        f"({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): each process normalises its own share ({per}) "
+        "with the share's statistics, and keeps running ones of its own or rank 0's, so the run is not the one "
+        "on another number of processes, and a resume on another number changes it"
+        + ("; a share of one sample fails in BatchNorm1d over (N, C) inputs" if one else "")
+        + ". Use GroupNorm or LayerNorm (exact on any number of processes), or nn.SyncBatchNorm on GPUs"
+    )
 
 
 class GlobalBatches(Sampler[list[int]]):

@@ -7,7 +7,7 @@ distributed sampler (``batch_size``: per process) or its share of each global up
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -36,15 +36,16 @@ __all__ = [
 ]
 
 
-def _seed_worker(seed: int, rank: int) -> Any:
+def _seed_worker(seed: int, rank: int, step: int) -> Any:
     """The workers' init function: a partial of a module-level function, so that it pickles to workers started
     by "spawn" or "forkserver" (a closure would not, and no worker could start)."""
-    return functools.partial(_init_worker, seed, rank)
+    return functools.partial(_init_worker, seed, rank, step)
 
 
-def _init_worker(seed: int, rank: int, worker_id: int) -> None:
-    # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059)
-    seed_everything(derive_seed(seed, "worker", rank=rank, worker=worker_id))
+def _init_worker(seed: int, rank: int, step: int, worker_id: int) -> None:
+    # (seed, rank, worker): every worker of every rank draws differently (PyTorch issue 5059); and the update the
+    # run started at: a resumed run's workers draw new numbers, not the fresh start's again
+    seed_everything(derive_seed(seed, "worker", rank=rank, worker=worker_id, step=step))
 
 
 def build_loader(
@@ -55,11 +56,14 @@ def build_loader(
     world_size: int,
     local_world_size: int,
     equal_shares: bool = False,
+    started: Callable[[], int] = lambda: 0,
 ) -> tuple[DataLoader[Any] | Reader, ResumableSampler | GlobalBatches | None]:
     """The loader of ``options.data``: a DataLoader given, used as given (no sampler), or ct.run's ``Reader``
     over a Dataset, and its sampler (``num_workers``: an int, or "auto": chosen by measurement). The options
     were checked when built; what is checked here needs the job (its world size) or the data's length
     (``equal_shares``: every rank must read as many samples in each update, as under ``ct.sharded``).
+    ``started()``: the update this run started at (0, or where it resumed), read when the workers start: their
+    seeds (``derive_seed(seed, "worker", ..., step=started())``).
 
     Raises:
         TypeError / ValueError: what ``data`` cannot give this job, named.
@@ -119,18 +123,21 @@ def build_loader(
 
     # a ct.cache store's workers read whole batches, each with its epoch (which seeds its augmentation)
     whole = mapped(data, collate_fn)
-    workers = functools.partial(
-        worker_loader,
-        dataset=data,
-        sampler=sampler,
-        batch_size=batch_size,
-        drop_last=drop_last,
-        collate_fn=collate_fn,
-        pin_memory=pin_memory,
-        worker_init_fn=_seed_worker(seed, rank),
-        seed=derive_seed(seed, "loader", rank=rank),
-        whole=whole,
-    )
+    per_process = batch_size
+
+    def workers(n: int) -> DataLoader[Any]:  # started when first read: after a resume, which ``started`` says
+        return worker_loader(
+            n,
+            dataset=data,
+            sampler=sampler,
+            batch_size=per_process,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            worker_init_fn=_seed_worker(seed, rank, started()),
+            seed=derive_seed(seed, "loader", rank=rank),
+            whole=whole,
+        )
 
     workers_now = None if options.auto_workers else int(options.num_workers)
     reader = Reader(

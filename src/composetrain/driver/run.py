@@ -8,6 +8,7 @@ loop stands and what is due; ``_Driver`` below holds what was set up and does ea
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -29,6 +30,7 @@ from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
 from composetrain.driver.evaluation import EvalStep, evaluator
+from composetrain.driver.global_batches import batchnorm_problem
 from composetrain.driver.loader import (
     build_loader,
     epoch_batches,
@@ -148,6 +150,8 @@ def run(
             padded or repeated; of each update every process reads a contiguous share, G/W of them. A number of
             processes W that does not divide G is refused before anything is trained or saved, naming those that
             would, and so is a short update of fewer samples than processes (``drop_last=True`` drops it).
+            Evaluation reads batches of the training's forward size (``train_step.forward_size``: G/W as the
+            composition cuts it), and BatchNorm in training mode on several processes is warned of.
         shuffle: reshuffle every epoch (``DistributedSampler.set_epoch``); default True. A DataLoader's
             own sampler decides: a shuffle that contradicts it is refused.
         drop_last: drop each epoch's last, smaller batch; default False (a DataLoader's own, which a
@@ -391,6 +395,7 @@ class _Driver:
         if not can.places_model:  # data_parallel, pipeline_split place the model themselves
             state.model.to(proc.device)
         chosen = options.loader
+        self.started_at = 0  # the update a resumed run continues from (resume sets it): its loader workers' seeds
         self.loader, self.sampler = loader, _ = build_loader(
             chosen,
             pin_memory=proc.device.type == "cuda",
@@ -398,12 +403,26 @@ class _Driver:
             world_size=proc.world_size,
             local_world_size=proc.local_world_size,
             equal_shares=can.forward_needs_every_rank,
+            started=lambda: self.started_at,
         )
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
+        dataset = self.loader.dataset
+        if chosen.global_batch_size is not None and proc.is_main and isinstance(dataset, Sized):
+            problem = batchnorm_problem(
+                state.model, len(dataset), chosen.global_batch_size, proc.world_size, chosen.drop_last
+            )
+            if problem is not None:  # as accumulate warns of it: BatchNorm users under DDP expect it
+                warnings.warn(f"{RUN}: {problem}", stacklevel=3)
+        per_process = chosen.batch_size or self.loader.batch_size
+        eval_batch: int | Callable[[], int] | None = per_process
+        if chosen.global_batch_size is not None and per_process is not None:
+            # G/W per process, twice as many on half the processes: evaluation reads batches of the training's
+            # forward size instead (accumulate(micro_batch=m): m), holding no more than training on any number
+            eval_batch = functools.partial(step_fn.forward_size, state, per_process)
         self.evaluator = evaluator(
             options.eval,
-            batch_size=chosen.batch_size or self.loader.batch_size,
+            batch_size=eval_batch,
             collate_fn=chosen.collate_fn,
             num_workers=lambda: loader.num_workers,
             proc=proc,
@@ -412,7 +431,6 @@ class _Driver:
         self.per_epoch = proc.fewest(len(self.loader))
         if self.per_epoch == 0:
             raise ValueError(f"{RUN}: some process has no batch in an epoch: use a smaller batch_size")
-        dataset = self.loader.dataset
         # what a resumed run must share with the checkpoint's; in a run defined by its global batch, nothing that
         # depends on the number of processes (updates_per_epoch does not: global updates)
         global_batch = chosen.global_batch_size
@@ -507,6 +525,7 @@ class _Driver:
             seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step))
         if given is not None:
             set_generator_states(given, generators)
+        self.started_at = state.step
         return Progress.from_checkpoint(saved, local, schedule, start=state.step)
 
     def refuse_in_the_way(self, schedule: Schedule, start: int) -> None:

@@ -111,6 +111,11 @@ class _AutoAccumulate(TrainStep):
             memory.micro_batch = before
             raise
 
+    def forward_size(self, state: TrainState, size: int) -> int:
+        found = state.transform_state(self.role, MicroBatchMemory).micro_batch  # None: whole batches fit so far
+        n = 1 if found is None else math.ceil(size / found)
+        return self._inner().forward_size(state, math.ceil(size / n))
+
     def _passes(self, state: TrainState, batch: Any, ctx: Context, n: int, deferred: bool) -> Pass:
         inner = self._inner()
         who = self  # formatted only if an error needs it

@@ -147,5 +147,9 @@ class _Accumulate(TrainStep):
         ]
         return combine(passes, who)
 
+    def forward_size(self, state: TrainState, size: int) -> int:
+        pieces = -(-size // self.n) if self.by_size else min(self.n, size)  # as split_weighted cuts it
+        return self._inner().forward_size(state, -(-size // max(pieces, 1)))
+
     def _config(self) -> tuple[Any, ...]:
         return (self.n, self.by_size, self.own_weight)

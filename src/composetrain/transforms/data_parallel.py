@@ -92,6 +92,9 @@ class _DataParallel(TrainStep):
                 _follow(model, replica)
         return self._inner().prepare(state, batch, ctx)
 
+    def forward_size(self, state: TrainState, size: int) -> int:
+        return self._inner().forward_size(state, -(-size // min(len(self.devices), size)))  # the largest shard
+
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         who = self  # formatted only if an error needs it
         shards, weights = split_weighted(batch, len(self.devices), ctx, who, "shard")
