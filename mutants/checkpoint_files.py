@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/checkpoint/files.py",
+        "find": '                    problem = problem or (local and unlogged_problem(payload, local["window"]))',
+        "replace": "                    problem = problem",
+        "tests": [
+            "tests/test_global_batch.py::test_a_checkpoint_whose_unlogged_updates_do_not_add_up_is_set_aside",
+        ],
+        "why": "the rank file's window unchecked: a resume on the same number continues a wrong record",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
         "find": "if failure.errno in (errno.ENOSPC, errno.EDQUOT):",
         "replace": "if failure.errno == errno.EDQUOT:",
         "tests": [

@@ -7,6 +7,39 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/checkpoint/format.py",
+        "find": "    if applied == since or (since is None and applied <= step):",
+        "replace": "    if applied <= step:",
+        "tests": [
+            "tests/test_global_batch.py::test_a_checkpoint_whose_unlogged_updates_do_not_add_up_is_set_aside",
+        ],
+        "why": "a window short of its updates since the last record passes: the next record another mean, silently",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": '    applied = sum(not entry["skipped"] for entry in window)',
+        "replace": "    applied = len(window)",
+        "tests": [
+            "tests/test_global_batch.py::test_a_window_holding_skipped_updates_adds_up_by_its_applied_ones",
+        ],
+        "why": "skipped updates counted as applied: a sound checkpoint with a skip in its window set aside",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": (
+            '    if problem is None and payload["settings"].get("global_batch_size") is not None:  # its window: '
+            "ranks' means"
+        ),
+        "replace": '    if problem is None and payload["settings"].get("global_batch_size") is None:',
+        "tests": [
+            "tests/test_global_batch.py::test_a_checkpoint_whose_unlogged_updates_do_not_add_up_is_set_aside",
+        ],
+        "why": "state.pt's window checked in batch_size runs (where it is empty) and not in global batch ones",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
         "find": "READS = (2, 3)",
         "replace": "READS = (3,)",
         "tests": [

@@ -7,6 +7,49 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/core/batching.py",
+        "find": "    if per_sample is not None:  # every piece would get all of them beside its own samples' tensors",
+        "replace": "    if per_sample is not None and k > size:",
+        "tests": [
+            "tests/test_accumulate_micro_batch.py::test_per_sample_values_that_are_not_tensors_are_refused_before_any_pass",
+            "tests/test_batching.py::test_a_list_of_one_value_per_sample_that_no_piece_could_follow_is_refused",
+        ],
+        "why": "the per-sample list found but never refused: every micro-batch gets all the strings again",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/core/batching.py",
+        "find": "    if isinstance(obj, list) and len(obj) == size and not leaves(obj):",
+        "replace": "    if isinstance(obj, (list, tuple)) and len(obj) == size and not leaves(obj):",
+        "tests": [
+            "tests/test_accumulate_micro_batch.py::test_per_sample_values_that_are_not_tensors_are_refused_before_any_pass",
+            "tests/test_batching.py::test_a_list_of_one_value_per_sample_that_no_piece_could_follow_is_refused",
+        ],
+        "why": "a tuple refused too: the documented way to hand every piece all the values is gone",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/core/batching.py",
+        "find": "    if isinstance(obj, list) and len(obj) == size and not leaves(obj):",
+        "replace": "    if isinstance(obj, list) and len(obj) == size:",
+        "tests": [
+            "tests/test_accumulate_micro_batch.py::test_per_sample_values_that_are_not_tensors_are_refused_before_any_pass",
+        ],
+        "why": "a list holding tensors (a structure, whose tensors are cut) refused as per-sample values",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/core/batching.py",
+        "find": '            yield from _per_sample_values(obj[k], size, f"{prefix}[{k!r}]")',
+        "replace": "            yield from ()",
+        "tests": [
+            "tests/test_accumulate_micro_batch.py::test_per_sample_values_that_are_not_tensors_are_refused_before_any_pass",
+            "tests/test_batching.py::test_a_list_of_one_value_per_sample_that_no_piece_could_follow_is_refused",
+        ],
+        "why": "the search stops at mappings: a dict batch's strings go whole to every piece, unrefused",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/core/batching.py",
         "find": "    k = -(-size // n) if by_size else min(n, size)",
         "replace": "    k = size // n if by_size else min(n, size)",
         "tests": [

@@ -7,6 +7,36 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/core/rng.py",
+        "find": "        return _mixed(seed, 2, rank, worker, step) % 2**32",
+        "replace": "        return _mixed(seed, 2, rank, worker, 0) % 2**32",
+        "tests": [
+            "tests/test_rng_streams.py::test_a_resumed_ranks_streams_are_none_of_the_runs_other_streams",
+        ],
+        "why": "a resumed worker's seed ignores where it resumed: two resumes at different updates draw alike",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/core/rng.py",
+        "find": "        return _mixed(seed, 1, rank, step) % 2**63",
+        "replace": "        return ((seed * 1000003 + rank) * 1000033 + step + 1) % 2**63",
+        "tests": [
+            "tests/test_rng_streams.py::test_a_resumed_ranks_streams_are_none_of_the_runs_other_streams",
+        ],
+        "why": "the resume seed a sum of multiples again: rank 0 resumed after update 1 draws fresh rank 2's stream",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/core/rng.py",
+        "find": "        state = z ^ (z >> 31)",
+        "replace": "        state = n",
+        "tests": [
+            "tests/test_rng_streams.py::test_a_resumed_ranks_streams_are_none_of_the_runs_other_streams",
+        ],
+        "why": "the mixing keeps only the last number: every rank resumed at one update draws the same stream",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/core/rng.py",
         "find": 'numpy = sys.modules.get("numpy") if "numpy" in kinds else None',
         "replace": "numpy = None",
         "tests": [

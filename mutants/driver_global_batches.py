@@ -7,6 +7,36 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/global_batches.py",
+        "find": '            + _resumed("global_batch_size", fits)',
+        "replace": '            + ""',
+        "tests": [
+            "tests/test_global_batch.py::test_a_resumed_job_is_not_sent_to_a_global_batch_size_its_checkpoint_refuses",
+        ],
+        "why": "a requeued job is told to change global_batch_size, which its checkpoint then refuses",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/driver/global_batches.py",
+        "find": "    if world_size == 1 or not found:",
+        "replace": "    if not found:",
+        "tests": [
+            "tests/test_global_batch.py::test_batchnorm_is_named_only_where_it_makes_the_run_depend_on_the_number_of_processes",
+        ],
+        "why": "one process warned of BatchNorm too: there the run is itself",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/driver/global_batches.py",
+        "find": "        if isinstance(m, _BatchNorm) and not isinstance(m, nn.SyncBatchNorm) and m.training",
+        "replace": "        if isinstance(m, _BatchNorm)",
+        "tests": [
+            "tests/test_global_batch.py::test_batchnorm_is_named_only_where_it_makes_the_run_depend_on_the_number_of_processes",
+        ],
+        "why": "frozen (eval-mode) and synchronised BatchNorm named as if it normalised each share alone",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/driver/global_batches.py",
         "find": "    return start, start + base + (rank < extra)",
         "replace": "    return start, start + base + (rank <= extra)",
         "tests": [

@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/loader.py",
+        "find": "            worker_init_fn=_seed_worker(seed, rank, started()),",
+        "replace": "            worker_init_fn=_seed_worker(seed, rank, 0),",
+        "tests": [
+            "tests/test_global_batch.py::test_a_resumed_runs_loader_workers_draw_new_numbers_not_the_fresh_starts_again",
+        ],
+        "why": "workers seeded as at the fresh start again: every requeue replays the first updates' augmentations",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/driver/loader.py",
         "find": "    return functools.partial(_init_worker, seed, rank, step)",
         "replace": "    return lambda worker_id: _init_worker(seed, rank, step, worker_id)",
         "tests": [

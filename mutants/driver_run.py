@@ -7,6 +7,36 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
+        "find": "        self.started_at = state.step\n",
+        "replace": "",
+        "tests": [
+            "tests/test_global_batch.py::test_a_resumed_runs_loader_workers_draw_new_numbers_not_the_fresh_starts_again",
+        ],
+        "why": "the resume point never reaches the loader: its workers draw the fresh start's numbers again",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "            eval_batch = functools.partial(step_fn.forward_size, state, per_process)",
+        "replace": "            eval_batch = per_process",
+        "tests": [
+            "tests/test_global_batch.py::test_evaluation_reads_batches_no_larger_than_the_training_forward",
+        ],
+        "why": "evaluation reads G/W at once again: twice as much on half the processes, beside bounded training",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": " and proc.is_main and isinstance(dataset, Sized):",
+        "replace": " and not proc.is_main and isinstance(dataset, Sized):",
+        "tests": [
+            "tests/test_resume_anywhere.py::test_batchnorm_that_makes_the_run_depend_on_the_number_of_processes_is_warned_of",
+        ],
+        "why": "the BatchNorm warning said by every rank but 0: the user's rank-0 log never shows it",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
         "find": "            self.compile_cache.enter()",
         "replace": "            pass",
         "tests": [

@@ -7,6 +7,30 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/accumulate.py",
+        "find": "        return self._inner().forward_size(state, -(-size // max(pieces, 1)))",
+        "replace": "        return self._inner().forward_size(state, size)",
+        "tests": [
+            "tests/test_global_batch.py::test_evaluation_reads_batches_no_larger_than_the_training_forward",
+            "tests/test_accumulate_micro_batch.py::test_forward_size_says_how_large_the_compositions_forwards_are",
+        ],
+        "why": "accumulate reports the whole batch as its forward: evaluation reads G/W beside micro-batches of m",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/transforms/accumulate.py",
+        "find": (
+            "        pieces = -(-size // self.n) if self.by_size else min(self.n, size)  # as split_weighted cuts it"
+        ),
+        "replace": "        pieces = -(-size // self.n) if self.by_size else max(self.n, size)",
+        "tests": [
+            "tests/test_global_batch.py::test_evaluation_reads_batches_no_larger_than_the_training_forward",
+            "tests/test_accumulate_micro_batch.py::test_forward_size_says_how_large_the_compositions_forwards_are",
+        ],
+        "why": "accumulate(n)'s pieces counted as the batch's samples: evaluation one sample at a time",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/transforms/accumulate.py",
         "find": '    shown = f"micro_batch={n}" if by_size else f"{n}"',
         "replace": '    shown = f"{n}"',
         "tests": [

@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/_auto_accumulate.py",
+        "find": "        n = 1 if found is None else math.ceil(size / found)",
+        "replace": "        n = 1",
+        "tests": [
+            "tests/test_accumulate_micro_batch.py::test_forward_size_says_how_large_the_compositions_forwards_are",
+        ],
+        "why": "accumulate('auto') reports whole batches after an out-of-memory error found a smaller size",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/transforms/_auto_accumulate.py",
         "find": "            p.grad = grad.clone()\n",
         "replace": "            p.grad = grad\n",
         "tests": [

@@ -7,6 +7,19 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/data_parallel.py",
+        "find": (
+            "        return self._inner().forward_size(state, -(-size // min(len(self.devices), size)))  # the "
+            "largest shard"
+        ),
+        "replace": "        return self._inner().forward_size(state, size)",
+        "tests": [
+            "tests/test_accumulate_micro_batch.py::test_forward_size_says_how_large_the_compositions_forwards_are",
+        ],
+        "why": "data_parallel reports the whole batch as one device's forward",
+        "from": "adversary32",
+    },
+    {
+        "file": "src/composetrain/transforms/data_parallel.py",
         "find": "    refuses_inside = refused_inside(role)",
         "replace": '    refuses_inside = refused_inside("distributed")',
         "tests": [
