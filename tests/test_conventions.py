@@ -74,6 +74,12 @@ def _rendezvous(timeout: Any) -> None:
 
 _INT64 = {"minimum": -(2**63), "maximum": 2**63 - 1}
 
+
+def _colwise() -> Any:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return ColwiseParallel()
+
 ARGS = [
     Arg("accumulate", "n", lambda v: ct.accumulate(v), "int"),
     Arg("clip_grad_norm", "max_norm", lambda v: ct.clip_grad_norm(v), "real"),
@@ -88,6 +94,8 @@ ARGS = [
     ],
     Arg("sharded", "reshard_after_forward", lambda v: ct.sharded(reshard_after_forward=v), "bool"),
     Arg("sharded", "sync_every_micro_batch", lambda v: ct.sharded(sync_every_micro_batch=v), "bool"),
+    Arg("tensor_parallel", "size", lambda v: ct.tensor_parallel({"0": _colwise()}, size=v), "int"),
+    Arg("pipeline", "microbatches", lambda v: ct.pipeline([["0"]], microbatches=v, schedule="gpipe"), "int"),
     Arg("compile", "fullgraph", lambda v: ct.compile(fullgraph=v), "bool"),
     Arg("compile", "cache", lambda v: ct.compile(cache=v), "bool"),
     Arg("pipeline_split", "chunks", lambda v: ct.pipeline_split({"0": "cpu"}, chunks=v), "int"),
@@ -263,6 +271,14 @@ REQUIRED = {
     "pipeline_split": (
         ct.pipeline_split,
         r"^pipeline_split: placement is required, got a step instead: .*pipeline_split\(\{\"encoder\": .*\}\)\(step\)$",
+    ),
+    "tensor_parallel": (
+        lambda step: ct.tensor_parallel(step, size=2),
+        r"^tensor_parallel: plan is required, got a step instead: .*tensor_parallel\(\{.*\}, size=2\)\(step\)$",
+    ),
+    "pipeline": (
+        lambda step: ct.pipeline(step, microbatches=2),
+        r"^pipeline: stages is required, got a step instead: .*pipeline\(\[\[.*\]\], microbatches=4\)\(step\)$",
     ),
 }
 

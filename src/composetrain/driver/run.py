@@ -342,8 +342,13 @@ class _Driver:
         if not can.places_model:  # data_parallel, pipeline_split place the model themselves
             state.model.to(proc.device)
         chosen = options.loader
+        # the processes that split the model (a tensor-parallel group, a pipeline's stages) read one shard alike
+        try:
+            self.shard, self.shards = can.data_shard(proc.rank, proc.world_size)
+        except ValueError as e:
+            raise ValueError(f"{RUN}: {step_fn!r}: {e}") from None
         self.loader, self.sampler = loader, _ = build_loader(
-            chosen, pin_memory=proc.device.type == "cuda", rank=proc.rank, world_size=proc.world_size,
+            chosen, pin_memory=proc.device.type == "cuda", rank=self.shard, world_size=self.shards,
             local_world_size=proc.local_world_size,
         )  # fmt: skip
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
@@ -407,7 +412,7 @@ class _Driver:
             self.compile_cache.enter()
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None:
-            seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))
+            seed_everything(derive_seed(seed, "fresh start", rank=self.shard))  # a data shard's processes alike
             return Progress(schedule, start=state.step)
         path, saved, local = latest
         changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}
@@ -481,7 +486,7 @@ class _Driver:
         record = self.meter.read(at.window, done, None if self.used_lr is None else float(self.used_lr))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
-        record["global_batch"] = None if batch is None else batch * self.proc.world_size
+        record["global_batch"] = None if batch is None else batch * self.shards
         at.history.append(record)
         self.log.write(record)
         self.bar.update(state.step - self.bar.n)
