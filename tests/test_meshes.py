@@ -10,6 +10,9 @@ rank functions live in this file (``pool.run("test_meshes", name, ...)``). The l
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -154,10 +157,17 @@ def compositions() -> dict[str, Any]:
     return {
         "hsdp": ct.sharded(ct.ema(0.5)(clip(weighted(step))), modules=Block, replicate=2),
         "tp_fsdp": ct.sharded(ct.tensor_parallel(plan(), size=2)(clip(weighted(step))), modules=Block),
-        "tp_ddp": ct.distributed(clip(ct.tensor_parallel(plan(), size=2)(weighted(step)))),
-        "pp_ddp_1f1b": ct.distributed(clip(weighted(ct.pipeline(STAGES, microbatches=2)(step)))),
+        # bf16 autocast leaves float64 alone: its finite check and the order of the transforms are what is tested
+        "tp_ddp": ct.distributed(ct.mixed_precision("bf16")(clip(ct.tensor_parallel(plan(), size=2)(weighted(step))))),
+        "pp_ddp_1f1b": ct.distributed(
+            ct.mixed_precision("bf16")(clip(weighted(ct.pipeline(STAGES, microbatches=2)(step))))
+        ),
         "pp_ddp_gpipe": ct.distributed(clip(weighted(ct.pipeline(STAGES, microbatches=2, schedule="gpipe")(step)))),
-        "pp_fsdp": ct.sharded(clip(weighted(ct.pipeline(STAGES, microbatches=2)(step))), modules=Block),
+        "pp_fsdp": ct.sharded(
+            ct.checkpoint_activations(Block)(clip(weighted(ct.pipeline(STAGES, microbatches=2)(step)))), modules=Block
+        ),
+        "hsdp_4x1": ct.sharded(ct.ema(0.5)(clip(weighted(step))), modules=Block, replicate=4),
+        "fsdp4": ct.sharded(clip(weighted(step)), modules=Block),
     }
 
 
@@ -181,6 +191,153 @@ def train_by_hand(rank: int, world: int, name: str) -> dict[str, Any]:
     return found
 
 
+RUN = {"shuffle": False, "num_workers": 0, "progress": False, "seed": 0, "log_every": 1}
+
+
+def run_for(name: str, state: ct.TrainState, folder: str, updates: int) -> ct.RunResult:
+    """``ct.run`` of ``name``'s composition up to ``updates`` updates in all (a global batch of BATCH samples per
+    update: the processes of a data shard read theirs alike), checkpointing into ``folder``."""
+    train = compositions()[name]
+    _, shards = train.capabilities.data_shard(0, WORLD)
+    return ct.run(train, state, dataset(), batch_size=BATCH // shards, max_steps=updates, checkpoint_dir=folder, **RUN)
+
+
+def saved_then_resumed(rank: int, world: int, folder: str, first: str, then: str) -> dict[str, Any]:
+    """``first``'s layout for UPDATES - 1 updates through ``ct.run`` (a checkpoint each update), then ``ct.run``
+    again with ``then``'s layout on the same folder: it resumes from the checkpoint, resharded, to UPDATES."""
+    first_run = run_for(first, fresh_state(seed=rank), folder, UPDATES - 1)
+    state = fresh_state(seed=rank)
+    resumed = run_for(then, state, folder, UPDATES)
+    found = {"params": {k: whole(v) for k, v in state.state_dict()["model"].items()}, "step": state.step}
+    assert [r["step"] for r in first_run.history] == list(range(1, UPDATES))
+    found["norms"] = [r["grad_norm"] for r in resumed.history]  # the checkpoint's records and the resumed one's
+    found["global_batch"] = {r["global_batch"] for r in resumed.history}
+    if "ema" in compositions()[then].roles:
+        found["ema"] = {k: whole(v) for k, v in ct.ema_model(state, into=gpt()).state_dict().items()}
+    return found
+
+
+def loaded_then_trained(rank: int, world: int, checkpoint: str, name: str) -> dict[str, Any]:
+    """``name``'s layout: its state laid out (``ct.apply_sharding``), a checkpoint of another layout loaded into
+    it (``ct.load_checkpoint``), then the last update by hand."""
+    train = compositions()[name]
+    state = fresh_state(seed=rank)
+    assert ct.apply_sharding(train, state)
+    ct.load_checkpoint(state, checkpoint)
+    index, count = shard_index(train, rank)
+    out = train(state, shard_of(global_batch(UPDATES - 1), index, count))
+    return {
+        "params": {k: whole(v) for k, v in state.state_dict()["model"].items()},
+        "step": state.step,
+        "norms": [float(whole(out.metrics["grad_norm"]))],
+    }
+
+
+def one_process_from(checkpoint: str, ema: bool = False) -> dict[str, Any]:
+    """A checkpoint of any layout loaded in this (the test's) process into the plain model, then the last update
+    of the plain step: the one-process continuation."""
+    state = fresh_state()
+    ct.load_checkpoint(state, checkpoint)
+    train = ct.clip_grad_norm(MAX_NORM)(step)
+    train = ct.ema(0.5)(train) if ema else train
+    out = train(state, global_batch(UPDATES - 1))
+    found = record(state, [out])
+    if ema:
+        found["ema"] = {k: whole(v) for k, v in ct.ema_model(state).state_dict().items()}
+    return found
+
+
+def refusal(rank: int, world: int, case: str) -> str:
+    """What one update of a bad layout or plan raises on this rank (its type and message)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    weighted = ct.accumulate(2, weight=tokens)
+    bad_plan = {
+        "plan_missing": {**plan(), "[12].nope": ColwiseParallel()},
+        "plan_kind": {"1.norm1": ColwiseParallel()},
+        "plan_disagree": plan() if rank != 1 else {k: v for k, v in plan().items() if not k.endswith("down")},
+        "plan_unpaired": {"1.up": ColwiseParallel()},
+        "dropout": plan(),
+    }
+    stages = {
+        "stages_disagree": STAGES if rank != 2 else [["0"], ["1", "2", "3"]],
+        "stages_missing": [["0", "1"], ["2"]],
+        "pp_3": [["0"], ["1"], ["2", "3"]],
+    }
+    build = {
+        "replicate_3": lambda: ct.sharded(weighted(step), replicate=3),
+        "tp_3": lambda: ct.sharded(ct.tensor_parallel(plan(), size=3)(weighted(step))),
+        "tp_alone": lambda: ct.tensor_parallel(plan(), size=2)(weighted(step)),
+        "plan_unpaired": lambda: ct.tensor_parallel(bad_plan[case], size=4)(weighted(step)),
+        "pp_3": lambda: ct.distributed(ct.pipeline(stages[case], microbatches=3)(step)),
+        "pipeline_batch": lambda: ct.distributed(ct.pipeline(STAGES, microbatches=3)(step)),
+    }
+    if case in bad_plan and case not in build:
+        build[case] = lambda: ct.sharded(ct.tensor_parallel(bad_plan[case], size=2)(weighted(step)))
+    if case in stages and case not in build:
+        build[case] = lambda: ct.distributed(ct.pipeline(stages[case], microbatches=2)(step))
+    state = fresh_state(seed=rank)
+    if case == "dropout":
+        state.model[1].drop = nn.Dropout(0.1)  # registered, in training mode
+    train = build[case]()
+    try:
+        try:
+            index, count = train.capabilities.data_shard(rank, WORLD)
+        except ValueError:
+            index, count = 0, 1
+        train(state, shard_of(global_batch(0), index, count))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        state.release_runtime()
+    return "no error"
+
+
+def mesh_timeouts(rank: int, world: int) -> list[float]:
+    """The timeouts of the job's group and of every group of a TP 2 x FSDP 2 mesh, in seconds."""
+    from composetrain.transforms._mesh import KEY, _timeout
+
+    state = fresh_state(seed=rank)
+    train = compositions()["tp_fsdp"]
+    index, count = shard_index(train, rank)
+    train(state, shard_of(global_batch(0), index, count))
+    place = state.transform_state(KEY, lambda: None).place
+    groups = [place.world_group, place.data_group, place.group("shard"), place.group("tp")]
+    found = [_timeout(g).total_seconds() for g in groups]
+    state.release_runtime()
+    return found
+
+
+KILL = {"armed": False}
+
+
+def dying_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The plain step, but the process running it exits at once while armed (a node lost mid-update)."""
+    if KILL["armed"]:
+        os._exit(1)
+    return step(model, batch)
+
+
+def killed_mid_pipeline(rank: int, world: int) -> dict[str, Any]:
+    """PP 2 x DP 2: one update, then rank 3 (the last stage of the second replica) dies inside the next one's
+    loss. Each other rank reports what it raised and after how long; then exits too, two seconds later, as a
+    failed job's processes do (their peers see the connection close)."""
+    train = ct.distributed(ct.pipeline(STAGES, microbatches=2)(dying_step))
+    state = fresh_state(seed=rank)
+    index, count = shard_index(train, rank)
+    train(state, shard_of(global_batch(0), index, count))
+    KILL["armed"] = rank == 3
+    start = time.monotonic()
+    try:
+        train(state, shard_of(global_batch(1), index, count))
+        found = {"error": None}
+    except Exception as e:
+        found = {"error": f"{type(e).__name__}: {e}"}
+    found["seconds"] = time.monotonic() - start
+    threading.Timer(2.0, os._exit, (0,)).start()
+    return found
+
+
 # -- the tests -------------------------------------------------------------------------------------------------------
 
 
@@ -192,6 +349,8 @@ def pool():
     yield p
     if p.broken is None:
         p.close()
+    else:  # the last test kills ranks: whatever is left goes
+        p.kill()
 
 
 def assert_close_to(found: dict[str, Any], ref: dict[str, Any], rtol: float = 1e-12) -> float:
@@ -217,3 +376,98 @@ def test_each_layout_is_the_one_process_large_batch_update(pool, name):
     if name == "hsdp":
         for k, v in ref["ema"].items():
             torch.testing.assert_close(results[0]["ema"][k], v, rtol=1e-12, atol=1e-14)
+
+
+def checkpoint_of(folder: Any, updates: int) -> str:
+    return str(folder / f"step-{updates:09d}")
+
+
+def test_hsdp_saved_on_2x2_resumes_on_4x1_and_in_one_process(pool, tmp_path):
+    """2 replicas x 2 shards for 2 updates, resumed as 4 replicas x 1 shard (ct.run, DCP resharding) for the third;
+    and the 2x2 checkpoint loaded in one process, unsharded, for the third: each equal to the uninterrupted run."""
+    results = pool.run("test_meshes", "saved_then_resumed", str(tmp_path), "hsdp", "hsdp_4x1", timeout=300)
+    ref = reference(ema=0.5)
+    for found in results:
+        assert found["step"] == UPDATES and found["global_batch"] == {BATCH}
+        print(f"hsdp 2x2 -> 4x1: largest relative gap {assert_close_to(found, ref):.2e}")
+        assert found["norms"] == pytest.approx(ref["norms"], rel=1e-12) and min(found["norms"]) > MAX_NORM
+    one = one_process_from(checkpoint_of(tmp_path, UPDATES - 1), ema=True)
+    print(f"hsdp 2x2 -> 1 process: largest relative gap {assert_close_to(one, ref):.2e}")
+    for k, v in ref["ema"].items():
+        torch.testing.assert_close(one["ema"][k], v, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(results[0]["ema"][k], v, rtol=1e-12, atol=1e-14)
+
+
+def test_tensor_parallel_checkpoints_load_at_another_degree_and_in_one_process(pool, tmp_path):
+    """TP 2 x FSDP 2 through ct.run (each TP pair reads one data shard), its checkpoint loaded into FSDP 4 (TP
+    degree 1) and in one process: the third update equal to the uninterrupted run's."""
+    results = pool.run("test_meshes", "saved_then_resumed", str(tmp_path), "tp_fsdp", "tp_fsdp", timeout=300)
+    ref = reference()
+    for found in results:
+        assert found["step"] == UPDATES and found["global_batch"] == {BATCH}  # 2 shards of 8, not 4 of 8
+        print(f"tp 2 x fsdp 2 through ct.run: largest relative gap {assert_close_to(found, ref):.2e}")
+    step2 = checkpoint_of(tmp_path, UPDATES - 1)
+    for found in pool.run("test_meshes", "loaded_then_trained", step2, "fsdp4", timeout=300):
+        print(f"tp 2 x fsdp 2 -> fsdp 4: largest relative gap {assert_close_to(found, ref):.2e}")
+        assert found["norms"] == pytest.approx(ref["norms"][-1:], rel=1e-12)
+    print(f"tp 2 x fsdp 2 -> 1 process: largest relative gap {assert_close_to(one_process_from(step2), ref):.2e}")
+
+
+def test_pipeline_checkpoints_hold_the_unsplit_model_and_resume_on_another_schedule(pool, tmp_path):
+    """PP 2 x DP 2 (1F1B) through ct.run for 2 updates, resumed with GPipe; its checkpoint holds the whole model
+    under the unsplit names, and loads in one process for the third update."""
+    results = pool.run("test_meshes", "saved_then_resumed", str(tmp_path), "pp_ddp_1f1b", "pp_ddp_gpipe", timeout=300)
+    ref = reference()
+    for found in results:
+        assert found["step"] == UPDATES and found["global_batch"] == {BATCH}
+        print(f"pp 2 x dp 2, 1f1b -> gpipe: largest relative gap {assert_close_to(found, ref):.2e}")
+    step2 = checkpoint_of(tmp_path, UPDATES - 1)
+    saved = torch.load(f"{step2}/state.pt", weights_only=True)["state"]
+    assert set(saved["model"]) == set(gpt().state_dict())  # every stage's, by the unsplit model's names
+    print(f"pp 2 x dp 2 -> 1 process: largest relative gap {assert_close_to(one_process_from(step2), ref):.2e}")
+
+
+REFUSALS = {
+    "replicate_3": "ValueError: sharded(replicate=3)(accumulate(2, weight=tokens)(step)): replicate=3 = 3 does not "
+    "divide the 4 processes of the job; each size must divide W=4 and their product too (divisors of 4: [1, 2, 4])",
+    "tp_3": "tp=3 = 3 does not divide the 4 processes of the job",
+    "pp_3": "pp=3 = 3 does not divide the 4 processes of the job",
+    "tp_alone": "4 processes make 2 tensor-parallel groups of 2, each reading its own data, but nothing synchronises",
+    "plan_missing": "plan names '[12].nope', which matches no submodule of the model (Sequential)",
+    "plan_kind": "plan['1.norm1'] is ColwiseParallel, which splits an nn.Linear or nn.Embedding only",
+    "plan_unpaired": "the first forward since the plan split the model failed",
+    "plan_disagree": "the ranks disagree on the plan",
+    "dropout": "the model has dropout in training mode (['1.drop'])",
+    "stages_disagree": "the ranks disagree on the pipeline: rank 2",
+    "stages_missing": "parameter '3.norm.weight' lies in no stage (0, 1 | 2)",
+    "pipeline_batch": "the batch holds 8 samples, which do not split into microbatches=3 equal micro-batches",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_bad_layouts_and_plans_are_refused_on_every_rank_alike(pool, case):
+    """Meshes that do not divide, plans that name no layer (or the wrong kind), a Colwise layer left unpaired, ranks
+    that disagree, dropout under TP, stages that miss a parameter, batches that do not split: each rank raises the
+    same clear error, naming the numbers and the fix, and the pool goes on (no rank was left in a collective)."""
+    said = pool.run("test_meshes", "refusal", case, timeout=120)
+    for rank, message in enumerate(said):
+        assert REFUSALS[case] in message, (rank, message)
+
+
+def test_every_group_of_the_mesh_waits_as_long_as_the_job_does(pool):
+    """init_device_mesh would give the mesh's groups torch's 30 minutes; gloo's send and receive honour only the
+    timeout a group was made with."""
+    for found in pool.run("test_meshes", "mesh_timeouts", timeout=120):
+        assert found == [found[0]] * 4 and found[0] == 300  # the pool's rendezvous timeout
+
+
+def test_zz_a_killed_rank_fails_the_others_with_a_clear_error_and_no_hang(pool):
+    """Last: it kills the pool. Rank 3 dies in the middle of a pipeline's update: every other rank raises within
+    seconds (the gloo connections close), none waits for the timeout."""
+    said = pool.run("test_meshes", "killed_mid_pipeline", timeout=120, deaths=True)
+    assert said[3] is None  # died without a word
+    for rank in (0, 1, 2):
+        found = said[rank]
+        assert isinstance(found, dict) and found["error"] is not None, (rank, found)
+        assert found["seconds"] < 60, (rank, found)
+        print(f"rank {rank} after {found['seconds']:.1f}s: {found['error'][:160]}")

@@ -310,6 +310,14 @@ class _Pipeline(TrainStep):
                     schedule.step(target_mbs=targets, losses=[], return_outputs=False)
                 else:
                     schedule.step(return_outputs=False)
+            except RuntimeError as e:  # gloo's words for a lost peer: said with where this process stood
+                if "Connection" not in str(e) and "Timed out" not in str(e):
+                    raise
+                raise RuntimeError(
+                    f"{self!r}: stage {held.stage} of {stages} (rank {dist.get_rank()}) lost contact with another "
+                    f"stage mid-update ({str(e).splitlines()[0]}): a process of the job died or stopped answering; "
+                    "see the other ranks' errors (the job must be restarted, e.g. by torchrun --max-restarts)"
+                ) from e
             finally:
                 held.loss, held.hooks, held.ctx = None, (), None
             shard = (

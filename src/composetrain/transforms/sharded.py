@@ -258,9 +258,15 @@ def _average_gradients(params: list[nn.Parameter], group: Any, world: int) -> No
 
 
 def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:
-    """Shard ``state``'s model now, as the first update of ``train_step`` would; False if it has no
-    ``ct.sharded`` or only one process runs. ``ct.run`` does the same (``TrainStep.setup``) before resuming
-    a checkpoint, whose sharded tensors then load straight into the shards."""
+    """Shard ``state``'s model now, as the first update of ``train_step`` would (and split it, under
+    ``ct.tensor_parallel`` or ``ct.pipeline``); False if it has none of them or only one process runs.
+    ``ct.run`` does the same (``TrainStep.setup``) before resuming a checkpoint, whose sharded tensors then
+    load straight into the shards, and a pipeline's whole state into this process's stage."""
+    if train_step.capabilities.data_ranks != (1, 1) and dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() == 1:
+            return False
+        train_step.setup(state)  # the data-parallel transform outside lays out the mesh, then splits, then shards
+        return True
     step: TrainStep | None = train_step
     while step is not None and not isinstance(step, _Sharded):
         step = step.inner
