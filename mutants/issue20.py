@@ -102,7 +102,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": 'seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))',
+        "find": 'seed_everything(derive_seed(seed, "fresh start", rank=self.shard))',
         "replace": 'seed_everything(derive_seed(seed, "fresh start", rank=0))',
         "tests": ["tests/test_rng_streams.py::test_each_rank_draws_its_own_streams_on_a_fresh_start"],
         "why": "20.12: every rank seeded alike: the ranks draw the same random numbers",

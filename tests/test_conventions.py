@@ -80,6 +80,7 @@ def _colwise() -> Any:
 
     return ColwiseParallel()
 
+
 ARGS = [
     Arg("accumulate", "n", lambda v: ct.accumulate(v), "int"),
     Arg("clip_grad_norm", "max_norm", lambda v: ct.clip_grad_norm(v), "real"),

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import composetrain as ct
@@ -339,6 +341,125 @@ def killed_mid_pipeline(rank: int, world: int) -> dict[str, Any]:
 
 
 # -- the tests -------------------------------------------------------------------------------------------------------
+# one process first (cheap): how ranks map onto the mesh, and what is refused when built
+
+
+@settings(max_examples=60, deadline=None)
+@given(stages=st.integers(1, 4), shards=st.integers(1, 4), tp=st.integers(1, 4), data=st.data())
+def test_each_rank_reads_the_data_shard_of_its_mesh_coordinate(stages, shards, tp, data):
+    """The driver's channel (Capabilities.data_shard) agrees with the mesh: pp outermost, tp innermost, so rank r
+    reads shard (r // T) % D; the T ranks of a tensor-parallel group and the P stages read one shard alike."""
+    world = stages * shards * tp
+    rank = data.draw(st.integers(0, world - 1))
+    coordinate = (torch.arange(world).reshape(stages, shards, tp) == rank).nonzero()[0].tolist()
+    assert ct.Capabilities(data_ranks=(stages, tp)).data_shard(rank, world) == (coordinate[1], shards)
+
+
+def test_the_splitting_transforms_tell_the_driver_how_many_ranks_share_a_batch():
+    pp, tp = ct.pipeline(STAGES, microbatches=2)(step), ct.tensor_parallel(plan(), size=2)(step)
+    assert ct.distributed(ct.clip_grad_norm(1.0)(pp)).capabilities.data_ranks == (2, 1)
+    assert ct.sharded(ct.ema(0.5)(tp), replicate=2).capabilities.data_ranks == (1, 2)
+    assert ct.sharded(step, replicate=2).capabilities.data_ranks == (1, 1)
+    with pytest.raises(ValueError, match=r"2 pipeline stage.*x 1 tensor-parallel.*does not divide the 3 processes"):
+        pp.capabilities.data_shard(0, 3)
+
+
+def test_mesh_layouts_name_every_size_and_the_choices_when_they_do_not_divide():
+    from composetrain.transforms._mesh import data_layout
+
+    assert data_layout(8, (("replicate", 2), ("shard", None)), (1, 2), "who") == (
+        ("replicate", 2), ("shard", 2), ("tp", 2)
+    )  # fmt: skip
+    assert data_layout(4, (("dp", None),), (2, 1), "who") == (("pp", 2), ("dp", 2))
+    with pytest.raises(
+        ValueError, match=r"pp=2 x replicate=3 x tp=2 = 12 does not divide the 8 processes.*\[1, 2, 4, 8\]"
+    ):
+        data_layout(8, (("replicate", 3), ("shard", None)), (2, 2), "who")
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (lambda: ct.tensor_parallel({}, size=2), ValueError, "plan must name at least one submodule"),
+        (lambda: ct.tensor_parallel({"0": "colwise"}, size=2), TypeError, r"plan\['0'\] must be a ParallelStyle"),
+        (lambda: ct.tensor_parallel({1: _colwise()}, size=2), TypeError, "plan's keys must be submodule names"),
+        (lambda: ct.tensor_parallel(_colwise(), size=2), TypeError, "got the style ColwiseParallel alone"),
+        (lambda: ct.tensor_parallel(plan(), size=0), ValueError, "size must be a positive int, got 0"),
+        (lambda: ct.tensor_parallel(plan(), size=True), TypeError, "size must be a positive int"),
+        (lambda: ct.pipeline("0,1", microbatches=2), TypeError, "stages must be a list of stages"),
+        (lambda: ct.pipeline([["0"], []], microbatches=2), TypeError, r"stages\[1\] must be a non-empty list"),
+        (lambda: ct.pipeline([["0"], [1]], microbatches=2), TypeError, r"stages\[1\] holds 1 \(int\)"),
+        (lambda: ct.pipeline(STAGES, microbatches=1), ValueError, "'1f1b' needs at least as many micro-batches as"),
+        (lambda: ct.pipeline(STAGES, microbatches=2, schedule="zb"), ValueError, "schedule must be '1f1b' or 'gpipe'"),
+        (lambda: ct.sharded(replicate=0), ValueError, "replicate must be a positive int, got 0"),
+        (lambda: ct.sharded(replicate=2, process_group=object()), ValueError, "cannot shard over process_group"),
+        (lambda: ct.sharded(ct.tensor_parallel(plan(), size=2)(step), process_group=object()), ValueError,
+         "splits its model across processes"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused_when_built(build, error, message):
+    with pytest.raises(error, match=message):
+        build()
+
+
+def _colwise() -> Any:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return ColwiseParallel()
+
+
+class NotAChain(nn.Module):
+    """A model whose forward adds a skip around its children: not the chain of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x) + x)
+
+
+def test_one_process_runs_the_stages_as_a_chain_so_check_finds_a_forward_that_is_not():
+    def regress(model: nn.Module, batch: Any) -> torch.Tensor:
+        return model(batch[0]).pow(2).mean()
+
+    batch = (torch.randn(8, 4, dtype=torch.float64),)
+    for model, agrees in ((nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)), True), (NotAChain(), False)):
+        names = [["0", "1"], ["2"]] if agrees else [["a"], ["b"]]
+        state = ct.TrainState(model.double(), torch.optim.SGD(model.parameters(), lr=0.1))
+        result = ct.check(ct.pipeline(names, microbatches=2)(regress), state, batch)
+        assert bool(result) is agrees, result
+        assert "forward" not in model.__dict__  # the model's own forward is back
+
+
+def test_a_pipeline_split_covers_every_parameter_once_but_for_tied_weights():
+    from composetrain.transforms._stages import check_stages
+
+    model = gpt()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    split = check_stages(model, optimizer, tuple(map(tuple, STAGES)), "pipeline")
+    assert split.tied() == ["0.tokens.weight"] and split.holders["0.tokens.weight"] == (0, 1)
+    assert split.canonical["3.proj.weight"] == "0.tokens.weight"
+    for stages, message in [
+        ((("0", "1"), ("2",)), "parameter '3.norm.weight' lies in no stage"),
+        ((("0", "1"), ("1.q", "2", "3")), "stages name '1.q' inside '1'"),
+        ((("0", "1"), ("2", "9")), "stages name '9', which is not a submodule"),
+        ((("0", "0"), ("2", "3")), "stages name '0' twice"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            check_stages(model, optimizer, stages, "pipeline")
+
+
+def test_a_plan_names_submodules_as_parallelize_module_matches_them():
+    from composetrain.transforms.tensor_parallel import _resolved
+
+    model = gpt()
+    assert [n for n, _ in _resolved(model, "[12].q")] == ["1.q", "2.q"]
+    assert [n for n, _ in _resolved(model, "*.up")] == ["1.up", "2.up"]
+    assert _resolved(model, "1.nope") == [] and _resolved(model, "4.q") == []
+
+
+# several processes
 
 
 @pytest.fixture(scope="module")

@@ -284,8 +284,8 @@ def _apply(model: nn.Module, plan: Plan, place: MeshPlace, state: TrainState) ->
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)
     tp_mesh = place.sub(("tp",))
-    if isinstance(plan, Mapping):
-        parallelize_module(model, tp_mesh, dict(plan))
+    if isinstance(plan, Mapping):  # each pattern as the names it matches: torch warns at every branch one misses
+        parallelize_module(model, tp_mesh, {n: style for key, style in plan.items() for n, _ in _resolved(model, key)})
     else:
         plan(model, tp_mesh)
     now = dict(model.named_parameters(remove_duplicate=False))
