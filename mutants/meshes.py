@@ -31,14 +31,14 @@ MUTANTS = [
         "why": "pitfall 44: token counts summed over the tensor-parallel dimension too: each token counted T times",
     },
     {
-        "file": "src/composetrain/transforms/pipeline_parallel.py",
+        "file": "src/composetrain/transforms/_stages.py",
         "find": "        dist.all_reduce(total, group=self.group)\n",
         "replace": "",
         "tests": [f"{LAYOUT}[pp_ddp_gpipe]"],
         "why": "the clipping norm misses the other stages: each stage clips by its own part (torchtitan #596)",
     },
     {
-        "file": "src/composetrain/transforms/pipeline_parallel.py",
+        "file": "src/composetrain/transforms/_stages.py",
         "find": "self._elsewhere = {i for i, n in names.items() if plan.holders[n][0] != stage}",
         "replace": "self._elsewhere = set()",
         "tests": [f"{LAYOUT}[pp_ddp_gpipe]"],
@@ -102,8 +102,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/tensor_parallel.py",
-        "find": "        _refuse_dropout(state.model, self)\n",
-        "replace": "",
+        "find": "    if active:\n",
+        "replace": "    if False:\n",
         "tests": [f"{REFUSE}[dropout]"],
         "why": "dropout under TP trained silently, its split masks not the unsplit layer's",
     },

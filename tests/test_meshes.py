@@ -87,6 +87,13 @@ def plan() -> dict[str, Any]:
     return {f"[12].{name}": style for name, style in per_block.items()}  # both blocks, by pattern
 
 
+def apply_plan(model: nn.Module, tp_mesh: Any) -> None:
+    """A plan given as a function: it applies parallelize_module itself."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    parallelize_module(model, tp_mesh, plan())
+
+
 def tokens(batch: Any) -> torch.Tensor:
     """The units the loss averages over: the labels that are not padding."""
     return (batch[1] != -100).sum()
@@ -159,8 +166,11 @@ def compositions() -> dict[str, Any]:
     return {
         "hsdp": ct.sharded(ct.ema(0.5)(clip(weighted(step))), modules=Block, replicate=2),
         "tp_fsdp": ct.sharded(ct.tensor_parallel(plan(), size=2)(clip(weighted(step))), modules=Block),
-        # bf16 autocast leaves float64 alone: its finite check and the order of the transforms are what is tested
-        "tp_ddp": ct.distributed(ct.mixed_precision("bf16")(clip(ct.tensor_parallel(plan(), size=2)(weighted(step))))),
+        # bf16 autocast leaves float64 alone: its finite check and the order of the transforms are what is tested;
+        # the plan a function that applies one
+        "tp_ddp": ct.distributed(
+            ct.mixed_precision("bf16")(clip(ct.tensor_parallel(apply_plan, size=2)(weighted(step))))
+        ),
         "pp_ddp_1f1b": ct.distributed(
             ct.mixed_precision("bf16")(clip(weighted(ct.pipeline(STAGES, microbatches=2)(step))))
         ),
@@ -170,6 +180,7 @@ def compositions() -> dict[str, Any]:
         ),
         "hsdp_4x1": ct.sharded(ct.ema(0.5)(clip(weighted(step))), modules=Block, replicate=4),
         "fsdp4": ct.sharded(clip(weighted(step)), modules=Block),
+        "ddp": ct.distributed(clip(weighted(step))),
     }
 
 
@@ -187,6 +198,8 @@ def train_by_hand(rank: int, world: int, name: str) -> dict[str, Any]:
     if name == "hsdp":
         into = gpt()
         found["ema"] = {k: whole(v) for k, v in ct.ema_model(state, into=into).state_dict().items()}
+    if name in ("hsdp", "tp_fsdp"):  # the whole model on rank 0, gathered from every shard and piece
+        found["full"] = ct.full_state_dict(state.model)
     found["shard"] = (index, count)
     found["kinds"] = sorted({type(p).__name__ for p in state.model.parameters()})
     state.release_runtime()
@@ -224,7 +237,7 @@ def loaded_then_trained(rank: int, world: int, checkpoint: str, name: str) -> di
     it (``ct.load_checkpoint``), then the last update by hand."""
     train = compositions()[name]
     state = fresh_state(seed=rank)
-    assert ct.apply_sharding(train, state)
+    assert ct.apply_sharding(train, state) is (name != "ddp")  # distributed has nothing to lay out
     ct.load_checkpoint(state, checkpoint)
     index, count = shard_index(train, rank)
     out = train(state, shard_of(global_batch(UPDATES - 1), index, count))
@@ -259,6 +272,7 @@ def refusal(rank: int, world: int, case: str) -> str:
         "plan_kind": {"1.norm1": ColwiseParallel()},
         "plan_disagree": plan() if rank != 1 else {k: v for k, v in plan().items() if not k.endswith("down")},
         "plan_unpaired": {"1.up": ColwiseParallel()},
+        "plan_a_step": step,  # a function of two arguments, called as plan(model, tp_mesh): it splits nothing
         "dropout": plan(),
     }
     stages = {
@@ -384,6 +398,8 @@ def test_mesh_layouts_name_every_size_and_the_choices_when_they_do_not_divide():
         (lambda: ct.tensor_parallel({"0": "colwise"}, size=2), TypeError, r"plan\['0'\] must be a ParallelStyle"),
         (lambda: ct.tensor_parallel({1: _colwise()}, size=2), TypeError, "plan's keys must be submodule names"),
         (lambda: ct.tensor_parallel(_colwise(), size=2), TypeError, "got the style ColwiseParallel alone"),
+        (lambda: ct.tensor_parallel(ct.train_step(step), size=2), TypeError, "plan is required, got a step instead"),
+        (lambda: ct.tensor_parallel(nn.Linear(2, 2), size=2), TypeError, "or be a function plan"),
         (lambda: ct.tensor_parallel(plan(), size=0), ValueError, "size must be a positive int, got 0"),
         (lambda: ct.tensor_parallel(plan(), size=True), TypeError, "size must be a positive int"),
         (lambda: ct.pipeline("0,1", microbatches=2), TypeError, "stages must be a list of stages"),
@@ -497,6 +513,10 @@ def test_each_layout_is_the_one_process_large_batch_update(pool, name):
     if name == "hsdp":
         for k, v in ref["ema"].items():
             torch.testing.assert_close(results[0]["ema"][k], v, rtol=1e-12, atol=1e-14)
+    if "full" in results[0]:
+        assert results[0]["full"].keys() == ref["params"].keys() and all(r["full"] == {} for r in results[1:])
+        for k, v in ref["params"].items():
+            torch.testing.assert_close(results[0]["full"][k], v, rtol=1e-12, atol=1e-14)
 
 
 def checkpoint_of(folder: Any, updates: int) -> str:
@@ -505,13 +525,16 @@ def checkpoint_of(folder: Any, updates: int) -> str:
 
 def test_hsdp_saved_on_2x2_resumes_on_4x1_and_in_one_process(pool, tmp_path):
     """2 replicas x 2 shards for 2 updates, resumed as 4 replicas x 1 shard (ct.run, DCP resharding) for the third;
-    and the 2x2 checkpoint loaded in one process, unsharded, for the third: each equal to the uninterrupted run."""
+    and the 2x2 checkpoint loaded into plain distributed and in one process, unsharded, for the third: each equal to
+    the uninterrupted run."""
     results = pool.run("test_meshes", "saved_then_resumed", str(tmp_path), "hsdp", "hsdp_4x1", timeout=300)
     ref = reference(ema=0.5)
     for found in results:
         assert found["step"] == UPDATES and found["global_batch"] == {BATCH}
         print(f"hsdp 2x2 -> 4x1: largest relative gap {assert_close_to(found, ref):.2e}")
         assert found["norms"] == pytest.approx(ref["norms"], rel=1e-12) and min(found["norms"]) > MAX_NORM
+    for found in pool.run("test_meshes", "loaded_then_trained", checkpoint_of(tmp_path, UPDATES - 1), "ddp"):
+        print(f"hsdp 2x2 -> distributed: largest relative gap {assert_close_to(found, ref):.2e}")
     one = one_process_from(checkpoint_of(tmp_path, UPDATES - 1), ema=True)
     print(f"hsdp 2x2 -> 1 process: largest relative gap {assert_close_to(one, ref):.2e}")
     for k, v in ref["ema"].items():
@@ -558,6 +581,7 @@ REFUSALS = {
     "plan_kind": "plan['1.norm1'] is ColwiseParallel, which splits an nn.Linear or nn.Embedding only",
     "plan_unpaired": "the first forward since the plan split the model failed",
     "plan_disagree": "the ranks disagree on the plan",
+    "plan_a_step": "tensor_parallel: the plan step raised",
     "dropout": "the model has dropout in training mode (['1.drop'])",
     "stages_disagree": "the ranks disagree on the pipeline: rank 2",
     "stages_missing": "parameter '3.norm.weight' lies in no stage (0, 1 | 2)",

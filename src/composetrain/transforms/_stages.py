@@ -23,7 +23,7 @@ from torch import nn
 from composetrain.core.state import TrainState
 from composetrain.launch.agree import gathered
 
-__all__ = ["Plan", "StageView", "chain", "check_stages", "prune", "tied_sum"]
+__all__ = ["Parts", "Plan", "StageView", "chain", "check_stages", "prune", "tied_sum"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,3 +295,27 @@ def tied_sum(model: nn.Module, plan: Plan, group: Any, shard: tuple[int, int]) -
         if g is not None:
             g.copy_(flat[start : start + size].view_as(g))
         start += size
+
+
+class Parts:
+    """``Context.model_parts`` of a pipeline: the stages' group, and what this stage counts in a norm."""
+
+    def __init__(self, group: Any, plan: Plan, stage: int, model: nn.Module) -> None:
+        self.group = group
+        names = {id(p): plan.canonical[path] for path, p in model.named_parameters(remove_duplicate=False)}
+        # a weight tied across stages counts once: on the first stage that holds it
+        self._elsewhere = {i for i, n in names.items() if plan.holders[n][0] != stage}
+
+    def counted(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [t for t in tensors if id(t) not in self._elsewhere]
+
+    def combined(self, norm: torch.Tensor, norm_type: float) -> torch.Tensor:
+        """The norm over every stage's gradients, from each stage's own: their p-th powers added (the largest
+        for the infinity norm), on every stage."""
+        if norm_type == float("inf"):
+            total = norm.clone()
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
+            return total
+        total = norm.pow(norm_type)
+        dist.all_reduce(total, group=self.group)
+        return total.pow(1.0 / norm_type)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,7 +20,8 @@ from composetrain.launch.agree import differing, from_rank, largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._mesh import MeshPlace, data_layout, mesh_for, mesh_with
 from composetrain.transforms._shard_optimizer import only_initial_state
-from composetrain.transforms._stages import Plan, StageView, chain, check_stages, prune, tied_sum
+from composetrain.transforms._stage_calls import Replay, chained, entered, stage_inputs
+from composetrain.transforms._stages import Parts, Plan, StageView, chain, check_stages, prune, tied_sum
 
 __all__ = ["pipeline"]
 
@@ -102,30 +102,6 @@ def pipeline(stages: Sequence[Sequence[str]], *, microbatches: int, schedule: st
     return Transform(label, lambda inner: _Pipeline(inner, label, frozen, microbatches, schedule))
 
 
-class _Parts:
-    """``Context.model_parts`` of a pipeline: the stages' group, and what this stage counts in a norm."""
-
-    def __init__(self, group: Any, plan: Plan, stage: int, model: nn.Module) -> None:
-        self.group = group
-        names = {id(p): plan.canonical[path] for path, p in model.named_parameters(remove_duplicate=False)}
-        # a weight tied across stages counts once: on the first stage that holds it
-        self._elsewhere = {i for i, n in names.items() if plan.holders[n][0] != stage}
-
-    def counted(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [t for t in tensors if id(t) not in self._elsewhere]
-
-    def combined(self, norm: torch.Tensor, norm_type: float) -> torch.Tensor:
-        """The norm over every stage's gradients, from each stage's own: their p-th powers added (the largest
-        for the infinity norm), on every stage."""
-        if norm_type == float("inf"):
-            total = norm.clone()
-            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
-            return total
-        total = norm.pow(norm_type)
-        dist.all_reduce(total, group=self.group)
-        return total.pow(1.0 / norm_type)
-
-
 class _Held(RuntimeState):
     """This process's stage: the split, its PipelineStages and schedules (one per micro-batch shape), and the
     current update's loss function and forward hooks (never checkpointed)."""
@@ -192,7 +168,7 @@ class _Pipeline(TrainStep):
                 f"that is a multiple of {self.m}"
             )
         warn_if_batchnorm(state.model, self)
-        parts = _Parts(place.group("pp"), held.plan, held.stage, state.model)
+        parts = Parts(place.group("pp"), held.plan, held.stage, state.model)
         if ctx.agree is None:  # alone: a refusal on one stage is on all
             ctx = ctx._replace(agree=functools.partial(largest, group=place.world_group))
         return self._inner().prepare(state, batch, ctx._replace(model_parts=parts))
@@ -253,7 +229,7 @@ class _Pipeline(TrainStep):
         run = chain(model, self.stages[stage])
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            with _entered(held.hooks, held.ctx):
+            with entered(held.hooks, held.ctx):
                 return run(*args, **kwargs)
 
         model.forward = forward  # the stage's forward: FSDP's hooks on the module still run around it
@@ -263,7 +239,7 @@ class _Pipeline(TrainStep):
         micros, weights = split_weighted(batch, self.m, ctx, self, "micro-batch")
         if not self._split(state):  # one process: the micro-batches one after the other, through the chain
             last = len(micros) - 1
-            with _chained(state.model, [n for names in self.stages for n in names]):
+            with chained(state.model, [n for names in self.stages for n in names]):
                 passes = [
                     self._inner().grads(
                         state, micro, ctx._replace(piece_weight=w, last_backward=ctx.last_backward and i == last)
@@ -282,8 +258,8 @@ class _Pipeline(TrainStep):
 
         def loss_fn(output: Any, target: torch.Tensor) -> torch.Tensor:
             i = int(target)
-            replay = _Replay(output, self)
-            with _entered(ctx.around_forward, ctx):
+            replay = Replay(output, self)
+            with entered(ctx.around_forward, ctx):
                 out = plain(replay, micros[i])
             replay.check()
             loss, metrics = checked_output(out, self)
@@ -297,11 +273,11 @@ class _Pipeline(TrainStep):
 
         schedule = self._schedule(held, micros, state)
         group = held.place.group("pp")
-        with _entered(ctx.around_pass, ctx):
+        with entered(ctx.around_pass, ctx):
             held.loss, held.hooks, held.ctx = loss_fn, ctx.around_forward, ctx
             try:
                 if is_first:
-                    inputs = [_inputs(plain, micro, self) for micro in micros]
+                    inputs = [stage_inputs(plain, micro, self) for micro in micros]
                     schedule.step(
                         arg_mbs=[a for a, _ in inputs], kwarg_mbs=[k for _, k in inputs], return_outputs=False
                     )
@@ -357,81 +333,3 @@ class _Pipeline(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (self.stages, self.m, self.schedule)
-
-
-class _Captured(Exception):
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        super().__init__()
-        self.args, self.kwargs = args, kwargs
-
-
-class _Recorder:
-    """The model, for the first stage's run of the plain step: its call's arguments are the stage's inputs."""
-
-    def __init__(self, who: object) -> None:
-        self.who = who
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise _Captured(args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"{self.who!r}: the step reads model.{name}, but under pipeline the step gets a stand-in for the model, "
-            "which it may only call, once: model(inputs); read attributes outside the step"
-        )
-
-
-class _Replay:
-    """The model, for the last stage's run of the plain step: its call returns the stages' output."""
-
-    def __init__(self, output: Any, who: object) -> None:
-        self.output, self.who, self.calls = output, who, 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        return self.output
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"{self.who!r}: the step reads model.{name}, but under pipeline the step gets a stand-in for the model, "
-            "which it may only call, once: model(inputs); read attributes outside the step"
-        )
-
-    def check(self) -> None:
-        if self.calls != 1:
-            raise ValueError(
-                f"{self.who!r}: the step called model(...) {self.calls} times; under pipeline it must call it once "
-                "(the stages run the model's forward once per micro-batch)"
-            )
-
-
-def _inputs(plain: Any, micro: Any, who: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """What the plain step passes to ``model(...)`` for this micro-batch: the first stage's inputs."""
-    try:
-        plain(_Recorder(who), micro)
-    except _Captured as found:
-        return tuple(found.args), dict(found.kwargs)
-    raise ValueError(f"{who!r}: the step returned without calling model(...); under pipeline it must call it once")
-
-
-@contextlib.contextmanager
-def _entered(hooks: tuple[Any, ...], ctx: Any) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for hook in hooks:
-            stack.enter_context(hook(ctx))
-        yield
-
-
-@contextlib.contextmanager
-def _chained(model: nn.Module, names: list[str]) -> Iterator[None]:
-    """``model``'s forward is the chain of ``names`` inside (one process: every stage here, in order)."""
-    own = model.__dict__.get("forward")
-    run = chain(model, names)
-    model.forward = run
-    try:
-        yield
-    finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own

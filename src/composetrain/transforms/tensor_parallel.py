@@ -53,8 +53,9 @@ def tensor_parallel(plan: Plan, *, size: int) -> Transform:
     Args:
         plan: what ``parallelize_module`` takes: submodule names (``fnmatch`` patterns per dotted part, such as
             ``"blocks.*.attn.q"``) mapped to ``ColwiseParallel()``, ``RowwiseParallel()``, ``SequenceParallel()``,
-            ``PrepareModuleInput(...)``, ...; or a function ``plan(model, tp_mesh)`` that applies one itself.
-            Every name must match a submodule (torch would skip it with a warning).
+            ``PrepareModuleInput(...)``, ...; or a function ``plan(model, tp_mesh)`` that applies one itself
+            (torchtitan's ``apply_tp``), which every rank must give alike (compared by qualified name). Every name
+            must match a submodule (torch would skip it with a warning); a function must split something.
         size: T, the processes per tensor-parallel group; it must divide the world size.
 
     Returns:
@@ -66,7 +67,8 @@ def tensor_parallel(plan: Plan, *, size: int) -> Transform:
         >>> train = ct.sharded(ct.tensor_parallel(plan, size=2)(ct.clip_grad_norm(1.0)(step)), modules=Block)
         >>> ct.run(train, ct.TrainState(model, optimizer), dataset, batch_size=8)   # torchrun --nproc-per-node=4
     """
-    refuse_step(plan, TENSOR_PARALLEL, "plan", 'tensor_parallel({"blocks.*.up": ColwiseParallel(), ...}, size=2)')
+    if isinstance(plan, (TrainStep, Transform)):  # a function of two arguments may be a plan: see _apply
+        refuse_step(plan, TENSOR_PARALLEL, "plan", 'tensor_parallel({"blocks.*.up": ColwiseParallel(), ...}, size=2)')
     size = check_int(size, TENSOR_PARALLEL, "size", example="tensor_parallel(plan, size=2)")
     shown = _checked_plan(plan)
     label = f"{TENSOR_PARALLEL}({shown}, size={size})"
@@ -95,7 +97,7 @@ def _checked_plan(plan: Any) -> str:
             f"{TENSOR_PARALLEL}: plan must map submodule names to styles, got the style {type(plan).__name__} alone; "
             f'name the submodule: {{"name": {type(plan).__name__}()}}'
         )
-    if not callable(plan) or isinstance(plan, (nn.Module, type)):
+    if not callable(plan) or isinstance(plan, (nn.Module, type, Transform)):
         raise TypeError(
             f"{TENSOR_PARALLEL}: plan must map submodule names to ParallelStyles, or be a function plan(model, "
             f"tp_mesh) applying one, got {show(plan)}; {example}"
@@ -191,6 +193,7 @@ class _TensorParallel(TrainStep):
         problem, initial = None, False
         try:  # every check on every rank first; then the ranks agree, and only then is anything changed
             initial = only_initial_state(self, state.optimizer)  # raises if it holds state training made
+            _refuse_dropout(model, self)
             if isinstance(self.plan, Mapping):
                 _check_names(model, self.plan, self)
         except Exception as e:
@@ -287,7 +290,19 @@ def _apply(model: nn.Module, plan: Plan, place: MeshPlace, state: TrainState) ->
     if isinstance(plan, Mapping):  # each pattern as the names it matches: torch warns at every branch one misses
         parallelize_module(model, tp_mesh, {n: style for key, style in plan.items() for n, _ in _resolved(model, key)})
     else:
-        plan(model, tp_mesh)
+        try:
+            plan(model, tp_mesh)
+        except Exception as e:
+            raise RuntimeError(
+                f"tensor_parallel: the plan {name(plan)} raised {type(e).__name__}: {e}; a plan given as a function "
+                "is called as plan(model, tp_mesh) and applies parallelize_module(model, tp_mesh, {...}) itself"
+            ) from e
+        if not any(hasattr(p, "device_mesh") for p in model.parameters()):
+            raise ValueError(
+                f"tensor_parallel: the plan {name(plan)} split no parameter; a plan given as a function is called as "
+                "plan(model, tp_mesh) and must apply parallelize_module(model, tp_mesh, {...}) (a step given as the "
+                "plan does not)"
+            )
     now = dict(model.named_parameters(remove_duplicate=False))
     for g in state.optimizer.param_groups:
         g["params"] = [now[names[id(p)]] for p in g["params"]]
