@@ -382,8 +382,10 @@ def test_mesh_layouts_name_every_size_and_the_choices_when_they_do_not_divide():
     from composetrain.transforms._mesh import data_layout
 
     assert data_layout(8, (("replicate", 2), ("shard", None)), (1, 2), "who") == (
-        ("replicate", 2), ("shard", 2), ("tp", 2)
-    )  # fmt: skip
+        ("replicate", 2),
+        ("shard", 2),
+        ("tp", 2),
+    )
     assert data_layout(4, (("dp", None),), (2, 1), "who") == (("pp", 2), ("dp", 2))
     with pytest.raises(
         ValueError, match=r"pp=2 x replicate=3 x tp=2 = 12 does not divide the 8 processes.*\[1, 2, 4, 8\]"
@@ -409,10 +411,13 @@ def test_mesh_layouts_name_every_size_and_the_choices_when_they_do_not_divide():
         (lambda: ct.pipeline(STAGES, microbatches=2, schedule="zb"), ValueError, "schedule must be '1f1b' or 'gpipe'"),
         (lambda: ct.sharded(replicate=0), ValueError, "replicate must be a positive int, got 0"),
         (lambda: ct.sharded(replicate=2, process_group=object()), ValueError, "cannot shard over process_group"),
-        (lambda: ct.sharded(ct.tensor_parallel(plan(), size=2)(step), process_group=object()), ValueError,
-         "splits its model across processes"),
+        (
+            lambda: ct.sharded(ct.tensor_parallel(plan(), size=2)(step), process_group=object()),
+            ValueError,
+            "splits its model across processes",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments_are_refused_when_built(build, error, message):
     with pytest.raises(error, match=message):
         build()
