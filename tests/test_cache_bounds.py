@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import Listed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import default_collate
@@ -97,3 +98,48 @@ def test_one_past_the_end_of_an_augmented_store_is_an_index_error_and_a_negative
     # the same rows, the same draw: the generator is seeded by the item's index, however it was written
     assert torch.equal(cached.read_batch([-1, 1], epoch=3)[0], cached.read_batch([N - 1, 1], epoch=3)[0])
     assert torch.equal(cached[-N][0], cached[0][0])
+
+
+# -- indices past int64 and unsigned ones -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "indices",
+    [
+        np.array([2**64 - 1], dtype=np.uint64),
+        np.array([0, 2**64 - 3], dtype=np.uint64),
+        torch.tensor([2**64 - 1], dtype=torch.uint64),
+        torch.tensor(2**64 - 2, dtype=torch.uint64),
+    ],
+    ids=["numpy uint64", "numpy uint64 with a valid one", "torch uint64", "0-dim torch uint64"],
+)
+@pytest.mark.parametrize("augmented", [False, True])
+def test_an_unsigned_index_past_the_end_is_an_index_error_not_an_item_from_the_end(
+    tmp_path: Path, indices: Any, augmented: bool
+) -> None:
+    """The bug (wrong rows served): ``read_batch`` casts unsigned 64-bit indices to int64, so 2**64 - 1 reads as -1:
+    the last item, where ``__getitems__`` of the same indices (and a list) says out of range."""
+    augment = (lambda batch, generator: batch) if augmented else None
+    cached = ct.cache(
+        Listed([torch.tensor([float(i)]) for i in range(5)]), tmp_path / "s", augment=augment, progress=False
+    )
+    with pytest.raises(IndexError, match="out of range"):
+        cached.read_batch(indices)
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda c: c.read_batch([np.uint64(2**64 - 1)]),
+        lambda c: c.read_batch([2**64 - 1]),
+        lambda c: c[torch.tensor(2**64 - 1, dtype=torch.uint64)],
+        lambda c: c.__getitems__(torch.tensor([2**64 - 1], dtype=torch.uint64)),
+    ],
+    ids=["list of numpy uint64", "a Python int past int64", "0-dim uint64 tensor", "uint64 tensor to getitems"],
+)
+def test_an_index_past_int64_is_an_index_error_naming_it(tmp_path: Path, read: Any) -> None:
+    """The bug (bare exception): TypeError "an integer is required", ValueError "Overflow when unpacking long long",
+    RuntimeError "value cannot be converted to type int64_t without overflow", none naming the dataset or index."""
+    cached = ct.cache(Listed([torch.tensor([float(i)]) for i in range(5)]), tmp_path / "s", progress=False)
+    with pytest.raises(IndexError, match="CachedDataset"):
+        read(cached)

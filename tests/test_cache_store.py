@@ -13,16 +13,20 @@ import re
 import shutil
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from helpers import Listed, labelled, reads_back
 from torch.utils.data import DataLoader, Dataset
 
 import composetrain as ct
 from composetrain.data.equal import same_item
-from composetrain.data.writer import sampled
+from composetrain.data.store_files import StoreError, write_manifest
+from composetrain.data.writer import fingerprint, sampled
 
 
 class Logged(Dataset[Any]):
@@ -494,3 +498,243 @@ def test_ints_at_the_edge_of_int64_are_stored_exactly_and_one_past_is_refused(tm
         with pytest.raises(ValueError, match=rf"cache: item 2\[1\] is the int {past}, outside int64"):
             ct.cache(items, tmp_path / f"past{n}", progress=False)
         assert sorted(p.name for p in tmp_path.iterdir() if f"past{n}" in p.name) == [f".past{n}.lock"]
+
+
+# -- a user's files, the working folder, odd names and paths, opening a long store ------------------------------
+
+
+def test_rebuild_never_removes_a_users_array_named_like_one_the_store_does_not_have(tmp_path: Path) -> None:
+    """The bug (a user's files deleted): "the store's own files" are matched by name (``f<n>[os].npy``), not by
+    the arrays its manifest names: a store of two fields (f0.npy, f1.npy) with the user's ``f7.npy`` and
+    ``f0s.npy`` saved into it is replaced by rebuild=True, and both are deleted."""
+    path, items = tmp_path / "store", labelled()
+    ct.cache(Listed(items), path, progress=False)
+    np.save(path / "f7.npy", np.arange(1000))  # an array of the user's ("f" for features), saved into the folder
+    (path / "f0s.npy").write_bytes(b"mine")
+    try:
+        ct.cache(Listed(labelled(seed=1)), path, rebuild=True, progress=False)
+    except ValueError as e:  # refused, naming them: as good
+        assert "f7.npy" in str(e) and "f0s.npy" in str(e)
+    kept = [p for p in tmp_path.rglob("f7.npy")] + [p for p in tmp_path.rglob("f0s.npy")]
+    assert len(kept) == 2 and kept[1].read_bytes() == b"mine"
+    assert np.array_equal(np.load(kept[0]), np.arange(1000))
+
+
+def test_caching_into_the_working_folder_leaves_the_process_a_working_folder(tmp_path: Path, monkeypatch: Any) -> None:
+    """The bug (the process's working folder removed): ``ct.cache(data, ".")`` in an empty working folder renames
+    that folder away and removes it (the store is renamed into its place): os.getcwd() then raises
+    FileNotFoundError, and every relative path after it (a checkpoint_dir="runs") fails."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    try:
+        ct.cache(Listed(labelled()), ".", progress=False)
+    except ValueError as e:  # refused, naming the working folder: as good
+        assert "cache:" in str(e)
+    assert os.getcwd() == str(tmp_path / "work")  # FileNotFoundError: the folder was removed
+
+
+class _Empties(Dataset[Any]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return ()
+
+
+def test_opening_a_store_takes_memory_independent_of_its_length(tmp_path: Path) -> None:
+    """The bug (memory and time linear in the length at every open): ``_compare`` checks the fingerprint's item
+    numbers with ``set(sampled) <= set(range(n))``, a set of every index: about 60 GB and a minute for a store of
+    10**9 items, in every process at every open. (The store is the one ``write_store`` makes for items ``()``,
+    written here from its parts: writing 10**6 items takes seconds.)"""
+    n, path = 10**6, tmp_path / "store"
+    path.mkdir()
+    kept = sampled(n)
+    origin = {
+        "type": f"{__name__}._Empties",
+        "length": n,
+        "key": None,
+        "created": 1.0,
+        "fingerprint": {"items": kept, "blake2b": fingerprint(() for _ in kept)},
+    }
+    write_manifest(path, (), n, origin)
+    ct.cache(_Empties(10), tmp_path / "warm", progress=False)  # imports and first calls, outside the count
+    tracemalloc.start()
+    try:
+        cached = ct.cache(_Empties(n), path, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(cached) == n and cached[n - 1] == ()
+    assert peak < 8 << 20, f"opening a store of {n} items took {peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("name", ["a\nb", "é😀", "s[1]*?", "bad\udcff", "-rf", " lead", "x" * 230])
+def test_odd_store_names_are_written_and_opened_again(tmp_path: Path, name: str) -> None:
+    items = labelled()
+    assert reads_back(ct.cache(Listed(items), tmp_path / name, progress=False), items)
+    assert reads_back(ct.cache(Listed(items), tmp_path / name, progress=False), items)
+
+
+def test_paths_that_are_not_stores_are_refused_and_left_as_they_were(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "afile").write_text("x")
+    os.symlink("/", tmp_path / "root")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    (tmp_path / "d" / "inner").mkdir(parents=True)
+    (tmp_path / "d" / "keep.txt").write_text("mine")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    monkeypatch.chdir(tmp_path / "d" / "inner")
+    for path in [tmp_path / "afile", tmp_path / "root", tmp_path / "loop", "..", tmp_path / "d" / "keep.txt"]:
+        for rebuild in (False, True):
+            with pytest.raises(ValueError, match="cache: "):
+                ct.cache(Listed(labelled()), path, rebuild=rebuild, progress=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "afile").read_text() == "x" and (tmp_path / "d" / "keep.txt").read_text() == "mine"
+
+
+def test_a_link_to_nowhere_writes_the_store_where_it_points(tmp_path: Path) -> None:
+    os.symlink(tmp_path / "target", tmp_path / "dangling")
+    items = labelled()
+    ct.cache(Listed(items), tmp_path / "dangling", progress=False)
+    assert (tmp_path / "dangling").is_symlink() and reads_back(
+        ct.cache(Listed(items), tmp_path / "target", progress=False), items
+    )
+
+
+# -- crafted or damaged stores: refused before a byte is mapped, never running code -----------------------------------
+
+
+class Pairs(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((2,), float(i)), [torch.ones(i % 3)]  # the list's tensor is ragged
+
+
+class Marker:
+    """Unpickling it would create a file: proof that code ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (open, (self.path, "w"))
+
+
+def _store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    ct.cache(Pairs(), path, progress=False)
+    return path
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _crafted(path: Path, change: Any) -> None:
+    manifest = _manifest(path)
+    change(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _fields(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        ((tag, body),) = node.items()
+        if tag == "field":
+            found.append(body)
+        elif tag == "dict":
+            for _, v in body:
+                walk(v)
+        else:
+            for c in body:
+                walk(c)
+
+    walk(manifest["item"])
+    return found
+
+
+def _set(key: str, value: Any, n: int = 0) -> Any:
+    return lambda m: _fields(m)[n].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda p: _crafted(p, _set("data", "../outside")), "not plain names"),
+        (lambda p: _crafted(p, _set("data", "/etc/passwd")), "not plain names"),
+        (lambda p: _crafted(p, _set("shape", [3])), r"holds float32 \(6, 2\); the manifest needs float32 \(6, 3\)"),
+        (lambda p: _crafted(p, _set("dtype", "float64")), r"the manifest needs float64"),
+        (lambda p: _crafted(p, _set("kind", "object")), "malformed"),
+        (lambda p: _crafted(p, lambda m: m.__setitem__("format", 99)), "format version 99"),
+        (lambda p: _crafted(p, lambda m: m.__setitem__("length", 7)), "items: the store holds 7"),
+        (lambda p: _crafted(p, lambda m: m.__setitem__("item", {"eval": "x"})), "unknown node"),
+        (lambda p: (p / "manifest.json").write_text("{not json"), "is not JSON"),
+        (lambda p: (p / "f0.npy").write_bytes((p / "f0.npy").read_bytes()[:-4]), "truncated or altered"),
+        (lambda p: (p / "f0.npy").write_bytes((p / "f0.npy").read_bytes() + b"\0" * 8), "truncated or altered"),
+        # a valid file of other values: refused too, by the store's items at the fingerprint's indices
+        (lambda p: np.save(p / "f0.npy", np.zeros((6, 2), np.float32), allow_pickle=False), "differ from the data"),
+        (lambda p: np.save(p / "f0.npy", np.load(p / "f0.npy"), allow_pickle=False), None),  # rewritten, the same
+        (lambda p: np.save(p / "f1o.npy", np.array([0, 1, 2, 99, 3, 4, 5], np.int64)), "offsets and shapes"),
+        (lambda p: np.save(p / "f1s.npy", np.zeros((6, 1), np.int64)), "offsets and shapes"),
+        (lambda p: (p / "f0.npy").unlink(), "cannot be opened"),
+    ],
+)
+def test_a_crafted_or_damaged_store_is_refused(tmp_path: Path, damage: Any, message: str | None) -> None:
+    path = _store(tmp_path)
+    damage(path)
+    if message is None:
+        assert len(ct.cache(Pairs(), path, progress=False)) == 6
+        return
+    with pytest.raises(ValueError, match=message):
+        ct.cache(Pairs(), path, progress=False)
+
+
+def test_an_object_array_never_runs_code(tmp_path: Path) -> None:
+    path = _store(tmp_path)
+    marker = tmp_path / "ran"
+    np.save(path / "f0.npy", np.array([Marker(str(marker))] * 12, dtype=object).reshape(6, 2), allow_pickle=True)
+    with pytest.raises(StoreError, match=r"not a \.npy file this store wrote|the manifest needs"):
+        ct.cache(Pairs(), path, progress=False)
+    (path / "manifest.json").write_bytes(pickle.dumps(Marker(str(marker))))
+    with pytest.raises(StoreError):
+        ct.cache(Pairs(), path, progress=False)
+    assert not marker.exists()
+
+
+def test_symbolic_links_inside_a_store_are_refused(tmp_path: Path) -> None:
+    path = _store(tmp_path)
+    elsewhere = tmp_path / "elsewhere.npy"
+    os.rename(path / "f0.npy", elsewhere)
+    os.symlink(elsewhere, path / "f0.npy")
+    with pytest.raises(StoreError, match="cannot be opened"):
+        ct.cache(Pairs(), path, progress=False)
+    os.unlink(path / "f0.npy")
+    os.rename(elsewhere, path / "f0.npy")
+    os.rename(path / "manifest.json", tmp_path / "m.json")
+    os.symlink(tmp_path / "m.json", path / "manifest.json")
+    with pytest.raises(StoreError, match="cannot be read"):
+        ct.cache(Pairs(), path, progress=False)
+
+
+def pad(items: list[Any]) -> Any:
+    return torch.stack([x for x, _ in items]), torch.nn.utils.rnn.pad_sequence([r[0] for _, r in items], True)
+
+
+def test_ragged_items_come_back_and_batches_need_a_collate_fn(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from composetrain.data.equal import same_item
+
+    cached = ct.cache(Pairs(), tmp_path / "store", progress=False)
+    assert [cached[i][1][0].shape for i in range(6)] == [(0,), (1,), (2,), (0,), (1,), (2,)]
+    with pytest.raises(ValueError, match=r"needs? a collate_fn that pads"):
+        cached.read_batch([0, 1])
+    for got, want in zip(
+        DataLoader(cached, batch_size=4, collate_fn=pad), DataLoader(Pairs(), 4, collate_fn=pad), strict=True
+    ):
+        assert same_item(got, want)

@@ -23,11 +23,14 @@ from composetrain.core.util import CACHE, check_bool, check_int, check_real, sho
 from composetrain.data.kinds import augmented_inside
 from composetrain.data.mapped import Augment, MappedDataset
 from composetrain.data.store import (
+    FULL,
     Stamp,
     check_lock_file,
+    check_lock_owner,
     check_renamable,
     check_replaceable,
     check_unchanged,
+    disk_error,
     leftovers,
     publish_error,
     remove_store,
@@ -38,7 +41,6 @@ from composetrain.data.writer import fingerprint, write_store
 
 __all__ = ["CachedDataset", "cache"]
 
-_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 _MOST = 16  # items a fingerprint may name: a second open reads these, never the whole dataset
 _AGAIN = "call ct.cache again to open it as it is now"
 
@@ -208,10 +210,37 @@ def _check(
     path = Path(os.path.realpath(path))  # a link to a folder on a larger disk: the store is written there
     if not path.parent.is_dir():
         raise ValueError(f"{CACHE}: the folder that holds the store, {path.parent}, does not exist; create it first")
+    _check_place(path)
     check_replaceable(path, replacing=rebuild)
     if os.path.lexists(path) and os.path.ismount(path):
         check_renamable(path)  # refused now, before the lock file is made beside it
     return path, seed, workers, timeout
+
+
+def _check_place(path: Path) -> None:
+    """Refuse a store path that is (or holds) the working folder, which publishing renames away; or whose name
+    leaves no room for the names made beside it (``.NAME.tmp-old-<12 hex digits>``, the longest, see ``_write``)."""
+    try:
+        here = Path(os.path.realpath(os.getcwd()))
+    except FileNotFoundError:  # no working folder to lose
+        here = None
+    if here is not None and (path == here or path in here.parents):
+        what = "is this process's working folder" if path == here else f"holds this process's working folder {here}"
+        raise ValueError(
+            f"{CACHE}: path {path} {what}: a store is published by renaming a folder into its place, which would "
+            f"take the working folder away; give a folder for the store (e.g. {path / 'store'})"
+        )
+    try:
+        most = os.pathconf(path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    size, longest = len(os.fsencode(path.name)), len(os.fsencode(f".{path.name}.tmp-old-{'0' * 12}"))
+    if 0 < most < longest:
+        raise ValueError(
+            f"{CACHE}: path's name {path.name!r} is {size} bytes long, and ct.cache makes names {longest - size} "
+            f"bytes longer beside it (.NAME.lock, .NAME.tmp-old-<12 hex digits>): past this file system's limit "
+            f"of {most} bytes per name; give a name of at most {most - (longest - size)} bytes"
+        )
 
 
 def _created(path: Path) -> float:
@@ -219,7 +248,10 @@ def _created(path: Path) -> float:
         created = read_manifest(path)["origin"].get("created", 0.0)
     except (OSError, StoreError):
         return 0.0
-    return float(created) if isinstance(created, int | float) else 0.0
+    try:
+        return float(created) if isinstance(created, int | float) else 0.0
+    except OverflowError:  # an int past the floats: no date this call could have written
+        return 0.0
 
 
 def _open(
@@ -283,7 +315,7 @@ def _compare(dataset: Any, data: CachedDataset) -> None:
         and len(sampled) <= _MOST
         and all(type(i) is int for i in sampled)
         and sampled == sorted(set(sampled))
-        and set(sampled) <= set(range(n))
+        and (not sampled or (sampled[0] >= 0 and sampled[-1] < n))
         and (not n or {0, n // 2, n - 1} <= set(sampled))
         and isinstance(recorded.get("blake2b"), str)
     ):
@@ -334,15 +366,11 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
     """Hold the lock file beside ``path`` (an flock: released when its holder dies); yields whether it waited."""
     lock = path.parent / f".{path.name}.lock"
     check_lock_file(lock)
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as e:  # made a link or a folder since the check
-        if e.errno not in (errno.ELOOP, errno.EISDIR):
-            raise
-        check_lock_file(lock)
-        raise
+    fd, created = _open_lock(lock)
     try:
         check_lock_file(lock, os.fstat(fd).st_mode)
+        # a file this call did not make is written into only when it holds what a holder wrote (never a user's)
+        writable = created or check_lock_owner(lock, fd)
         deadline, waited = time.monotonic() + timeout, False
         while True:
             try:
@@ -357,23 +385,51 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
                         "or remove the store if its writer is gone"
                     ) from None
                 time.sleep(0.05)
-        with contextlib.suppress(OSError):  # who holds it, for waiters' messages; a full disk fails the write itself
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        if writable:  # who holds it, for waiters' messages; a full disk fails the write itself
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
         yield waited
     finally:
         os.close(fd)  # releases the lock
 
 
+def _open_lock(lock: Path) -> tuple[int, bool]:
+    """The lock file opened for reading and writing, and whether this call created it (O_EXCL: an existing file,
+    a user's perhaps, is only opened, never truncated)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
+    while True:
+        try:
+            try:
+                return os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                pass
+            try:
+                return os.open(lock, flags), False
+            except FileNotFoundError:
+                continue  # removed since: made again
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR):  # made a link or a folder since the check
+                check_lock_file(lock)
+            if (error := disk_error(lock, e)) is not None:
+                raise error from e
+            raise
+
+
 def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progress: bool) -> None:
     """Write into a temporary folder beside ``path`` and rename it into place; on any failure remove it."""
     for stale in leftovers(path):  # left by a writer that died: this one holds the lock
-        remove_store(stale)
+        remove_store(stale, temporary=True)
     check_replaceable(path)
     check_renamable(path)  # before any item is read: a mount point would fail only once all is written
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
     old = path.parent / f".{path.name}.tmp-old-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+    except OSError as e:
+        if (error := disk_error(path, e)) is not None:
+            raise error from e
+        raise
     try:
         tick = time.perf_counter()
         write_store(dataset, tmp, origin, workers, f"{CACHE}: writing {path.name}" if progress else None)
@@ -401,14 +457,10 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
                 stacklevel=3,
             )
     except BaseException as e:
-        remove_store(tmp)
+        remove_store(tmp, temporary=True)
         if os.path.lexists(old) and not os.path.lexists(path):  # renamed away, then not replaced: put it back
             with contextlib.suppress(OSError):
                 os.rename(old, path)
-        if isinstance(e, OSError) and e.errno in _FULL:
-            raise OSError(
-                e.errno,
-                f"{CACHE}: writing {path} failed: {os.strerror(e.errno or 0)}; nothing was kept: "
-                "free space, or give a path on a larger disk",
-            ) from e
+        if isinstance(e, OSError) and e.errno in FULL and (error := disk_error(path, e)) is not None:
+            raise error from e
         raise

@@ -69,15 +69,20 @@ def file_of(dset: Any) -> str:
 def flat_offset(dset: Any) -> int | None:
     """Where ``dset``'s rows lie in ``file_of(dset)`` as one C-ordered array (bytes from the file's start,
     userblock included), or None where they do not and h5py must read them: chunked or filtered (compressed,
-    shuffled), external, virtual, not yet written (HDF5 allocates a contiguous dataset's space at its first write)."""
+    shuffled), external, virtual, not yet written (HDF5 allocates a contiguous dataset's space at its first write),
+    or of a type whose bytes NumPy does not lay out as h5py reads them."""
     h5py = h5py_module()
     plist = dset.id.get_create_plist()
     if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count():
         return None
+    # bytes laid out as NumPy lays out the dtype h5py reads it as; else h5py converts (an enum over a C int read
+    # as bool, integers of fewer bits than their size, at a bit offset, padded with ones) and must read it
+    if not dset.id.get_type().equal(h5py.h5t.py_create(dset.dtype, logical=True)):
+        return None
     offset = dset.id.get_offset()
     end = None if offset is None else offset + dset.id.get_storage_size()
     # an unwritten dataset has no address (None, or an undefined one past the end of the file)
-    if end is None or dset.id.get_storage_size() < dset.size * dset.dtype.itemsize:
+    if end is None or dset.id.get_storage_size() != dset.size * dset.dtype.itemsize:
         return None
     return int(offset) if end <= os.path.getsize(file_of(dset)) else None
 

@@ -16,16 +16,21 @@ import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from composetrain.core.util import CACHE
-from composetrain.data.store_files import MANIFEST, NotAStore, read_manifest
+from composetrain.data.layout import DEPTH
+from composetrain.data.store_files import MANIFEST, NotAStore, read_json, read_manifest
 
 __all__ = [
+    "FULL",
     "Stamp",
     "check_lock_file",
+    "check_lock_owner",
     "check_renamable",
     "check_replaceable",
     "check_unchanged",
+    "disk_error",
     "foreign",
     "leftovers",
     "publish_error",
@@ -34,29 +39,68 @@ __all__ = [
 ]
 
 Stamp = tuple[int, int, int, int] | None
+FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a disk out of space or inodes, a file past its size limit
 _OWN = re.compile(r"f[0-9]+[os]?\.npy")  # the arrays a writer makes (writer._Column): f0.npy, f3o.npy, f3s.npy
+_HOLDER = re.compile(rb"process [0-9]+ on [^\n]{0,255}")  # what a lock's holder writes in it (cache._locked)
 _TEMPORARY = re.compile(r"(old-)?[0-9a-f]{12}")  # what follows ".NAME.tmp-" in a writer's folders (see cache._write)
 
 
-def foreign(folder: Path) -> list[str]:
-    """The names in ``folder`` that are not a store's own files (``manifest.json`` and the ``f<n>[os].npy`` arrays
-    a writer makes, regular files): a user's files, a store nested inside, links. ``ct.cache`` never removes them."""
+def foreign(folder: Path, temporary: bool = False) -> list[str]:
+    """The names in ``folder`` that are not a store's own files (``_own``; in a writer's ``temporary`` folder, whose
+    manifest may not be written yet, also the ``f<n>[os].npy`` arrays a writer makes), regular files: a user's files, a
+    store nested inside, links. ``ct.cache`` never removes them."""
+    own = _own(folder)
     names = []
     for name in sorted(os.listdir(folder)):
         try:
             plain = stat.S_ISREG(os.lstat(folder / name).st_mode)
         except FileNotFoundError:
             continue
-        if not (plain and (name == MANIFEST or _OWN.fullmatch(name))):
+        if not (plain and (name in own or (temporary and _OWN.fullmatch(name)))):
             names.append(name)
     return names
 
 
-def remove_store(folder: Path) -> None:
-    """Remove a store's (or a writer's temporary) folder: its own files, then the folder if nothing else is left in
+def _own(folder: Path) -> set[str]:
+    """A store's own files: ``manifest.json`` and the arrays the writer gives a store of its manifest's fields
+    (``f<n>.npy`` for the n-th, and ``f<n>o.npy``, ``f<n>s.npy`` for a ragged one): for a manifest it wrote, exactly
+    the arrays its fields name, never a user's ``f7.npy`` beside them. Read leniently (a manifest damaged elsewhere
+    still says which they are); one whose item structure cannot be followed owns no array."""
+    try:
+        raw = read_json(folder)
+    except (OSError, ValueError):
+        return {MANIFEST}
+    ragged = _ragged(raw.get("item") if isinstance(raw, dict) else None)
+    arrays = [[f"f{n}.npy", *([f"f{n}o.npy", f"f{n}s.npy"] if r else [])] for n, r in enumerate(ragged or [])]
+    return {MANIFEST, *(name for names in arrays for name in names)}
+
+
+def _ragged(node: Any, depth: int = 0) -> list[bool] | None:
+    """Whether each field of a manifest's item structure (its JSON, in the writer's order) is ragged; None where the
+    structure cannot be followed."""
+    if depth > DEPTH or not isinstance(node, dict) or len(node) != 1:
+        return None
+    ((tag, body),) = node.items()
+    if tag == "field":
+        return [body.get("shape") is None] if isinstance(body, dict) else None
+    if tag == "dict" and isinstance(body, list) and all(isinstance(p, list) and len(p) == 2 for p in body):
+        body = [value for _, value in body]
+    elif tag not in ("tuple", "list") or not isinstance(body, list):
+        return None
+    found: list[bool] = []
+    for child in body:
+        inner = _ragged(child, depth + 1)
+        if inner is None:
+            return None
+        found += inner
+    return found
+
+
+def remove_store(folder: Path, temporary: bool = False) -> None:
+    """Remove a store's (or a writer's ``temporary``) folder: its own files, then the folder if nothing else is left in
     it (never ``shutil.rmtree``: a file someone put there meanwhile stays, with the folder)."""
     try:
-        others = set(foreign(folder))
+        others = set(foreign(folder, temporary))
     except OSError:
         return
     for name in os.listdir(folder):
@@ -135,6 +179,19 @@ def publish_error(path: Path, e: OSError) -> OSError:
     )
 
 
+def disk_error(path: Path, e: OSError) -> OSError | None:
+    """The error for a write for the store at ``path`` (its lock file, folders, arrays) that the disk refused: full
+    (space or inodes), read-only or not writable, said with the fix; None for another error."""
+    if e.errno in FULL:
+        fix = "free space, or give a path on a larger disk"
+    elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        fix = "give a path in a folder this process can write, on a disk mounted read-write"
+    else:
+        return None
+    why = os.strerror(e.errno or 0)
+    return OSError(e.errno, f"{CACHE}: writing {path} failed: {why}; nothing was kept: {fix}")
+
+
 def leftovers(path: Path) -> list[Path]:
     """The folders a writer of ``path`` left (``.NAME.tmp-<hex>``, ``.NAME.tmp-old-<hex>``): matched by name, never
     by a glob pattern, which the store's name (``s[1]``) would be read as."""
@@ -156,6 +213,22 @@ def check_lock_file(lock: Path, mode: int | None = None) -> None:
     raise ValueError(
         f"{CACHE}: the lock file {lock} is a {what}, not a file: remove it (ct.cache creates it), or "
         "choose another path"
+    )
+
+
+def check_lock_owner(lock: Path, fd: int) -> bool:
+    """Refuse an existing lock file (open at ``fd``) that ct.cache would not have made: one holding other text, or
+    with another name (a hard link: writing it changes the file at that name too); whether it holds a holder's line
+    (then it may be written again). An empty one is used as the lock, never written into: another process may have
+    just made it, or it is a user's."""
+    info, text = os.fstat(fd), os.pread(fd, 512, 0)
+    if info.st_nlink == 1 and (not text or _HOLDER.fullmatch(text)):
+        return bool(text)
+    why = f"it has {info.st_nlink} names (hard links)" if info.st_nlink > 1 else "it holds text ct.cache never writes"
+    raise ValueError(
+        f"{CACHE}: the lock file {lock} is not one ct.cache made ({why}): ct.cache writes who holds the lock into "
+        "it, so it never uses a file of someone else's; move it away (ct.cache creates the lock file), or choose "
+        "another path"
     )
 
 

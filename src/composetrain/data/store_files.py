@@ -29,6 +29,7 @@ __all__ = [
     "StoreError",
     "fsync_folder",
     "manifest_text",
+    "read_json",
     "read_manifest",
     "regions",
     "write_manifest",
@@ -127,10 +128,11 @@ def _read_plain(path: Path, limit: int) -> bytes:
     """A regular file's bytes, never through a symbolic link, at most ``limit`` of them."""
     fd = os.open(path, _READ)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise NotAStore(f"{path} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:  # a buffer of the file's size: read(limit + 1) takes the limit
+            data = f.read(min(info.st_size, limit) + 1)
     finally:
         os.close(fd)
     if len(data) > limit:
@@ -138,16 +140,22 @@ def _read_plain(path: Path, limit: int) -> bytes:
     return data
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of a complete store, its structure checked; FileNotFoundError when there is none."""
+def read_json(folder: Path) -> Any:
+    """The JSON value of ``folder``'s manifest, unchecked; FileNotFoundError when there is none, NotAStore when it
+    is not JSON Python reads (nested too deep, an integer past its 4300 digits) or cannot be read."""
     try:
-        raw = json.loads(_read_plain(folder / MANIFEST, _LIMIT))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+        return json.loads(_read_plain(folder / MANIFEST, _LIMIT))
+    except (ValueError, RecursionError) as e:  # ValueError: not JSON, not UTF-8, or an int too long to convert
         raise NotAStore(f"{folder / MANIFEST} is not JSON: {e}") from None
     except OSError as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise NotAStore(f"{folder / MANIFEST} cannot be read: {e.strerror or e}") from None
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of a complete store, its structure checked; FileNotFoundError when there is none."""
+    raw = read_json(folder)
     if not isinstance(raw, dict) or set(raw) != {"format", "length", "item", "origin"}:
         raise NotAStore(f"{folder / MANIFEST} is not a cache manifest")
     if type(raw["format"]) is not int or raw["format"] < 1:  # another tool's manifest with these keys ("webdataset")
@@ -197,10 +205,11 @@ def _region(folder: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...
         raise StoreError(
             f"{path} cannot be opened ({e.strerror or e}): a store's arrays are regular files; {REWRITE}"
         ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before fdopen, which refuses a folder naming only the descriptor
+        os.close(fd)
+        raise StoreError(f"{path} is not a regular file; {REWRITE}")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise StoreError(f"{path} is not a regular file; {REWRITE}")
         try:
             version = np.lib.format.read_magic(f)
             header = np.lib.format.read_array_header_1_0(f, max_header_size=_HEADER) if version == (1, 0) else None
