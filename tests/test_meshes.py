@@ -480,6 +480,36 @@ def test_a_plan_names_submodules_as_parallelize_module_matches_them():
     assert _resolved(model, "1.nope") == [] and _resolved(model, "4.q") == []
 
 
+def test_full_state_dict_gathers_a_model_on_a_2d_mesh_and_says_gone_only_when_its_group_is(tmp_path):
+    """A 2-D mesh has a group per dimension and none for the whole: full_state_dict looks each up, gathers, and
+    names a group gone only once it is (one process, a 1 x 1 HSDP mesh)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = gpt()
+        fully_shard(model, mesh=init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard")))
+        assert {p.device_mesh.ndim for p in model.parameters()} == {2}
+        found = ct.full_state_dict(model)
+        assert found.keys() == gpt().state_dict().keys()
+        for k, v in gpt().state_dict().items():
+            assert type(found[k]) is torch.Tensor and torch.equal(found[k], v), k
+        group = dist.new_group([0])  # a mesh over a group of its own, destroyed while the job's lives on
+        other = nn.Linear(2, 2)
+        fully_shard(other, mesh=DeviceMesh.from_group(group, "cpu"))
+        dist.destroy_process_group(group)
+        with pytest.raises(RuntimeError, match=r"a process group that is gone \(Could not resolve the process group"):
+            ct.full_state_dict(other)
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(
+        RuntimeError, match=r"sharded over a process group that is gone \(no process group is initialised\)"
+    ):
+        ct.full_state_dict(model)
+
+
 # several processes
 
 
