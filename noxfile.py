@@ -42,10 +42,10 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_compile.py", "--restarts", "1")
     session.run("python", "bench_parallel.py")
     session.run("python", "-m", "torch.distributed.run", "--nproc-per-node=4", "bench_meshes.py")
-
     session.run("python", "bench_checkpoint.py")
     session.run("python", "bench_cache.py")
     session.run("python", "bench_hf.py")
+    session.run("python", "bench_resume.py")
 
 
 @nox.session
