@@ -439,6 +439,8 @@ class _Driver:
                 proc.world_size,
                 saving.keep_checkpoints,
                 shards=ShardFiles(state),
+                # a rank's own file continues only where it reads the same shard: another mesh maps ranks otherwise
+                data_shards=[can.data_shard(r, proc.world_size)[0] for r in range(proc.world_size)],
             )
         # torch's compile caches beside the checkpoints while the loop runs, for a warm restart (ct.compile)
         self.compile_cache = None
@@ -477,7 +479,7 @@ class _Driver:
         if latest is None:
             seed_everything(derive_seed(seed, "fresh start", rank=self.shard))  # a data shard's processes alike
             return Progress(schedule, start=state.step)
-        path, saved, local = latest  # local None: saved by another number of processes (a global batch's run)
+        path, saved, local = latest  # local None: saved by other processes or another layout (a global batch run)
         changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}
         old, new = changed.get("global_batch_size", (None, None))
         if old is not None and new is not None:
