@@ -232,6 +232,33 @@ def saved_then_resumed(rank: int, world: int, folder: str, first: str, then: str
     return found
 
 
+def global_batch_across_meshes(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """``ct.run(global_batch_size=BATCH)``: PP 2 x DP 2 (rank r reads shard r % 2) for the first update, resumed on
+    TP 2 x FSDP 2 (shard r // 2) for the second, then on FSDP 4 (shard r of 4) for the third; then a run given
+    ``batch_size`` (per process) saved on PP 2 x DP 2 and resumed on TP 2 x FSDP 2. What each run logged, the
+    random state each left, the parameters at the end, what the batch_size resume raised."""
+    found: dict[str, Any] = {"global_batch": [], "norms": [], "rng": []}
+    for updates, name in enumerate(["pp_ddp_gpipe", "tp_fsdp", "fsdp4"], 1):
+        state = fresh_state(seed=rank)
+        train = compositions()[name]
+        result = ct.run(
+            train, state, dataset(), global_batch_size=BATCH, max_steps=updates, checkpoint_dir=folder, **RUN
+        )
+        found["global_batch"].append({r["global_batch"] for r in result.history})
+        found["norms"] = [r["grad_norm"] for r in result.history]
+        found["rng"].append(torch.get_rng_state())  # none of the steps draws: as the resume left it
+    found["params"] = {k: whole(v) for k, v in state.state_dict()["model"].items()}
+    found["step"] = state.step
+    per_process = f"{folder}-batch-size"
+    run_for("pp_ddp_gpipe", fresh_state(seed=rank), per_process, 1)
+    try:
+        run_for("tp_fsdp", fresh_state(seed=rank), per_process, 2)
+        found["refused"] = "no error"
+    except ValueError as e:
+        found["refused"] = str(e)
+    return found
+
+
 def loaded_then_trained(rank: int, world: int, checkpoint: str, name: str) -> dict[str, Any]:
     """``name``'s layout: its state laid out (``ct.apply_sharding``), a checkpoint of another layout loaded into
     it (``ct.load_checkpoint``), then the last update by hand."""
@@ -293,6 +320,12 @@ def refusal(rank: int, world: int, case: str) -> str:
     if case in stages and case not in build:
         build[case] = lambda: ct.distributed(ct.pipeline(stages[case], microbatches=2)(step))
     state = fresh_state(seed=rank)
+    if case == "global_batch_tp":  # 5 samples per update over the 2 data shards of TP 2 x FSDP 2
+        try:
+            ct.run(compositions()["tp_fsdp"], state, dataset(), global_batch_size=5, max_steps=1, **RUN)
+        except ValueError as e:
+            return f"{type(e).__name__}: {e}"
+        return "no error"
     if case == "dropout":
         state.model[1].drop = nn.Dropout(0.1)  # registered, in training mode
     train = build[case]()
@@ -606,6 +639,28 @@ def test_pipeline_checkpoints_hold_the_unsplit_model_and_resume_on_another_sched
     print(f"pp 2 x dp 2 -> 1 process: largest relative gap {assert_close_to(one_process_from(step2), ref):.2e}")
 
 
+def test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh(pool, tmp_path):
+    """ct.run(global_batch_size=16) splits the 16 over the data shards, not the processes (a TP pair or a
+    pipeline's stages read one shard alike), resumes across meshes of other shard counts and rank-to-shard maps
+    (PP 2 x DP 2 -> TP 2 x FSDP 2 -> FSDP 4) equal to the uninterrupted one-process run, the ranks of one data
+    shard leaving it with one random stream (the rank files of another layout are another shard's: not restored);
+    a run given batch_size (per process: its random states per rank) refuses another layout."""
+    results = pool.run("test_meshes", "global_batch_across_meshes", str(tmp_path / "run"), timeout=600)
+    ref = reference()
+    for rank, found in enumerate(results):
+        assert found["global_batch"] == [{BATCH}] * 3 and found["step"] == UPDATES
+        gap = assert_close_to(found, ref)
+        print(f"global batch, pp 2 x dp 2 -> tp 2 x fsdp 2 -> fsdp 4: largest relative gap {gap:.2e}")
+        assert found["norms"] == pytest.approx(ref["norms"], rel=1e-12)
+        assert "resume with the same layout" in found["refused"], (rank, found["refused"])
+        assert "data shards [0, 1, 0, 1]" in found["refused"] and "[0, 0, 1, 1]" in found["refused"]
+    rng = [[found["rng"][i] for found in results] for i in range(3)]
+    same = [[bool(torch.equal(a, b)) for b in states] for states in rng for a in states]
+    assert same[0:4] == [[r % 2 == q % 2 for q in range(4)] for r in range(4)]  # pp 2 x dp 2: shard r % 2
+    assert same[4:8] == [[r // 2 == q // 2 for q in range(4)] for r in range(4)]  # tp 2 x fsdp 2: shard r // 2
+    assert same[8:12] == [[r == q for q in range(4)] for r in range(4)]  # fsdp 4: shard r
+
+
 REFUSALS = {
     "replicate_3": "ValueError: sharded(replicate=3)(accumulate(2, weight=tokens)(step)): replicate=3 = 3 does not "
     "divide the 4 processes of the job; each size must divide W=4 and their product too (divisors of 4: [1, 2, 4])",
@@ -621,6 +676,10 @@ REFUSALS = {
     "stages_disagree": "the ranks disagree on the pipeline: rank 2",
     "stages_missing": "parameter '3.norm.weight' lies in no stage (0, 1 | 2)",
     "pipeline_batch": "the batch holds 8 samples, which do not split into microbatches=3 equal micro-batches",
+    "global_batch_tp": "global_batch_size=5 cannot be shared evenly among 2 data shards (5 / 2 is not whole); run it "
+    "on a number of data shards that divides 5 (1, 5), or choose a global_batch_size that 2 divides (e.g. 4 or 6) "
+    "(the composition splits its model over 2 processes per data shard, which read one shard alike: the job's 4 "
+    "processes make 2 data shards",
 }
 
 

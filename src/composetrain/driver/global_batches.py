@@ -46,16 +46,31 @@ def _listed(sizes: list[int]) -> str:
     return ", ".join(map(str, sizes[:16])) + (", ..." if len(sizes) > 16 else "")
 
 
-def global_problem(samples: int, global_batch_size: int, world_size: int, drop_last: bool, equal: bool) -> str | None:
+def global_problem(
+    samples: int, global_batch_size: int, world_size: int, drop_last: bool, equal: bool, per_shard: int = 1
+) -> str | None:
     """Why ``world_size`` processes cannot run updates of ``global_batch_size`` samples over ``samples`` samples, or
     None; ``equal``: every process must read as many samples in each update (a forward that gathers from every
-    rank). Found before anything is trained or saved."""
+    rank). ``per_shard`` > 1: ``world_size`` counts data shards, each read alike by that many processes (a
+    tensor-parallel group, a pipeline's stages), and the message says so. Found before anything is trained or saved."""
     g, w, n = global_batch_size, world_size, samples
+    one, who = ("process", "processes") if per_shard == 1 else ("data shard", "data shards")
+    problem = _global_problem(g, w, n, drop_last, equal, one, who)
+    if problem is not None and per_shard > 1:
+        problem += (
+            f" (the composition splits its model over {per_shard} processes per data shard, which read one shard "
+            f"alike: the job's {w * per_shard} processes make {w} data shards, and the global batch is shared among "
+            "the shards)"
+        )
+    return problem
+
+
+def _global_problem(g: int, w: int, n: int, drop_last: bool, equal: bool, one: str, who: str) -> str | None:
     if g % w:
         fits = world_sizes(g)
         return (
-            f"global_batch_size={g} cannot be shared evenly among {w} processes ({g} / {w} is not whole); run it "
-            f"on a number of processes that divides {g} ({_listed(fits)}), or choose a global_batch_size that {w} "
+            f"global_batch_size={g} cannot be shared evenly among {w} {who} ({g} / {w} is not whole); run it "
+            f"on a number of {who} that divides {g} ({_listed(fits)}), or choose a global_batch_size that {w} "
             f"divides (e.g. {max(w, g // w * w)} or {(g // w + 1) * w})"
         )
     if drop_last and n < g:
@@ -68,16 +83,16 @@ def global_problem(samples: int, global_batch_size: int, world_size: int, drop_l
         fits = world_sizes(g, at_most=short)
         return (
             f"the dataset's {n} samples make {n // g} update(s) of global_batch_size={g} and a last, short one of "
-            f"{short} sample(s), too few for {w} processes (each needs one at least); set drop_last=True (that "
-            f"update is dropped), or run on fewer processes: {_listed(fits)}"
+            f"{short} sample(s), too few for {w} {who} (each needs one at least); set drop_last=True (that "
+            f"update is dropped), or run on fewer {who}: {_listed(fits)}"
         )
     if equal and short % w:
         fits = world_sizes(g, short)
         return (
-            f"every process must read as many samples in each update here (each forward gathers from every rank: "
+            f"every {one} must read as many samples in each update here (each forward gathers from every rank: "
             f"ct.sharded), but the dataset's last, short update of {short} samples ({n} samples, "
-            f"global_batch_size={g}) cannot be shared evenly among {w} processes; set drop_last=True (that update is "
-            f"dropped), or run on a number of processes that divides both {g} and {short} ({_listed(fits)})"
+            f"global_batch_size={g}) cannot be shared evenly among {w} {who}; set drop_last=True (that update is "
+            f"dropped), or run on a number of {who} that divides both {g} and {short} ({_listed(fits)})"
         )
     return None
 

@@ -403,6 +403,7 @@ class _Driver:
             world_size=self.shards,
             local_world_size=proc.local_world_size,
             equal_shares=can.forward_needs_every_rank,
+            per_shard=proc.world_size // self.shards,
         )
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
