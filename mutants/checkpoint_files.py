@@ -123,8 +123,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": '                if payload["world_size"] == self.world_size:\n',
-        "replace": '                if payload["world_size"] >= self.world_size:\n',
+        "find": "                mine = same_ranks(payload, self.world_size, self.data_shards)\n",
+        "replace": '                mine = payload["world_size"] >= self.world_size\n',
         "tests": [
             "tests/test_resume_anywhere.py::test_a_chain_of_runs_on_2_1_3_2_processes_ends_as_the_uninterrupted_run",
         ],

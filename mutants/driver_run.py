@@ -287,8 +287,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": '            seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step))',
-        "replace": '            seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))',
+        "find": '            seed_everything(derive_seed(seed, "resume", rank=self.shard, step=state.step))',
+        "replace": '            seed_everything(derive_seed(seed, "fresh start", rank=self.shard))',
         "tests": [
             "tests/test_resume_anywhere.py::test_a_chain_of_runs_on_2_1_3_2_processes_ends_as_the_uninterrupted_run",
         ],
@@ -297,9 +297,9 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": '            seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step))',
+        "find": '            seed_everything(derive_seed(seed, "resume", rank=self.shard, step=state.step))',
         "replace": (
-            '            seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step * '
+            '            seed_everything(derive_seed(seed, "resume", rank=self.shard, step=state.step * '
             "self.proc.world_size))"
         ),
         "tests": [
@@ -365,7 +365,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": 'seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))',
+        "find": 'seed_everything(derive_seed(seed, "fresh start", rank=self.shard))',
         "replace": 'seed_everything(derive_seed(seed, "fresh start", rank=0))',
         "tests": [
             "tests/test_rng_streams.py::test_each_rank_draws_its_own_streams_on_a_fresh_start",

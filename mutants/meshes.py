@@ -130,8 +130,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": 'chosen, pin_memory=proc.device.type == "cuda", rank=self.shard, world_size=self.shards,',
-        "replace": 'chosen, pin_memory=proc.device.type == "cuda", rank=proc.rank, world_size=proc.world_size,',
+        "find": "            rank=self.shard,\n            world_size=self.shards,\n",
+        "replace": "            rank=proc.rank,\n            world_size=proc.world_size,\n",
         "tests": [f"{T}::test_tensor_parallel_checkpoints_load_at_another_degree_and_in_one_process"],
         "why": "ct.run gives each rank of a tensor-parallel group its own data: the group computes on mismatched batches",
     },
@@ -151,5 +151,59 @@ MUTANTS = [
             "tests/test_composition_table.py",
         ],
         "why": "tensor_parallel(sharded(...)) accepted: FSDP would shard before the plan splits",
+    },
+    {
+        "file": "src/composetrain/checkpoint/loading.py",
+        "find": "                mesh.get_group(dim)\n",
+        "replace": "                mesh.get_group()\n",
+        "tests": [f"{T}::test_full_state_dict_gathers_a_model_on_a_2d_mesh_and_says_gone_only_when_its_group_is"],
+        "why": "the group looked up without a dimension: a 2-D mesh (HSDP, TP x FSDP) has none for the whole, and full_state_dict raised",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "                mine = same_ranks(payload, self.world_size, self.data_shards)\n",
+        "replace": '                mine = payload["world_size"] == self.world_size\n',
+        "tests": [f"{T}::test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh"],
+        "why": "a rank's own file restored on another layout of as many processes: a TP pair resumes with two shards' random streams",
+    },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": "    if not same_ranks(payload, world_size, data_shards):\n",
+        "replace": "    if False:\n",
+        "tests": [
+            f"{T}::test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh",
+            "tests/test_checkpoint_format.py::test_a_rank_file_continues_only_on_processes_reading_the_same_data_shards",
+        ],
+        "why": "a batch_size run (per-rank order and random states) resumed on another layout of its processes without a word",
+    },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": '    return payload["data_shards"] or list(range(payload["world_size"]))',
+        "replace": '    return payload["data_shards"]',
+        "tests": [
+            "tests/test_checkpoint_format.py::test_a_rank_file_continues_only_on_processes_reading_the_same_data_shards"
+        ],
+        "why": "a checkpoint written before the stamp (no data_shards) never continues its ranks' own files",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "                data_shards=[can.data_shard(r, proc.world_size)[0] for r in range(proc.world_size)],\n",
+        "replace": "",
+        "tests": [f"{T}::test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh"],
+        "why": "the driver stamps rank r as shard r whatever the mesh: a layout change at the same W goes unseen",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "            per_shard=proc.world_size // self.shards,\n",
+        "replace": "",
+        "tests": [f"{REFUSE}[global_batch_tp]"],
+        "why": "a global batch refused under TP counts its data shards as processes: '2 processes' on a job of 4",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": 'record["global_batch"] = None if batch is None else batch * self.shards',
+        "replace": 'record["global_batch"] = None if batch is None else batch * self.proc.world_size',
+        "tests": [f"{T}::test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh"],
+        "why": "the logged global batch (ct.scaled_lr's input) counts a TP pair's or a pipeline's shared shard twice",
     },
 ]
