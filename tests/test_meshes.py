@@ -87,6 +87,33 @@ def plan() -> dict[str, Any]:
     return {f"[12].{name}": style for name, style in per_block.items()}  # both blocks, by pattern
 
 
+def sequence_plan() -> dict[str, Any]:
+    """Tensor parallel with sequence parallel between the splits (Megatron-SP, as torchtitan plans it): the residual
+    stream sharded over the sequence from the embedding's output to the head's input, the LayerNorms run on their
+    shard (SequenceParallel), each Colwise layer gathering the sequence and each Rowwise one reduce-scattering it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    gather, scatter = (
+        ColwiseParallel(input_layouts=Shard(1)),
+        RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    )
+    per_block = {"norm1": SequenceParallel(), "q": gather, "k": gather, "v": gather, "out": scatter}
+    per_block |= {"norm2": SequenceParallel(), "up": gather, "down": scatter}
+    found = {f"[12].{name}": style for name, style in per_block.items()}
+    found["0"] = PrepareModuleOutput(
+        output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=False
+    )
+    found["3"] = PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate(), use_local_output=True)
+    return found
+
+
 def apply_plan(model: nn.Module, tp_mesh: Any) -> None:
     """A plan given as a function: it applies parallelize_module itself."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -166,6 +193,7 @@ def compositions() -> dict[str, Any]:
     return {
         "hsdp": ct.sharded(ct.ema(0.5)(clip(weighted(step))), modules=Block, replicate=2),
         "tp_fsdp": ct.sharded(ct.tensor_parallel(plan(), size=2)(clip(weighted(step))), modules=Block),
+        "tp_sp_fsdp": ct.sharded(ct.tensor_parallel(sequence_plan(), size=2)(clip(weighted(step))), modules=Block),
         # bf16 autocast leaves float64 alone: its finite check and the order of the transforms are what is tested;
         # the plan a function that applies one
         "tp_ddp": ct.distributed(
@@ -198,7 +226,7 @@ def train_by_hand(rank: int, world: int, name: str) -> dict[str, Any]:
     if name == "hsdp":
         into = gpt()
         found["ema"] = {k: whole(v) for k, v in ct.ema_model(state, into=into).state_dict().items()}
-    if name in ("hsdp", "tp_fsdp"):  # the whole model on rank 0, gathered from every shard and piece
+    if name in ("hsdp", "tp_fsdp", "tp_sp_fsdp"):  # the whole model on rank 0, gathered from every shard and piece
         found["full"] = ct.full_state_dict(state.model)
     found["shard"] = (index, count)
     found["kinds"] = sorted({type(p).__name__ for p in state.model.parameters()})
@@ -570,7 +598,7 @@ def assert_close_to(found: dict[str, Any], ref: dict[str, Any], rtol: float = 1e
     return f"largest relative gap {worst:.2e}, largest absolute difference {largest:.2e}"
 
 
-@pytest.mark.parametrize("name", ["hsdp", "tp_fsdp", "tp_ddp", "pp_ddp_1f1b", "pp_ddp_gpipe", "pp_fsdp"])
+@pytest.mark.parametrize("name", ["hsdp", "tp_fsdp", "tp_sp_fsdp", "tp_ddp", "pp_ddp_1f1b", "pp_ddp_gpipe", "pp_fsdp"])
 def test_each_layout_is_the_one_process_large_batch_update(pool, name):
     results = pool.run("test_meshes", "train_by_hand", name, timeout=300)
     ref = reference(ema=0.5 if name == "hsdp" else None)
