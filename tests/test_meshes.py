@@ -622,16 +622,18 @@ def checkpoint_of(folder: Any, updates: int) -> str:
 
 def test_hsdp_saved_on_2x2_resumes_on_4x1_and_in_one_process(pool, tmp_path):
     """2 replicas x 2 shards for 2 updates, resumed as 4 replicas x 1 shard (ct.run, DCP resharding) for the third;
-    and the 2x2 checkpoint loaded into plain distributed and in one process, unsharded, for the third: each equal to
-    the uninterrupted run."""
+    and the 2x2 checkpoint loaded into plain distributed, into TP 2 x FSDP 2 (its pieces resharded from whole
+    tensors) and in one process, unsharded, for the third: each equal to the uninterrupted run."""
     results = pool.run("test_meshes", "saved_then_resumed", str(tmp_path), "hsdp", "hsdp_4x1", timeout=300)
     ref = reference(ema=0.5)
     for found in results:
         assert found["step"] == UPDATES and found["global_batch"] == {BATCH}
         print(f"hsdp 2x2 -> 4x1: {assert_close_to(found, ref)}")
         assert found["norms"] == pytest.approx(ref["norms"], rel=1e-12) and min(found["norms"]) > MAX_NORM
-    for found in pool.run("test_meshes", "loaded_then_trained", checkpoint_of(tmp_path, UPDATES - 1), "ddp"):
-        print(f"hsdp 2x2 -> distributed: {assert_close_to(found, ref)}")
+    for name in ("ddp", "tp_fsdp"):  # plain distributed, and tensor parallel degree 1 -> 2 (under FSDP 2)
+        for found in pool.run("test_meshes", "loaded_then_trained", checkpoint_of(tmp_path, UPDATES - 1), name):
+            print(f"hsdp 2x2 -> {name}: {assert_close_to(found, ref)}")
+            assert found["norms"] == pytest.approx(ref["norms"][-1:], rel=1e-12)
     one = one_process_from(checkpoint_of(tmp_path, UPDATES - 1), ema=True)
     print(f"hsdp 2x2 -> 1 process: {assert_close_to(one, ref)}")
     for k, v in ref["ema"].items():
