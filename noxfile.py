@@ -41,6 +41,7 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_gpt.py")
     session.run("python", "bench_compile.py", "--restarts", "1")
     session.run("python", "bench_parallel.py")
+    session.run("python", "-m", "torch.distributed.run", "--nproc-per-node=4", "bench_meshes.py")
     session.run("python", "bench_checkpoint.py")
     session.run("python", "bench_cache.py")
     session.run("python", "bench_hf.py")
@@ -69,6 +70,8 @@ def gpu(session: nox.Session) -> None:
             "python", "bench_precision.py", "--device", "cuda", "--model", model, "--dtypes", "fp32", "bf16", "fp16"
         )
     session.run("python", "bench_memory.py", "--device", "cuda")
+    # HSDP, TP and PP bytes per rank on 4 GPUs over nccl (skipped, saying so, with fewer)
+    session.run("python", "bench_meshes.py", "--device", "cuda", "--width", "2048", "--depth", "8", "--launch")
     session.run("python", "bench_gpt.py", "--device", "cuda", "--rounds", "21", "--updates", "20")
     # ct.compile against the hand-compiled loop, and one warm/cold restart (about 3 minutes, most of it compiling)
     session.run(

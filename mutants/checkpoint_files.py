@@ -133,12 +133,25 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": '                if payload["world_size"] == self.world_size:\n',
-        "replace": '                if payload["world_size"] >= self.world_size:\n',
+        "find": "                mine = same_ranks(payload, self.world_size, self.data_shards)\n",
+        "replace": '                mine = payload["world_size"] >= self.world_size\n',
         "tests": [
             "tests/test_resume_anywhere.py::test_a_chain_of_runs_on_2_1_3_2_processes_ends_as_the_uninterrupted_run",
         ],
         "why": "a shrink reads the ranks' own files as if the job were the same: rank 0's streams and window alone",
         "from": "global_batch",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "                mine = same_ranks(payload, self.world_size, self.data_shards)\n",
+        "replace": '                mine = payload["world_size"] == self.world_size\n',
+        "tests": [
+            "tests/test_meshes.py::test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh",
+        ],
+        "why": (
+            "a rank's own file restored on another layout of as many processes: a TP pair resumes with two "
+            "shards' random streams"
+        ),
+        "from": "meshes",
     },
 ]

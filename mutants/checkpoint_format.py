@@ -50,8 +50,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/format.py",
-        "find": 'payload["settings"].get("global_batch_size") is None:',
-        "replace": 'payload["settings"].get("batch_size") is None:',
+        "find": 'if payload["settings"].get("global_batch_size") is not None:',
+        "replace": 'if payload["settings"].get("batch_size") is not None:',
         "tests": [
             "tests/test_resume_anywhere.py::test_what_cannot_be_exact_is_refused_before_anything_changes",
         ],
@@ -60,12 +60,36 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/format.py",
-        "find": 'if payload["world_size"] != world_size and',
-        "replace": 'if payload["world_size"] < world_size and',
+        "find": 'if payload["world_size"] != world_size:',
+        "replace": 'if payload["world_size"] < world_size:',
         "tests": [
             "tests/test_checkpoint_folder.py::test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept",
         ],
         "why": "20.10: a checkpoint of more processes than the run has is resumed",
         "from": "issue20",
+    },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": "    if not same_ranks(payload, world_size, data_shards):\n",
+        "replace": "    if False:\n",
+        "tests": [
+            "tests/test_meshes.py::test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh",
+            "tests/test_checkpoint_format.py::test_a_rank_file_continues_only_on_processes_reading_the_same_data_shards",
+        ],
+        "why": (
+            "a batch_size run (per-rank order and random states) resumed on another layout of its processes "
+            "without a word"
+        ),
+        "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": '    return payload["data_shards"] or list(range(payload["world_size"]))',
+        "replace": '    return payload["data_shards"]',
+        "tests": [
+            "tests/test_checkpoint_format.py::test_a_rank_file_continues_only_on_processes_reading_the_same_data_shards",
+        ],
+        "why": "a checkpoint written before the stamp (no data_shards) never continues its ranks' own files",
+        "from": "meshes",
     },
 ]

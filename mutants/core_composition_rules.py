@@ -154,4 +154,15 @@ MUTANTS = [
         "why": "23.31: the table names a role no transform has: compile(fullgraph=True) around sharded is built",
         "from": "issue23_compile",
     },
+    {
+        "file": "src/composetrain/core/composition_rules.py",
+        "find": '    ("tensor_parallel", "sharded"): "the model is split first, then FSDP shards each piece',
+        "replace": '    ("tensor_parallel", "sharded_"): "the model is split first, then FSDP shards each piece',
+        "tests": [
+            "tests/test_composition_rules.py::test_the_table_holds_exactly_the_orders_that_cannot_be_made_correct",
+            "tests/test_composition_table.py",
+        ],
+        "why": "tensor_parallel(sharded(...)) accepted: FSDP would shard before the plan splits",
+        "from": "meshes",
+    },
 ]

@@ -121,4 +121,24 @@ MUTANTS = [
         ),
         "from": "issue29_x_atomic",
     },
+    {
+        "file": "src/composetrain/core/protocol.py",
+        "find": "        return (rank // tp) % count, count",
+        "replace": "        return rank % count, count",
+        "tests": [
+            "tests/test_meshes.py::test_each_rank_reads_the_data_shard_of_its_mesh_coordinate",
+        ],
+        "why": "the driver gives a tensor-parallel group's ranks different data shards",
+        "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/core/protocol.py",
+        "find": "        return Capabilities(**either, data_ranks=(p * q, t * u))",
+        "replace": "        return Capabilities(**either, data_ranks=(p, t))",
+        "tests": [
+            "tests/test_meshes.py::test_the_splitting_transforms_tell_the_driver_how_many_ranks_share_a_batch",
+        ],
+        "why": "a transform's own data_ranks hides its inner steps': sharded(tensor_parallel(...)) looks unsplit",
+        "from": "meshes",
+    },
 ]

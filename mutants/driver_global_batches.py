@@ -7,7 +7,7 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/global_batches.py",
-        "find": '            + _resumed("global_batch_size", fits)',
+        "find": '            + _resumed("global_batch_size", fits, one, who)',
         "replace": '            + ""',
         "tests": [
             "tests/test_global_batch.py::test_a_resumed_job_is_not_sent_to_a_global_batch_size_its_checkpoint_refuses",

@@ -317,8 +317,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": '            seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step))',
-        "replace": '            seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))',
+        "find": '            seed_everything(derive_seed(seed, "resume", rank=self.shard, step=state.step))',
+        "replace": '            seed_everything(derive_seed(seed, "fresh start", rank=self.shard))',
         "tests": [
             "tests/test_resume_anywhere.py::test_a_chain_of_runs_on_2_1_3_2_processes_ends_as_the_uninterrupted_run",
         ],
@@ -327,9 +327,9 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": '            seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step))',
+        "find": '            seed_everything(derive_seed(seed, "resume", rank=self.shard, step=state.step))',
         "replace": (
-            '            seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step * '
+            '            seed_everything(derive_seed(seed, "resume", rank=self.shard, step=state.step * '
             "self.proc.world_size))"
         ),
         "tests": [
@@ -398,12 +398,56 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": 'seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))',
+        "find": 'seed_everything(derive_seed(seed, "fresh start", rank=self.shard))',
         "replace": 'seed_everything(derive_seed(seed, "fresh start", rank=0))',
         "tests": [
             "tests/test_rng_streams.py::test_each_rank_draws_its_own_streams_on_a_fresh_start",
         ],
         "why": "20.12: every rank seeded alike: the ranks draw the same random numbers",
         "from": "issue20",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": ("            rank=self.shard,\n            world_size=self.shards,\n"),
+        "replace": ("            rank=proc.rank,\n            world_size=proc.world_size,\n"),
+        "tests": [
+            "tests/test_meshes.py::test_tensor_parallel_checkpoints_load_at_another_degree_and_in_one_process",
+        ],
+        "why": (
+            "ct.run gives each rank of a tensor-parallel group its own data: the group computes on mismatched batches"
+        ),
+        "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": (
+            "                data_shards=[can.data_shard(r, proc.world_size)[0] for r in range(proc.world_size)],\n"
+        ),
+        "replace": "",
+        "tests": [
+            "tests/test_meshes.py::test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh",
+        ],
+        "why": "the driver stamps rank r as shard r whatever the mesh: a layout change at the same W goes unseen",
+        "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "            per_shard=proc.world_size // self.shards,\n",
+        "replace": "",
+        "tests": [
+            "tests/test_meshes.py::test_bad_layouts_and_plans_are_refused_on_every_rank_alike[global_batch_tp]",
+        ],
+        "why": "a global batch refused under TP counts its data shards as processes: '2 processes' on a job of 4",
+        "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": 'record["global_batch"] = None if batch is None else batch * self.shards',
+        "replace": 'record["global_batch"] = None if batch is None else batch * self.proc.world_size',
+        "tests": [
+            "tests/test_meshes.py::test_a_global_batch_run_splits_it_over_data_shards_and_resumes_on_another_mesh",
+        ],
+        "why": "the logged global batch (ct.scaled_lr's input) counts a TP pair's or a pipeline's shared shard twice",
+        "from": "meshes",
     },
 ]

@@ -7,6 +7,22 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/clip.py",
+        "find": (
+            "        for params in by_mesh.values():\n"
+            "            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=foreach)"
+        ),
+        "replace": "        torch.nn.utils.clip_grads_with_norm_(tensors, max_norm, norm, foreach=foreach)",
+        "tests": [
+            "tests/test_meshes.py::test_each_layout_is_the_one_process_large_batch_update[tp_fsdp]",
+        ],
+        "why": (
+            "clipping scales DTensor gradients of several meshes in one foreach call, which DTensor refuses "
+            "(torchtitan #596's crash)"
+        ),
+        "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/transforms/clip.py",
         "find": "if p.grad is not None]",
         "replace": "if p.grad is not None][:-1]",
         "tests": [

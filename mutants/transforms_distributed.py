@@ -7,6 +7,18 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/distributed.py",
+        "find": (
+            "dist.all_reduce(units, group=place.data_group)  # over the data shards only: a split's ranks share theirs"
+        ),
+        "replace": "dist.all_reduce(units, group=place.world_group)",
+        "tests": [
+            "tests/test_meshes.py::test_each_layout_is_the_one_process_large_batch_update[tp_ddp]",
+        ],
+        "why": "pitfall 44: token counts summed over the tensor-parallel dimension too: each token counted T times",
+        "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/transforms/distributed.py",
         "find": "            if ddp.static_graph:  # before the pass's forward: nothing has changed yet",
         "replace": "            if False:  # before the pass's forward: nothing has changed yet",
         "tests": [

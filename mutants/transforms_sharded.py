@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/sharded.py",
+        "find": 'mesh = place.sub(tuple(n for n in ("replicate", "shard") if n in dict(place.layout)))',
+        "replace": 'mesh = place.sub(("shard",))',
+        "tests": [
+            "tests/test_meshes.py::test_each_layout_is_the_one_process_large_batch_update[hsdp]",
+        ],
+        "why": "HSDP shards within a replica but never all-reduces across replicas: the replicas part",
+        "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/transforms/sharded.py",
         "find": "state._unheld = [now[names[id(p)]] for p in state._unheld]",
         "replace": "state._unheld = list(state._unheld)",
         "tests": [

@@ -247,7 +247,10 @@ class Pool:
         for p in self.procs:
             p.start()
 
-    def run(self, module: str, function: str, *args: Any, timeout: float = 120) -> list[Any]:
+    def run(self, module: str, function: str, *args: Any, timeout: float = 120, deaths: bool = False) -> list[Any]:
+        """``deaths=True``: ranks may exit during this call (a test that kills ranks): each one that exits before
+        replying gives None, the others' replies (errors too, as their tracebacks) are returned, and the pool is
+        unusable afterwards (its group lost members)."""
         who = f"{module}.{function}"
         if self.broken is not None:
             raise RuntimeError(f"pool: cannot run {who}: the pool was killed earlier ({self.broken})")
@@ -256,13 +259,25 @@ class Pool:
         for q in self.jobs:
             q.put((module, function, args))
         replies: dict[int, tuple[str, Any]] = {}
-        self._collect(f"while running {who}", timeout, replies)
+        self._collect(f"while running {who}", timeout, replies, deaths)
+        if deaths:
+            self.broken = f"{who} let ranks die"
+            return [
+                None
+                if replies[r][0] == "died"
+                else replies[r][1]
+                if replies[r][0] == "error"
+                else pickle.loads(replies[r][1])
+                for r in range(self.world)
+            ]
         failed = [f"rank {rank} failed:\n{reply[1]}" for rank, reply in sorted(replies.items()) if reply[0] == "error"]
         if failed:
             raise RuntimeError("\n".join(failed))
         return [pickle.loads(replies[r][1]) for r in range(self.world)]
 
-    def _collect(self, phase: str, timeout: float, replies: dict[int, tuple[str, Any]] | None) -> None:
+    def _collect(
+        self, phase: str, timeout: float, replies: dict[int, tuple[str, Any]] | None, deaths: bool = False
+    ) -> None:
         """Waits for every rank's result (errors too) into ``replies``, or with ``replies`` None for every
         rank's READY. A rank that exits first, or ``timeout`` seconds passing, kills the pool and raises,
         naming the phase and the ranks waited for."""
@@ -284,6 +299,10 @@ class Pool:
                 continue
             # any rank's exit, not only a waited-for one's: the group is gone with it
             dead = [(r, p.exitcode) for r, p in enumerate(self.procs) if p.exitcode is not None]
+            if deaths and replies is not None:  # expected: a rank that exits without a reply gives "died"
+                for r, code in dead:
+                    replies.setdefault(r, ("died", code))
+                dead = []
             if dead:
                 died = ", ".join(f"rank {r} (exit code {code})" for r, code in dead)
                 self._fail(RuntimeError, f"pool: {died} died {phase}; the pool was killed")

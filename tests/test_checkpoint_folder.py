@@ -234,7 +234,7 @@ def test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept(tmp_path):
     train(tmp_path, epochs=1)
     step = tmp_path / "step-000000008"
     saved = torch.load(step / "state.pt", weights_only=False)
-    torch.save({**saved, "world_size": 2}, step / "state.pt")  # as 2 processes write it
+    torch.save({**saved, "world_size": 2, "data_shards": [0, 1]}, step / "state.pt")  # as 2 processes write it
     shutil.copy(step / "rank-0.pt", step / "rank-1.pt")
     reseal(step)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))

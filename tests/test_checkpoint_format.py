@@ -18,6 +18,7 @@ from composetrain.checkpoint.format import (
     UnloggedStep,
     check_fits,
     local_problem,
+    same_ranks,
     shape_problem,
     shared_problem,
     stamp_local,
@@ -42,7 +43,7 @@ def parts():
 
 
 def test_the_schemas_are_the_typed_parts_keys():
-    assert set(SHARED) == {"format", "world_size"} | {f.name for f in dataclasses.fields(Shared)}
+    assert set(SHARED) == {"format", "world_size", "data_shards"} | {f.name for f in dataclasses.fields(Shared)}
     assert set(LOCAL) == {"rng"} | {f.name for f in dataclasses.fields(Local)}
     assert set(ORDER) == {f.name for f in dataclasses.fields(Order)}
     assert set(fresh_state().state_dict()) >= KEYS
@@ -50,7 +51,7 @@ def test_the_schemas_are_the_typed_parts_keys():
 
 def test_what_the_driver_builds_passes_the_reader():
     shared, local = parts()
-    assert shared["format"] == FORMAT and shared["world_size"] == 2
+    assert shared["format"] == FORMAT and shared["world_size"] == 2 and shared["data_shards"] == [0, 1]
     assert shape_problem(shared, SHARED) is None and shared_problem(shared, step=0) is None
     assert shape_problem(local, LOCAL) is None and local_problem(local) is None
 
@@ -79,6 +80,28 @@ def test_a_checkpoint_of_another_world_size_or_format_does_not_fit(tmp_path):
         check_fits(shared, 3, tmp_path)
     with pytest.raises(ValueError, match="in format 1"):
         check_fits({**shared, "format": 1}, 2, tmp_path)
+
+
+def test_a_rank_file_continues_only_on_processes_reading_the_same_data_shards(tmp_path):
+    """A mesh maps ranks to data shards by its layout (TP 2 x FSDP 2: [0, 0, 1, 1], PP 2 x DP 2: [0, 1, 0, 1]): a
+    rank's own file (its random states) applies only where the same rank reads the same shard; a batch_size run
+    (per-process state) refuses another layout, naming both, and a global batch run continues without them."""
+    shared, _ = parts()
+    tp = stamp_shared({**shared, "world_size": 4}, 4, [0, 0, 1, 1])
+    assert same_ranks(tp, 4, [0, 0, 1, 1]) and not same_ranks(tp, 4, [0, 1, 0, 1]) and not same_ranks(tp, 4)
+    assert not same_ranks(tp, 2, [0, 0]) and same_ranks(stamp_shared(shared, 2), 2, [0, 1])
+    assert same_ranks({**shared, "data_shards": []}, 2)  # written before the stamp: rank r read shard r
+    check_fits(tp, 4, tmp_path, [0, 0, 1, 1])
+    with pytest.raises(ValueError, match=r"reading data shards \[0, 0, 1, 1\] .* this run's read \[0, 1, 0, 1\]"):
+        check_fits(tp, 4, tmp_path, [0, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"this run's read \[0, 1, 2, 3\]; resume with the same layout"):
+        check_fits(tp, 4, tmp_path)
+    global_batch = {**tp, "settings": {**tp["settings"], "global_batch_size": 8}}
+    check_fits(global_batch, 4, tmp_path, [0, 1, 0, 1])
+    check_fits(global_batch, 2, tmp_path)
+    assert shared_problem(tp) is None
+    for bad in ([0, 0, 1], [0, 0, 1, -1], [0, 0, 1, True]):
+        assert "are not a data shard for each of its 4 process(es)" in shared_problem({**tp, "data_shards": bad})
 
 
 def test_an_unlogged_step_of_another_shape_is_refused():

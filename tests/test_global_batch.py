@@ -119,6 +119,20 @@ def test_a_resumed_job_is_not_sent_to_a_global_batch_size_its_checkpoint_refuses
     assert "resume it on 1, 2, 3 or 6 processes" in problem
 
 
+def test_under_a_mesh_the_numbers_are_data_shards_and_the_message_says_so():
+    """Tensor parallel 2 on 8 processes: 4 data shards share the global batch, so the message counts shards (not the
+    processes, which would give the wrong divisors) and says how the job's processes make them."""
+    said = global_problem(40, 6, 4, False, False, per_shard=2)
+    assert said.startswith(
+        "global_batch_size=6 cannot be shared evenly among 4 data shards (6 / 4 is not whole); run it on a number "
+        "of data shards that divides 6 (1, 2, 3, 6)"
+    )
+    assert said.endswith("the job's 8 processes make 4 data shards, and the global batch is shared among the shards)")
+    assert "too few for 3 data shards" in global_problem(38, 6, 3, False, False, per_shard=2)
+    assert "every data shard must read as many" in global_problem(40, 6, 3, False, True, per_shard=4)
+    assert global_problem(40, 6, 3, False, False, per_shard=2) is None
+
+
 def test_on_one_process_global_batch_size_is_batch_size_bit_for_bit(tmp_path):
     """The order is DistributedSampler's and the shares the whole update: the same samples, the same model."""
     import run_script
@@ -419,7 +433,7 @@ def test_a_checkpoint_whose_unlogged_updates_do_not_add_up_is_set_aside(tmp_path
     payload = torch.load(folder / part, weights_only=True)
     payload["window"] = payload["window"][:1]
     if part == "state.pt":
-        payload["world_size"] = 2  # its window is the one read on this number
+        payload["world_size"], payload["data_shards"] = 2, [0, 1]  # its window is the one read on this number
     torch.save(payload, folder / part)
     reseal(folder)
     with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*step-000000005: its 1 unlogged upd"):

@@ -58,14 +58,16 @@ RESUME = ct_run._Driver.resume
 
 def first_draws(monkeypatch, rank, seed=0):
     """What a fresh ct.run's step first draws from torch, Python and NumPy when this process is ``rank``
-    (only the rank the driver seeds from is changed: the run itself stays a single process)."""
+    (only the rank the driver seeds from is changed: the run itself stays a single process). The driver seeds from
+    the rank's data shard, which is the rank for a composition that does not split the model."""
 
     def resume(self, schedule, seed):
         real, self.proc = self.proc, types.SimpleNamespace(rank=rank)
+        shard, self.shard = self.shard, rank
         try:
             return RESUME(self, schedule, seed)
         finally:
-            self.proc = real
+            self.proc, self.shard = real, shard
 
     monkeypatch.setattr(ct_run._Driver, "resume", resume)
     seen = []

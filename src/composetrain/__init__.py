@@ -33,8 +33,10 @@ if TYPE_CHECKING:
     from composetrain.transforms.ema import ema, ema_model
     from composetrain.transforms.lr_rules import scaled_lr, warmup
     from composetrain.transforms.pipeline import pipeline_split
+    from composetrain.transforms.pipeline_parallel import pipeline
     from composetrain.transforms.precision import mixed_precision
     from composetrain.transforms.sharded import apply_sharding, sharded
+    from composetrain.transforms.tensor_parallel import tensor_parallel
 
 _WHERE = {
     "CheckResult": "composetrain.checking",
@@ -65,6 +67,8 @@ _WHERE = {
     "scaled_lr": "composetrain.transforms.lr_rules",
     "warmup": "composetrain.transforms.lr_rules",
     "pipeline_split": "composetrain.transforms.pipeline",
+    "pipeline": "composetrain.transforms.pipeline_parallel",
+    "tensor_parallel": "composetrain.transforms.tensor_parallel",
     "mixed_precision": "composetrain.transforms.precision",
     "Cluster": "composetrain.launch.rendezvous",
     "Process": "composetrain.launch.rendezvous",
@@ -140,6 +144,7 @@ __all__ = [
     "load_checkpoint",
     "mixed_precision",
     "parse_nodelist",
+    "pipeline",
     "pipeline_split",
     "rendezvous",
     "run",
@@ -148,6 +153,7 @@ __all__ = [
     "sharded",
     "shifted_tokens",
     "split_batch",
+    "tensor_parallel",
     "train_step",
     "warmup",
 ]

@@ -49,6 +49,7 @@ from composetrain.checkpoint.format import (
     check_fits,
     local_problem,
     read,
+    same_ranks,
     shared_problem,
     stamp_local,
     stamp_shared,
@@ -88,6 +89,8 @@ class Checkpoints:
         directory: where checkpoints live; created if missing, checked writable.
         rank, world_size: this process in the job.
         keep: how many of the newest checkpoints to keep.
+        data_shards: the data shard each rank reads (``Capabilities.data_shard``; None: rank r reads shard r): a
+            rank's own file continues only on processes laid out alike.
         shards: where a sharded TrainState's tensors go (``ct.sharded``): each rank writes its own
             through torch.distributed.checkpoint, into ``shards/``.
     """
@@ -99,8 +102,10 @@ class Checkpoints:
         world_size: int,
         keep: int,
         shards: ShardFiles | None = None,
+        data_shards: list[int] | None = None,
     ) -> None:
         self.shards = shards
+        self.data_shards = list(range(world_size)) if data_shards is None else list(data_shards)
         self.dir = Path(directory).expanduser()
         self.rank, self.world_size, self.keep = rank, world_size, keep
         self._lock: io.FileIO | None = None
@@ -237,7 +242,7 @@ class Checkpoints:
             _write(local, tmp / rank_file(self.rank))
             written[rank_file(self.rank)] = digest(tmp / rank_file(self.rank))
             if self.rank == 0:
-                _write(stamp_shared(payload, self.world_size), tmp / STATE_FILE)
+                _write(stamp_shared(payload, self.world_size, self.data_shards), tmp / STATE_FILE)
                 written[STATE_FILE] = digest(tmp / STATE_FILE)
 
         def write_shards() -> None:  # every rank alike: the same state is sharded everywhere
@@ -333,9 +338,10 @@ class Checkpoints:
     def latest(self) -> tuple[Path, dict[str, Any], dict[str, Any] | None] | None:
         """The newest checkpoint that every rank can load: (path, payload, this rank's part).
 
-        This rank's part is None when the checkpoint was written by another number of processes (a run defined by
-        its global batch: ``check_fits`` refuses any other): no rank's own file applies then, none is read, and
-        ranks that wrote none (more of them now) or that are gone (fewer) make no difference.
+        This rank's part is None when the checkpoint was written by another number of processes, or by processes
+        that read other data shards (another mesh layout), which only a run defined by its global batch continues
+        (``check_fits`` refuses any other): no rank's own file applies then, none is read, and ranks that wrote
+        none (more of them now) or that are gone (fewer) make no difference.
 
         Every rank reads it (the folder must be shared by the nodes). Files are loaded with
         ``weights_only=True`` and checked against what ``ct.run`` writes (random states are
@@ -354,12 +360,13 @@ class Checkpoints:
             local, read_all = None, False  # this rank's part, and whether every part it needs was read
             if all_true(payload is not None):
                 assert payload is not None
-                check_fits(payload, self.world_size, path)  # the same file on every rank: all raise alike
-                if payload["world_size"] == self.world_size:
+                check_fits(payload, self.world_size, path, self.data_shards)  # one file everywhere: all raise alike
+                mine = same_ranks(payload, self.world_size, self.data_shards)
+                if mine:
                     local, problem = self._read(path, rank_file(self.rank), LOCAL, local_problem)
                     problem = problem or (local and unlogged_problem(payload, local["window"]))
                     local = None if problem else local
-                read_all = payload["world_size"] != self.world_size or local is not None
+                read_all = not mine or local is not None
             if all_true(read_all) and self.shards is not None:
                 assert payload is not None
                 payload, problem = self._with_shards(path, payload)

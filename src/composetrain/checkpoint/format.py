@@ -2,8 +2,9 @@
 loads a file without running code and checks it against them.
 
 A checkpoint folder (``folder.py`` names it) holds ``state.pt``, written by rank 0: a ``Shared`` part stamped
-with the format and the world size, and ``rank-<rank>.pt``, each rank's ``Local`` part stamped with its random
-states. A run defined by its global batch resumes on another number of processes from ``state.pt`` alone. The
+with the format, the world size and the data shard each rank read, and ``rank-<rank>.pt``, each rank's ``Local``
+part stamped with its random states. A run defined by its global batch resumes on another number of processes, or
+another layout of them, from ``state.pt`` alone. The
 dataclasses below are the files' keys and value types; ``SHARED``, ``LOCAL`` and ``ORDER`` are the schemas read from
 them, and the TrainState inside comes with the keys ``TrainState.state_dict`` defines.
 """
@@ -38,6 +39,7 @@ __all__ = [
     "check_fits",
     "local_problem",
     "read",
+    "same_ranks",
     "shape_problem",
     "shared_problem",
     "stamp_local",
@@ -110,16 +112,18 @@ class Order(_Part):
 
 
 # The schemas a loadable file has: anything else is corrupt.
-SHARED = {"format": int, "world_size": int, **_schema(Shared)}
-ADDED = {"window": list}  # state.pt's keys that older checkpoints lack: read as empty there
+SHARED = {"format": int, "world_size": int, "data_shards": list, **_schema(Shared)}
+ADDED = {"window": list, "data_shards": list}  # state.pt's keys that older checkpoints lack: read as empty there
 LOCAL = {"rng": dict, **_schema(Local)}
 ORDER = _schema(Order)
 WINDOW = _schema(UnloggedStep)
 
 
-def stamp_shared(shared: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """``state.pt``'s content: the shared part, with the format and the number of processes that wrote it."""
-    return {**shared, "format": FORMAT, "world_size": world_size}
+def stamp_shared(shared: dict[str, Any], world_size: int, data_shards: list[int] | None = None) -> dict[str, Any]:
+    """``state.pt``'s content: the shared part, with the format, the number of processes that wrote it and the data
+    shard each of them read (``Capabilities.data_shard``; None: each its own, rank r shard r)."""
+    shards = list(range(world_size)) if data_shards is None else list(data_shards)
+    return {**shared, "format": FORMAT, "world_size": world_size, "data_shards": shards}
 
 
 def stamp_local(local: dict[str, Any]) -> dict[str, Any]:
@@ -127,9 +131,23 @@ def stamp_local(local: dict[str, Any]) -> dict[str, Any]:
     return {**local, "rng": capture_rng()}
 
 
-def check_fits(payload: dict[str, Any], world_size: int, path: Path) -> None:
+def _shards_of(payload: dict[str, Any]) -> list[int]:
+    """The data shard each rank that wrote ``payload`` read (a checkpoint written before it was stamped: its own)."""
+    return payload["data_shards"] or list(range(payload["world_size"]))
+
+
+def same_ranks(payload: dict[str, Any], world_size: int, data_shards: list[int] | None = None) -> bool:
+    """Whether this run's processes are the ones that wrote ``payload``: as many, each reading the same data shard
+    (a composition that splits its model over a mesh maps ranks to shards by its layout). Only then does each rank's
+    own file (its random states, its unlogged outputs) continue on the rank of the same number."""
+    shards = list(range(world_size)) if data_shards is None else list(data_shards)
+    return payload["world_size"] == world_size and _shards_of(payload) == shards
+
+
+def check_fits(payload: dict[str, Any], world_size: int, path: Path, data_shards: list[int] | None = None) -> None:
     """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is). One of a run
-    defined by its global batch continues on any number of processes (ct.run then compares its settings)."""
+    defined by its global batch continues on any number of processes, in any layout (ct.run then compares its
+    settings); one given a per-process batch_size, on the same processes reading the same data shards only."""
     if payload["format"] not in READS:
         raise ValueError(
             f"{RUN}: checkpoint {path} is in format {payload['format']}, this composetrain reads formats "
@@ -137,12 +155,23 @@ def check_fits(payload: dict[str, Any], world_size: int, path: Path) -> None:
             "that run with the "
             "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
         )
-    if payload["world_size"] != world_size and payload["settings"].get("global_batch_size") is None:
+    if payload["settings"].get("global_batch_size") is not None:
+        return
+    if payload["world_size"] != world_size:
         raise ValueError(
             f"{RUN}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
             f"run has {world_size}; resume with the same number of processes: its batch_size is per process, "
             "so its data order and random states are per rank (a run given global_batch_size= instead, the "
             "samples of an update all processes together, resumes on any number of processes that divides it)"
+        )
+    if not same_ranks(payload, world_size, data_shards):
+        now = list(range(world_size)) if data_shards is None else list(data_shards)
+        raise ValueError(
+            f"{RUN}: checkpoint {path} was saved by processes reading data shards {_shards_of(payload)} (rank by "
+            f"rank, as its composition laid them out), and this run's read {now}; resume with "
+            "the same layout (the same tensor-parallel, pipeline and data-parallel sizes): its batch_size is per "
+            "process, so its data order and random states are per rank (a run given global_batch_size= instead "
+            "resumes on any layout whose data shards divide it)"
         )
 
 
@@ -186,6 +215,9 @@ def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | No
             f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']} "
             f"of {per_epoch} updates per epoch"
         )
+    shards = payload["data_shards"]
+    if shards and (len(shards) != payload["world_size"] or not all(type(s) is int and s >= 0 for s in shards)):
+        return f"its data_shards {shards!r} are not a data shard for each of its {payload['world_size']} process(es)"
     state = payload["state"]
     missing = sorted(STATE_KEYS - state.keys())
     if missing:

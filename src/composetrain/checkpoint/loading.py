@@ -82,15 +82,23 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _group_gone(model: torch.nn.Module) -> str | None:
-    """Why the process group of the model's DTensors cannot be reached, or None."""
+    """Why a process group of the model's DTensors cannot be reached, or None.
+
+    Every dimension of each parameter's mesh is looked up (a 2-D mesh, HSDP's or tensor parallel's, has a group per
+    dimension and none for the whole); only a group that no longer resolves counts as gone: any other error is not
+    about a gone group and propagates as itself.
+    """
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return "no process group is initialised"
-    for p in model.parameters():
-        if isinstance(p, DTensor):
+    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+    for mesh in meshes.values():
+        for dim in range(mesh.ndim):
             try:
-                p.device_mesh.get_group()
-            except (RuntimeError, ValueError, KeyError) as e:
-                return str(e).splitlines()[0] if str(e) else type(e).__name__
+                mesh.get_group(dim)
+            except RuntimeError as e:
+                if "could not resolve the process group" not in str(e).lower():
+                    raise
+                return str(e).splitlines()[0]
     return None

@@ -36,6 +36,25 @@ _EITHER: dict[tuple[str, str], str] = {
     ("sharded", "accumulate_auto"): "an out-of-memory retry must be agreed by every rank before FSDP2's "
     "collectives, which sharded does not arrange yet: use a fixed accumulate(n) inside sharded, or "
     "distributed(accumulate('auto')(step))",
+    ("data_parallel", "tensor_parallel"): "tensor parallelism splits layers across processes, not thread replicas; "
+    "run one process per device (torchrun --nproc-per-node=<devices>)",
+    ("data_parallel", "pipeline"): "pipeline puts its stages on processes, not on thread replicas; run one process "
+    "per device (torchrun --nproc-per-node=<devices>)",
+    ("pipeline_split", "tensor_parallel"): "tensor parallelism here holds the model on one device per process; "
+    "give each process its own device instead of pipeline_split",
+    ("pipeline_split", "pipeline"): "pipeline puts its stages on processes, pipeline_split on one process's "
+    "devices; use ct.pipeline with one process per device",
+    ("accumulate_auto", "tensor_parallel"): "an out-of-memory retry must be agreed by every rank before the "
+    "forward's collectives (tensor parallelism joins each split layer's pieces), which is not arranged: use a "
+    "fixed accumulate(n)",
+    ("accumulate_auto", "pipeline"): "an out-of-memory retry must be agreed by every stage before the sends and "
+    "receives of its forward, which is not arranged: size the micro-batches with pipeline's microbatches=",
+    ("tensor_parallel", "pipeline"): "tensor and pipeline parallelism in one composition (a 3-D mesh) are not "
+    "arranged yet; use one of them, with sharded or distributed for the data dimension",
+    ("compile", "tensor_parallel"): "torch.compile over tensor-parallel DTensor layers is not arranged (nor "
+    "tested) here yet; leave ct.compile out",
+    ("compile", "pipeline"): "the pipeline's stages run the model's submodules themselves, not the plain step "
+    "ct.compile compiles; leave ct.compile out",
 }
 
 # refused with the first outside the second only: (outer, inner)
@@ -56,6 +75,31 @@ _ONE_WAY: dict[tuple[str, str], str] = {
     "accumulate('auto')(accumulate(n)(step))",
     ("accumulate_auto", "mixed_precision"): "mixed_precision unscales the gradients after the last pass, and which "
     "pass is last is known only once every pass fitted; use mixed_precision(accumulate('auto')(step))",
+    ("tensor_parallel", "distributed"): "the model is split first, then data parallelism wraps each piece "
+    "(torchtitan's order: TP, then FSDP); put tensor_parallel inside: distributed(tensor_parallel(plan, size=T)(step))",
+    ("tensor_parallel", "sharded"): "the model is split first, then FSDP shards each piece (torchtitan's order: TP, "
+    "then FSDP); put tensor_parallel inside: sharded(tensor_parallel(plan, size=T)(step))",
+    ("pipeline", "distributed"): "the model is split into stages first, then data parallelism wraps each stage; put "
+    "pipeline inside: distributed(pipeline(stages, microbatches=M)(step))",
+    ("pipeline", "sharded"): "the model is split into stages first, then FSDP shards each stage; put pipeline "
+    "inside: sharded(pipeline(stages, microbatches=M)(step))",
+    **{
+        ("pipeline", role): f"pipeline runs the passes itself, micro-batch by micro-batch through the stages, so "
+        f"{what} goes outside it: {fix}"
+        for role, what, fix in (
+            ("accumulate", "accumulate", "accumulate(n)(pipeline(...)(step)), or raise microbatches="),
+            (
+                "mixed_precision",
+                "mixed_precision (it unscales after the last pass)",
+                "mixed_precision(pipeline(...)(step))",
+            ),
+            (
+                "checkpoint_activations",
+                "checkpoint_activations (it wraps the passes)",
+                "checkpoint_activations(Block)(pipeline(...)(step))",
+            ),
+        )
+    },
 }
 
 # The transforms whose hooks run eagerly between the compiled graphs (graph breaks, by design): fullgraph=True

@@ -41,6 +41,8 @@ whichever order the transforms were nested in:
   ``agree(values) -> values``, their elementwise maximum over the processes (one small all-reduce),
   set by the transforms that make processes agree (``distributed``, ``sharded``), so that a
   refusal on one process (a metric, a buffer ``ct.ema`` cannot average) is a refusal on all.
+- ``model_parts``: the processes holding the other parts of a model split across processes
+  (``ct.pipeline``'s stages), for what concerns the whole model: the gradient norm, an overflow.
 - ``call_step``: what the innermost pass calls the plain step through: given the plain
   step, the callable to call in its place (``ct.compile``'s compiled step). It runs
   with the model every transform has set by then (the DDP wrapper, the sharded
@@ -129,6 +131,12 @@ class Context(NamedTuple):
         agree: ``agree(values) -> values``, the elementwise maximum over the processes, set by a transform
             that makes processes agree; ``__call__`` tells them through it whether this one refused the
             update, after the passes and before any update phase. None alone.
+        model_parts: set by a transform that splits the model's parameters across processes, each holding a
+            part (``ct.pipeline``'s stages): ``model_parts.group``, the processes holding the other parts (a
+            global gradient norm, or an overflow found in one part, concerns them all), and
+            ``model_parts.counted(tensors)``, those of this process's tensors that a global norm counts (a
+            weight tied across stages counts once). None when every process holds every parameter (or its
+            DTensor shard).
     """
 
     model: nn.Module
@@ -144,6 +152,7 @@ class Context(NamedTuple):
     deferred_sync: Any = None
     call_step: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
     agree: Callable[[list[float]], list[float]] | None = None
+    model_parts: Any = None
 
 
 class Pass(NamedTuple):
@@ -199,16 +208,45 @@ class Capabilities:
             evaluation, whose ranks may see different numbers of batches, is not supported.
         compile_cache: it compiles with torch.compile and wants torch's compile caches kept beside
             the checkpoints (``ct.compile``), so that a resumed run starts warm.
+        data_ranks: ``(P, T)``: how many processes read each batch. The model is split across
+            processes that must see the same data: the P pipeline stages (``ct.pipeline``), whose ranks
+            lie ``W / P`` apart (the outermost dimension of the mesh), and the T ranks of a
+            tensor-parallel group (``ct.tensor_parallel``), consecutive (the innermost). ``(1, 1)``: every
+            process reads its own shard. ``data_shard`` turns it into this process's shard.
     """
 
     places_model: bool = False
     syncs_processes: bool = False
     forward_needs_every_rank: bool = False
     compile_cache: bool = False
+    data_ranks: tuple[int, int] = (1, 1)
 
     def __or__(self, other: Capabilities) -> Capabilities:
-        either = {f.name: getattr(self, f.name) or getattr(other, f.name) for f in dataclasses.fields(self)}
-        return Capabilities(**either)
+        either: dict[str, Any] = {
+            f.name: getattr(self, f.name) or getattr(other, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "data_ranks"
+        }
+        # each splitting transform appears once in a composition: the sizes multiply
+        (p, t), (q, u) = self.data_ranks, other.data_ranks
+        return Capabilities(**either, data_ranks=(p * q, t * u))
+
+    def data_shard(self, rank: int, world: int) -> tuple[int, int]:
+        """``(index, count)``: the data shard process ``rank`` of ``world`` reads, of ``count`` shards.
+
+        Example:
+            >>> Capabilities(data_ranks=(1, 2)).data_shard(3, 4)   # tensor-parallel pairs (0, 1), (2, 3)
+            (1, 2)
+        """
+        stages, tp = self.data_ranks
+        count = world // (stages * tp)
+        if count < 1 or count * stages * tp != world:
+            raise ValueError(
+                f"the composition splits its model over {stages} pipeline stage(s) x {tp} tensor-parallel rank(s) = "
+                f"{stages * tp} processes per data shard, which does not divide the {world} processes of the job; "
+                "run a multiple of that many processes"
+            )
+        return (rank // tp) % count, count
 
 
 class TrainStep:
@@ -250,6 +288,9 @@ class TrainStep:
     # it around the plain step it compares a composition with
     changes_update: ClassVar[bool] = False
     compile_cache: bool = False  # an instance may set it before calling TrainStep.__init__
+    # (P, T): the pipeline stages and tensor-parallel ranks that read each batch (see Capabilities); an instance
+    # sets it before calling TrainStep.__init__
+    data_ranks: tuple[int, int] = (1, 1)
 
     def __init__(self, inner: TrainStep | None, *, weight: WeightFn | None = None) -> None:
         inside = inner.roles if inner is not None else frozenset()
@@ -273,7 +314,9 @@ class TrainStep:
         self.roles: frozenset[str] = frozenset({self.role} if self.role else ()) | (
             inner.roles if inner is not None else frozenset()
         )
-        own = Capabilities(self.places_model, self.syncs_processes, self.forward_needs_every_rank, self.compile_cache)
+        own = Capabilities(
+            self.places_model, self.syncs_processes, self.forward_needs_every_rank, self.compile_cache, self.data_ranks
+        )
         self.capabilities: Capabilities = own | inner.capabilities if inner is not None else own
         wrapped = inner if inner is not None else getattr(self, "step", None)
         if wrapped is not None:
@@ -308,6 +351,14 @@ class TrainStep:
         each transform calling its inner step's. Nothing by default."""
         if self.inner is not None:
             self.inner.setup(state)
+
+    def split_model(self, state: TrainState) -> None:
+        """Split the state's model across processes now (``ct.tensor_parallel``'s pieces, ``ct.pipeline``'s
+        stages), if this transform does, before a data-parallel transform outside wraps or shards it (torchtitan's
+        order: the model split first, then FSDP or the gradient all-reduce). Each transform calls its inner
+        step's first; done once, later calls change nothing. Nothing by default."""
+        if self.inner is not None:
+            self.inner.split_model(state)
 
     def eval_weights(self, state: TrainState) -> dict[str, AbstractContextManager[Any]]:
         """Other weights the driver evaluates besides the model's own, by name: under each context

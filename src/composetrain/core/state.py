@@ -173,6 +173,10 @@ class TrainState:
         self._pending: dict[str, Any] = {}  # loaded from a checkpoint, not yet claimed by its transform
         # why the state cannot train any more (a transform failed half-way through changing it), or None
         self.unusable: str | None = None
+        # set by a transform that keeps only part of the model on this process (ct.pipeline's stage): its
+        # whole(state_dict) turns this process's state into the whole model's, which checkpoints hold (a
+        # collective), and own(state_dict) takes this process's part back out; None: the state is whole here
+        self.view: Any = None
 
     def transform_state(self, key: str, create: Callable[[], T]) -> T:
         """The state a transform keeps here under ``key``, created on first use.
@@ -250,10 +254,11 @@ class TrainState:
         save or deep-copy the result before training on. Global random number
         generators are not included (``ct.run`` checkpoints those). It holds tensors and
         plain values only (classes as strings), so ``torch.load(..., weights_only=True)``
-        reads it back.
+        reads it back. When the model is split across processes (``ct.pipeline``), it is the
+        whole model's state on every process, gathered from the stages (a collective: call it on every rank).
         """
         saved = {k: v.state_dict() if hasattr(v, "state_dict") else v for k, v in self._transforms.items()}
-        return {
+        here = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "optimizer_class": qualified(self.optimizer),
@@ -263,6 +268,7 @@ class TrainState:
             "step": self.step,
             "transforms": {**self._pending, **saved},
         }
+        return here if self.view is None else self.view.whole(here)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore what ``state_dict()`` returned; continuing then is bit-identical.
@@ -271,6 +277,8 @@ class TrainState:
         groups, hyperparameters, state shapes) or scheduler raises before anything is
         written, and should a write still fail, what was written is restored.
         """
+        if self.view is not None and isinstance(state_dict, Mapping) and set(state_dict) >= KEYS:
+            state_dict = self.view.own(state_dict)  # the whole model's state: this process's part of it
         step, transforms = self._check(state_dict)
         before = [hyperparameters(g) for g in self.optimizer.param_groups]
         undo: list[Callable[[], None]] = []  # restores what each write changed, should a later one fail

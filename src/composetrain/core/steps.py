@@ -23,7 +23,16 @@ from composetrain.core.protocol import Context, Hook, Metric, Pass, TrainStep, U
 from composetrain.core.state import TrainState
 from composetrain.core.util import name, show
 
-__all__ = ["PlainStep", "Transform", "compose", "lift", "refuse_step", "train_step", "transform_factory"]
+__all__ = [
+    "PlainStep",
+    "Transform",
+    "checked_output",
+    "compose",
+    "lift",
+    "refuse_step",
+    "train_step",
+    "transform_factory",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -118,6 +127,12 @@ def _entered(hooks: tuple[Hook, ...], ctx: Context) -> AbstractContextManager[An
     for hook in hooks:
         stack.enter_context(hook(ctx))
     return stack
+
+
+def checked_output(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:
+    """A plain step's return value, checked: its loss and its detached metrics (for a transform that calls the
+    plain step itself, ``ct.pipeline``'s last stage)."""
+    return _unpack(out, who)
 
 
 def _unpack(out: Any, who: TrainStep) -> tuple[torch.Tensor, dict[str, Metric]]:

@@ -20,10 +20,12 @@ __all__ = [
     "HDF5",
     "LOAD_STATE",
     "MIXED_PRECISION",
+    "PIPELINE",
     "PIPELINE_SPLIT",
     "RUN",
     "SCALED_LR",
     "SHARDED",
+    "TENSOR_PARALLEL",
     "WARMUP",
     "check_bool",
     "check_int",
@@ -47,9 +49,11 @@ DISTRIBUTED = "distributed"
 EMA = "ema"
 EMA_MODEL = "ema_model"
 MIXED_PRECISION = "mixed_precision"
+PIPELINE = "pipeline"
 PIPELINE_SPLIT = "pipeline_split"
 SCALED_LR = "scaled_lr"
 SHARDED = "sharded"
+TENSOR_PARALLEL = "tensor_parallel"
 WARMUP = "warmup"
 
 

@@ -48,29 +48,44 @@ def _listed(sizes: list[int]) -> str:
     return ", ".join(map(str, sizes[:16])) + (", ..." if len(sizes) > 16 else "")
 
 
-def _resumed(setting: str, fits: list[int]) -> str:
+def _resumed(setting: str, fits: list[int], one: str = "process", who: str = "processes") -> str:
     """What a run resumed from its checkpoints can do of a refusal's fixes: not change ``setting`` (its checkpoints
     refuse another, which changes the run), only the number of processes (``fits``: those that would do)."""
     *others, last = fits[:16]
     shown = _listed(fits) if len(fits) > 16 else f"{', '.join(map(str, others))} or {last}" if others else str(last)
-    processes = "process" if fits == [1] else "processes"
+    processes = one if fits == [1] else who
     return (
         f"; a run resumed from its checkpoints keeps the {setting} it was saved with: resume it on {shown} {processes}"
     )
 
 
-def global_problem(samples: int, global_batch_size: int, world_size: int, drop_last: bool, equal: bool) -> str | None:
+def global_problem(
+    samples: int, global_batch_size: int, world_size: int, drop_last: bool, equal: bool, per_shard: int = 1
+) -> str | None:
     """Why ``world_size`` processes cannot run updates of ``global_batch_size`` samples over ``samples`` samples, or
     None; ``equal``: every process must read as many samples in each update (a forward that gathers from every
-    rank). Found before anything is trained or saved."""
+    rank). ``per_shard`` > 1: ``world_size`` counts data shards, each read alike by that many processes (a
+    tensor-parallel group, a pipeline's stages), and the message says so. Found before anything is trained or saved."""
     g, w, n = global_batch_size, world_size, samples
+    one, who = ("process", "processes") if per_shard == 1 else ("data shard", "data shards")
+    problem = _global_problem(g, w, n, drop_last, equal, one, who)
+    if problem is not None and per_shard > 1:
+        problem += (
+            f" (the composition splits its model over {per_shard} processes per data shard, which read one shard "
+            f"alike: the job's {w * per_shard} processes make {w} data shards, and the global batch is shared among "
+            "the shards)"
+        )
+    return problem
+
+
+def _global_problem(g: int, w: int, n: int, drop_last: bool, equal: bool, one: str, who: str) -> str | None:
     if g % w:
         fits = world_sizes(g)
         return (
-            f"global_batch_size={g} cannot be shared evenly among {w} processes ({g} / {w} is not whole); run it "
-            f"on a number of processes that divides {g} ({_listed(fits)}), or choose a global_batch_size that {w} "
+            f"global_batch_size={g} cannot be shared evenly among {w} {who} ({g} / {w} is not whole); run it "
+            f"on a number of {who} that divides {g} ({_listed(fits)}), or choose a global_batch_size that {w} "
             f"divides (e.g. {' or '.join(map(str, sorted({max(w, g // w * w), (g // w + 1) * w})))})"
-            + _resumed("global_batch_size", fits)
+            + _resumed("global_batch_size", fits, one, who)
         )
     if drop_last and n < g:
         return (
@@ -82,17 +97,17 @@ def global_problem(samples: int, global_batch_size: int, world_size: int, drop_l
         fits = world_sizes(g, at_most=short)
         return (
             f"the dataset's {n} samples make {n // g} update(s) of global_batch_size={g} and a last, short one of "
-            f"{short} sample(s), too few for {w} processes (each needs one at least); set drop_last=True (that "
-            f"update is dropped), or run on fewer processes: {_listed(fits)}" + _resumed("drop_last", fits)
+            f"{short} sample(s), too few for {w} {who} (each needs one at least); set drop_last=True (that "
+            f"update is dropped), or run on fewer {who}: {_listed(fits)}" + _resumed("drop_last", fits, one, who)
         )
     if equal and short % w:
         fits = world_sizes(g, short)
         return (
-            f"every process must read as many samples in each update here (each forward gathers from every rank: "
+            f"every {one} must read as many samples in each update here (each forward gathers from every rank: "
             f"ct.sharded), but the dataset's last, short update of {short} samples ({n} samples, "
-            f"global_batch_size={g}) cannot be shared evenly among {w} processes; set drop_last=True (that update is "
-            f"dropped), or run on a number of processes that divides both {g} and {short} ({_listed(fits)})"
-            + _resumed("drop_last", fits)
+            f"global_batch_size={g}) cannot be shared evenly among {w} {who}; set drop_last=True (that update is "
+            f"dropped), or run on a number of {who} that divides both {g} and {short} ({_listed(fits)})"
+            + _resumed("drop_last", fits, one, who)
         )
     return None
 

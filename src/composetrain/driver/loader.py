@@ -57,13 +57,15 @@ def build_loader(
     local_world_size: int,
     equal_shares: bool = False,
     started: Callable[[], int] = lambda: 0,
+    per_shard: int = 1,
 ) -> tuple[DataLoader[Any] | Reader, ResumableSampler | GlobalBatches | None]:
     """The loader of ``options.data``: a DataLoader given, used as given (no sampler), or ct.run's ``Reader``
     over a Dataset, and its sampler (``num_workers``: an int, or "auto": chosen by measurement). The options
     were checked when built; what is checked here needs the job (its world size) or the data's length
-    (``equal_shares``: every rank must read as many samples in each update, as under ``ct.sharded``).
-    ``started()``: the update this run started at (0, or where it resumed), read when the workers start: their
-    seeds (``derive_seed(seed, "worker", ..., step=started())``).
+    (``equal_shares``: every rank must read as many samples in each update, as under ``ct.sharded``). ``rank`` and
+    ``world_size`` are the data shard and the shard count (``per_shard`` processes read each shard alike: a
+    tensor-parallel group, a pipeline's stages). ``started()``: the update this run started at (0, or where it
+    resumed), read when the workers start: their seeds (``derive_seed(seed, "worker", ..., step=started())``).
 
     Raises:
         TypeError / ValueError: what ``data`` cannot give this job, named.
@@ -94,7 +96,7 @@ def build_loader(
         check_wrapped(data, RUN)  # a wrapper it cannot read with each batch's epoch is refused
     sampler: ResumableSampler | GlobalBatches
     if options.global_batch_size is not None:  # the run is its global sequence, whatever the world size
-        problem = global_problem(size, options.global_batch_size, world_size, drop_last, equal_shares)
+        problem = global_problem(size, options.global_batch_size, world_size, drop_last, equal_shares, per_shard)
         if problem is not None:
             raise ValueError(f"{RUN}: {problem}")
         sampler = GlobalBatches(

@@ -396,14 +396,20 @@ class _Driver:
             state.model.to(proc.device)
         chosen = options.loader
         self.started_at = 0  # the update a resumed run continues from (resume sets it): its loader workers' seeds
+        # the processes that split the model (a tensor-parallel group, a pipeline's stages) read one shard alike
+        try:
+            self.shard, self.shards = can.data_shard(proc.rank, proc.world_size)
+        except ValueError as e:
+            raise ValueError(f"{RUN}: {step_fn!r}: {e}") from None
         self.loader, self.sampler = loader, _ = build_loader(
             chosen,
             pin_memory=proc.device.type == "cuda",
-            rank=proc.rank,
-            world_size=proc.world_size,
+            rank=self.shard,
+            world_size=self.shards,
             local_world_size=proc.local_world_size,
             equal_shares=can.forward_needs_every_rank,
             started=lambda: self.started_at,
+            per_shard=proc.world_size // self.shards,
         )
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
@@ -452,6 +458,8 @@ class _Driver:
                 proc.world_size,
                 saving.keep_checkpoints,
                 shards=ShardFiles(state),
+                # a rank's own file continues only where it reads the same shard: another mesh maps ranks otherwise
+                data_shards=[can.data_shard(r, proc.world_size)[0] for r in range(proc.world_size)],
             )
         # torch's compile caches beside the checkpoints while the loop runs, for a warm restart (ct.compile)
         self.compile_cache = None
@@ -488,9 +496,9 @@ class _Driver:
             self.compile_cache.enter()
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None:
-            seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))
+            seed_everything(derive_seed(seed, "fresh start", rank=self.shard))  # a data shard's processes alike
             return Progress(schedule, start=state.step)
-        path, saved, local = latest  # local None: saved by another number of processes (a global batch's run)
+        path, saved, local = latest  # local None: saved by other processes or another layout (a global batch run)
         changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}
         old, new = changed.get("global_batch_size", (None, None))
         if old is not None and new is not None:
@@ -522,7 +530,7 @@ class _Driver:
         if local is not None:
             restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
         else:  # the saved streams were another job's ranks': each rank's from the seed, its rank and the position
-            seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step))
+            seed_everything(derive_seed(seed, "resume", rank=self.shard, step=state.step))
         if given is not None:
             set_generator_states(given, generators)
         self.started_at = state.step
@@ -574,7 +582,7 @@ class _Driver:
         record = self.meter.read(at.window, done, None if self.used_lr is None else float(self.used_lr))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
-        record["global_batch"] = None if batch is None else batch * self.proc.world_size
+        record["global_batch"] = None if batch is None else batch * self.shards
         at.history.append(record)
         self.log.write(record)
         self.bar.update(state.step - self.bar.n)

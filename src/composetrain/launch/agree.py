@@ -9,7 +9,7 @@ group, or a group of one) each answers from this process's own value, communicat
 - ``differing(value)``: every rank's ``value`` when they differ, else None (a digest all-reduce first);
 - ``fewest(count)``, ``largest(values)``: the smallest count, the elementwise largest values;
 - ``all_true(flag)``, ``any_true(flag)``: whether a flag holds on every rank, on any rank;
-- ``from_rank0(value)``: rank 0's value, on every rank;
+- ``from_rank0(value)``, ``from_rank(value, index)``: the group's first (or index-th) rank's value, on every rank;
 - ``gathered(value)``: every rank's value, by rank.
 """
 
@@ -27,6 +27,7 @@ __all__ = [
     "collective_device",
     "differing",
     "fewest",
+    "from_rank",
     "from_rank0",
     "gathered",
     "largest",
@@ -114,10 +115,16 @@ def any_true(flag: bool, group: Any = None) -> bool:
 
 def from_rank0(value: Any, group: Any = None) -> Any:
     """Rank 0's ``value`` (the group's first rank), on every rank: what rank 0 alone could look at."""
+    return from_rank(value, 0, group)
+
+
+def from_rank(value: Any, index: int, group: Any = None) -> Any:
+    """The ``value`` of the group's ``index``-th rank, on every rank (what only that rank computed: a pipeline's
+    loss, on its last stage)."""
     if world(group) == 1:
         return value
     box = [value]
-    source = 0 if group is None else dist.get_global_rank(group, 0)
+    source = index if group is None else dist.get_global_rank(group, index)
     dist.broadcast_object_list(box, src=source, group=group, device=collective_device(group))
     return box[0]
 

@@ -31,7 +31,9 @@ def clip_grad_norm(max_norm: float, *, norm_type: float = 2.0, foreach: bool | N
     updates outside the model, in its groups' order. A port of a loop that clips
     ``model.parameters()`` is bit-identical whatever the optimizer's groups (a no-decay group first
     changes the last bit of a norm summed in group order, and a chaotic run carries that to percents).
-    Under ``ct.sharded`` the norm is the global one, over every rank's shards. torch's
+    Under ``ct.sharded`` the norm is the global one, over every rank's shards; under ``ct.tensor_parallel``
+    (gradients on several meshes, which torch's function cannot add up) it adds each mesh's norm, every piece
+    once, and under ``ct.pipeline`` every stage's (a weight tied across stages once). torch's
     ``error_if_nonfinite`` has its equivalent in ``mixed_precision``, which skips an update whose
     gradients are not finite (and raises after ``max_consecutive_skips``).
 
@@ -77,11 +79,17 @@ class _ClipGradNorm(TrainStep):
         super().__init__(inner)
 
     def update(self, state: TrainState, ctx: Context) -> Update:
-        norm = torch.nn.utils.clip_grad_norm_(
-            clipped(state), self.max_norm, norm_type=self.norm_type, foreach=self.foreach
-        )
-        if hasattr(norm, "full_tensor"):  # a DTensor (gradients sharded by ct.sharded): already the global norm
-            norm = norm.full_tensor()
+        tensors = clipped(state)
+        if ctx.model_parts is None and len({_layout(p.grad) for p in tensors}) <= 1:
+            # plain gradients, or DTensors of one mesh (sharded, HSDP): torch's own, bit for bit
+            norm = torch.nn.utils.clip_grad_norm_(
+                tensors, self.max_norm, norm_type=self.norm_type, foreach=self.foreach
+            )
+            if hasattr(norm, "full_tensor"):  # a DTensor (gradients sharded by ct.sharded): already the global norm
+                norm = norm.full_tensor()
+        else:
+            norm = global_norm(tensors, self.norm_type, self.foreach, ctx.model_parts)
+            _scale(tensors, self.max_norm, norm, self.foreach)
         applied = self._inner().update(state, ctx)
         return Update(applied.skipped, {**applied.metrics, "grad_norm": norm})
 
@@ -97,3 +105,48 @@ def clipped(state: TrainState) -> list[torch.Tensor]:
     inside = {id(p) for p in model}
     outside = [p for group in state.optimizer.param_groups for p in group["params"] if id(p) not in inside]
     return [p for p in (*model, *outside) if p.grad is not None]
+
+
+def _layout(t: Any) -> Any:
+    """The mesh a DTensor lies on (its identity), or None for a plain tensor."""
+    mesh = getattr(t, "device_mesh", None)
+    return None if mesh is None else id(mesh)
+
+
+def global_norm(tensors: list[torch.Tensor], norm_type: float, foreach: bool | None, parts: Any) -> torch.Tensor:
+    """The norm of every gradient of the model, on every process alike: each mesh's gradients by torch's
+    ``get_total_norm`` (a DTensor's gathered over its mesh, once per mesh), the meshes' norms combined, and with
+    ``parts`` (a model split across processes) every part's, a weight held by several parts counted once."""
+    counted = tensors if parts is None else parts.counted(tensors)
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for p in counted:
+        assert p.grad is not None  # clipped() gives those with a gradient
+        by_mesh.setdefault(_layout(p.grad), []).append(p.grad)
+    first = tensors[0].grad if tensors else None
+    device = first.device if first is not None else torch.device("cpu")
+    norms = []
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, norm_type, foreach=foreach)
+        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    dtype = first.dtype if first is not None else torch.float32
+    total = (
+        torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), norm_type)
+        if norms
+        else torch.zeros((), dtype=dtype, device=device)
+    )
+    if parts is not None:
+        total = parts.combined(total, norm_type)
+    return total
+
+
+def _scale(tensors: list[torch.Tensor], max_norm: float, norm: torch.Tensor, foreach: bool | None) -> None:
+    """``clip_grads_with_norm_`` (the same coefficient, ``max_norm / (norm + 1e-6)`` capped at 1), one mesh's
+    gradients at a time: torch's scales them all in one call, which DTensors of different meshes refuse."""
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for p in tensors:
+        by_mesh.setdefault(_layout(p.grad), []).append(p)
+    with implicit_replication():  # the coefficient, a plain tensor, scales DTensor gradients alike everywhere
+        for params in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=foreach)

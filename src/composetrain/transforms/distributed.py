@@ -20,6 +20,7 @@ from composetrain.core.util import DISTRIBUTED, check_bool, check_real, name, sh
 from composetrain.launch.agree import largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, grads_telling_the_others
+from composetrain.transforms._mesh import MeshPlace, average_gradients, data_layout, mesh_for
 
 __all__ = ["distributed"]
 
@@ -52,6 +53,11 @@ def distributed(
     process on the whole batch. With one process (or no process group) it is the
     plain step. The DDP wrapper lives in the TrainState (not in checkpoints).
 
+    Around a model split across processes (``ct.tensor_parallel``, ``ct.pipeline``) it is data parallel over
+    the processes that hold the same part of the model (the mesh's ``dp`` dimension), whose DTensor pieces and
+    stage modules DDP cannot wrap: the update's gradients are then all-reduced here, in one collective per dtype
+    after the last backward (not overlapped with it), and the loss is normalised over those processes only.
+
     Under it, ``out.loss`` is this rank's share of the global mean, scaled by the
     world size: it is the rank's own mean when ranks hold equal units, and its
     average over ranks is the exact global mean in any case.
@@ -69,7 +75,8 @@ def distributed(
         static_graph: promise the same graph every iteration (DDP optimisations).
         comm_hook: a DDP communication hook, e.g. ``fp16_compress_hook``.
         comm_state: the state passed to ``comm_hook``.
-        process_group: the group to reduce over (default: the whole job).
+        process_group: the group to reduce over (default: the whole job; only without a model split inside,
+            which lays out the whole job).
 
     Returns:
         The wrapped TrainStep, or a transform when ``step`` is omitted.
@@ -116,6 +123,7 @@ class _Replica(RuntimeState):
     def __init__(self) -> None:
         self.ddp: DistributedDataParallel | None = None
         self.key: tuple[Any, ...] = ()
+        self.split: nn.Module | None = None  # a model split inside, once its replicas were made identical
 
     def release(self) -> None:
         self.ddp, self.key = None, ()  # DDP holds its process group, which must go when destroyed
@@ -141,11 +149,19 @@ class _Distributed(TrainStep):
         self.comm_state = comm_state
         self.group = group
         super().__init__(inner)
+        self.meshed = inner.capabilities.data_ranks != (1, 1)  # tensor_parallel, pipeline inside
+        if self.meshed and group is not None:
+            raise ValueError(
+                f"{self!r}: the step inside splits its model across processes, which lays out the whole job as "
+                "one mesh: leave process_group=None"
+            )
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         world, device = group_world(self.group, self)
         if world == 1:  # what does not apply is a no-op
             return self._inner().prepare(state, batch, ctx)
+        if self.meshed:
+            return self._prepare_split(state, batch, ctx, world, device)
         # the global unit count, so that every rank normalises by the same total; DDP averages
         # over ranks, hence the total per rank
         units = torch.tensor(float(ctx.total_weight), dtype=torch.float64, device=device)
@@ -188,6 +204,49 @@ class _Distributed(TrainStep):
             notes={**ctx.notes, self.role: last},
         )
 
+    def _prepare_split(
+        self, state: TrainState, batch: Any, ctx: Context, world: int, device: torch.device | None
+    ) -> Context:
+        """Data parallel over the processes holding the same part of a model split inside: gradients all-reduced
+        after the update's last backward, once."""
+        place = self.place(state, world)
+        replica = state.transform_state(self.role, _Replica)
+        if replica.split is not state.model:
+            self._inner().split_model(state)
+            _same_start(state.model, place)
+            replica.split = state.model
+        units = torch.tensor(float(ctx.total_weight), dtype=torch.float64, device=device)
+        dist.all_reduce(units, group=place.data_group)  # over the data shards only: a split's ranks share theirs
+        per_rank = units.item() / place.data_size if units.device.type == "cpu" else units / place.data_size
+        ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
+        last = LastSync()
+
+        @contextlib.contextmanager
+        def reduced_after(c: Context) -> Any:
+            yield
+            if c.last_backward:  # after the pass ended normally: what every pass added, once
+                average_gradients(state, place.data_group, place.data_size)
+
+        def sync_after_last(c: Context) -> contextlib.AbstractContextManager[Any]:
+            return last.around(reduced_after(c)) if c.last_backward else contextlib.nullcontext()
+
+        agree = functools.partial(largest, group=place.world_group)  # the whole job: every part of the model
+        return ctx._replace(
+            around_pass=(*ctx.around_pass, sync_after_last), agree=agree, notes={**ctx.notes, self.role: last}
+        )
+
+    def setup(self, state: TrainState) -> None:
+        """Around a model split inside: lay out the mesh first, so the split inside finds its dimension."""
+        world, _ = group_world(self.group, self)
+        if self.meshed and world > 1:
+            self.place(state, world)
+        super().setup(state)
+
+    def place(self, state: TrainState, world: int) -> MeshPlace:
+        """The mesh of the model split inside, with this transform's ``dp`` dimension (built once)."""
+        layout = data_layout(world, (("dp", None),), self._inner().capabilities.data_ranks, self)
+        return mesh_for(state, layout, self)
+
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         return grads_telling_the_others(self._inner(), self.role, state, batch, ctx)
 
@@ -220,3 +279,14 @@ class _Distributed(TrainStep):
 
     def _config(self) -> tuple[Any, ...]:
         return (tuple(sorted(self.options.items())), self.comm_hook, id(self.comm_state), self.group)
+
+
+def _same_start(model: nn.Module, place: MeshPlace) -> None:
+    """The replicas of each part start identical, their first rank's (as DDP broadcasts rank 0's, pitfall 14)."""
+    from torch.distributed.tensor import DTensor
+
+    group = place.data_group
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            local = t.to_local() if isinstance(t, DTensor) else t
+            dist.broadcast(local, src=dist.get_global_rank(group, 0), group=group)

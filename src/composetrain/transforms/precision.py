@@ -10,6 +10,7 @@ from composetrain.core.protocol import Context, Hook, Pass, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import MIXED_PRECISION, check_bool, check_int, check_real, show
+from composetrain.launch.agree import largest
 from composetrain.transforms._scaling import LossScaling
 
 __all__ = ["mixed_precision"]
@@ -169,7 +170,14 @@ class _MixedPrecision(TrainStep):
             scaling.unscaled = False
         if fixed != 1.0:  # bf16's scale 1 is left out: multiplying by it costs kernels in every pass, for nothing
             ctx = ctx._replace(scale_loss=(*ctx.scale_loss, scaling.scaler.scale))
-        return self._inner().prepare(state, batch, ctx)
+        ctx = self._inner().prepare(state, batch, ctx)
+        if fixed is None and ctx.model_parts is not None:  # before any pass
+            raise ValueError(
+                f"{self!r}: fp16 with a dynamic loss scale over a model split across processes (ct.pipeline's "
+                "stages): each stage's GradScaler would grow or back off its own scale, and the stages' gradients "
+                "would be unscaled by different factors; use dtype='bf16', or a fixed loss_scale (a number)"
+            )
+        return ctx
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         done = self._inner().grads(state, batch, ctx)
@@ -193,6 +201,8 @@ class _MixedPrecision(TrainStep):
         scaling = state.transform_state(self.role, LossScaling)
         scaler = scaling.scaler
         found_inf = scaling.found_inf(state.optimizer)  # the one host sync, as in GradScaler.step
+        if ctx.model_parts is not None:  # each process sees its part's gradients: skip on all if any overflowed
+            found_inf = bool(largest([float(bool(found_inf))], group=ctx.model_parts.group)[0])
         try:
             applied = self._inner().update(state, ctx._replace(skip_update=ctx.skip_update or bool(found_inf)))
         finally:

@@ -16,10 +16,11 @@ from composetrain.core.composition_rules import refused_inside
 from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
-from composetrain.core.util import SHARDED, check_bool, show
+from composetrain.core.util import SHARDED, check_bool, check_int, show
 from composetrain.launch.agree import differing, largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import LastSync, grads_telling_the_others
+from composetrain.transforms._mesh import MeshPlace, data_layout, mesh_for
 from composetrain.transforms._shard_optimizer import only_initial_state, remake_initial_state
 from composetrain.transforms._shard_units import Units, check_units_argument, describe_units, select_units
 
@@ -34,6 +35,7 @@ def sharded(
     reshard_after_forward: bool = True,
     sync_every_micro_batch: bool = False,
     process_group: Any = None,
+    replicate: int | None = None,
 ) -> Any:
     """Fully sharded data parallel over ``torch.distributed`` processes, on FSDP2.
 
@@ -52,6 +54,14 @@ def sharded(
     update's last backward. An optimizer holding only the state its ``__init__`` makes (Adagrad) gets
     that state made again for the sharded parameters; any other state is refused.
 
+    HSDP: with ``replicate=R`` the W processes form a 2-D mesh of R replicas x W/R shards (consecutive ranks
+    share a replica: keep a replica's shards on one node); parameters are sharded within a replica and
+    gradients are reduce-scattered there, then all-reduced across the replicas (FSDP2 over the
+    ``(replicate, shard)`` mesh). ``replicate=W`` replicates whole (DDP-like), ``replicate=1`` is plain FSDP.
+    Around ``ct.tensor_parallel`` (TP inside a node, FSDP across) or ``ct.pipeline`` it shards each process's
+    part of the model over the processes holding the same part (torchtitan's 2-D layout); the loss is
+    normalised over the data-parallel processes only, whose batches differ.
+
     Under ``accumulate``, gradients are reduced once per update by default: earlier
     micro-batches keep the unsharded gradients on every rank (full-gradient memory)
     and the last backward reduce-scatters their sum. ``sync_every_micro_batch=True``
@@ -66,7 +76,10 @@ def sharded(
         reshard_after_forward: free gathered parameters after each unit's forward (and
             gather them again in backward): less memory, more communication.
         sync_every_micro_batch: reduce-scatter after every backward, not only the last.
-        process_group: the group to shard over (default: the whole job).
+        process_group: the group to shard over (default: the whole job; only with neither ``replicate`` nor
+            a model split inside, which lay out the whole job).
+        replicate: HSDP's number of replicas R (it must divide the world size W, checked at the first update
+            with the sizes that do); None: one replica, a 1-D mesh.
 
     Returns:
         The wrapped TrainStep, or a transform when ``step`` is omitted.
@@ -74,6 +87,7 @@ def sharded(
     Example:
         >>> train = ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(4)(step)), modules=Block)
         >>> ct.run(train, ct.TrainState(model, optimizer), dataset, batch_size=8)   # under torchrun
+        >>> hsdp = ct.sharded(ct.ema(0.999)(step), modules=Block, replicate=2)    # 2 nodes x 8 GPUs: shard per node
     """
     if isinstance(step, (type, str, list, tuple)):  # sharded(Block): the units, in the step's place
         raise TypeError(
@@ -81,6 +95,13 @@ def sharded(
             f"keyword: sharded(modules={step.__name__ if isinstance(step, type) else repr(step)})"
         )
     units = check_units_argument(modules)
+    if replicate is not None:
+        replicate = check_int(replicate, SHARDED, "replicate", example="sharded(replicate=2): 2 replicas of W/2 shards")
+        if process_group is not None:
+            raise ValueError(
+                f"{SHARDED}: replicate={replicate} lays out the whole job as a 2-D mesh; it cannot shard over "
+                "process_group as well: leave process_group=None"
+            )
     for arg, value in (
         ("reshard_after_forward", reshard_after_forward),
         ("sync_every_micro_batch", sync_every_micro_batch),
@@ -89,8 +110,9 @@ def sharded(
     shown = [f"modules={describe_units(units)}"] if units is not None else []
     shown += ["reshard_after_forward=False"] if not reshard_after_forward else []
     shown += ["sync_every_micro_batch=True"] if sync_every_micro_batch else []
+    shown += [f"replicate={replicate}"] if replicate is not None else []
     label = f"{SHARDED}({', '.join(shown)})" if shown else SHARDED
-    options = (units, reshard_after_forward, sync_every_micro_batch)
+    options = (units, reshard_after_forward, sync_every_micro_batch, replicate)
     transform = Transform(label, lambda inner: _Sharded(inner, label, options, process_group))
     return transform if step is None else transform(step)
 
@@ -124,19 +146,37 @@ class _Sharded(TrainStep):
 
     def __init__(self, inner: TrainStep, label: str, options: tuple[Any, ...], group: Any) -> None:
         self.label = label
-        self.units, self.reshard_after_forward, self.sync_every = options
+        self.units, self.reshard_after_forward, self.sync_every, self.replicate = options
         self.group = group
         super().__init__(inner)
+        # a mesh: two data dimensions (HSDP), or a model split inside (tensor_parallel, pipeline)
+        self.meshed = self.replicate is not None or inner.capabilities.data_ranks != (1, 1)
+        if self.meshed and group is not None:
+            raise ValueError(
+                f"{self!r}: the step inside splits its model across processes, which lays out the whole job as "
+                "one mesh: leave process_group=None"
+            )
+
+    def place(self, state: TrainState) -> MeshPlace | None:
+        """The mesh this rank's model is sharded over (built once, a collective), or None for a 1-D group."""
+        if not self.meshed:
+            return None
+        world, _ = group_world(None, self)
+        data = (("replicate", self.replicate), ("shard", None)) if self.replicate is not None else (("shard", None),)
+        return mesh_for(state, data_layout(world, data, self._inner().capabilities.data_ranks, self), self)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         world, device = group_world(self.group, self)
         if world == 1:  # what does not apply is a no-op
             return self._inner().prepare(state, batch, ctx)
+        place = self.place(state)
+        group = place.data_group if place is not None else self.group  # the processes whose batches differ
+        world = place.data_size if place is not None else world
         # the global unit count, so that every rank normalises by the same total (FSDP2 averages the
         # gradients over ranks, hence the total per rank), and every rank's sample count, in one collective
         mine = torch.tensor([float(ctx.total_weight), float(samples(batch, self))], dtype=torch.float64, device=device)
         every = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(every, mine, group=self.group)
+        dist.all_gather(every, mine, group=group)
         counts = torch.stack(every).cpu()
         sizes = [int(c) for c in counts[:, 1].tolist()]
         if len(set(sizes)) > 1:  # raised on every rank alike, before any collective of the passes
@@ -149,7 +189,7 @@ class _Sharded(TrainStep):
         per_rank = float(counts[:, 0].sum()) / world
         shard(self, state)  # before the passes: the inner steps see the sharded model
         ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
-        model, every, group = state.model, self.sync_every, self.group
+        model, every = state.model, self.sync_every
         replicated = state.transform_state(self.role, _Sharding).replicated
         if ctx.scale_loss and replicated:  # before any pass; the model is sharded, and stays usable
             whole = sorted(n for n, p in model.named_parameters() if any(p is r for r in replicated))
@@ -165,7 +205,8 @@ class _Sharded(TrainStep):
             sync = _gradient_sync(model, every or c.last_backward, replicated if c.last_backward else [], group, world)
             return last.around(sync) if c.last_backward else sync
 
-        agree = functools.partial(largest, group=group)  # a refusal on one rank is on all
+        # a refusal on one rank is on all: the whole job's, also the processes holding other parts of the model
+        agree = functools.partial(largest, group=place.world_group if place is not None else self.group)
         return ctx._replace(
             around_pass=(*ctx.around_pass, sync_unless_more_follow), agree=agree, notes={**ctx.notes, self.role: last}
         )
@@ -180,7 +221,7 @@ class _Sharded(TrainStep):
         super().setup(state)
 
     def _config(self) -> tuple[Any, ...]:
-        return (self.units, self.reshard_after_forward, self.sync_every, self.group)
+        return (self.units, self.reshard_after_forward, self.sync_every, self.group, self.replicate)
 
 
 @contextlib.contextmanager
@@ -217,9 +258,15 @@ def _average_gradients(params: list[nn.Parameter], group: Any, world: int) -> No
 
 
 def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:
-    """Shard ``state``'s model now, as the first update of ``train_step`` would; False if it has no
-    ``ct.sharded`` or only one process runs. ``ct.run`` does the same (``TrainStep.setup``) before resuming
-    a checkpoint, whose sharded tensors then load straight into the shards."""
+    """Shard ``state``'s model now, as the first update of ``train_step`` would (and split it, under
+    ``ct.tensor_parallel`` or ``ct.pipeline``); False if it has none of them or only one process runs.
+    ``ct.run`` does the same (``TrainStep.setup``) before resuming a checkpoint, whose sharded tensors then
+    load straight into the shards, and a pipeline's whole state into this process's stage."""
+    if train_step.capabilities.data_ranks != (1, 1) and dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() == 1:
+            return False
+        train_step.setup(state)  # the data-parallel transform outside lays out the mesh, then splits, then shards
+        return True
     step: TrainStep | None = train_step
     while step is not None and not isinstance(step, _Sharded):
         step = step.inner
@@ -233,13 +280,18 @@ def apply_sharding(train_step: TrainStep, state: TrainState) -> bool:
 
 
 def shard(step: _Sharded, state: TrainState) -> None:
-    """Apply ``fully_shard`` to the state's model (units, then root) once; re-point the optimizer."""
+    """Apply ``fully_shard`` to the state's model (units, then root) once; re-point the optimizer. A model split
+    across processes inside (``tensor_parallel``, ``pipeline``) is split first, then sharded over the processes
+    that hold the same part (the mesh's data dimensions)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.tensor import DTensor
 
     if state.unusable is not None:
         raise RuntimeError(f"{step!r}: {state.unusable}")
-    group: Any = step.group if step.group is not None else dist.group.WORLD
+    place = step.place(state)
+    world_group: Any = place.world_group if place is not None else step.group
+    group: Any = place.data_group if place is not None else (step.group if step.group is not None else dist.group.WORLD)
     sharding = state.transform_state(step.role, _Sharding)
     model = state.model
     if isinstance(model, FSDPModule):
@@ -255,15 +307,22 @@ def shard(step: _Sharded, state: TrainState) -> None:
         problem: Exception | None = None
     except Exception as e:  # a predicate of modules= may raise anything, on one rank only
         problem, units = e, []
-    _agree(step, model, units, problem)  # every check done on every rank: now change things
+    _agree(step, model, units, problem, world_group)  # every check done on every rank: now change things
+    if place is not None:  # tensor_parallel, pipeline: each splits the model (and re-points the optimizer) first
+        step._inner().split_model(state)
+        initial, names, held, devices, units = _checked_plan(step, state)  # this rank's part, as split
     # FSDP2 cannot shard a 0-dim parameter (CLIP's logit_scale) and checks that only when it reaches it, at
     # the root after the units (pitfall 32): such parameters stay whole on every rank, ignored by FSDP2,
     # their gradients averaged by _average_gradients after the update's last backward
     scalars = [p for p in model.parameters() if p.dim() == 0]
     with torch.no_grad():  # replicas start identical, rank 0's, as under DDP (pitfall 14)
         for t in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(t, src=dist.get_global_rank(group, 0), group=step.group)
-    mesh = DeviceMesh.from_group(group, devices[0])
+            local = t.to_local() if isinstance(t, DTensor) else t  # a tensor-parallel piece: the same on the group
+            dist.broadcast(local, src=dist.get_global_rank(group, 0), group=group)
+    if place is not None:
+        mesh = place.sub(tuple(n for n in ("replicate", "shard") if n in dict(place.layout)))
+    else:
+        mesh = DeviceMesh.from_group(group, devices[0])
     done = 0
     try:
         for _, unit in units:
@@ -325,7 +384,7 @@ def _checked_plan(step: _Sharded, state: TrainState) -> tuple[bool, dict[int, st
     return initial, names, held, devices, units
 
 
-def _agree(step: _Sharded, model: nn.Module, units: Any, problem: Exception | None) -> None:
+def _agree(step: _Sharded, model: nn.Module, units: Any, problem: Exception | None, group: Any) -> None:
     """Raise ``problem``, or on every rank alike when the ranks would shard different models or units
     (each rank's FSDP2 collectives would then not match: a crash or a hang, not an error)."""
     plan = (
@@ -334,7 +393,7 @@ def _agree(step: _Sharded, model: nn.Module, units: Any, problem: Exception | No
         [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_parameters(remove_duplicate=False)],
         [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_buffers()],
     )
-    every = differing(plan, step.group)  # one tiny collective; the plans only if they differ
+    every = differing(plan, group)  # one tiny collective; the plans only if they differ
     if problem is not None:
         raise problem
     if every is None:
