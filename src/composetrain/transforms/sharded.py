@@ -17,7 +17,7 @@ from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import SHARDED, check_bool, show
-from composetrain.launch.agree import differing, largest
+from composetrain.launch.agree import differing, gathered_numbers, largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import LastSync, grads_telling_the_others
 from composetrain.transforms._shard_optimizer import only_initial_state, remake_initial_state
@@ -166,9 +166,11 @@ class _Sharded(TrainStep):
             return last.around(sync) if c.last_backward else sync
 
         agree = functools.partial(largest, group=group)  # a refusal on one rank is on all
+        gather = functools.partial(gathered_numbers, group=group)  # a decision every rank takes alike
         return ctx._replace(
-            around_pass=(*ctx.around_pass, sync_unless_more_follow), agree=agree, notes={**ctx.notes, self.role: last}
-        )
+            around_pass=(*ctx.around_pass, sync_unless_more_follow), agree=agree, gather=gather,
+            notes={**ctx.notes, self.role: last},
+        )  # fmt: skip
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         return grads_telling_the_others(self._inner(), self.role, state, batch, ctx)
