@@ -28,6 +28,7 @@ TRANSFORMS = {  # each transform by its name in the table: a fresh one
     "compile": lambda: ct.compile(backend="eager"),
     FULLGRAPH: lambda: ct.compile(backend="eager", fullgraph=True),
     "ema": lambda: ct.ema(0.9),
+    "skip_spikes": lambda: ct.skip_spikes(watch="both"),  # no order rule: it judges the root's pass in verify
 }
 
 # The orders that cannot be made correct (DESIGN: refused when built, naming the order to use), outer first: what

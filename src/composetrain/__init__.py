@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from composetrain.transforms.pipeline import pipeline_split
     from composetrain.transforms.precision import mixed_precision
     from composetrain.transforms.sharded import apply_sharding, sharded
+    from composetrain.transforms.spikes import skip_spikes
 
 _WHERE = {
     "CheckResult": "composetrain.checking",
@@ -72,6 +73,7 @@ _WHERE = {
     "rendezvous": "composetrain.launch.rendezvous",
     "apply_sharding": "composetrain.transforms.sharded",
     "sharded": "composetrain.transforms.sharded",
+    "skip_spikes": "composetrain.transforms.spikes",
     "RuntimeState": "composetrain.core.state",
     "TrainState": "composetrain.core.state",
     "PlainStep": "composetrain.core.steps",
@@ -147,6 +149,7 @@ __all__ = [
     "scaled_lr",
     "sharded",
     "shifted_tokens",
+    "skip_spikes",
     "split_batch",
     "train_step",
     "warmup",

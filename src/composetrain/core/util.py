@@ -24,6 +24,7 @@ __all__ = [
     "RUN",
     "SCALED_LR",
     "SHARDED",
+    "SKIP_SPIKES",
     "WARMUP",
     "check_bool",
     "check_int",
@@ -50,6 +51,7 @@ MIXED_PRECISION = "mixed_precision"
 PIPELINE_SPLIT = "pipeline_split"
 SCALED_LR = "scaled_lr"
 SHARDED = "sharded"
+SKIP_SPIKES = "skip_spikes"
 WARMUP = "warmup"
 
 
