@@ -14,8 +14,11 @@ import composetrain as ct
 
 # every field ct.run writes in a record of metrics.jsonl (and RunResult): no metric may take one's name
 TRAIN_FIELDS = {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
+TRAIN_FIELDS |= {"samples_per_s", "flops_per_update", "peak_memory_mib"}  # throughput (test_flops.py)
 COMPILE_FIELDS = {"compiles", "compile_s"}  # in the records of a run that compiles (test_compile_run.py)
-TRAIN_FIELDS |= COMPILE_FIELDS
+# in the records of a run with peak_flops, of a composition with a weight, of ranks where one straggled
+SOMETIMES = {"mfu", "tokens_per_s", "stragglers"}
+TRAIN_FIELDS |= COMPILE_FIELDS | SOMETIMES
 EVAL_FIELDS = {"step", "epoch", "eval", "eval_ema"}  # eval_ema: ct.ema's weights evaluated (test_ema)
 
 OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5}
@@ -118,7 +121,7 @@ def test_the_reserved_names_are_every_field_the_driver_writes():
         eval_step=evaluated({}),
         eval_data=run_script.dataset(24),
     )
-    assert set(result.history[0]) - {"acc"} | {"eval"} | COMPILE_FIELDS == TRAIN_FIELDS
+    assert set(result.history[0]) - {"acc"} | {"eval"} | COMPILE_FIELDS | SOMETIMES == TRAIN_FIELDS
     assert set(result.evals[0]) - {"acc"} | {"eval", "eval_ema"} == EVAL_FIELDS
     from composetrain.driver import monitor
 

@@ -10,6 +10,7 @@ import torch
 from processes import Job, Pool, free_port
 
 import composetrain as ct
+from composetrain.core.metric_names import MEASURED
 
 SCRIPT = str(Path(__file__).resolve().parent / "shard_run_script.py")
 
@@ -31,7 +32,7 @@ def result(path, rank):
 
 
 def untimed(history):
-    return [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in history]
+    return [{k: v for k, v in r.items() if k not in MEASURED} for r in history]
 
 
 def whole(parts):

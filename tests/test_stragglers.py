@@ -1,0 +1,138 @@
+"""Stragglers: at log points each rank's data wait, time in the step and waits for the others are gathered in one
+small collective, and a rank slower than the others' median by more than the threshold is named, with its host and
+whether it waited on data or computed. On 3 gloo ranks (tests/observe_workers.py): rank 1 slowed in reading its
+batches, then rank 2 slowed in its step, in one launch; and the rule itself on numbers.
+"""
+
+import socket
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import composetrain as ct
+from composetrain.core.metric_names import MEASURED
+from composetrain.driver.stragglers import RankTimes, Stragglers, find_stragglers
+
+OWN_CLOCK = MEASURED - {"stragglers", "peak_memory_mib", "flops_per_update"}  # those three are gathered or summed
+
+
+@pytest.fixture(scope="module")
+def pool3():
+    from processes import Pool
+
+    p = Pool(3)
+    yield p
+    p.close()
+
+
+def test_the_slowed_rank_is_named_with_its_host_and_what_it_waited_on(pool3):
+    ranks = pool3.run("observe_workers", "straggling", timeout=300)
+    history = ranks[0]["history"]
+    # every rank's record says the same, but for each rank's own clock (its elapsed time: updates_per_s, ...)
+    alike = [[{k: v for k, v in rec.items() if k not in OWN_CLOCK} for rec in r["history"]] for r in ranks]
+    assert alike[0] == alike[1] == alike[2]
+    assert [r["step"] for r in history] == [4, 8, 12, 16, 20, 24]
+    host = socket.gethostname()
+    named = {r["step"]: [(s["rank"], s["cause"], s["host"]) for s in r.get("stragglers", [])] for r in history}
+    # updates 5-12: rank 1 read slowly; 13-20: rank 2 computed slowly (the first window holds the FLOP count)
+    assert named[8] == named[12] == [(1, "data", host)], named
+    assert named[16] == named[20] == [(2, "compute", host)], named
+    assert named[24] == [], named
+    for r in history[1:5]:
+        assert r["stragglers"][0]["slower"] > 3  # 60 ms a update against a few
+    bottleneck = ranks[0]["bottleneck"]
+    assert f"rank 1 on {host} was slower than the others by more than 1.2x in 2 of 6 log windows" in bottleneck
+    assert "waiting on data: check its loader" in bottleneck
+    assert f"rank 2 on {host} was slower than the others by more than 1.2x in 2 of 6 log windows" in bottleneck
+    assert "waiting on compute: check its device" in bottleneck
+    # the others' time waiting for the slowed rank, measured by ct.distributed: about 16 sleeps of 60 ms each
+    assert ranks[0]["waited"] > 0.6 and ranks[1]["waited"] > 0.3 and ranks[2]["waited"] > 0.3
+
+
+def times(*rows):
+    return [RankTimes(*row) for row in rows]
+
+
+HOSTS = ["a", "b", "c", "d"]
+
+
+def test_a_rank_waiting_on_data_is_named_so():
+    # rank 3 waits 0.5 s for data; the others wait for it inside the step (their step time includes it)
+    found = find_stragglers(times((0.7, 0.5, 0.0), (0.7, 0.5, 0.0), (0.7, 0.5, 0.01), (0.2, 0.0, 0.5)), HOSTS, 1.2, 1.0)
+    assert found == [{"rank": 3, "host": "d", "cause": "data", "slower": pytest.approx(0.7 / 0.2, rel=1e-3)}]
+
+
+def test_a_rank_computing_slowly_is_named_so_though_every_step_lasts_as_long():
+    # every rank's step takes 0.7 s: three of them waited 0.5 s of it for rank 1
+    found = find_stragglers(
+        times((0.7, 0.5, 0.01), (0.7, 0.0, 0.01), (0.7, 0.5, 0.01), (0.7, 0.5, 0.01)), HOSTS, 1.2, 1.0
+    )
+    assert [(s["rank"], s["cause"]) for s in found] == [(1, "compute")]
+
+
+def test_no_rank_is_named_below_the_threshold_or_for_a_negligible_difference():
+    alike = times((0.7, 0.1, 0.0), (0.7, 0.0, 0.0), (0.7, 0.1, 0.0))  # 0.7 against 0.6: 1.17x
+    assert find_stragglers(alike, HOSTS, 1.2, 1.0) == []
+    assert [s["rank"] for s in find_stragglers(alike, HOSTS, 1.1, 1.0)] == [1]
+    tiny = times((0.0003, 0.0, 0.0), (0.0001, 0.0, 0.0), (0.0001, 0.0, 0.0))  # 3x, but 0.02% of the window
+    assert find_stragglers(tiny, HOSTS, 1.2, 1.0) == []
+    assert find_stragglers(times((1.0, 0.0, 0.0)), HOSTS, 1.2, 1.0) == []  # one rank: no others to compare with
+
+
+@given(
+    own=st.lists(st.floats(1.0, 1.15), min_size=3, max_size=8),
+    slow=st.floats(2.0, 10.0),
+    at=st.integers(0, 7),
+    data=st.booleans(),
+    scale=st.floats(1e-3, 1e3),
+)
+def test_the_one_slowed_rank_and_only_it_is_named_whatever_the_others(own, slow, at, data, scale):
+    """Ranks whose own times lie within 1.2x of each other, one of them slowed ``slow`` times (in its data or in its
+    step), in lockstep: each rank's step lasts until the slowest has joined the gradient all-reduce, the rest of it
+    waiting. Exactly the slowed rank is named, with its cause, at any time scale."""
+    at %= len(own)
+    compute = [c * scale for c in own]
+    waits = [0.0] * len(own)
+    if data:
+        waits[at] = compute[at] * (slow - 1)
+    else:
+        compute[at] *= slow
+    cycle = max(c + w for c, w in zip(compute, waits, strict=True))
+    rows = [(cycle - w, cycle - w - c, w) for c, w in zip(compute, waits, strict=True)]  # step, waited, data
+    found = find_stragglers(times(*rows), [str(r) for r in range(len(own))], 1.2, cycle)
+    assert [(s["rank"], s["cause"]) for s in found] == [(at, "data" if data else "compute")]
+
+
+def test_the_sentence_counts_the_windows_each_rank_was_named_in():
+    seen = Stragglers(1.5)
+    slow = times((0.7, 0.0, 0.0), (0.7, 0.6, 0.0), (0.7, 0.6, 0.0))
+    fine = times((0.7, 0.6, 0.0), (0.7, 0.6, 0.0), (0.7, 0.6, 0.0))
+    assert seen.see(slow, HOSTS, 1.0)[0]["rank"] == 0
+    assert seen.see(fine, HOSTS, 1.0) == []
+    assert seen.sentence().startswith("rank 0 on a was slower than the others by more than 1.5x in 1 of 2 log windows")
+    assert Stragglers(1.2).sentence() == ""
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (1.0, ValueError, r"run: straggler_threshold must be above 1 .*got 1.0"),
+        ("2", TypeError, r"run: straggler_threshold must be a positive, finite number, got '2' \(str\)"),
+        (float("inf"), ValueError, r"run: straggler_threshold must be a positive, finite number, got inf"),
+    ],
+)
+def test_the_threshold_is_checked_before_anything_runs(value, error, message):
+    import run_script
+
+    with pytest.raises(error, match=message):
+        ct.run(run_script.step, run_script.state(), run_script.dataset(), batch_size=4, straggler_threshold=value)
+
+
+def test_one_process_gathers_nothing_and_names_no_one():
+    import run_script
+
+    _, result = run_script.train(max_steps=4)
+    assert "stragglers" not in result.history[0] and "slower than the others" not in result.bottleneck
+    assert torch.isfinite(torch.tensor(result.history[0]["peak_memory_mib"]))
