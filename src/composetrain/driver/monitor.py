@@ -56,6 +56,7 @@ class Meter:
         self.window_start = time.perf_counter()
         self.window_wait = 0.0
         self.first = True  # the first update of this call: a resumed window is compared with it
+        self.checked_names: tuple[Any, ...] | None = None  # the metric names metric_names last passed
         # torch.compile's totals in this process when this call (and its window) began
         self.compiled_before = self.window_compiled = compile_totals()
         # the composition counts units of its own (accumulate's weight=: tokens): samples are counted apart
@@ -74,7 +75,12 @@ class Meter:
     def add(self, window: list[StepOutput], out: StepOutput, waited: float, computed: float, batch: Any = None) -> None:
         """Append ``out`` to ``window`` (its metric names checked and made plain ``str``: a few keys and
         dtypes, no host sync) and count the time it waited for its batch and computed, and its samples."""
-        metrics = metric_names(out.metrics, TRAIN_FIELDS, "the step")
+        names = tuple(out.metrics)
+        if names == self.checked_names and all(type(k) is str for k in names):  # as the last update's: checked
+            metrics = out.metrics
+        else:
+            metrics = metric_names(out.metrics, TRAIN_FIELDS, "the step")
+            self.checked_names = names
         for k, v in metrics.items():
             if v.is_complex():  # Meter.read's float() would keep the real part alone
                 raise TypeError(
