@@ -4,6 +4,7 @@ slowed in its data, then another in its step; a loss spike on one rank only, aga
 A module of its own, not folded into its test files, because the spawned ranks of ``processes.Pool`` import it by name.
 """
 
+import copy
 import math
 import time
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
+from torch.utils.flop_counter import FlopCounterMode
 
 import composetrain as ct
 from composetrain.transforms.spikes import SpikeStatistics
@@ -60,11 +62,19 @@ def straggling(rank, world):
         return F.mse_loss(m(x).squeeze(-1), y)
 
     data = Slowed(24 * 4 * world, rank, 1, set(range(5, 13)))
+    with FlopCounterMode(display=False) as counter:  # what this rank's update counts, on a copy
+        step(copy.deepcopy(model), (data.x[:4], data.y[:4])).backward()
+    done[0] = 0
     result = ct.run(
         ct.distributed(step), state, data, batch_size=4, epochs=1, log_every=4, num_workers=0, progress=False,
-        shuffle=False,
+        shuffle=False, peak_flops=1e9,
     )  # fmt: skip
-    return {"history": result.history, "bottleneck": result.bottleneck, "waited": ct.distributed(step).waited(state)}
+    return {
+        "history": result.history,
+        "bottleneck": result.bottleneck,
+        "waited": ct.distributed(step).waited(state),
+        "flops": counter.get_total_flops(),
+    }
 
 
 # -- a spike on one rank ------------------------------------------------------------------------------------------
@@ -160,14 +170,7 @@ def local_decision_loop(rank, world):
 def resumed_run(rank, world, folder, stop, guarded=True):
     """ct.run over this rank's batches with the guard: straight (stop None), or stopped after ``stop`` updates and
     resumed from its checkpoint by a second call."""
-    from torch.utils.data import TensorDataset
-
-    # every rank's batches in one dataset, as DistributedSampler (shuffle=False) deals them: rank r gets r, r + 3, ...
-    x, y = torch.empty(world * 24 * 6, 4, dtype=torch.float64), torch.empty(world * 24 * 6, dtype=torch.float64)
-    for r in range(world):
-        data = _batches(r, spike=SPIKES)
-        x[r::world], y[r::world] = torch.cat([b[0] for b in data]), torch.cat([b[1] for b in data])
-    dataset = TensorDataset(x, y)
+    dataset = _dataset(world)
     options = {"batch_size": 6, "shuffle": False, "num_workers": 0, "progress": False, "log_every": 4}
     train = ct.distributed(ct.skip_spikes(warmup=5, sigmas=4.0)(_step) if guarded else _step)
     state = _state()
@@ -182,3 +185,28 @@ def resumed_run(rank, world, folder, stop, guarded=True):
         "params": [p.detach().clone() for p in state.model.parameters()],
         "statistics": stats,
     }
+
+
+def differing_guards(rank, world):
+    """Rank 2 builds the guard with other settings: every rank refuses, naming them, before the first update."""
+    sigmas = 3.0 if rank == 2 else 6.0
+    state = _state()
+    try:
+        ct.run(
+            ct.distributed(ct.skip_spikes(sigmas=sigmas)(_step)), state, _dataset(world), batch_size=6, max_steps=2,
+            num_workers=0, progress=False,
+        )  # fmt: skip
+    except ValueError as e:
+        return str(e), state.step
+    return None, state.step
+
+
+def _dataset(world):
+    """Every rank's batches in one dataset, as DistributedSampler (shuffle=False) deals them: rank r gets r, r + 3..."""
+    from torch.utils.data import TensorDataset
+
+    x, y = torch.empty(world * 24 * 6, 4, dtype=torch.float64), torch.empty(world * 24 * 6, dtype=torch.float64)
+    for r in range(world):
+        data = _batches(r, spike=SPIKES)
+        x[r::world], y[r::world] = torch.cat([b[0] for b in data]), torch.cat([b[1] for b in data])
+    return TensorDataset(x, y)

@@ -4,6 +4,7 @@ whether it waited on data or computed. On 3 gloo ranks (tests/observe_workers.py
 batches, then rank 2 slowed in its step, in one launch; and the rule itself on numbers.
 """
 
+import re
 import socket
 
 import pytest
@@ -39,16 +40,22 @@ def test_the_slowed_rank_is_named_with_its_host_and_what_it_waited_on(pool3):
     # updates 5-12: rank 1 read slowly; 13-20: rank 2 computed slowly (the first window holds the FLOP count)
     assert named[8] == named[12] == [(1, "data", host)], named
     assert named[16] == named[20] == [(2, "compute", host)], named
-    assert named[24] == [], named
+    # no longer slowed, neither is named; (on a loaded machine another rank may be, now and then: a window of
+    # 4 updates of a few ms each, where a rank descheduled for a while is slower than the others indeed)
+    assert not {rank for rank, _, _ in named[24]} & {1, 2}, named
     for r in history[1:5]:
         assert r["stragglers"][0]["slower"] > 3  # 60 ms a update against a few
-    bottleneck = ranks[0]["bottleneck"]
-    assert f"rank 1 on {host} was slower than the others by more than 1.2x in 2 of 6 log windows" in bottleneck
-    assert "waiting on data: check its loader" in bottleneck
-    assert f"rank 2 on {host} was slower than the others by more than 1.2x in 2 of 6 log windows" in bottleneck
-    assert "waiting on compute: check its device" in bottleneck
+    bottleneck = ranks[0]["bottleneck"]  # (the first window, with each rank's first-update work, may add one)
+    ahead = r"was slower than the others by more than 1\.2x in [23] of 6 log windows \(last [\d.]+x\), waiting on"
+    assert re.search(rf"rank 1 on {host} {ahead} data: check its loader", bottleneck), bottleneck
+    assert re.search(rf"rank 2 on {host} {ahead} compute: check its device", bottleneck), bottleneck
     # the others' time waiting for the slowed rank, measured by ct.distributed: about 16 sleeps of 60 ms each
     assert ranks[0]["waited"] > 0.6 and ranks[1]["waited"] > 0.3 and ranks[2]["waited"] > 0.3
+    for rank in ranks:  # the throughput fields are the three ranks' together
+        for r in rank["history"]:
+            assert r["flops_per_update"] == 3 * rank["flops"]  # each rank's update counted by FlopCounterMode
+            assert r["samples_per_s"] / r["updates_per_s"] == pytest.approx(12, rel=1e-9)  # 4 samples on each
+            assert r["mfu"] == pytest.approx(r["flops_per_update"] * r["updates_per_s"] / (3 * 1e9), rel=1e-9)
 
 
 def times(*rows):

@@ -228,7 +228,7 @@ class _SkipSpikes(TrainStep):
         if everyone is not None and any(s != everyone[0] for s in everyone):
             shown = ", ".join(f"rank {r} {_label(*s)}" for r, s in enumerate(everyone))
             raise ValueError(
-                f"{self!r}: the ranks' ct.skip_spikes differ: {shown}; each would skip other updates and the "
+                f"{SKIP_SPIKES}: the ranks' ct.skip_spikes differ: {shown}; each would skip other updates and the "
                 "models would part: build it with the same settings on every rank"
             )
 
