@@ -23,8 +23,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/core/metric_names.py",
-        "find": '"data_wait", "global_batch", "eval"}',
-        "replace": '"data_wait", "eval"}',
+        "find": '"skipped", "global_batch", "eval"}',
+        "replace": '"skipped", "eval"}',
         "tests": [f"{T_NAMES}::test_the_reserved_names_are_every_field_the_driver_writes"],
         "why": "global_batch missing from the reserved names: a metric of that name overwrites the field",
     },

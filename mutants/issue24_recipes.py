@@ -43,8 +43,10 @@ MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
         "find": "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
-        "        out = self.step_fn(self.state, batch)\n",
-        "replace": "        out = self.step_fn(self.state, batch)\n"
+        "        with self.watch.update(self.state.step + 1):  # FLOPs counted on the first; the profiler's window\n"
+        "            out = self.step_fn(self.state, batch)\n",
+        "replace": "        with self.watch.update(self.state.step + 1):  # FLOPs counted on the first; the profiler's window\n"
+        "            out = self.step_fn(self.state, batch)\n"
         "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n",
         "tests": [LR + "test_the_logged_rate_is_the_one_each_update_used_from_the_warmups_first"],
         "why": "24.2: the rate read after the scheduler stepped: the next update's (the old behaviour)",
