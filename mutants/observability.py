@@ -52,7 +52,7 @@ MUTANTS = [
         "file": "src/composetrain/transforms/spikes.py",
         "find": "weight = 1 - decay ** (self.accepted - 1)",
         "replace": "weight = 1.0",
-        "tests": [HAND],
+        "tests": [f"{SPIKES}::test_a_young_guard_measures_the_spread_it_has_seen_and_skips_no_ordinary_update"],
         "why": "the variance's start at 0 not corrected: a young guard skips ordinary updates as spikes",
     },
     {

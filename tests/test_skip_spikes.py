@@ -115,6 +115,21 @@ def test_the_guard_equals_a_hand_written_skip_loop_bit_for_bit(spikes, nan, sigm
     assert_states_equal(ours, hand)
 
 
+def test_a_young_guard_measures_the_spread_it_has_seen_and_skips_no_ordinary_update():
+    """The averages start at the first value with a variance of 0: corrected for that start, the spread after a
+    few updates is about the values' own (not a fifth of it), so a value two of their deviations up is applied."""
+    g = torch.Generator().manual_seed(0)
+    values = (1 + 0.1 * torch.randn(6, generator=g, dtype=torch.float64)).tolist()
+    stats = SpikeStatistics()
+    for v in values:
+        assert not stats.judge([v], 6.0, 0.99, 5)
+        stats.accept([v], 0.99)
+    spread = torch.tensor(values).std().item()
+    assert 0.5 * spread < stats.stds(0.99)[0] < 2.5 * spread
+    assert not stats.judge([stats.mean[0] + 2 * spread], 6.0, 0.99, 5)
+    assert stats.judge([stats.mean[0] + 20 * spread], 6.0, 0.99, 5)
+
+
 def test_a_skipped_update_leaves_params_optimizer_scheduler_and_step_as_they_were():
     s = state()
     train = ct.skip_spikes(warmup=3)(step)
