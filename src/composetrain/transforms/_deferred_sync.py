@@ -47,8 +47,20 @@ class DDPDeferredSync:
         self.ddp = ddp
         self.group = group
         self.who = who
-        # each of the three points, timed by ``distributed`` as waits for the other processes (TrainStep.waited)
-        self.begin, self.agree, self.finish = timed(self._begin), timed(self._agree), timed(self._finish)
+        # each of the three points, timed by ``distributed`` as waits for the other processes (TrainStep.waited);
+        # wrapped at each call, not kept wrapped: bound methods kept on the object would hold it (and its DDP
+        # wrapper, and the process group) in a reference cycle past the update
+        self.timed = timed
+
+    def begin(self) -> None:
+        self.timed(self._begin)()
+
+    def agree(self, values: list[float]) -> list[float]:
+        result: list[float] = self.timed(self._agree)(values)
+        return result
+
+    def finish(self) -> None:
+        self.timed(self._finish)()
 
     def _begin(self) -> None:
         """DDP's per-update collectives, now: none then happens inside the passes."""
