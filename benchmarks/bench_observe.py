@@ -46,8 +46,17 @@ def _workload():
 
 def _timed_run(ct, step, state, data, updates: int, **options) -> float:
     start = time.perf_counter()
-    ct.run(step, state, data, batch_size=256, max_steps=state.step + updates, progress=False, log_every=50,
-           num_workers=0, **options)  # fmt: skip
+    ct.run(
+        step,
+        state,
+        data,
+        batch_size=256,
+        max_steps=state.step + updates,
+        progress=False,
+        log_every=50,
+        num_workers=0,
+        **options,
+    )
     return time.perf_counter() - start
 
 
@@ -64,9 +73,13 @@ class Child:
     def __init__(self, src: str) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(HERE)])}
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "bench_observe.py"), "--child"], env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, cwd=HERE,
-        )  # fmt: skip
+            [sys.executable, str(HERE / "bench_observe.py"), "--child"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=HERE,
+        )
         assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
 
     def __call__(self, updates: int) -> float:

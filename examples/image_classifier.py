@@ -131,15 +131,24 @@ def main(argv: list[str] | None = None) -> None:
     # the recipe: DDP across processes (a no-op alone), 16-bit autocast, micro-batches
     train_step = ct.distributed(ct.mixed_precision(dtype=args.precision)(ct.accumulate(args.accumulate)(step)))
     result = ct.run(
-        train_step, state, train, batch_size=args.batch_size // world, epochs=args.epochs,
-        eval_step=evaluate, eval_data=test, log_every=5, checkpoint_dir=args.run_dir,
-    )  # fmt: skip
+        train_step,
+        state,
+        train,
+        batch_size=args.batch_size // world,
+        epochs=args.epochs,
+        eval_step=evaluate,
+        eval_data=test,
+        log_every=5,
+        checkpoint_dir=args.run_dir,
+    )
 
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result; one prints it
         for record in result.evals:
             print(f"epoch {record['epoch']:2d}  step {record['step']:4d}  test acc {record['acc']:.3f}")
-        print(f"{train_step}: final train loss {result.history[-1]['loss']:.4f}, test accuracy "
-              f"{result.evals[-1]['acc']:.3f}")  # fmt: skip
+        print(
+            f"{train_step}: final train loss {result.history[-1]['loss']:.4f}, test accuracy "
+            f"{result.evals[-1]['acc']:.3f}"
+        )
         try:
             from composetrain.plot import plot_run
         except ImportError:

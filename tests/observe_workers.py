@@ -66,9 +66,17 @@ def straggling(rank, world):
         step(copy.deepcopy(model), (data.x[:4], data.y[:4])).backward()
     done[0] = 0
     result = ct.run(
-        ct.distributed(step), state, data, batch_size=4, epochs=1, log_every=4, num_workers=0, progress=False,
-        shuffle=False, peak_flops=1e9,
-    )  # fmt: skip
+        ct.distributed(step),
+        state,
+        data,
+        batch_size=4,
+        epochs=1,
+        log_every=4,
+        num_workers=0,
+        progress=False,
+        shuffle=False,
+        peak_flops=1e9,
+    )
     return {
         "history": result.history,
         "bottleneck": result.bottleneck,
@@ -193,9 +201,14 @@ def differing_guards(rank, world):
     state = _state()
     try:
         ct.run(
-            ct.distributed(ct.skip_spikes(sigmas=sigmas)(_step)), state, _dataset(world), batch_size=6, max_steps=2,
-            num_workers=0, progress=False,
-        )  # fmt: skip
+            ct.distributed(ct.skip_spikes(sigmas=sigmas)(_step)),
+            state,
+            _dataset(world),
+            batch_size=6,
+            max_steps=2,
+            num_workers=0,
+            progress=False,
+        )
     except ValueError as e:
         return str(e), state.step
     return None, state.step

@@ -35,8 +35,16 @@ def noise(batch: Any, generator: torch.Generator) -> Any:
 def _run(data: Any, folder: Path | None = None, **options: Any) -> tuple[ct.TrainState, Any]:
     state = make_state()
     options = {"epochs": 3, **options}
-    result = ct.run(ct.train_step(classify), state, data, batch_size=6, num_workers=0, progress=False,
-                    checkpoint_dir=folder, **options)  # fmt: skip
+    result = ct.run(
+        ct.train_step(classify),
+        state,
+        data,
+        batch_size=6,
+        num_workers=0,
+        progress=False,
+        checkpoint_dir=folder,
+        **options,
+    )
     return state, result
 
 
@@ -54,7 +62,7 @@ def test_a_run_over_the_cache_is_bit_identical_to_one_over_the_original_and_read
     straight, _ = _run(data)
     over_cache, _ = _run(cached)
     assert_states_equal(over_cache, straight)
-    assert reads == [6] * 6 + [4]  + [6] * 6 + [4] + [6] * 6 + [4]  # fmt: skip
+    assert reads == [6] * 6 + [4] + [6] * 6 + [4] + [6] * 6 + [4]
 
 
 def test_a_resumed_run_over_the_cache_is_bit_exact(tmp_path: Path) -> None:

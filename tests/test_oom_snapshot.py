@@ -24,9 +24,16 @@ def test_an_out_of_memory_update_leaves_a_snapshot_in_the_run_folder(tmp_path):
     state = run_script.state()
     with pytest.raises(torch.OutOfMemoryError):
         ct.run(
-            _greedy_step, state, run_script.dataset(), batch_size=8, max_steps=2, num_workers=0, progress=False,
-            checkpoint_dir=tmp_path, oom_snapshot=True,
-        )  # fmt: skip
+            _greedy_step,
+            state,
+            run_script.dataset(),
+            batch_size=8,
+            max_steps=2,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=tmp_path,
+            oom_snapshot=True,
+        )
     snapshots = list((tmp_path / "memory").glob("oom-rank0-update1.pickle"))
     assert len(snapshots) == 1
     snapshot = pickle.loads(snapshots[0].read_bytes())
@@ -40,9 +47,15 @@ def test_an_out_of_memory_update_leaves_a_snapshot_in_the_run_folder(tmp_path):
 def test_without_the_option_no_history_is_recorded(tmp_path):
     with pytest.raises(torch.OutOfMemoryError):
         ct.run(
-            _greedy_step, run_script.state(), run_script.dataset(), batch_size=8, max_steps=2, num_workers=0,
-            progress=False, checkpoint_dir=tmp_path,
-        )  # fmt: skip
+            _greedy_step,
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=8,
+            max_steps=2,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=tmp_path,
+        )
     assert not (tmp_path / "memory").exists()
 
 

@@ -52,9 +52,16 @@ def test_no_profiler_exists_and_nothing_is_marked_outside_the_windows(tmp_path, 
         return run_script.step(model, batch)
 
     ct.run(
-        ct.accumulate(2)(spy), run_script.state(), run_script.dataset(), batch_size=12, max_steps=14, log_every=4,
-        num_workers=0, progress=False, profile={**WINDOW, "folder": str(tmp_path / "traces")},
-    )  # fmt: skip
+        ct.accumulate(2)(spy),
+        run_script.state(),
+        run_script.dataset(),
+        batch_size=12,
+        max_steps=14,
+        log_every=4,
+        num_workers=0,
+        progress=False,
+        profile={**WINDOW, "folder": str(tmp_path / "traces")},
+    )
     assert len(made) == 2  # one profiler per window, none between
     per_update = recording[::2]  # two forwards per update (accumulate(2))
     assert [i + 1 for i, on in enumerate(per_update) if on] == [4, 5, 9, 10]

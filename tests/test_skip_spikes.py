@@ -251,9 +251,17 @@ def test_ct_run_counts_the_skips_and_moves_on_through_the_data(tmp_path):
 
     s = state()
     result = ct.run(
-        ct.skip_spikes(warmup=4)(spy), s, torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=False,
-        epochs=1, log_every=4, progress=False, num_workers=0, checkpoint_dir=tmp_path,
-    )  # fmt: skip
+        ct.skip_spikes(warmup=4)(spy),
+        s,
+        torch.utils.data.TensorDataset(x, y),
+        batch_size=8,
+        shuffle=False,
+        epochs=1,
+        log_every=4,
+        progress=False,
+        num_workers=0,
+        checkpoint_dir=tmp_path,
+    )
     assert seen == [b[1][0].item() for b in data]  # each batch once, in order: the skipped one too
     assert [r["skipped"] for r in result.history] == [0, 0, 1]
     assert s.step == result.steps == 11

@@ -185,10 +185,16 @@ class Checkpoints:
         taken = self.rank == 0 and os.path.lexists(final) and not is_checkpoint(final)
         if not all_true(not taken):  # before anything is written: the user's folder stays as it is
             what = (
-                "it is a link" if final.is_symlink()
-                else f"it holds no {STATE_FILE}" if final.is_dir()
-                else "it is a file"
-            ) if self.rank == 0 else "seen by rank 0"  # fmt: skip
+                (
+                    "it is a link"
+                    if final.is_symlink()
+                    else f"it holds no {STATE_FILE}"
+                    if final.is_dir()
+                    else "it is a file"
+                )
+                if self.rank == 0
+                else "seen by rank 0"
+            )
             raise FileExistsError(
                 f"{RUN}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint ({what}), "
                 "so ct.run leaves it alone; move it out of checkpoint_dir and rerun"

@@ -34,8 +34,10 @@ def _leaves(item: Any, where: str, out: list[tuple[str, Any]], depth: int = 0) -
     tuples, lists and dicts are refused, and containers deeper than a store's reader reads (``DEPTH``).
     (A list, not a generator: this runs for every item written.)"""
     if depth > DEPTH:
-        raise ValueError(f"{where} lies inside {depth} containers: a store holds items nested at most {DEPTH} "
-                         "deep (its reader refuses deeper); flatten the item")  # fmt: skip
+        raise ValueError(
+            f"{where} lies inside {depth} containers: a store holds items nested at most {DEPTH} "
+            "deep (its reader refuses deeper); flatten the item"
+        )
     kind = type(item)
     if kind is tuple or kind is list:
         for n, x in enumerate(item):
@@ -99,9 +101,22 @@ class _Column:
         return Field(self.kind, self.dtype, None, self.name, f"{self.name}o", f"{self.name}s", self.scalar)
 
 
-_NATIVE = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-           torch.float32, torch.float64, torch.complex64, torch.complex128, torch.uint16, torch.uint32,
-           torch.uint64}  # fmt: skip
+_NATIVE = {
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+}
 
 
 def _array(value: Any) -> np.ndarray[Any, Any]:
@@ -152,8 +167,9 @@ def _items(dataset: Any, n: int, workers: int | str) -> Iterator[Any]:
         for i in range(first, n):
             yield dataset[i]
         return
-    loader = DataLoader(dataset, batch_size=None, sampler=range(first, n), num_workers=int(workers),
-                        collate_fn=same, prefetch_factor=4)  # fmt: skip
+    loader = DataLoader(
+        dataset, batch_size=None, sampler=range(first, n), num_workers=int(workers), collate_fn=same, prefetch_factor=4
+    )
     yield from loader
 
 

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import (
     DataLoader,
     DistributedSampler,
-)  # fmt: skip
+)
 
 from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, derive_seed, restore_rng, seed_everything
@@ -24,9 +24,14 @@ from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import Reader, ResumableSampler, auto_workers, mapped, worker_loader
 
 __all__ = [
-    "ResumableSampler", "build_loader", "epoch_batches", "epoch_order", "generator_states", "order_problem",
+    "ResumableSampler",
+    "build_loader",
+    "epoch_batches",
+    "epoch_order",
+    "generator_states",
+    "order_problem",
     "set_generator_states",
-]  # fmt: skip
+]
 
 
 def _seed_worker(seed: int, rank: int) -> Any:

@@ -590,24 +590,35 @@ class RunOptions:
             _optional_int(a[name], name)
         checkpoint = CheckpointOptions(a["checkpoint_dir"], a["checkpoint_every"], a["keep_checkpoints"])
         log = LogOptions.from_run_args(
-            log_every=a["log_every"], log_file=a["log_file"], tensorboard=a["tensorboard"], progress=a["progress"],
-            checkpoint_dir=a["checkpoint_dir"], on_record=a.get("on_record"),
-        )  # fmt: skip
+            log_every=a["log_every"],
+            log_file=a["log_file"],
+            tensorboard=a["tensorboard"],
+            progress=a["progress"],
+            checkpoint_dir=a["checkpoint_dir"],
+            on_record=a.get("on_record"),
+        )
         evaluation = EvalOptions.from_run_args(
             data, eval_step=a["eval_step"], eval_data=a["eval_data"], eval_every=a["eval_every"]
         )
         loader = LoaderOptions.from_run_args(
-            data, batch_size=a["batch_size"], shuffle=a["shuffle"], drop_last=a["drop_last"],
-            num_workers=a["num_workers"], collate_fn=a["collate_fn"], seed=a["seed"],
-        )  # fmt: skip
+            data,
+            batch_size=a["batch_size"],
+            shuffle=a["shuffle"],
+            drop_last=a["drop_last"],
+            num_workers=a["num_workers"],
+            collate_fn=a["collate_fn"],
+            seed=a["seed"],
+        )
         run_folder = Path(a["checkpoint_dir"]).expanduser() if a["checkpoint_dir"] is not None else None
         if run_folder is None and log.log_file is not None:
             run_folder = log.log_file.parent
         watch = WatchOptions.from_run_args(
-            profile=a.get("profile", False), peak_flops=a.get("peak_flops"),
-            straggler_threshold=a.get("straggler_threshold", 1.2), oom_snapshot=a.get("oom_snapshot", False),
+            profile=a.get("profile", False),
+            peak_flops=a.get("peak_flops"),
+            straggler_threshold=a.get("straggler_threshold", 1.2),
+            oom_snapshot=a.get("oom_snapshot", False),
             run_folder=run_folder,
-        )  # fmt: skip
+        )
         return cls(
             a["epochs"], a["max_steps"], a["requeue"], a["timeout"], loader, checkpoint, log, evaluation, watch=watch
         )

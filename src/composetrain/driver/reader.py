@@ -18,9 +18,18 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampl
 from composetrain.data.kinds import as_mapped, augmented_inside, joined
 
 __all__ = [
-    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "auto_workers",
-    "choose_workers", "indexable", "mapped", "worker_loader",
-]  # fmt: skip
+    "LEAST_GAIN",
+    "LEAST_SHARE",
+    "MEASURED",
+    "EpochBatches",
+    "Reader",
+    "ResumableSampler",
+    "auto_workers",
+    "choose_workers",
+    "indexable",
+    "mapped",
+    "worker_loader",
+]
 
 
 class ResumableSampler(Sampler[int]):

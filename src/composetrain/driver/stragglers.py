@@ -53,8 +53,14 @@ def find_stragglers(times: list[RankTimes], hosts: list[str], threshold: float, 
         data = mine.data - statistics.median(t.data for t in others)
         compute = mine.compute - statistics.median(t.compute for t in others)
         slower = mine.own / median if median > 0 else float("inf")
-        found.append({"rank": rank, "host": hosts[rank], "cause": "data" if data >= compute else "compute",
-                      "slower": round(slower, 3)})  # fmt: skip
+        found.append(
+            {
+                "rank": rank,
+                "host": hosts[rank],
+                "cause": "data" if data >= compute else "compute",
+                "slower": round(slower, 3),
+            }
+        )
     return found
 
 

@@ -168,9 +168,11 @@ class _Sharded(TrainStep):
         agree = functools.partial(largest, group=group)  # a refusal on one rank is on all
         gather = functools.partial(gathered_numbers, group=group)  # a decision every rank takes alike
         return ctx._replace(
-            around_pass=(*ctx.around_pass, sync_unless_more_follow), agree=agree, gather=gather,
+            around_pass=(*ctx.around_pass, sync_unless_more_follow),
+            agree=agree,
+            gather=gather,
             notes={**ctx.notes, self.role: last},
-        )  # fmt: skip
+        )
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         return grads_telling_the_others(self._inner(), self.role, state, batch, ctx)
