@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
-from helpers import IN, assert_states_equal, classify, make_state
-from torch.utils.data import Dataset
+from helpers import IN, Listed, assert_states_equal, batches_seen, classify, labelled, make_state
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, default_collate, random_split
 
 import composetrain as ct
+from composetrain.data.equal import same_item
 from composetrain.data.mapped import MappedDataset
 
 
@@ -111,3 +113,104 @@ def test_the_bottleneck_report_recommends_ct_cache_unless_the_data_is_a_cache(tm
 
     assert "preprocess once with ct.cache(dataset, path)" in _cheaper(reader(data))
     assert "is a ct.cache store already" in _cheaper(reader(cached))
+
+
+# -- wrappers, loader workers, a padding collate_fn -------------------------------------------------------------
+
+
+def _same_batches(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(same_item(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+def test_runs_over_wrappers_of_a_store_see_the_batches_of_the_same_wrappers_of_the_dataset(
+    tmp_path: Path, workers: Any
+) -> None:
+    items = labelled(22)
+    cached = ct.cache(Listed(items), tmp_path / "store", progress=False)
+    picks = [5, 3, 21, 0, 7, 7, 2, 9, -1]
+    wraps = [
+        lambda d: d,
+        lambda d: Subset(d, picks),
+        lambda d: ConcatDataset([d, Listed(items)]),
+        lambda d: ConcatDataset([d, d]),
+        lambda d: random_split(d, [0.5, 0.5], torch.Generator().manual_seed(1))[1],
+    ]
+    for wrap in wraps:
+        assert _same_batches(
+            batches_seen(wrap(cached), num_workers=workers, shuffle=True),
+            batches_seen(wrap(Listed(items)), num_workers=workers, shuffle=True),
+        )
+
+
+@pytest.mark.parametrize("context", ["spawn", "fork"])
+def test_a_dataloader_with_workers_over_a_store_gives_the_datasets_batches(tmp_path: Path, context: str) -> None:
+    items = labelled(14)
+    cached = ct.cache(Listed(items), tmp_path / "store", progress=False)
+    got = list(DataLoader(cached, batch_size=4, num_workers=1, multiprocessing_context=context))
+    assert _same_batches(got, [default_collate(items[s : s + 4]) for s in range(0, 14, 4)])
+    augmented = ct.cache(Listed(items), tmp_path / "store", augment=lambda b, g: b, progress=False)
+    if context == "fork":  # a lambda does not pickle to a spawned worker
+        got = list(DataLoader(augmented, batch_size=4, num_workers=1, multiprocessing_context=context))
+        assert _same_batches(got, [default_collate(items[s : s + 4]) for s in range(0, 14, 4)])
+
+
+def test_a_ragged_store_padded_by_a_collate_fn_gives_the_datasets_batches(tmp_path: Path) -> None:
+    items = [(torch.arange(float(i % 4 + IN)), i % 3) for i in range(10)]
+
+    def pad(batch: list[Any]) -> Any:
+        n = max(len(x) for x, _ in batch)
+        x = torch.stack([torch.nn.functional.pad(x, (0, n - len(x))) for x, _ in batch])
+        return [x[:, :IN].to(torch.float64), torch.tensor([y for _, y in batch])]
+
+    cached = ct.cache(Listed(items), tmp_path / "store", progress=False)
+    for workers in (0, 1):
+        assert _same_batches(
+            batches_seen(cached, collate_fn=pad, num_workers=workers),
+            batches_seen(Listed(items), collate_fn=pad, num_workers=workers),
+        )
+
+
+# -- wrapped stores under workers, auto's switch to workers mid-epoch resumed ------------------------------------
+
+
+WRAPPERS = {
+    "a Subset with repeats and a negative index": lambda d, e: Subset(d, [5, 0, 22, 3, 3, -1, 7, 11, 19, 2]),
+    "a ConcatDataset of three": lambda d, e: ConcatDataset([d, e, d]),
+    "a random_split": lambda d, e: random_split(d, [0.6, 0.4], generator=torch.Generator().manual_seed(1))[1],
+    "a Subset of a ConcatDataset": lambda d, e: Subset(ConcatDataset([e, d]), list(range(29, -1, -2))),
+}
+
+
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_runs_over_wrapped_stores_see_the_wrapped_datasets_batches(tmp_path: Path, wrapper: str, workers: int) -> None:
+    first, second = labelled(23), labelled(7, seed=1)
+    stores = [ct.cache(Listed(x), tmp_path / n, progress=False) for x, n in ((first, "a"), (second, "b"))]
+    options = {"epochs": 2, "batch_size": 4, "shuffle": True, "drop_last": workers == 2, "seed": 5}
+    want = batches_seen(WRAPPERS[wrapper](Listed(first), Listed(second)), num_workers=0, **options)
+    got = batches_seen(WRAPPERS[wrapper](*stores), num_workers=workers, **options)
+    assert len(got) == len(want) and all(same_item(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_auto_switching_to_workers_mid_epoch_over_an_augmented_store_resumes_bit_exactly(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """num_workers="auto" made to choose 2 workers after 3 batches (the switch happens inside the first epoch), a
+    run stopped at update 5 and resumed: the batches seen equal the uninterrupted run's."""
+    import composetrain.driver.reader as reader
+
+    monkeypatch.setattr(reader, "choose_workers", lambda fetch, step, spare: (2, "chosen by the test"))
+    monkeypatch.setattr(reader, "MEASURED", 2)
+
+    def noise(batch: Any, generator: torch.Generator) -> Any:
+        x, y = batch
+        return [x + torch.randn(x.shape, generator=generator, dtype=x.dtype), y]
+
+    store = ct.cache(Listed(labelled(22)), tmp_path / "store", progress=False, augment=noise)
+    options = {"batch_size": 4, "shuffle": True, "seed": 3, "checkpoint_every": 1, "num_workers": "auto"}
+    straight = batches_seen(store, epochs=2, checkpoint_dir=tmp_path / "a", **options)
+    stopped = batches_seen(store, epochs=2, checkpoint_dir=tmp_path / "b", max_steps=5, **options)
+    rest = batches_seen(store, epochs=2, checkpoint_dir=tmp_path / "b", **options)
+    assert len(stopped + rest) == len(straight)
+    assert all(same_item(a, b) for a, b in zip(stopped + rest, straight, strict=True))

@@ -11,18 +11,26 @@ import os
 import pickle
 import re
 import shutil
+import subprocess
 import threading
 import time
+import tracemalloc
+import unicodedata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from helpers import Listed, gone_pid, labelled, reads_back, writers_folder
 from torch.utils.data import DataLoader, Dataset
 
 import composetrain as ct
+from composetrain.data.cache import _write
 from composetrain.data.equal import same_item
-from composetrain.data.writer import sampled
+from composetrain.data.layout import Field
+from composetrain.data.store_files import StoreError, write_manifest
+from composetrain.data.writer import fingerprint, sampled
 
 
 class Logged(Dataset[Any]):
@@ -439,13 +447,13 @@ def test_rebuild_after_waiting_for_a_writer_of_other_items_writes_its_own(tmp_pa
 
 
 def test_stale_temporaries_are_matched_by_name_not_by_glob(tmp_path: Path) -> None:
-    data, path = _items(), tmp_path / "s[1]"
-    others = tmp_path / ".s1.tmp-0123456789ab"  # store s1's writer, at work
+    data, path, dead = _items(), tmp_path / "s[1]", gone_pid()
+    others = writers_folder(tmp_path / "s1", dead)  # store s1's writer (dead too: its store's writer clears it)
     others.mkdir()
     (others / "f0.npy").write_bytes(b"partial")
-    mine = tmp_path / ".s[1].tmp-ba9876543210"  # this store's writer, dead
+    mine = writers_folder(path, dead, tag="ba9876543210")  # this store's writer, dead
     mine.mkdir()
-    longer = tmp_path / ".s[1].tmp-old.tmp-0123456789ab"  # store "s[1].tmp-old"'s writer
+    longer = writers_folder(tmp_path / "s[1].tmp-old", dead)  # store "s[1].tmp-old"'s writer
     longer.mkdir()
     ct.cache(data, path, progress=False)
     assert others.is_dir() and (others / "f0.npy").read_bytes() == b"partial" and longer.is_dir()
@@ -494,3 +502,470 @@ def test_ints_at_the_edge_of_int64_are_stored_exactly_and_one_past_is_refused(tm
         with pytest.raises(ValueError, match=rf"cache: item 2\[1\] is the int {past}, outside int64"):
             ct.cache(items, tmp_path / f"past{n}", progress=False)
         assert sorted(p.name for p in tmp_path.iterdir() if f"past{n}" in p.name) == [f".past{n}.lock"]
+
+
+# -- a user's files, the working folder, odd names and paths, opening a long store ------------------------------
+
+
+def test_rebuild_never_removes_a_users_array_named_like_one_the_store_does_not_have(tmp_path: Path) -> None:
+    """The bug (a user's files deleted): "the store's own files" are matched by name (``f<n>[os].npy``), not by
+    the arrays its manifest names: a store of two fields (f0.npy, f1.npy) with the user's ``f7.npy`` and
+    ``f0s.npy`` saved into it is replaced by rebuild=True, and both are deleted."""
+    path, items = tmp_path / "store", labelled()
+    ct.cache(Listed(items), path, progress=False)
+    np.save(path / "f7.npy", np.arange(1000))  # an array of the user's ("f" for features), saved into the folder
+    (path / "f0s.npy").write_bytes(b"mine")
+    try:
+        ct.cache(Listed(labelled(seed=1)), path, rebuild=True, progress=False)
+    except ValueError as e:  # refused, naming them: as good
+        assert "f7.npy" in str(e) and "f0s.npy" in str(e)
+    kept = [p for p in tmp_path.rglob("f7.npy")] + [p for p in tmp_path.rglob("f0s.npy")]
+    assert len(kept) == 2 and kept[1].read_bytes() == b"mine"
+    assert np.array_equal(np.load(kept[0]), np.arange(1000))
+
+
+def test_caching_into_the_working_folder_leaves_the_process_a_working_folder(tmp_path: Path, monkeypatch: Any) -> None:
+    """The bug (the process's working folder removed): ``ct.cache(data, ".")`` in an empty working folder renames
+    that folder away and removes it (the store is renamed into its place): os.getcwd() then raises
+    FileNotFoundError, and every relative path after it (a checkpoint_dir="runs") fails."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    try:
+        ct.cache(Listed(labelled()), ".", progress=False)
+    except ValueError as e:  # refused, naming the working folder: as good
+        assert "cache:" in str(e)
+    assert os.getcwd() == str(tmp_path / "work")  # FileNotFoundError: the folder was removed
+
+
+class _Empties(Dataset[Any]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return ()
+
+
+def test_opening_a_store_takes_memory_independent_of_its_length(tmp_path: Path) -> None:
+    """The bug (memory and time linear in the length at every open): ``_compare`` checks the fingerprint's item
+    numbers with ``set(sampled) <= set(range(n))``, a set of every index: about 60 GB and a minute for a store of
+    10**9 items, in every process at every open. (The store is the one ``write_store`` makes for items ``()``,
+    written here from its parts: writing 10**6 items takes seconds.)"""
+    n, path = 10**6, tmp_path / "store"
+    path.mkdir()
+    kept = sampled(n)
+    origin = {
+        "type": f"{__name__}._Empties",
+        "length": n,
+        "key": None,
+        "created": 1.0,
+        "fingerprint": {"items": kept, "blake2b": fingerprint(() for _ in kept)},
+    }
+    write_manifest(path, (), n, origin)
+    ct.cache(_Empties(10), tmp_path / "warm", progress=False)  # imports and first calls, outside the count
+    tracemalloc.start()
+    try:
+        cached = ct.cache(_Empties(n), path, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(cached) == n and cached[n - 1] == ()
+    assert peak < 8 << 20, f"opening a store of {n} items took {peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("name", ["a\nb", "é😀", "s[1]*?", "bad\udcff", "-rf", " lead", "x" * 213])
+def test_odd_store_names_are_written_and_opened_again(tmp_path: Path, name: str) -> None:
+    items = labelled()
+    assert reads_back(ct.cache(Listed(items), tmp_path / name, progress=False), items)
+    assert reads_back(ct.cache(Listed(items), tmp_path / name, progress=False), items)
+
+
+def test_paths_that_are_not_stores_are_refused_and_left_as_they_were(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "afile").write_text("x")
+    os.symlink("/", tmp_path / "root")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    (tmp_path / "d" / "inner").mkdir(parents=True)
+    (tmp_path / "d" / "keep.txt").write_text("mine")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    monkeypatch.chdir(tmp_path / "d" / "inner")
+    for path in [tmp_path / "afile", tmp_path / "root", tmp_path / "loop", "..", tmp_path / "d" / "keep.txt"]:
+        for rebuild in (False, True):
+            with pytest.raises(ValueError, match="cache: "):
+                ct.cache(Listed(labelled()), path, rebuild=rebuild, progress=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "afile").read_text() == "x" and (tmp_path / "d" / "keep.txt").read_text() == "mine"
+
+
+def test_a_link_to_nowhere_writes_the_store_where_it_points(tmp_path: Path) -> None:
+    os.symlink(tmp_path / "target", tmp_path / "dangling")
+    items = labelled()
+    ct.cache(Listed(items), tmp_path / "dangling", progress=False)
+    assert (tmp_path / "dangling").is_symlink() and reads_back(
+        ct.cache(Listed(items), tmp_path / "target", progress=False), items
+    )
+
+
+# -- crafted or damaged stores: refused before a byte is mapped, never running code -----------------------------------
+
+
+class Pairs(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((2,), float(i)), [torch.ones(i % 3)]  # the list's tensor is ragged
+
+
+class Marker:
+    """Unpickling it would create a file: proof that code ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (open, (self.path, "w"))
+
+
+def _store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    ct.cache(Pairs(), path, progress=False)
+    return path
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _crafted(path: Path, change: Any) -> None:
+    manifest = _manifest(path)
+    change(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _fields(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        ((tag, body),) = node.items()
+        if tag == "field":
+            found.append(body)
+        elif tag == "dict":
+            for _, v in body:
+                walk(v)
+        else:
+            for c in body:
+                walk(c)
+
+    walk(manifest["item"])
+    return found
+
+
+def _set(key: str, value: Any, n: int = 0) -> Any:
+    return lambda m: _fields(m)[n].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda p: _crafted(p, _set("data", "../outside")), "not plain names"),
+        (lambda p: _crafted(p, _set("data", "/etc/passwd")), "not plain names"),
+        (lambda p: _crafted(p, _set("shape", [3])), r"holds float32 \(6, 2\); the manifest needs float32 \(6, 3\)"),
+        (lambda p: _crafted(p, _set("dtype", "float64")), r"the manifest needs float64"),
+        (lambda p: _crafted(p, _set("kind", "object")), "malformed"),
+        (lambda p: _crafted(p, lambda m: m.__setitem__("format", 99)), "format version 99"),
+        (lambda p: _crafted(p, lambda m: m.__setitem__("length", 7)), "items: the store holds 7"),
+        (lambda p: _crafted(p, lambda m: m.__setitem__("item", {"eval": "x"})), "unknown node"),
+        (lambda p: (p / "manifest.json").write_text("{not json"), "is not JSON"),
+        (lambda p: (p / "f0.npy").write_bytes((p / "f0.npy").read_bytes()[:-4]), "truncated or altered"),
+        (lambda p: (p / "f0.npy").write_bytes((p / "f0.npy").read_bytes() + b"\0" * 8), "truncated or altered"),
+        # a valid file of other values: refused too, by the store's items at the fingerprint's indices
+        (lambda p: np.save(p / "f0.npy", np.zeros((6, 2), np.float32), allow_pickle=False), "differ from the data"),
+        (lambda p: np.save(p / "f0.npy", np.load(p / "f0.npy"), allow_pickle=False), None),  # rewritten, the same
+        (lambda p: np.save(p / "f1o.npy", np.array([0, 1, 2, 99, 3, 4, 5], np.int64)), "offsets and shapes"),
+        (lambda p: np.save(p / "f1s.npy", np.zeros((6, 1), np.int64)), "offsets and shapes"),
+        (lambda p: (p / "f0.npy").unlink(), "cannot be opened"),
+    ],
+)
+def test_a_crafted_or_damaged_store_is_refused(tmp_path: Path, damage: Any, message: str | None) -> None:
+    path = _store(tmp_path)
+    damage(path)
+    if message is None:
+        assert len(ct.cache(Pairs(), path, progress=False)) == 6
+        return
+    with pytest.raises(ValueError, match=message):
+        ct.cache(Pairs(), path, progress=False)
+
+
+def test_an_object_array_never_runs_code(tmp_path: Path) -> None:
+    path = _store(tmp_path)
+    marker = tmp_path / "ran"
+    np.save(path / "f0.npy", np.array([Marker(str(marker))] * 12, dtype=object).reshape(6, 2), allow_pickle=True)
+    with pytest.raises(StoreError, match=r"not a \.npy file this store wrote|the manifest needs"):
+        ct.cache(Pairs(), path, progress=False)
+    (path / "manifest.json").write_bytes(pickle.dumps(Marker(str(marker))))
+    with pytest.raises(StoreError):
+        ct.cache(Pairs(), path, progress=False)
+    assert not marker.exists()
+
+
+def test_symbolic_links_inside_a_store_are_refused(tmp_path: Path) -> None:
+    path = _store(tmp_path)
+    elsewhere = tmp_path / "elsewhere.npy"
+    os.rename(path / "f0.npy", elsewhere)
+    os.symlink(elsewhere, path / "f0.npy")
+    with pytest.raises(StoreError, match="cannot be opened"):
+        ct.cache(Pairs(), path, progress=False)
+    os.unlink(path / "f0.npy")
+    os.rename(elsewhere, path / "f0.npy")
+    os.rename(path / "manifest.json", tmp_path / "m.json")
+    os.symlink(tmp_path / "m.json", path / "manifest.json")
+    with pytest.raises(StoreError, match="cannot be read"):
+        ct.cache(Pairs(), path, progress=False)
+
+
+def pad(items: list[Any]) -> Any:
+    return torch.stack([x for x, _ in items]), torch.nn.utils.rnn.pad_sequence([r[0] for _, r in items], True)
+
+
+def test_ragged_items_come_back_and_batches_need_a_collate_fn(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from composetrain.data.equal import same_item
+
+    cached = ct.cache(Pairs(), tmp_path / "store", progress=False)
+    assert [cached[i][1][0].shape for i in range(6)] == [(0,), (1,), (2,), (0,), (1,), (2,)]
+    with pytest.raises(ValueError, match=r"needs? a collate_fn that pads"):
+        cached.read_batch([0, 1])
+    for got, want in zip(
+        DataLoader(cached, batch_size=4, collate_fn=pad), DataLoader(Pairs(), 4, collate_fn=pad), strict=True
+    ):
+        assert same_item(got, want)
+
+
+# -- a store swapped in before its writer opens it, a rebuild after an older write, a user's files, the working
+# folder through other spellings and a bind mount, NFC and NFD names, moved stores, a long ragged store's open ---
+
+
+class Fixed(Dataset[Any]):
+    """100 items ``tensor([i])``; with ``fixed=False`` item 3 is wrong (-999): a preprocessing bug whose fix changes
+    one item the fingerprint does not look at (3 is not in ``sampled(100)``)."""
+
+    def __init__(self, fixed: bool = True) -> None:
+        self.fixed = fixed
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor([-999.0 if (i == 3 and not self.fixed) else float(i)])
+
+
+def test_a_store_just_written_is_not_swapped_for_another_writers_before_it_is_opened(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The bug (another dataset's items served, no refusal): ``cache`` releases the lock after publishing, then
+    opens the store with ``written=True``, which skips the comparison with the dataset. A process that takes the lock
+    in that gap with ``rebuild=True`` (another dataset of the same type, length and key) publishes its own store, and
+    this call returns it as its own. Here the gap is filled in-process at the moment another process would; the
+    fix: open the written store while still holding the lock (the ``_open(..., written=True)`` inside ``with
+    _locked``)."""
+    import composetrain.data.cache as cache_module
+
+    path, opened = tmp_path / "store", cache_module._open
+    mine, theirs = Fixed(fixed=True), Fixed(fixed=False)
+    busy = []
+
+    def other_process_in_the_gap(*args: Any, written: bool = False, **kwargs: Any) -> Any:
+        if written and not busy:  # the lock was just released: another rank / job rebuilds now
+            busy.append(1)
+            ct.cache(theirs, path, rebuild=True, progress=False, num_workers=0)
+        return opened(*args, written=written, **kwargs)
+
+    monkeypatch.setattr(cache_module, "_open", other_process_in_the_gap)
+    try:
+        got = ct.cache(mine, path, progress=False, num_workers=0)
+    except (ValueError, FileNotFoundError, RuntimeError):
+        return  # refused: fine
+    assert same_item(got[3], mine[3]), f"served {got[3]} for item 3, the dataset has {mine[3]}"
+
+
+def test_rebuild_after_waiting_for_an_older_write_writes_this_datasets_items(tmp_path: Path) -> None:
+    """The bug (the items asked to be written again are not, no refusal): ``rebuild=True`` that had to wait for
+    another writer maps that writer's store whenever the fingerprint items agree (``fresh = waited or ...``), even
+    when that writer began before this call asked for a rebuild. A job writing with a preprocessing bug, and a job
+    started with the bug fixed and ``rebuild=True``, end with the second training on the buggy item 3. The fix:
+    after waiting, take the other store only if it was begun after this call started (``started <= created``),
+    else write again (or compare every item, as ``verify=True`` does, before taking it)."""
+    path = tmp_path / "store"
+    fixed, buggy = Fixed(fixed=True), Fixed(fixed=False)
+    assert 3 not in sampled(100)
+    fd = os.open(tmp_path / ".store.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another job has been writing the buggy items since before this call
+    begun = time.time() - 1.0
+    got: list[Any] = []
+    errors: list[BaseException] = []
+
+    def rebuild() -> None:
+        try:
+            got.append(ct.cache(fixed, path, rebuild=True, progress=False, num_workers=0))
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=rebuild)
+    thread.start()
+    time.sleep(0.3)
+    origin = {"type": f"{__name__}.Fixed", "length": 100, "key": None, "created": begun}
+    _write(buggy, path, origin, 0, False)
+    os.close(fd)
+    thread.join(60)
+    assert not errors, errors
+    assert same_item(got[0][3], fixed[3]), f"rebuild=True served {got[0][3]} for item 3; the dataset has {fixed[3]}"
+
+
+USERS_NAMES = ["f7.npy", "f0o.npy", "f1s.npy", "f2.npy", "f00.npy", "F0.npy", "manifest.json.bak", ".keep"]
+
+
+@pytest.mark.parametrize("name", USERS_NAMES)
+def test_a_users_file_in_a_store_stops_a_rebuild_and_is_kept(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "store"
+    ct.cache(labelled(6), path, progress=False)
+    (path / name).write_bytes(b"the user's")
+    with pytest.raises(ValueError, match=f"not the store's \\({name.replace('.', '[.]')}\\)"):
+        ct.cache(labelled(6), path, rebuild=True, progress=False)
+    assert (path / name).read_bytes() == b"the user's"
+
+
+def test_a_ragged_fields_neighbours_are_not_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    items = [(torch.zeros(i % 3 + 1), i) for i in range(6)]
+    ct.cache(Listed(items), path, progress=False)
+    (path / "f1o.npy").write_bytes(b"the user's")
+    with pytest.raises(ValueError, match=r"f1o\.npy"):
+        ct.cache(Listed(items), path, rebuild=True, progress=False)
+
+
+def test_a_store_nested_inside_a_store_stops_the_outer_ones_rebuild_not_its_open(tmp_path: Path) -> None:
+    outer = tmp_path / "store"
+    ct.cache(labelled(6), outer, progress=False)
+    ct.cache(labelled(4, seed=1), outer / "inner", progress=False)
+    assert reads_back(ct.cache(labelled(6), outer, progress=False), labelled(6))
+    with pytest.raises(ValueError, match="inner"):
+        ct.cache(labelled(6), outer, rebuild=True, progress=False)
+    assert reads_back(ct.cache(labelled(4, seed=1), outer / "inner", progress=False), labelled(4, seed=1))
+
+
+@pytest.mark.parametrize("where", ["cwd", ".", "..", "../cwd", "a link to cwd", "the parent of cwd's child"])
+def test_every_spelling_of_the_working_folder_is_refused(tmp_path: Path, monkeypatch: Any, where: str) -> None:
+    (tmp_path / "cwd" / "child").mkdir(parents=True)
+    os.symlink(tmp_path / "cwd", tmp_path / "link")
+    monkeypatch.chdir(tmp_path / ("cwd/child" if where == "the parent of cwd's child" else "cwd"))
+    path = {
+        "cwd": tmp_path / "cwd",
+        ".": ".",
+        "..": "..",
+        "../cwd": "../cwd",
+        "a link to cwd": tmp_path / "link",
+        "the parent of cwd's child": tmp_path / "cwd",
+    }[where]
+    with pytest.raises(ValueError, match="working folder"):
+        ct.cache(labelled(4), path, progress=False)
+    assert os.path.samefile(os.getcwd(), tmp_path / ("cwd/child" if where == "the parent of cwd's child" else "cwd"))
+
+
+def test_stores_named_in_nfc_and_nfd_are_two_stores(tmp_path: Path) -> None:
+    a, b = labelled(5), labelled(5, seed=1)
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    ct.cache(Listed(a), tmp_path / nfc, progress=False)
+    ct.cache(Listed(b), tmp_path / nfd, progress=False)
+    assert reads_back(ct.cache(Listed(a), tmp_path / nfc, progress=False, verify=True), a)
+    assert reads_back(ct.cache(Listed(b), tmp_path / nfd, progress=False, verify=True), b)
+    with pytest.raises(ValueError, match="differ"):
+        ct.cache(Listed(a), tmp_path / nfd, progress=False)
+
+
+def test_a_store_copied_or_moved_opens_there_and_one_swapped_in_is_refused(tmp_path: Path) -> None:
+    import shutil
+
+    a, b = labelled(6), labelled(6, seed=1)
+    ct.cache(Listed(a), tmp_path / "store", progress=False)
+    shutil.copytree(tmp_path / "store", tmp_path / "copy")
+    assert reads_back(ct.cache(Listed(a), tmp_path / "copy", progress=False, verify=True), a)
+    opened = ct.cache(Listed(a), tmp_path / "copy", progress=False)
+    ct.cache(Listed(b), tmp_path / "other", progress=False)
+    os.rename(tmp_path / "copy", tmp_path / "moved")
+    os.rename(tmp_path / "other", tmp_path / "copy")  # another dataset's store where it was opened
+    with pytest.raises(RuntimeError, match="changed since"):
+        opened[0]
+    assert reads_back(ct.cache(Listed(a), tmp_path / "moved", progress=False, verify=True), a)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_the_working_folder_seen_through_a_bind_mount_is_refused(tmp_path: Path, monkeypatch: Any) -> None:
+    """The bug (the working folder taken away): ``_check_place`` compares real paths, which a bind mount does not
+    resolve: a process whose working folder is /x/view, a bind mount of the empty folder /x/store, that caches to
+    /x/store renames its own working folder away and removes it (``os.getcwd()`` then raises FileNotFoundError).
+    The fix: compare the identity (``st_dev``, ``st_ino``) of the path with that of the working folder and each of
+    its parents."""
+    store, view = tmp_path / "store", tmp_path / "view"
+    store.mkdir()
+    view.mkdir()
+    if subprocess.run(["mount", "--bind", str(store), str(view)], capture_output=True).returncode:
+        pytest.skip("bind mounts are not allowed here")
+    try:
+        monkeypatch.chdir(view)
+        try:
+            ct.cache(labelled(4), store, progress=False)
+        except ValueError as e:
+            assert "working folder" in str(e)
+        assert os.path.samefile(os.getcwd(), view)
+    finally:
+        monkeypatch.chdir(tmp_path)
+        subprocess.run(["umount", "-l", str(view)], check=False)
+
+
+class _Ragged(Dataset[Any]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.zeros(1 + i % 2, dtype=torch.int8)
+
+
+def test_opening_a_ragged_store_takes_memory_independent_of_its_length(tmp_path: Path) -> None:
+    """The bug (memory linear in the length, at every open, in every process): ``_check_ragged`` loads a ragged
+    field's offsets and shapes whole and makes several temporaries of their size (``np.diff``, ``astype(float64)``,
+    ``np.prod`` twice, the comparisons): about 80 bytes per item, 250 MB for a 50 MB store of 3 million short
+    sequences here, 8 GB per rank for 10**8 documents. ``test_opening_a_store_takes_memory_independent_of_its_length``
+    holds this for fixed shapes only. The fix: check the offsets and shapes in blocks of the memory map (a million
+    rows at a time). (The store is the one ``write_store`` makes, written here from its parts.)"""
+    n, path = 10**6, tmp_path / "store"
+    path.mkdir()
+    sizes = 1 + np.arange(n, dtype=np.int64) % 2
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype("<i8")
+    np.save(path / "f0.npy", np.zeros(int(offsets[-1]), np.int8))
+    np.save(path / "f0o.npy", offsets)
+    np.save(path / "f0s.npy", sizes.reshape(n, 1).astype("<i8"))
+    kept = sampled(n)
+    origin = {
+        "type": f"{__name__}._Ragged",
+        "length": n,
+        "key": None,
+        "created": 1.0,
+        "fingerprint": {"items": kept, "blake2b": fingerprint(_Ragged(n)[i] for i in kept)},
+    }
+    write_manifest(path, Field("tensor", "int8", None, "f0", "f0o", "f0s"), n, origin)
+    del sizes, offsets
+    ct.cache(_Ragged(10), tmp_path / "warm", progress=False)  # imports and first calls, outside the count
+    tracemalloc.start()
+    try:
+        cached = ct.cache(_Ragged(n), path, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert same_item(cached[n - 1], _Ragged(n)[n - 1])
+    assert peak < 8 << 20, f"opening a ragged store of {n} items took {peak / 2**20:.0f} MiB"

@@ -39,6 +39,7 @@ class Arg(NamedTuple):
     below: float = math.inf  # reals: the exclusive upper bound
     maximum: int | None = None  # ints: the inclusive upper bound
     at_most: float = math.inf  # reals: the inclusive upper bound
+    unset: bool = False  # None is its default, "not given": not a value of the wrong kind
 
 
 _SAVED = make_state().state_dict()
@@ -76,6 +77,7 @@ _INT64 = {"minimum": -(2**63), "maximum": 2**63 - 1}
 
 ARGS = [
     Arg("accumulate", "n", lambda v: ct.accumulate(v), "int"),
+    Arg("accumulate", "micro_batch", lambda v: ct.accumulate(micro_batch=v), "int", unset=True),
     Arg("clip_grad_norm", "max_norm", lambda v: ct.clip_grad_norm(v), "real"),
     Arg("clip_grad_norm", "norm_type", lambda v: ct.clip_grad_norm(1.0, norm_type=v), "real", finite=False),
     Arg("mixed_precision", "loss_scale", lambda v: ct.mixed_precision(dtype="fp16", loss_scale=v), "real"),
@@ -168,7 +170,9 @@ def _refused(a: Arg, value: Any, error: type[Exception]) -> None:
 def test_numeric_and_flag_arguments_follow_one_rule(a, data):
     """A value of the wrong kind is a TypeError, one out of range a ValueError, each naming the function
     and the argument and showing the value; a value in range is accepted."""
-    _refused(a, data.draw(_WRONG_KIND[a.kind], label="wrong kind"), TypeError)
+    _refused(
+        a, data.draw(_WRONG_KIND[a.kind].filter(lambda v: not a.unset or v is not None), label="wrong kind"), TypeError
+    )
     if a.kind != "bool":
         _refused(a, data.draw(_out_of_range(a), label="out of range"), ValueError)
     a.call(data.draw(_in_range(a), label="in range"))
@@ -196,7 +200,8 @@ def _edges(a: Arg) -> tuple[list[Any], list[Any], list[Any]]:
 def test_the_edges_of_each_arguments_rule(a):
     wrong, out, inside = _edges(a)
     for value in wrong:
-        _refused(a, value, TypeError)
+        if not (a.unset and value is None):  # None is "not given" there, not a value of the wrong kind
+            _refused(a, value, TypeError)
     for value in out:
         _refused(a, value, ValueError)
     for value in inside:
@@ -334,6 +339,7 @@ def _built() -> list[ct.TrainStep]:
         ct.accumulate(2)(classify),
         ct.accumulate("auto")(classify),
         ct.accumulate(2, weight=len)(classify),
+        ct.accumulate(micro_batch=3)(classify),
         ct.mixed_precision(classify),
         ct.mixed_precision("fp16", loss_scale=8.0)(classify),
         ct.distributed(classify),

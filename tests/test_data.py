@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 import pytest
 import run_script
 import torch
-from helpers import assert_states_equal
+from helpers import StopsAt, assert_states_equal, batches_seen
 from hypothesis import example, given, settings
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
@@ -507,3 +507,20 @@ def test_to_device_lives_in_batching_and_keeps_the_structure():
     batch = {"x": torch.ones(2), "tag": "a", "pair": (torch.zeros(1), 3)}
     moved = to_device(batch, torch.device("cpu"))
     assert moved["x"] is batch["x"] and moved["tag"] == "a" and moved["pair"][1] == 3
+
+
+# -- a StopIteration in a loader worker -------------------------------------------------------------------------
+
+
+def test_a_stopiteration_in_a_loader_worker_is_an_error_not_the_end_of_the_epoch() -> None:
+    """The bug (batches silently dropped): ct.run's loader reads by a DataLoader with workers, which re-raises a
+    worker's StopIteration in this process, where ``next(batches, _END)`` takes it for the end of the epoch: the
+    run trains on 3 of its 5 batches and reports success. In this process the same dataset is a RuntimeError
+    ("generator raised StopIteration"); under num_workers="auto" which one happens depends on timing."""
+    for workers in (0, 1):
+        try:
+            seen = batches_seen(StopsAt(), num_workers=workers)
+        except Exception as e:  # the fix chooses the type; it must say why
+            assert "StopIteration" in f"{type(e).__name__}: {e}", e
+        else:
+            raise AssertionError(f"num_workers={workers}: the epoch ended after {len(seen)} of 5 batches, no error")

@@ -31,7 +31,9 @@ def test_the_checkpoint_payload_keeps_format_2s_keys_and_round_trips():
     order = {"rng": {}, "generators": [], "sampler_seed": None}
     at = Progress(schedule(), 0, 1, 3, [{"step": 6}], [{"step": 5, "epoch": 1, "acc": 0.5}], [out], order)
     shared, local = at.to_checkpoint({"model": 1}, {"seed": 0}, ["g"])
-    assert list(shared) == ["state", "settings", "epoch", "position", "history", "evals"]  # as ct.run saved them
+    # as ct.run saved them, and the window's means over ranks (empty unless given: a global batch's run)
+    assert list(shared) == ["state", "settings", "epoch", "position", "history", "evals", "window"]
+    assert shared["window"] == []
     assert list(local) == ["window", "order", "generators"]  # Checkpoints.save adds the rng
     assert (shared["state"], shared["settings"], shared["epoch"], shared["position"]) == (
         {"model": 1},

@@ -329,8 +329,12 @@ class Checkpoints:
         ours = [(n, p) for n, p in found if n is not None and is_checkpoint(p)]
         return [p for _, p in sorted(ours, key=lambda np_: np_[0], reverse=True)]
 
-    def latest(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    def latest(self) -> tuple[Path, dict[str, Any], dict[str, Any] | None] | None:
         """The newest checkpoint that every rank can load: (path, payload, this rank's part).
+
+        This rank's part is None when the checkpoint was written by another number of processes (a run defined by
+        its global batch: ``check_fits`` refuses any other): no rank's own file applies then, none is read, and
+        ranks that wrote none (more of them now) or that are gone (fewer) make no difference.
 
         Every rank reads it (the folder must be shared by the nodes). Files are loaded with
         ``weights_only=True`` and checked against what ``ct.run`` writes (random states are
@@ -346,17 +350,19 @@ class Checkpoints:
             path = self.dir / name
             step = step_of(name)
             payload, problem = self._read(path, STATE_FILE, SHARED, functools.partial(shared_problem, step=step))
-            local = None
+            local, read_all = None, False  # this rank's part, and whether every part it needs was read
             if all_true(payload is not None):
                 assert payload is not None
                 check_fits(payload, self.world_size, path)  # the same file on every rank: all raise alike
-                local, problem = self._read(path, rank_file(self.rank), LOCAL, local_problem)
-            if all_true(local is not None) and self.shards is not None:
+                if payload["world_size"] == self.world_size:
+                    local, problem = self._read(path, rank_file(self.rank), LOCAL, local_problem)
+                read_all = payload["world_size"] != self.world_size or local is not None
+            if all_true(read_all) and self.shards is not None:
                 assert payload is not None
                 payload, problem = self._with_shards(path, payload)
-                local = local if payload is not None else None
-            if all_true(local is not None):
-                assert payload is not None and local is not None
+                read_all = payload is not None
+            if all_true(read_all):
+                assert payload is not None
                 return path, payload, local
             if self.rank == 0:
                 aside = _free(self.dir, f"corrupt-{name}")

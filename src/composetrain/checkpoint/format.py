@@ -3,8 +3,9 @@ loads a file without running code and checks it against them.
 
 A checkpoint folder (``folder.py`` names it) holds ``state.pt``, written by rank 0: a ``Shared`` part stamped
 with the format and the world size, and ``rank-<rank>.pt``, each rank's ``Local`` part stamped with its random
-states. The dataclasses below are the files' keys and value types; ``SHARED``, ``LOCAL`` and ``ORDER`` are the
-schemas read from them, and the TrainState inside comes with the keys ``TrainState.state_dict`` defines.
+states. A run defined by its global batch resumes on another number of processes from ``state.pt`` alone. The
+dataclasses below are the files' keys and value types; ``SHARED``, ``LOCAL`` and ``ORDER`` are the schemas read from
+them, and the TrainState inside comes with the keys ``TrainState.state_dict`` defines.
 """
 
 import dataclasses
@@ -22,6 +23,7 @@ from composetrain.core.state import KEYS as STATE_KEYS
 from composetrain.core.util import RUN, show
 
 __all__ = [
+    "ADDED",
     "FORMAT",
     "LOCAL",
     "MARK",
@@ -65,7 +67,9 @@ def _schema(cls: type) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class Shared(_Part):
     """What every rank resumes from (rank 0 writes it): the TrainState's ``state_dict()``, the run's settings
-    (a change is warned about), and where the loop stands."""
+    (a change is warned about), and where the loop stands; ``window``: the step outputs not yet logged, each the
+    mean over the ranks (``UnloggedStep``s, float64), which a run defined by its global batch continues on any
+    number of processes (empty otherwise, and in checkpoints written before it)."""
 
     state: dict
     settings: dict
@@ -73,6 +77,7 @@ class Shared(_Part):
     position: int
     history: list
     evals: list
+    window: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +110,7 @@ class Order(_Part):
 
 # The schemas a loadable file has: anything else is corrupt.
 SHARED = {"format": int, "world_size": int, **_schema(Shared)}
+ADDED = {"window": list}  # state.pt's keys that older checkpoints lack: read as empty there
 LOCAL = {"rng": dict, **_schema(Local)}
 ORDER = _schema(Order)
 WINDOW = _schema(UnloggedStep)
@@ -121,7 +127,8 @@ def stamp_local(local: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_fits(payload: dict[str, Any], world_size: int, path: Path) -> None:
-    """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is)."""
+    """Refuse a sound checkpoint that this run cannot continue (it is not corrupt: kept as it is). One of a run
+    defined by its global batch continues on any number of processes (ct.run then compares its settings)."""
     if payload["format"] not in READS:
         raise ValueError(
             f"{RUN}: checkpoint {path} is in format {payload['format']}, this composetrain reads formats "
@@ -129,11 +136,12 @@ def check_fits(payload: dict[str, Any], world_size: int, path: Path) -> None:
             "that run with the "
             "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
         )
-    if payload["world_size"] != world_size:
+    if payload["world_size"] != world_size and payload["settings"].get("global_batch_size") is None:
         raise ValueError(
             f"{RUN}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
-            f"run has {world_size}; resume with the same number of processes (the data order "
-            "and random states are per rank)"
+            f"run has {world_size}; resume with the same number of processes: its batch_size is per process, "
+            "so its data order and random states are per rank (a run given global_batch_size= instead, the "
+            "samples of an update all processes together, resumes on any number of processes that divides it)"
         )
 
 
@@ -144,6 +152,8 @@ def read(path: Path, schema: dict[str, Any], deep: Callable[[Any], str | None]) 
         return None, problem
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
+        if schema is SHARED and isinstance(value, dict):
+            value = {**{k: kind() for k, kind in ADDED.items()}, **value}
     except PermissionError:
         raise  # not the file's fault: Checkpoints._read refuses it on every rank
     except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
@@ -183,7 +193,7 @@ def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | No
         return f"its TrainState's step {state['step']!r} is not the step of its folder ({step})"
     if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
         return "its history and evals must be lists of dicts"
-    return None
+    return next(filter(None, map(window_problem, payload["window"])), None)
 
 
 def local_problem(local: dict[str, Any]) -> str | None:

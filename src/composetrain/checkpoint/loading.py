@@ -22,7 +22,8 @@ def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
 
     Model, optimizer, scheduler, step and transform state; not the loop's position or random
     states, which are per rank (``ct.run`` itself resumes those, with the same number of
-    processes). Sharded tensors are read by DCP into the state's own layout: a checkpoint of
+    processes, or any number dividing ``global_batch_size`` for a run given it). Sharded tensors
+    are read by DCP into the state's own layout: a checkpoint of
     W ranks loads into a plain state in one process (whole tensors), or into a state sharded
     over another number of ranks (shard it first: ``ct.apply_sharding(train_step, state)``);
     under a process group, every rank calls it. Files load without running code.

@@ -189,11 +189,14 @@ def split_batch(batch: Any, n: int, who: object = "split_batch") -> list[Any]:
     return _split(batch, n, who, "pieces")[0]
 
 
-def _split(batch: Any, n: int, who: object, plural: str) -> tuple[list[Any], list[int]]:
-    """split_batch's pieces and their sizes; ``plural`` names the pieces in messages."""
+def _split(batch: Any, n: int, who: object, plural: str, by_size: bool = False) -> tuple[list[Any], list[int]]:
+    """split_batch's pieces and their sizes; ``plural`` names the pieces in messages. With ``by_size``, ``n``
+    is the pieces' size: consecutive pieces of ``n`` samples, the last one short."""
     leaves: list[torch.Tensor] = []
     rebuild = _flatten(batch, leaves)
     size = _leading(leaves, batch, who)
+    if size is None and by_size:  # one sample, as ``samples`` counts it: nothing to cut
+        return [batch], [1]
     if size is None:
         raise ValueError(
             f"{who}: cannot split the batch into {n} {plural}: it holds no tensor with a batch dimension "
@@ -201,16 +204,26 @@ def _split(batch: Any, n: int, who: object, plural: str) -> tuple[list[Any], lis
         )
     if size == 0:
         raise ValueError(f"{who}: the batch is empty (leading size 0); skip empty batches before the step")
-    k = min(n, size)
+    k = -(-size // n) if by_size else min(n, size)  # by size: the ceiling of size / n
     if k == 1:
         return [batch], [size]
+    if by_size:  # as a loop over slices cuts them: 10 by 4 gives 4, 4, 2
+        pieces = [t.split(n) if t.dim() > 0 else (t,) * k for t in leaves]
+        sizes = [min(n, size - i * n) for i in range(k)]
+        return [rebuild(iter([p[i] for p in pieces])) for i in range(k)], sizes
     pieces = [t.tensor_split(k) if t.dim() > 0 else (t,) * k for t in leaves]
     return [rebuild(iter([p[i] for p in pieces])) for i in range(k)], [size // k + (i < size % k) for i in range(k)]
 
 
-def split_weighted(batch: Any, n: int, ctx: Weighing, who: object, what: str) -> tuple[list[Any], list[float]]:
+def split_weighted(
+    batch: Any, n: int, ctx: Weighing, who: object, what: str, *, by_size: bool = False
+) -> tuple[list[Any], list[float]]:
     """Split a batch into at most ``n`` pieces and count each one's units: the one owner of
     splitting and weighting for the transforms that split (accumulate, data_parallel).
+
+    With ``by_size``, ``n`` is the size of the pieces, not their number (``accumulate(micro_batch=n)``):
+    consecutive pieces of ``n`` samples, the last one short (10 by 4: 4, 4, 2); a batch of at most ``n``
+    samples, or without a batch dimension (one sample), stays whole.
 
     Units are the pieces' sizes for samples (``ctx.weight`` is None), else what
     ``ctx.weight`` counts; each piece's mean loss is scaled by them, so they must add
@@ -226,10 +239,10 @@ def split_weighted(batch: Any, n: int, ctx: Weighing, who: object, what: str) ->
             and adding up. TypeError: ``ctx.weight`` did not return a number.
     """
     whole = float(ctx.piece_weight)
-    if n == 1:
+    if n == 1 and not by_size:
         return [batch], [whole]
     plural = f"{what}es" if what.endswith("ch") else f"{what}s"  # micro-batches, shards
-    pieces, sizes = _split(batch, n, who, plural)
+    pieces, sizes = _split(batch, n, who, plural, by_size)
     if len(pieces) == 1:
         return pieces, [whole]
     if ctx.weight is None:

@@ -70,10 +70,10 @@ class Generators:
             numpy.random.set_state(saved)
 
 
-SEEDS = ("fresh start", "loader", "worker")  # what derive_seed derives a seed for
+SEEDS = ("fresh start", "loader", "worker", "order", "resume")  # what derive_seed derives a seed for
 
 
-def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0) -> int:
+def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0, epoch: int = 0, step: int = 0) -> int:
     """The seed of one of a run's random streams, from the run's ``seed``: the one place each is derived.
 
     The values are part of every run's checkpoints (a resumed run continues the streams these started), so
@@ -83,7 +83,14 @@ def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0) -> i
       (each rank its own: dropout masks and augmentations differ between ranks);
     - ``"loader"``: a rank's DataLoader generator (its workers' base seed), ``seed * 7919 + rank``;
     - ``"worker"``: a loader worker's generators, ``(seed * 7919 + rank * 104729 + 1009 * worker) % 2**32``
-      (every worker of every rank draws differently: PyTorch issue 5059; below 2**32 for NumPy).
+      (every worker of every rank draws differently: PyTorch issue 5059; below 2**32 for NumPy);
+    - ``"order"``: the generator of epoch ``epoch``'s order of a run defined by its global batch, ``seed + epoch``,
+      the same on every rank and for any number of ranks (``DistributedSampler``'s: on one process the order is
+      that of ``batch_size=`` runs);
+    - ``"resume"``: a rank's global generators when a run defined by its global batch resumes on another number
+      of processes at update ``step`` (the saved streams were per rank of another job),
+      ``(seed * 1000003 + rank) * 1000033 + step + 1`` modulo 2**63: from the run's seed, the rank and the global
+      position alone, so any two resumes there draw alike.
 
     Example:
         >>> seed_everything(derive_seed(5, "fresh start", rank=1))  # 5000016
@@ -94,6 +101,10 @@ def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0) -> i
         return seed * 7919 + rank
     if purpose == "worker":
         return (seed * 7919 + rank * 104729 + 1009 * worker) % 2**32
+    if purpose == "order":
+        return seed + epoch
+    if purpose == "resume":
+        return ((seed * 1000003 + rank) * 1000033 + step + 1) % 2**63
     raise ValueError(f"derive_seed: purpose must be one of {SEEDS}, got {purpose!r}")
 
 

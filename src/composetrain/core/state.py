@@ -284,8 +284,15 @@ class TrainState:
                 self.scheduler.load_state_dict(state_dict["scheduler"])
             undo.append(self._keep_transforms())
             # transform state is exactly the checkpoint's: live objects are reloaded, the rest is
-            # applied when its transform first runs, and state the checkpoint lacks starts afresh
-            self._transforms = {k: _restore(v, transforms[k]) for k, v in self._transforms.items() if k in transforms}
+            # applied when its transform first runs, and state the checkpoint lacks starts afresh; runtime
+            # state is no checkpoint's (a DDP wrapper, the group a model is sharded over) and stays, also when
+            # the checkpoint was saved where it did not exist (on one process, distributed and sharded are
+            # the plain step: resumed on several, the model is sharded already)
+            self._transforms = {
+                k: _restore(v, transforms[k]) if k in transforms else v
+                for k, v in self._transforms.items()
+                if k in transforms or isinstance(v, RuntimeState)
+            }
             self._pending = {k: v for k, v in transforms.items() if k not in self._transforms}
             undo.append(keep_model(self.model))
             self.model.load_state_dict(state_dict["model"])

@@ -10,8 +10,8 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
-import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,24 +23,29 @@ from composetrain.core.util import CACHE, check_bool, check_int, check_real, sho
 from composetrain.data.kinds import augmented_inside
 from composetrain.data.mapped import Augment, MappedDataset
 from composetrain.data.store import (
+    BESIDE,
+    FULL,
     Stamp,
     check_lock_file,
+    check_lock_owner,
     check_renamable,
     check_replaceable,
     check_unchanged,
+    disk_error,
     leftovers,
     publish_error,
     remove_store,
     stamp,
+    temporary,
 )
 from composetrain.data.store_files import MANIFEST, REWRITE, StoreError, fsync_folder, read_manifest, regions
 from composetrain.data.writer import fingerprint, write_store
 
 __all__ = ["CachedDataset", "cache"]
 
-_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 _MOST = 16  # items a fingerprint may name: a second open reads these, never the whole dataset
 _AGAIN = "call ct.cache again to open it as it is now"
+_HELD = threading.local()  # the lock files this thread holds: taking one again would wait for itself
 
 
 class CachedDataset(MappedDataset):
@@ -121,7 +126,9 @@ def cache(
         TypeError: an argument of the wrong kind, as ``ct.run`` refuses it (a dataset that is not map-style, a
             path that is not a str or PathLike, an ``augment`` that is not a function, a flag that is not True or
             False, a seed or ``num_workers`` that is not an int, a ``timeout`` that is not a number).
-        RuntimeError (at a process's first read): the store was rebuilt or removed since it was opened.
+        RuntimeError (at a process's first read): the store was rebuilt or removed since it was opened; (at once)
+            ``ct.cache`` called for the store inside another call of it in this thread, or another process changed
+            the store's temporary folder while this one wrote it (where the lock's flock is not honoured).
         TimeoutError: another process held the store's lock longer than ``timeout``.
         OSError: the disk is full, or the path cannot take a renamed folder (nothing that looks complete is left).
 
@@ -142,9 +149,10 @@ def cache(
             pass  # no store yet (or a writer is publishing it): take the lock
         except StoreError as e:
             raise StoreError(f"{CACHE}: {e}") from None  # its message says what to do
-    with _locked(path, timeout) as waited:
-        # another process rebuilt it while this one waited (a store dated later than now is not that)
-        fresh = waited or started <= _created(path) <= time.time()
+    with _locked(path, timeout):
+        # another process rebuilt it since this call began (one begun before may hold items this call is asked to
+        # write again; a store dated later than now is neither)
+        fresh = started <= _created(path) <= time.time()
         if (path / MANIFEST).exists() and (not rebuild or fresh):
             try:
                 return _open(dataset, path, origin, augment, seed, verify)
@@ -153,7 +161,7 @@ def cache(
                     raise
                 # rebuild=True: the store another writer left is of something else; this one writes its own
         _write(dataset, path, {**origin, "created": time.time()}, num_workers, progress)
-    return _open(dataset, path, origin, augment, seed, verify, written=True)
+        return _open(dataset, path, origin, augment, seed, verify, written=True)  # locked: no other store swapped in
 
 
 def _check(
@@ -208,10 +216,43 @@ def _check(
     path = Path(os.path.realpath(path))  # a link to a folder on a larger disk: the store is written there
     if not path.parent.is_dir():
         raise ValueError(f"{CACHE}: the folder that holds the store, {path.parent}, does not exist; create it first")
+    _check_place(path)
     check_replaceable(path, replacing=rebuild)
     if os.path.lexists(path) and os.path.ismount(path):
         check_renamable(path)  # refused now, before the lock file is made beside it
     return path, seed, workers, timeout
+
+
+def _check_place(path: Path) -> None:
+    """Refuse a store path that is (or holds) the working folder, which publishing renames away (compared as files,
+    device and inode: a bind mount shows one folder at two paths); or whose name leaves no room for the names made
+    beside it (``.NAME.tmp-old-<12 hex digits>-<pid>-<8 hex digits>``, the longest, see ``store.temporary``)."""
+    try:
+        here = Path(os.path.realpath(os.getcwd()))
+    except FileNotFoundError:  # no working folder to lose
+        here = None
+    found = _folder(path)
+    places = [here, *here.parents] if here is not None and found is not None else []
+    holding = [p for p in places if _folder(p) == found]  # its folder's identity: a bind mount has another path
+    if holding:
+        what = (
+            "is this process's working folder" if holding[0] == here else f"holds this process's working folder {here}"
+        )
+        raise ValueError(
+            f"{CACHE}: path {path} {what}: a store is published by renaming a folder into its place, which would "
+            f"take the working folder away; give a folder for the store (e.g. {path / 'store'})"
+        )
+    try:
+        most = os.pathconf(path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    size, longest = len(os.fsencode(path.name)), len(os.fsencode(path.name)) + BESIDE
+    if 0 < most < longest:
+        raise ValueError(
+            f"{CACHE}: path's name {path.name!r} is {size} bytes long, and ct.cache makes names {longest - size} "
+            f"bytes longer beside it (.NAME.lock, .NAME.tmp-old-<hex digits>-<pid>-<hex digits>): past this file "
+            f"system's limit of {most} bytes per name; give a name of at most {most - (longest - size)} bytes"
+        )
 
 
 def _created(path: Path) -> float:
@@ -219,7 +260,10 @@ def _created(path: Path) -> float:
         created = read_manifest(path)["origin"].get("created", 0.0)
     except (OSError, StoreError):
         return 0.0
-    return float(created) if isinstance(created, int | float) else 0.0
+    try:
+        return float(created) if isinstance(created, int | float) else 0.0
+    except OverflowError:  # an int past the floats: no date this call could have written
+        return 0.0
 
 
 def _open(
@@ -283,7 +327,7 @@ def _compare(dataset: Any, data: CachedDataset) -> None:
         and len(sampled) <= _MOST
         and all(type(i) is int for i in sampled)
         and sampled == sorted(set(sampled))
-        and set(sampled) <= set(range(n))
+        and (not sampled or (sampled[0] >= 0 and sampled[-1] < n))
         and (not n or {0, n // 2, n - 1} <= set(sampled))
         and isinstance(recorded.get("blake2b"), str)
     ):
@@ -330,26 +374,28 @@ def _verify(dataset: Any, data: CachedDataset) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, timeout: float) -> Iterator[bool]:
-    """Hold the lock file beside ``path`` (an flock: released when its holder dies); yields whether it waited."""
+def _locked(path: Path, timeout: float) -> Iterator[None]:
+    """Hold the lock file beside ``path`` (an flock: released when its holder dies)."""
     lock = path.parent / f".{path.name}.lock"
     check_lock_file(lock)
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as e:  # made a link or a folder since the check
-        if e.errno not in (errno.ELOOP, errno.EISDIR):
-            raise
-        check_lock_file(lock)
-        raise
+    fd, created = _open_lock(lock)
+    held: set[Path] = _HELD.__dict__.setdefault("paths", set())
     try:
         check_lock_file(lock, os.fstat(fd).st_mode)
-        deadline, waited = time.monotonic() + timeout, False
+        # a file this call did not make is written into only when it holds what a holder wrote (never a user's)
+        writable = created or check_lock_owner(lock, fd)
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                waited = True
+                if path in held:  # an flock is per open file: this thread would wait for itself until the timeout
+                    raise RuntimeError(
+                        f"{CACHE}: this thread holds the lock of the store at {path} already: ct.cache was called "
+                        "for it inside another ct.cache call of it (from the dataset's __getitem__, or while the "
+                        "store is opened); cache it before, or give another path"
+                    ) from None
                 if time.monotonic() > deadline:
                     holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
                     raise TimeoutError(
@@ -357,26 +403,66 @@ def _locked(path: Path, timeout: float) -> Iterator[bool]:
                         "or remove the store if its writer is gone"
                     ) from None
                 time.sleep(0.05)
-        with contextlib.suppress(OSError):  # who holds it, for waiters' messages; a full disk fails the write itself
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        yield waited
+        if writable:  # who holds it, for waiters' messages; a full disk fails the write itself
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        held.add(path)
+        try:
+            yield
+        finally:
+            held.discard(path)
     finally:
         os.close(fd)  # releases the lock
 
 
+def _open_lock(lock: Path) -> tuple[int, bool]:
+    """The lock file opened for reading and writing, and whether this call created it (O_EXCL: an existing file,
+    a user's perhaps, is only opened, never truncated)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
+    while True:
+        try:
+            try:
+                return os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                pass
+            try:
+                return os.open(lock, flags), False
+            except FileNotFoundError:
+                continue  # removed since: made again
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR):  # made a link or a folder since the check
+                check_lock_file(lock)
+            if (error := disk_error(lock, e)) is not None:
+                raise error from e
+            raise
+
+
 def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progress: bool) -> None:
     """Write into a temporary folder beside ``path`` and rename it into place; on any failure remove it."""
-    for stale in leftovers(path):  # left by a writer that died: this one holds the lock
-        remove_store(stale)
+    gone, elsewhere = leftovers(path)
+    for stale in gone:  # left by a writer that died (never a live one's: where flock is not honoured, two may write)
+        remove_store(stale, temporary=True)
+    if elsewhere:
+        warnings.warn(
+            f"{CACHE}: {', '.join(p.name for p in elsewhere)} beside {path}: the temporary folders of "
+            "writers on other hosts, which may still be at work: kept; remove them once their writers "
+            "are gone",
+            stacklevel=3,
+        )
     check_replaceable(path)
     check_renamable(path)  # before any item is read: a mount point would fail only once all is written
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
-    old = path.parent / f".{path.name}.tmp-old-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    tmp, old = temporary(path), temporary(path, old=True)
+    try:
+        tmp.mkdir()
+    except OSError as e:
+        if (error := disk_error(path, e)) is not None:
+            raise error from e
+        raise
     try:
         tick = time.perf_counter()
         write_store(dataset, tmp, origin, workers, f"{CACHE}: writing {path.name}" if progress else None)
+        _check_written(tmp, path)
         size = sum(f.stat().st_size for f in tmp.iterdir())
         if progress:
             seconds = time.perf_counter() - tick
@@ -401,14 +487,24 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
                 stacklevel=3,
             )
     except BaseException as e:
-        remove_store(tmp)
+        remove_store(tmp, temporary=True)
         if os.path.lexists(old) and not os.path.lexists(path):  # renamed away, then not replaced: put it back
             with contextlib.suppress(OSError):
                 os.rename(old, path)
-        if isinstance(e, OSError) and e.errno in _FULL:
-            raise OSError(
-                e.errno,
-                f"{CACHE}: writing {path} failed: {os.strerror(e.errno or 0)}; nothing was kept: "
-                "free space, or give a path on a larger disk",
-            ) from e
+        if isinstance(e, OSError) and e.errno in FULL and (error := disk_error(path, e)) is not None:
+            raise error from e
         raise
+
+
+def _check_written(tmp: Path, path: Path) -> None:
+    """Every array of the store written in ``tmp`` whole (its size, header and offsets as the manifest says), before
+    it is published: another writer of ``path`` (where flock is not honoured) may have changed them meanwhile."""
+    try:
+        manifest = read_manifest(tmp)
+        regions(tmp, manifest["item"], manifest["length"])
+    except (OSError, StoreError) as e:
+        raise RuntimeError(
+            f"{CACHE}: the store written for {path} is not whole ({e}): another process changed its temporary "
+            "folder while it was written (two writers of the store, where its lock file's flock is not "
+            "honoured); nothing was published: call ct.cache again, one process per path"
+        ) from None

@@ -18,6 +18,7 @@ __all__ = [
     "Rows",
     "Swapped",
     "broken_link",
+    "check_filters",
     "check_unchanged",
     "file_of",
     "flat_offset",
@@ -25,7 +26,7 @@ __all__ = [
     "native",
     "open_file",
     "stamp",
-    "virtual_files",
+    "virtual_sources",
 ]
 
 INSTALL = "pip install composetrain[hdf5]"
@@ -62,22 +63,28 @@ def open_file(path: str) -> Any:
 
 def file_of(dset: Any) -> str:
     """The file that holds ``dset``'s bytes: the one opened, or the one an external link led to (h5py gives
-    the path HDF5 resolved, relative to the linking file's folder)."""
+    the path HDF5 resolved, relative to the linking file's folder or the working folder): absolute, so that it is
+    read there whatever the link would lead to later."""
     return os.path.abspath(dset.file.filename)
 
 
 def flat_offset(dset: Any) -> int | None:
     """Where ``dset``'s rows lie in ``file_of(dset)`` as one C-ordered array (bytes from the file's start,
     userblock included), or None where they do not and h5py must read them: chunked or filtered (compressed,
-    shuffled), external, virtual, not yet written (HDF5 allocates a contiguous dataset's space at its first write)."""
+    shuffled), external, virtual, not yet written (HDF5 allocates a contiguous dataset's space at its first write),
+    or of a type whose bytes NumPy does not lay out as h5py reads them."""
     h5py = h5py_module()
     plist = dset.id.get_create_plist()
     if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count():
         return None
+    # bytes laid out as NumPy lays out the dtype h5py reads it as; else h5py converts (an enum over a C int read
+    # as bool, integers of fewer bits than their size, at a bit offset, padded with ones) and must read it
+    if not dset.id.get_type().equal(h5py.h5t.py_create(dset.dtype, logical=True)):
+        return None
     offset = dset.id.get_offset()
     end = None if offset is None else offset + dset.id.get_storage_size()
     # an unwritten dataset has no address (None, or an undefined one past the end of the file)
-    if end is None or dset.id.get_storage_size() < dset.size * dset.dtype.itemsize:
+    if end is None or dset.id.get_storage_size() != dset.size * dset.dtype.itemsize:
         return None
     return int(offset) if end <= os.path.getsize(file_of(dset)) else None
 
@@ -117,16 +124,17 @@ def broken_link(f: Any, name: str) -> str | None:
     return None
 
 
-def virtual_files(dset: Any, path: str) -> list[str]:
-    """The files a virtual dataset's rows come from (none for another dataset); a source that is missing (whose
-    rows h5py would read as the fill value) is refused, naming the file.
+def virtual_sources(dset: Any, path: str) -> list[tuple[str, str]]:
+    """The files a virtual dataset's rows come from (none for another dataset), each as the dataset names it and
+    where HDF5 finds it now; a source that is missing (whose rows h5py would read as the fill value) is refused,
+    naming the file. HDF5 finds a relative one again at every read: ``check_sources`` refuses it elsewhere then.
 
     Raises:
         FileNotFoundError: a source file is not there, or has not the dataset it should give rows from.
     """
     if not dset.is_virtual:
         return []
-    files: list[str] = []
+    files: list[tuple[str, str]] = []
     for source in dset.virtual_sources():
         if "%" in source.file_name or "%" in source.dset_name:  # a printf-style pattern: HDF5's to expand
             continue
@@ -144,8 +152,39 @@ def virtual_files(dset: Any, path: str) -> list[str]:
                     f"{source.dset_name!r} in {file}, which has no such dataset; h5py would read the fill value "
                     "for its rows: restore that dataset in it"
                 )
-        files.append(file)
+        files.append((source.file_name, file))
     return list(dict.fromkeys(files))
+
+
+def check_sources(name: str, path: str, sources: list[tuple[str, str]]) -> None:
+    """Raise unless each source of the virtual dataset ``name`` of ``path`` is found where it was when ct.hdf5 opened
+    it: HDF5 finds a relative one again at every read (beside ``path``, then in the working folder), and would read
+    the rows of another file after a change of folder, or once a file of that name appears beside ``path``."""
+    for given, then in sources:
+        now = path if given == "." else _found(given, path, "HDF5_VDS_PREFIX")
+        if now != then:
+            raise RuntimeError(
+                f"{HDF5}: the rows of the virtual dataset {name!r} in {path} come from the file {given!r}, which was "
+                f"{then} when ct.hdf5 opened it, and is {now or 'nowhere'} now (the working folder changed, or a file "
+                "of that name appeared beside it): HDF5 would read another file's rows; read it from the folder it "
+                "was opened in, or give the virtual dataset's sources absolute paths"
+            )
+
+
+def check_filters(name: str, dset: Any, path: str) -> None:
+    """Refuse a dataset whose rows need an HDF5 filter (a compressor) this process has no plugin for: h5py would fail
+    at the first read, with HDF5's words only."""
+    h5py = h5py_module()
+    plist = dset.id.get_create_plist()
+    for n in range(plist.get_nfilters()):
+        code, _, _, label = plist.get_filter(n)
+        if not h5py.h5z.filter_avail(code):
+            called = f"{label.decode(errors='replace')!r}, id {code}" if label else f"id {code}"
+            raise ImportError(
+                f"{HDF5}: {name!r} in {path} is stored with the HDF5 filter {called}, which this process has no "
+                "plugin for: its rows cannot be read; install hdf5plugin (pip install hdf5plugin) and import it "
+                "before ct.hdf5 (import hdf5plugin), or set HDF5_PLUGIN_PATH to the filter's plugin"
+            )
 
 
 def native(dtype: np.dtype) -> np.dtype:
@@ -198,13 +237,24 @@ class Rows:
     distinct rows (h5py reads a list of rows only increasing and distinct), then put in the order asked.
 
     Args:
-        opened: the dataset's bound method giving the h5py file opened in this process, held weakly so that a
-            dataset dropped closes its file at once, not at the next garbage collection.
+        opened: the dataset's bound method giving a file opened by h5py in this process, held weakly so that a
+            dataset dropped closes its files at once, not at the next garbage collection.
+        file: the file that holds the dataset (the one an external link led to when ct.hdf5 opened it).
+        key: the dataset's name in ``file``.
+        sources: a virtual dataset's source files, as named and where they were found (``virtual_sources``).
     """
 
-    def __init__(self, opened: Callable[[], Any], key: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        opened: Callable[[str], Any],
+        file: str,
+        key: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        sources: list[tuple[str, str]],
+    ) -> None:
         self.opened = weakref.WeakMethod(opened)  # a bound method: see Args
-        self.key, self.shape, self.dtype = key, shape, native(dtype)
+        self.file, self.key, self.shape, self.dtype, self.sources = file, key, shape, native(dtype), sources
 
     def __getitem__(self, index: np.ndarray) -> np.ndarray:
         if not len(index):
@@ -216,6 +266,8 @@ class Rows:
                 f"{HDF5}: the rows of {self.key!r} were asked for after their dataset was dropped; "
                 "keep the HDF5Dataset while its rows are read"
             )
-        out = opened()[self.key][unique]
+        if self.sources:  # a virtual dataset: HDF5 finds its sources again at this read
+            check_sources(self.key, self.file, self.sources)
+        out = opened(self.file)[self.key][unique]
         out = out if len(unique) == len(index) and (unique == index).all() else out[inverse.reshape(-1)]
         return out.astype(self.dtype, copy=False)

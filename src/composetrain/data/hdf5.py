@@ -21,6 +21,7 @@ from composetrain.data.h5files import (
     Rows,
     Swapped,
     broken_link,
+    check_filters,
     check_unchanged,
     file_of,
     flat_offset,
@@ -28,7 +29,7 @@ from composetrain.data.h5files import (
     native,
     open_file,
     stamp,
-    virtual_files,
+    virtual_sources,
 )
 from composetrain.data.layout import Field
 from composetrain.data.mapped import Augment, MappedDataset, Region
@@ -53,7 +54,13 @@ class HDF5Dataset(MappedDataset):
             for (name, dset), offset in zip(columns.items(), offsets.values(), strict=True)
             if offset is not None
         }
-        self._by_h5py = {name: (tuple(d.shape), d.dtype) for name, d in columns.items() if offsets[name] is None}
+        # read from the file found now, at the dataset's name there: a relative external link is followed once
+        sources = {name: virtual_sources(d, file_of(d)) for name, d in columns.items()}
+        self._by_h5py = {
+            name: (file_of(d), d.name, tuple(d.shape), d.dtype, sources[name])
+            for name, d in columns.items()
+            if offsets[name] is None
+        }
         fields = {name: Field("tensor", _torch_name(d.dtype), tuple(d.shape[1:]), name) for name, d in columns.items()}
         if isinstance(keys, str):
             item: Any = fields[keys]
@@ -63,12 +70,12 @@ class HDF5Dataset(MappedDataset):
             item = tuple(fields[name] for name in keys)
         super().__init__(regions, item, next(iter(columns.values())).shape[0], augment=augment, seed=seed)
         self.path, self.keys, self.mapped = path, keys, list(regions)
-        self._file: Any = None
+        self._files: dict[str, Any] = {}
         self._pid = -1
         # what each file was when opened here (a virtual dataset's sources too, each checked to be there): checked
         # once per process, before it maps or opens them
         files = [path, *(file_of(d) for d in columns.values())]
-        files += [f for d in columns.values() for f in virtual_files(d, file_of(d))]
+        files += [found for found_here in sources.values() for _, found in found_here]
         self._stamps = {p: stamp(p) for p in dict.fromkeys(files)}
 
     @property
@@ -82,13 +89,17 @@ class HDF5Dataset(MappedDataset):
         return list(self._by_h5py)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_file": None, "_pid": -1}  # an h5py file does not pickle: opened again
+        return {**super().__getstate__(), "_files": {}, "_pid": -1}  # an h5py file does not pickle: opened again
 
-    def h5file(self) -> Any:
-        """The file opened by h5py in this process (a handle inherited across fork is not safe to read)."""
-        if self._pid != os.getpid():  # the file was checked when this process mapped it (``arrays``)
-            self._file, self._pid = open_file(self.path), os.getpid()
-        return self._file
+    def h5file(self, file: str | None = None) -> Any:
+        """``file`` (default: ``path``) opened by h5py in this process (a handle inherited across fork is not safe
+        to read)."""
+        if self._pid != os.getpid():  # the files were checked when this process mapped them (``arrays``)
+            self._files, self._pid = {}, os.getpid()
+        file = self.path if file is None else file
+        if file not in self._files:
+            self._files[file] = open_file(file)
+        return self._files[file]
 
     def arrays(self) -> dict[str, Any]:
         """The memory maps (big-endian ones swapped as they are gathered), and h5py's readers for the rest."""
@@ -98,7 +109,7 @@ class HDF5Dataset(MappedDataset):
             for name, array in opened.items():
                 if native(array.dtype) != array.dtype:
                     opened[name] = Swapped(array)
-            opened.update({name: Rows(self.h5file, name, *spec) for name, spec in self._by_h5py.items()})
+            opened.update({name: Rows(self.h5file, *spec) for name, spec in self._by_h5py.items()})
         return self._arrays  # type: ignore[return-value]
 
     def __repr__(self) -> str:
@@ -142,7 +153,7 @@ def hdf5(
     store; under ``num_workers="auto"`` workers only for datasets h5py reads). The file must not change while
     it is read: each process checks, before its first read, that it is as ``ct.hdf5`` found it (one ``stat``).
     The dataset pickles by path, so loader workers open it again. A dataset behind an external link is read
-    from the file the link leads to.
+    from the file the link led to when ``ct.hdf5`` opened it.
 
     Args:
         file: the HDF5 file's path.
@@ -162,8 +173,10 @@ def hdf5(
         FileNotFoundError / IsADirectoryError / ValueError / KeyError / TypeError: no such file, a directory,
             not an HDF5 file, a name that is not a dataset of it, lengths that differ, a dtype torch has no
             tensor for (strings, compound, variable-length, references), a seed past 64 bits, all named.
+        ImportError: a dataset is stored with an HDF5 filter this process has no plugin for (``import hdf5plugin``).
         BlockingIOError / OSError: another process has the file open for writing; h5py cannot open it.
-        RuntimeError (at the first read in a process): the file changed since ``ct.hdf5``.
+        RuntimeError (at the first read in a process): the file changed since ``ct.hdf5``; (at a read) a virtual
+            dataset's relative source would be read from another file than the one ``ct.hdf5`` found.
 
     Example:
         >>> train = ct.hdf5("digits.h5", ["images", "labels"])       # items (image, label)
@@ -204,6 +217,7 @@ def hdf5(
                     "a dataset's name, with its groups ('train/x')"
                 )
             _check_dtype(h5py, name, dset, path)
+            check_filters(name, dset, path)
             if dset.ndim == 0:
                 raise ValueError(
                     f"{HDF5}: {name!r} in {path} is a scalar; a dataset needs a first dimension of rows: "
@@ -220,7 +234,16 @@ def hdf5(
 
 
 def _check_dtype(h5py: Any, name: str, dset: Any, path: str) -> None:
-    dtype = dset.dtype
+    try:
+        dtype = dset.dtype
+    except TypeError:  # an HDF5 type NumPy has no dtype for: integers of 3 or 16 bytes, ...
+        stored = dset.id.get_type()
+        what = {h5py.h5t.INTEGER: "integer", h5py.h5t.FLOAT: "float"}.get(stored.get_class(), "value")
+        raise TypeError(
+            f"{HDF5}: {name!r} in {path} holds {stored.get_size()}-byte {what}s, which NumPy (and torch) has no "
+            "dtype for; write it again as a numeric dtype NumPy has (int32 for 24-bit samples, int64, float32), "
+            "or read it with h5py and ct.cache it converted"
+        ) from None
     try:
         if dtype.kind not in "biufc":
             raise TypeError

@@ -9,7 +9,7 @@ import operator
 import os
 import resource
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from composetrain.core.util import show
 from composetrain.data.layout import Field, torch_dtype, unflatten
 
 __all__ = ["Augment", "MappedDataset", "Region", "check_rows", "same", "split_batch"]
@@ -110,6 +111,8 @@ class MappedDataset(Dataset[Any]):
         try:  # what indexes a list indexes this: ints, NumPy ints, 0-dim integer tensors; never a bool
             if isinstance(i, bool | np.bool_) or (isinstance(i, torch.Tensor) and i.dtype == torch.bool):
                 raise TypeError
+            if isinstance(i, torch.Tensor) and i.dtype == torch.uint64 and i.ndim == 0:
+                i = i.item()  # past int64, operator.index raises a RuntimeError: the value, refused as out of range
             i = operator.index(i)
         except TypeError:
             raise TypeError(
@@ -124,7 +127,15 @@ class MappedDataset(Dataset[Any]):
         return int(i) % self.length
 
     def _indices(self, indices: Sequence[int]) -> torch.Tensor:
-        idx = torch.as_tensor(indices)
+        try:
+            idx = torch.as_tensor(indices)
+        except (TypeError, ValueError, RuntimeError):  # an int past int64 (Python's, NumPy's uint64): index by index
+            if not isinstance(indices, Iterable):  # a slice: never read as the rows it spans in another sequence
+                raise TypeError(
+                    f"{type(self).__name__}.read_batch: indices must be a sequence of ints, got {show(indices)}; "
+                    "e.g. read_batch([0, 5, 2]), or read_batch(range(0, 3)) for the rows of slice(0, 3)"
+                ) from None
+            idx = torch.tensor([self._index(i) for i in indices], dtype=torch.int64)
         if not idx.numel():  # [] is a float tensor
             return torch.empty(0, dtype=torch.int64)
         if idx.ndim > 1 or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
@@ -132,11 +143,14 @@ class MappedDataset(Dataset[Any]):
                 f"{type(self).__name__}.read_batch: indices must be a flat list of ints, got {idx.dtype} "
                 f"{idx.reshape(-1)[:8].tolist()}; e.g. read_batch([0, 5, 2])"
             )
-        idx = idx.to(torch.int64).reshape(-1)  # a 0-dim integer tensor indexes as in a list or a TensorDataset
+        given = idx.reshape(-1)  # a 0-dim integer tensor indexes as in a list or a TensorDataset
+        # unsigned 64-bit ones checked before the cast to int64, which reads 2**64 - 1 as -1: the last item
+        past = given.dtype == torch.uint64 and int(given.cpu().numpy().max()) >= self.length
+        idx = given.to(torch.int64)
         low, high = idx.aminmax()
-        if not (-self.length <= int(low) and int(high) < self.length):
+        if past or not (-self.length <= int(low) and int(high) < self.length):
             raise IndexError(
-                f"{type(self).__name__}: an index of {list(indices)} is out of range for {self.length} items; give "
+                f"{type(self).__name__}: an index of {given.tolist()} is out of range for {self.length} items; give "
                 f"indices from {-self.length} to {self.length - 1}"
             )
         return idx if int(low) >= 0 else torch.where(idx < 0, idx + self.length, idx)

@@ -11,52 +11,113 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
+import socket
 import stat
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from composetrain.core.util import CACHE
-from composetrain.data.store_files import MANIFEST, NotAStore, read_manifest
+from composetrain.data.layout import DEPTH
+from composetrain.data.store_files import MANIFEST, NotAStore, check_cache_manifest, read_json, read_manifest
 
 __all__ = [
+    "BESIDE",
+    "FULL",
     "Stamp",
     "check_lock_file",
+    "check_lock_owner",
     "check_renamable",
     "check_replaceable",
     "check_unchanged",
+    "disk_error",
     "foreign",
     "leftovers",
     "publish_error",
     "remove_store",
     "stamp",
+    "temporary",
 ]
 
 Stamp = tuple[int, int, int, int] | None
+FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a disk out of space or inodes, a file past its size limit
 _OWN = re.compile(r"f[0-9]+[os]?\.npy")  # the arrays a writer makes (writer._Column): f0.npy, f3o.npy, f3s.npy
-_TEMPORARY = re.compile(r"(old-)?[0-9a-f]{12}")  # what follows ".NAME.tmp-" in a writer's folders (see cache._write)
+# what a lock's holder writes in it (cache._locked): the whole file is this line, at most _LINE bytes
+_HOLDER, _LINE = re.compile(rb"process [0-9]{1,10} on [^\n\r\0]{0,255}"), 300
+# what follows ".NAME.tmp-" in a writer's folders (``temporary``): its writer's pid and a digest of its host's name
+_TEMPORARY = re.compile(r"(old-)?[0-9a-f]{12}-(?P<pid>[0-9]{1,10})-(?P<host>[0-9a-f]{8})")
+BESIDE = len(".tmp-old-") + 12 + 1 + 10 + 1 + 8 + 1  # the most bytes a name made beside a store adds to its name
 
 
-def foreign(folder: Path) -> list[str]:
-    """The names in ``folder`` that are not a store's own files (``manifest.json`` and the ``f<n>[os].npy`` arrays
-    a writer makes, regular files): a user's files, a store nested inside, links. ``ct.cache`` never removes them."""
+def foreign(folder: Path, temporary: bool = False) -> list[str]:
+    """The names in ``folder`` that are not a store's own files (``_own``; in a writer's ``temporary`` folder whose
+    manifest is not written yet, the ``f<n>[os].npy`` arrays a writer makes), regular files: a user's files, a store
+    nested inside, links. ``ct.cache`` never removes them."""
+    own = _own(folder)
+    temporary = temporary and not os.path.lexists(folder / MANIFEST)  # else its manifest says which are its own
     names = []
     for name in sorted(os.listdir(folder)):
         try:
             plain = stat.S_ISREG(os.lstat(folder / name).st_mode)
         except FileNotFoundError:
             continue
-        if not (plain and (name == MANIFEST or _OWN.fullmatch(name))):
+        if not (plain and (name in own or (temporary and _OWN.fullmatch(name)))):
             names.append(name)
     return names
 
 
-def remove_store(folder: Path) -> None:
-    """Remove a store's (or a writer's temporary) folder: its own files, then the folder if nothing else is left in
+def _own(folder: Path) -> set[str]:
+    """A store's own files: its ``manifest.json`` when it is a cache manifest, and the arrays its fields name that are
+    the ones the writer gives the n-th field (``f<n>.npy`` its data; ``f<n>o.npy``, ``f<n>s.npy`` the offsets and
+    shapes a ragged one names): never a user's ``f7.npy`` beside them. Read leniently (a cache manifest damaged
+    elsewhere still says which they are); one whose item structure cannot be followed owns no array, and a
+    manifest that is not a cache manifest (another tool's, not JSON) owns nothing, itself neither."""
+    try:
+        raw = read_json(folder)
+        check_cache_manifest(raw, folder)  # of any version: its fields name its arrays as this one's do
+    except (OSError, NotAStore):
+        return set()
+    fields = _named(raw["item"])
+    return {MANIFEST, *(f"{name}.npy" for n, names in enumerate(fields or []) for name in _writers(n, names))}
+
+
+def _writers(n: int, names: list[Any]) -> list[str]:
+    """The names the n-th field gives (data, then a ragged field's offsets and shapes) that its writer gives it."""
+    return [name for name, suffix in zip(names, ("", "o", "s"), strict=False) if name == f"f{n}{suffix}"]
+
+
+def _named(node: Any, depth: int = 0) -> list[list[Any]] | None:
+    """The names each field of a manifest's item structure (its JSON, in the writer's order) gives: its data, and
+    its offsets and shapes where it is ragged; None where the structure cannot be followed."""
+    if depth > DEPTH or not isinstance(node, dict) or len(node) != 1:
+        return None
+    ((tag, body),) = node.items()
+    if tag == "field":
+        if not isinstance(body, dict):
+            return None
+        return [[body.get("data"), *([body.get("offsets"), body.get("shapes")] if body.get("shape") is None else [])]]
+    if tag == "dict" and isinstance(body, list) and all(isinstance(p, list) and len(p) == 2 for p in body):
+        body = [value for _, value in body]
+    elif tag not in ("tuple", "list") or not isinstance(body, list):
+        return None
+    found: list[list[Any]] = []
+    for child in body:
+        inner = _named(child, depth + 1)
+        if inner is None:
+            return None
+        found += inner
+    return found
+
+
+def remove_store(folder: Path, temporary: bool = False) -> None:
+    """Remove a store's (or a writer's ``temporary``) folder: its own files, then the folder if nothing else is left in
     it (never ``shutil.rmtree``: a file someone put there meanwhile stays, with the folder)."""
     try:
-        others = set(foreign(folder))
+        others = set(foreign(folder, temporary))
     except OSError:
         return
     for name in os.listdir(folder):
@@ -135,12 +196,60 @@ def publish_error(path: Path, e: OSError) -> OSError:
     )
 
 
-def leftovers(path: Path) -> list[Path]:
-    """The folders a writer of ``path`` left (``.NAME.tmp-<hex>``, ``.NAME.tmp-old-<hex>``): matched by name, never
-    by a glob pattern, which the store's name (``s[1]``) would be read as."""
-    prefix = f".{path.name}.tmp-"
-    names = os.listdir(path.parent)
-    return [path.parent / n for n in names if n.startswith(prefix) and _TEMPORARY.fullmatch(n[len(prefix) :])]
+def disk_error(path: Path, e: OSError) -> OSError | None:
+    """The error for a write for the store at ``path`` (its lock file, folders, arrays) that the disk refused: full
+    (space or inodes), read-only or not writable, said with the fix; None for another error."""
+    if e.errno in FULL:
+        fix = "free space, or give a path on a larger disk"
+    elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        fix = "give a path in a folder this process can write, on a disk mounted read-write"
+    else:
+        return None
+    why = os.strerror(e.errno or 0)
+    return OSError(e.errno, f"{CACHE}: writing {path} failed: {why}; nothing was kept: {fix}")
+
+
+def temporary(path: Path, old: bool = False) -> Path:
+    """A new name beside ``path`` for this process's temporary folder (``old``: the store it replaces, renamed
+    aside): ``.NAME.tmp-[old-]<12 hex digits>-<pid>-<8 hex digits of the host's name>``, so that another writer
+    removes it only once this process is gone (``leftovers``)."""
+    return path.parent / f".{path.name}.tmp-{'old-' if old else ''}{uuid.uuid4().hex[:12]}-{os.getpid()}-{_host()}"
+
+
+def _host() -> str:
+    return hashlib.blake2b(socket.gethostname().encode(errors="surrogateescape"), digest_size=4).hexdigest()
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs on this host (another user's is there: ``kill`` may not signal it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    except (OverflowError, ValueError):  # no pid a process can have
+        return True
+    return False
+
+
+def leftovers(path: Path) -> tuple[list[Path], list[Path]]:
+    """The temporary folders of writers of ``path`` (``temporary``): those whose writer is gone (a process of this
+    host that no longer runs), and those of writers on other hosts (which this one cannot tell apart from live
+    ones). Matched by name, never by a glob pattern, which the store's name (``s[1]``) would be read as; a
+    writer's folder that is still at work (this host's, its process running) is neither."""
+    prefix, host = f".{path.name}.tmp-", _host()
+    gone: list[Path] = []
+    elsewhere: list[Path] = []
+    for n in sorted(os.listdir(path.parent)):
+        named = _TEMPORARY.fullmatch(n[len(prefix) :]) if n.startswith(prefix) else None
+        if named is None:
+            continue
+        if named["host"] != host:
+            elsewhere.append(path.parent / n)
+        elif _gone(int(named["pid"])):
+            gone.append(path.parent / n)
+    return gone, elsewhere
 
 
 def check_lock_file(lock: Path, mode: int | None = None) -> None:
@@ -156,6 +265,22 @@ def check_lock_file(lock: Path, mode: int | None = None) -> None:
     raise ValueError(
         f"{CACHE}: the lock file {lock} is a {what}, not a file: remove it (ct.cache creates it), or "
         "choose another path"
+    )
+
+
+def check_lock_owner(lock: Path, fd: int) -> bool:
+    """Refuse an existing lock file (open at ``fd``) that ct.cache would not have made: one holding anything but one
+    holder's line (``process <pid> on <host>``, the whole file), or with another name (a hard link: writing it changes
+    the file at that name too); whether it holds a holder's line (then it may be written again). An empty one is used
+    as the lock, never written into: another process may have just made it, or it is a user's."""
+    info, text = os.fstat(fd), os.pread(fd, _LINE + 1, 0)
+    if info.st_nlink == 1 and info.st_size == len(text) <= _LINE and (not text or _HOLDER.fullmatch(text)):
+        return bool(text)
+    why = f"it has {info.st_nlink} names (hard links)" if info.st_nlink > 1 else "it holds text ct.cache never writes"
+    raise ValueError(
+        f"{CACHE}: the lock file {lock} is not one ct.cache made ({why}): ct.cache writes who holds the lock into "
+        "it, so it never uses a file of someone else's; move it away (ct.cache creates the lock file), or choose "
+        "another path"
     )
 
 

@@ -27,8 +27,10 @@ __all__ = [
     "NotAStore",
     "NpyWriter",
     "StoreError",
+    "check_cache_manifest",
     "fsync_folder",
     "manifest_text",
+    "read_json",
     "read_manifest",
     "regions",
     "write_manifest",
@@ -40,6 +42,7 @@ REWRITE = "pass rebuild=True to write the store again"  # the fix for a store th
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 _LIMIT = 1 << 24  # the largest manifest read (a crafted one must not exhaust memory): none larger is written
 _HEADER = 256  # bytes kept for the .npy header, written once the number of items is known
+_BLOCK = 1 << 19  # bytes of a ragged field's offsets and shapes checked at a time: opening takes bounded memory
 
 
 class StoreError(ValueError):
@@ -73,9 +76,26 @@ class NpyWriter:
             self.flush()
 
     def flush(self) -> None:
-        with open(self.path, "ab") as f:
-            f.writelines(self.pending)
+        fd = self._reopen(os.O_WRONLY | os.O_APPEND)
+        try:
+            left = memoryview(b"".join(self.pending))
+            while left:
+                left = left[os.write(fd, left) :]
+        finally:
+            os.close(fd)
         self.pending, self.size = [], 0
+
+    def _reopen(self, flags: int) -> int:
+        """The file opened again, never created: one removed meanwhile (by another writer of the store, where the
+        lock's flock is not honoured) must not be written again from the middle."""
+        try:
+            return os.open(self.path, flags)
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"{CACHE}: {self.path} was removed while this process wrote it (another process took its "
+                "temporary folder for a dead writer's: two writers of the store, where its lock file's flock is not "
+                "honoured); nothing was published: call ct.cache again, one process per path"
+            ) from None
 
     def finish(self, shape: tuple[int, ...]) -> None:
         """Write the header for ``shape`` (its size must be what was appended), then fsync."""
@@ -88,7 +108,8 @@ class NpyWriter:
                 "give the item's leaves fewer dimensions (reshape them in __getitem__)"
             )
         self.flush()
-        with open(self.path, "r+b") as f:
+        fd = self._reopen(os.O_RDWR)
+        with open(fd, "r+b") as f:
             f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1"))
             f.flush()
             os.fsync(f.fileno())
@@ -127,10 +148,11 @@ def _read_plain(path: Path, limit: int) -> bytes:
     """A regular file's bytes, never through a symbolic link, at most ``limit`` of them."""
     fd = os.open(path, _READ)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise NotAStore(f"{path} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:  # a buffer of the file's size: read(limit + 1) takes the limit
+            data = f.read(min(info.st_size, limit) + 1)
     finally:
         os.close(fd)
     if len(data) > limit:
@@ -138,20 +160,31 @@ def _read_plain(path: Path, limit: int) -> bytes:
     return data
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of a complete store, its structure checked; FileNotFoundError when there is none."""
+def read_json(folder: Path) -> Any:
+    """The JSON value of ``folder``'s manifest, unchecked; FileNotFoundError when there is none, NotAStore when it
+    is not JSON Python reads (nested too deep, an integer past its 4300 digits) or cannot be read."""
     try:
-        raw = json.loads(_read_plain(folder / MANIFEST, _LIMIT))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+        return json.loads(_read_plain(folder / MANIFEST, _LIMIT))
+    except (ValueError, RecursionError) as e:  # ValueError: not JSON, not UTF-8, or an int too long to convert
         raise NotAStore(f"{folder / MANIFEST} is not JSON: {e}") from None
     except OSError as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise NotAStore(f"{folder / MANIFEST} cannot be read: {e.strerror or e}") from None
+
+
+def check_cache_manifest(raw: Any, folder: Path) -> None:
+    """Raise NotAStore unless ``raw`` (a manifest's JSON) is a cache manifest, of any version."""
     if not isinstance(raw, dict) or set(raw) != {"format", "length", "item", "origin"}:
         raise NotAStore(f"{folder / MANIFEST} is not a cache manifest")
     if type(raw["format"]) is not int or raw["format"] < 1:  # another tool's manifest with these keys ("webdataset")
         raise NotAStore(f"{folder / MANIFEST} is not a cache manifest (its format is {raw['format']!r}, not a version)")
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of a complete store, its structure checked; FileNotFoundError when there is none."""
+    raw = read_json(folder)
+    check_cache_manifest(raw, folder)
     if raw["format"] != FORMAT:
         raise StoreError(
             f"{folder} has format version {raw['format']!r}; this composetrain reads version {FORMAT}: "
@@ -197,10 +230,11 @@ def _region(folder: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...
         raise StoreError(
             f"{path} cannot be opened ({e.strerror or e}): a store's arrays are regular files; {REWRITE}"
         ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before fdopen, which refuses a folder naming only the descriptor
+        os.close(fd)
+        raise StoreError(f"{path} is not a regular file; {REWRITE}")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise StoreError(f"{path} is not a regular file; {REWRITE}")
         try:
             version = np.lib.format.read_magic(f)
             header = np.lib.format.read_array_header_1_0(f, max_header_size=_HEADER) if version == (1, 0) else None
@@ -224,22 +258,36 @@ def _region(folder: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...
 
 
 def _check_ragged(folder: Path, f: Field, found: dict[str, Region], length: int) -> None:
-    """A ragged field's offsets and shapes must describe its data exactly (read now: they are small)."""
+    """A ragged field's offsets and shapes must describe its data exactly: read through a memory map, a block of
+    rows at a time (a store of 10**8 short sequences has gigabytes of them)."""
     assert f.offsets is not None and f.shapes is not None
-    data, offsets = found[f.data], np.load(found[f.offsets].path, allow_pickle=False)
-    shapes = np.load(found[f.shapes].path, allow_pickle=False)
+    data, offsets, shapes = found[f.data], _mapped(found[f.offsets]), _mapped(found[f.shapes])
     ok = (
         len(data.shape) == 1
         and shapes.ndim == 2
         and shapes.shape[0] == length
         and offsets[0] == 0
         and offsets[-1] == data.shape[0]
-        and bool(np.all(np.diff(offsets) >= 0))
-        and bool(np.all(shapes >= 0))
-        and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))  # no product wraps around
-        and bool(np.all(np.prod(shapes, axis=1) == np.diff(offsets)))
     )
+    step = max(1, _BLOCK // (8 * (shapes.shape[1] + 1))) if ok else 1
+    for start in range(0, length if ok else 0, step):
+        sizes, block = np.diff(offsets[start : start + step + 1]), np.asarray(shapes[start : start + step])
+        ok = (
+            bool(np.all(sizes >= 0))
+            and bool(np.all(block >= 0))
+            and bool(np.all(np.prod(block.astype(np.float64), axis=1) < 2**62))  # no product wraps around
+            and bool(np.all(np.prod(block, axis=1) == sizes))
+        )
+        if not ok:
+            break
     if not ok:
         raise StoreError(
             f"{folder}: the offsets and shapes of ragged array {f.data!r} do not match its data; {REWRITE}"
         )
+
+
+def _mapped(r: Region) -> np.ndarray[Any, Any]:
+    """The array of ``r``, memory-mapped read-only (never loaded whole)."""
+    if int(np.prod(r.shape)) == 0:  # mmap cannot map nothing
+        return np.empty(r.shape, r.dtype)
+    return np.memmap(r.path, dtype=np.dtype(r.dtype), mode="r", offset=r.offset, shape=r.shape)

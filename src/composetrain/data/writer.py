@@ -29,9 +29,12 @@ _WORTH = 2.0  # seconds of reading, as timed, before workers are worth starting
 _SEEDED = 5  # fingerprinted items besides the first, middle and last: a change elsewhere shows there too
 
 
-def _leaves(item: Any, where: str, out: list[tuple[str, Any]], depth: int = 0) -> list[tuple[str, Any]]:
-    """``out`` with (where, value) of every leaf appended, in the item's order; containers other than plain
-    tuples, lists and dicts are refused, and containers deeper than a store's reader reads (``DEPTH``).
+def _leaves(
+    item: Any, where: str, out: list[tuple[str, Any]], depth: int = 0, containers: list[tuple[str, type]] | None = None
+) -> list[tuple[str, Any]]:
+    """``out`` with (where, value) of every leaf appended, in the item's order (and ``containers`` with (where,
+    type) of every container: a tuple and a list, or empty containers, have the same leaves); containers other than
+    plain tuples, lists and dicts are refused, and containers deeper than a store's reader reads (``DEPTH``).
     (A list, not a generator: this runs for every item written.)"""
     if depth > DEPTH:
         raise ValueError(
@@ -39,16 +42,18 @@ def _leaves(item: Any, where: str, out: list[tuple[str, Any]], depth: int = 0) -
             "deep (its reader refuses deeper); flatten the item"
         )
     kind = type(item)
+    if containers is not None and kind in (tuple, list, dict):
+        containers.append((where, kind))
     if kind is tuple or kind is list:
         for n, x in enumerate(item):
-            _leaves(x, f"{where}[{n}]", out, depth + 1)
+            _leaves(x, f"{where}[{n}]", out, depth + 1, containers)
     elif kind is dict:
         for k, v in item.items():
             if not isinstance(k, str):
                 raise ValueError(
                     f"{where} has the key {k!r}: only string keys are stored; make the keys strings in __getitem__"
                 )
-            _leaves(v, f"{where}[{k!r}]", out, depth + 1)
+            _leaves(v, f"{where}[{k!r}]", out, depth + 1, containers)
     elif isinstance(item, tuple | list | dict):
         raise ValueError(
             f"{where} is a {type(item).__name__}: only plain tuples, lists and dicts are stored "
@@ -58,6 +63,19 @@ def _leaves(item: Any, where: str, out: list[tuple[str, Any]], depth: int = 0) -
     else:
         out.append((where, item))
     return out
+
+
+def _differs(made: list[tuple[str, type]], first: list[tuple[str, type]]) -> str:
+    """Where an item's containers (``made``) differ from item 0's (``first``), in words."""
+    theirs, mine = dict(first), dict(made)
+    for where, kind in made:
+        if theirs.get(where) is not kind:
+            other = f"in item 0 a {theirs[where].__name__}" if where in theirs else "item 0 has none there"
+            return f"{where} is a {kind.__name__}, and {other}"
+    missing = [w for w, _ in first if w not in mine]
+    if missing:
+        return f"{missing[0]} is missing, and in item 0 a {theirs[missing[0]].__name__}"
+    return " has a dict's keys in another order than item 0"  # keys of empty containers only: the leaves agree
 
 
 def _skeleton(item: Any, fields: Iterator[Field]) -> Any:
@@ -167,8 +185,16 @@ def _items(dataset: Any, n: int, workers: int | str) -> Iterator[Any]:
         for i in range(first, n):
             yield dataset[i]
         return
+    # its own generator: starting workers draws their base seed from it, never from the global one (a seeded
+    # script would draw other numbers after a call that wrote the store than after one that opened it)
     loader = DataLoader(
-        dataset, batch_size=None, sampler=range(first, n), num_workers=int(workers), collate_fn=same, prefetch_factor=4
+        dataset,
+        batch_size=None,
+        sampler=range(first, n),
+        num_workers=int(workers),
+        collate_fn=same,
+        prefetch_factor=4,
+        generator=torch.Generator().manual_seed(0),
     )
     yield from loader
 
@@ -187,16 +213,20 @@ def write_store(
     kinds: list[tuple[str, str, bool]] = []
     item0: Any = None
     paths: list[str] = []
+    nests: list[tuple[str, type]] = []  # item 0's containers: where, and which type
+    count = 0
     bar = _bar(n, progress)
     kept: dict[int, Any] = dict.fromkeys(sampled(n))  # the items the store's fingerprint is made of
     for i, item in enumerate(_items(dataset, n, workers)):
         if i in kept:  # a copy: a dataset may hand out one buffer, filled anew at each read
             kept[i] = copy.deepcopy(item)
         prefix = f"{CACHE}: item {i}"
-        leaves = _leaves(item, prefix, [])
+        containers: list[tuple[str, type]] = []
+        leaves = _leaves(item, prefix, [], containers=containers)
         here = [where[len(prefix) :] for where, _ in leaves]
+        made = [(where[len(prefix) :], kind) for where, kind in containers]
         if i == 0:
-            paths = here
+            paths, nests = here, made
             item0 = item
             for where, value in leaves:
                 kind, dtype, _, scalar = leaf_kind(value, where)
@@ -212,26 +242,44 @@ def write_store(
                 f"{CACHE}: item {i} has the leaves {here} and item 0 has {paths}: every item must "
                 "have the same structure; return the same keys and lengths for every item"
             )
+        elif made != nests:  # the same leaves in other containers: item 0's would come back for this one
+            raise ValueError(
+                f"{prefix}{_differs(made, nests)}: every item must have the same structure, containers included "
+                "(each item comes back in item 0's); return the same containers for every item"
+            )
         for (where, value), column, (kind, dtype, scalar) in zip(leaves, columns, kinds, strict=True):
             got = leaf_kind(value, where)
             if (got[0], got[1], got[3]) != (kind, dtype, scalar):
                 raise ValueError(
-                    f"{where} is a {got[0]} of {got[1]}, and in item 0 a {kind} of {dtype}: every "
-                    "item's leaves must keep their type and dtype; convert it to item 0's in "
-                    "__getitem__"
+                    f"{where} is {_said(got[0], got[1], got[3])}, and in item 0 {_said(kind, dtype, scalar)}: every "
+                    "item's leaves must keep their type and dtype (a NumPy scalar stays a scalar, an array an "
+                    "array); convert it to item 0's in __getitem__"
                 )
             try:
                 column.add(value, got[2])
             except ValueError as e:
                 raise ValueError(f"{where} {e}") from None
+        count += 1
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
+    if count != n:  # a loader worker's StopIteration ends the loader's iteration, as if the items were all read
+        raise ValueError(
+            f"{CACHE}: item {count}: the dataset's loader stopped after {count} of its {n} items (a StopIteration "
+            "raised by __getitem__ in a loader worker ends a DataLoader early); catch it in __getitem__ (a next() "
+            "on an exhausted iterator), or raise another exception there"
+        )
     fields = iter([c.finish(n) for c in columns])
     item = _skeleton(item0, fields) if n else ()
     origin = {**origin, "fingerprint": {"items": list(kept), "blake2b": fingerprint(kept.values())}}
     write_manifest(folder, item, n, origin)
+
+
+def _said(kind: str, dtype: str, scalar: bool) -> str:
+    """A leaf's kind in words: ``a tensor of float32``, ``a NumPy scalar of <f4``, ``a NumPy array of <f4``."""
+    what = f"NumPy {'scalar' if scalar else 'array'}" if kind == "numpy" else kind
+    return f"a {what} of {dtype}"
 
 
 def _bar(n: int, title: str | None) -> Any:

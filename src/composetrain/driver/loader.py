@@ -1,5 +1,6 @@
 """ct.run's loader: a DataLoader given, checked and used as given, or a ``Reader`` over a Dataset with its resumable
-distributed sampler and seeded workers (``build_loader``); an epoch's batches from where a run stopped
+distributed sampler (``batch_size``: per process) or its share of each global update (``global_batch_size``:
+``GlobalBatches``) and seeded workers (``build_loader``); an epoch's batches from where a run stopped
 (``epoch_batches``); what a given DataLoader draws an epoch's order from, so that a resume replays it
 (``epoch_order``, ``order_problem``)."""
 
@@ -19,6 +20,7 @@ from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, derive_seed, restore_rng, seed_everything
 from composetrain.core.util import RUN
 from composetrain.data.kinds import as_mapped, augmented_inside
+from composetrain.driver.global_batches import GlobalBatches, global_problem
 from composetrain.driver.options import LoaderOptions
 from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import Reader, ResumableSampler, auto_workers, mapped, worker_loader
@@ -46,11 +48,18 @@ def _init_worker(seed: int, rank: int, worker_id: int) -> None:
 
 
 def build_loader(
-    options: LoaderOptions, *, pin_memory: bool, rank: int, world_size: int, local_world_size: int
-) -> tuple[DataLoader[Any] | Reader, ResumableSampler | None]:
+    options: LoaderOptions,
+    *,
+    pin_memory: bool,
+    rank: int,
+    world_size: int,
+    local_world_size: int,
+    equal_shares: bool = False,
+) -> tuple[DataLoader[Any] | Reader, ResumableSampler | GlobalBatches | None]:
     """The loader of ``options.data``: a DataLoader given, used as given (no sampler), or ct.run's ``Reader``
     over a Dataset, and its sampler (``num_workers``: an int, or "auto": chosen by measurement). The options
-    were checked when built; what is checked here needs the job (its world size) or the data's length.
+    were checked when built; what is checked here needs the job (its world size) or the data's length
+    (``equal_shares``: every rank must read as many samples in each update, as under ``ct.sharded``).
 
     Raises:
         TypeError / ValueError: what ``data`` cannot give this job, named.
@@ -74,23 +83,39 @@ def build_loader(
         _check_not_empty(data.dataset)
         return data, None
     batch_size, drop_last, seed, collate_fn = options.batch_size, options.drop_last, options.seed, options.collate_fn
-    assert batch_size is not None  # for the type checker: LoaderOptions requires it for a Dataset
     size = _check_not_empty(data)
     if augmented_inside(data):  # loaded: the data holds one of its MappedDatasets
         from composetrain.data.wrapped import check_wrapped
 
         check_wrapped(data, RUN)  # a wrapper it cannot read with each batch's epoch is refused
-    if drop_last and batch_size * world_size > size:
-        raise ValueError(
-            f"{RUN}: batch_size={batch_size} on {world_size} process(es) needs {batch_size * world_size} "
-            f"samples per update, but the dataset has {size} and drop_last=True would leave no batch; "
-            "lower batch_size or set drop_last=False"
+    sampler: ResumableSampler | GlobalBatches
+    if options.global_batch_size is not None:  # the run is its global sequence, whatever the world size
+        problem = global_problem(size, options.global_batch_size, world_size, drop_last, equal_shares)
+        if problem is not None:
+            raise ValueError(f"{RUN}: {problem}")
+        sampler = GlobalBatches(
+            size,
+            options.global_batch_size,
+            shuffle=options.shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
         )
-    sampler = ResumableSampler(
-        DistributedSampler(
-            data, num_replicas=world_size, rank=rank, shuffle=options.shuffle, seed=seed, drop_last=drop_last
+        batch_size = sampler.per_rank
+    else:
+        assert batch_size is not None  # for the type checker: LoaderOptions requires one of them for a Dataset
+        if drop_last and batch_size * world_size > size:
+            raise ValueError(
+                f"{RUN}: batch_size={batch_size} on {world_size} process(es) needs {batch_size * world_size} "
+                f"samples per update, but the dataset has {size} and drop_last=True would leave no batch; "
+                "lower batch_size or set drop_last=False"
+            )
+        sampler = ResumableSampler(
+            DistributedSampler(
+                data, num_replicas=world_size, rank=rank, shuffle=options.shuffle, seed=seed, drop_last=drop_last
+            )
         )
-    )
 
     # a ct.cache store's workers read whole batches, each with its epoch (which seeds its augmentation)
     whole = mapped(data, collate_fn)
@@ -123,7 +148,9 @@ def _check_not_empty(dataset: Any) -> int:
     return size
 
 
-def epoch_order(loader: DataLoader[Any] | Reader, sampler: ResumableSampler | None) -> dict[str, Any] | None:
+def epoch_order(
+    loader: DataLoader[Any] | Reader, sampler: ResumableSampler | GlobalBatches | None
+) -> dict[str, Any] | None:
     """What a given DataLoader draws this epoch's order from, taken at the epoch's start: the
     random states (global, and the loader's and sampler's own generators) and a
     ``DistributedSampler``'s seed. None for ct.run's own sampler, which starts part-way by itself."""
@@ -192,7 +219,7 @@ def _start_workers(loader: DataLoader[Any]) -> None:
 
 def epoch_batches(
     loader: DataLoader[Any] | Reader,
-    sampler: ResumableSampler | None,
+    sampler: ResumableSampler | GlobalBatches | None,
     epoch: int,
     start: int,
     order: dict[str, Any] | None,
@@ -212,7 +239,7 @@ def epoch_batches(
     and of non-persistent workers, which reading alone reproduces; the process's own random
     state is then put back as it was.
     """
-    if sampler is not None:
+    if sampler is not None:  # GlobalBatches too: batch_size is G/W, and a run stops before an epoch's short update
         sampler.set_epoch(epoch, start=start * (loader.batch_size or 1))
         batches = iter(loader)
     elif not isinstance(loader, DataLoader):  # for the type checker: only ct.run's own has a sampler

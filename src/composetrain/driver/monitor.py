@@ -197,6 +197,26 @@ class Meter:
                 fields["stragglers"] = found
         return fields
 
+    def over_ranks(self, window: list[StepOutput]) -> list[StepOutput]:
+        """Each update of ``window`` as the mean of its loss and metrics over the ranks (float64, on the CPU): what
+        a checkpoint of a run defined by its global batch keeps, so that any number of processes continues the
+        record (``read`` averages over updates and ranks alike, and a mean over ranks is the same on every rank).
+        A collective when several ranks hold a window; at a save only."""
+        if not window:
+            return []
+        names = self._agreed_names(window)
+        device = window[-1].loss.device
+        values = [(o.loss, *(o.metrics[k] for k in names)) for o in window]
+        rows = torch.stack([torch.stack([v.to(device, torch.float64) for v in row]) for row in values])
+        if self.proc.world_size > 1:
+            dist.all_reduce(rows)
+            rows /= self.proc.world_size
+        rows = rows.cpu()
+        return [
+            StepOutput(row[0], dict(zip(names, row[1:].unbind(), strict=True)), bool(o.skipped))
+            for row, o in zip(rows, window, strict=True)
+        ]
+
     def _agreed_names(self, window: list[StepOutput]) -> list[str]:
         """The metric names of the window, the same for every update and on every rank, or the same error
         on every rank: their values are averaged name by name, in one all-reduce of one tensor."""

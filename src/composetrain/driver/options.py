@@ -188,7 +188,8 @@ def check_eval_data(eval_data: Any, data: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class LoaderOptions:
-    """How ct.run reads ``data``: a DataLoader given is used as given (batch_size None: its own)."""
+    """How ct.run reads ``data``: a DataLoader given is used as given (batch_size None: its own); a Dataset in
+    batches of ``batch_size`` per process, or of ``global_batch_size`` all processes together (one of them)."""
 
     data: Any
     batch_size: int | None
@@ -197,6 +198,7 @@ class LoaderOptions:
     num_workers: int | str
     collate_fn: Callable[[list[Any]], Any] | None
     seed: int
+    global_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         seed = check_int(self.seed, RUN, "seed", minimum=0, example="seed=0")
@@ -213,6 +215,13 @@ class LoaderOptions:
         check_flag(self.shuffle, "shuffle")
         check_flag(self.drop_last, "drop_last")
         _set(self, seed=seed)
+        if isinstance(self.data, DataLoader) and self.global_batch_size is not None:
+            raise ValueError(
+                f"{RUN}: global_batch_size={self.global_batch_size!r} but data is a DataLoader, which reads "
+                "its own batches: ct.run could not choose which samples of each update each process reads; pass "
+                "the Dataset (with collate_fn= and num_workers= as needed) and ct.run builds the loader, or give "
+                "batch_size= with the DataLoader"
+            )
         if isinstance(self.data, DataLoader):
             if isinstance(self.data.dataset, IterableDataset):
                 raise TypeError(
@@ -228,8 +237,27 @@ class LoaderOptions:
                 "length: epochs could not hold the same updates on every rank); give a map-style Dataset (__len__ "
                 "and __getitem__), e.g. its items in a list, which ct.cache can store"
             )
+        if self.batch_size is not None and self.global_batch_size is not None:
+            raise ValueError(
+                f"{RUN}: batch_size={self.batch_size!r} and global_batch_size={self.global_batch_size!r} "
+                "are both given; give one: batch_size is per process (the run changes with the number of "
+                "processes), global_batch_size is all processes together (the same run on any number of "
+                "processes that divides it)"
+            )
+        if self.global_batch_size is not None:
+            size = check_int(self.global_batch_size, RUN, "global_batch_size", example="global_batch_size=256")
+            if not isinstance(self.data, Sized):
+                raise TypeError(
+                    f"{RUN}: global_batch_size needs the dataset's length (its order is a permutation of its "
+                    f"samples), but {show(self.data)} has none; give it __len__"
+                )
+            _set(self, global_batch_size=size, num_workers=_workers(self.num_workers))
+            return
         if self.batch_size is None:
-            raise ValueError(f"{RUN}: batch_size is required when data is a Dataset, e.g. batch_size=64")
+            raise ValueError(
+                f"{RUN}: batch_size is required when data is a Dataset, e.g. batch_size=64 (per process), or "
+                "global_batch_size=256 (all processes together: the same run on any number of processes)"
+            )
         batch_size = check_int(self.batch_size, RUN, "batch_size", example="batch_size=64")
         _set(self, batch_size=batch_size, num_workers=_workers(self.num_workers))
 
@@ -240,13 +268,22 @@ class LoaderOptions:
 
     @classmethod
     def from_run_args(
-        cls, data: Any, *, batch_size: Any, shuffle: Any, drop_last: Any, num_workers: Any, collate_fn: Any, seed: Any
+        cls,
+        data: Any,
+        *,
+        batch_size: Any,
+        shuffle: Any,
+        drop_last: Any,
+        num_workers: Any,
+        collate_fn: Any,
+        seed: Any,
+        global_batch_size: Any = None,
     ) -> LoaderOptions:
         """shuffle (default True) and drop_last (default False) resolved; for a DataLoader given as is,
         any of batch_size, shuffle and drop_last that says otherwise than it is refused, never ignored."""
         check_flag(shuffle, "shuffle", optional=True)
         check_flag(drop_last, "drop_last", optional=True)
-        if isinstance(data, DataLoader):
+        if isinstance(data, DataLoader) and global_batch_size is None:
             # checked as for a Dataset first: True, 4.0 or "4" must not pass, nor be shown as 4, by comparison
             size = None if batch_size is None else check_int(batch_size, RUN, "batch_size", example="batch_size=64")
             workers = _workers(num_workers)
@@ -257,7 +294,14 @@ class LoaderOptions:
                     "leave it out (the DataLoader is used as given), or give the DataLoader num_workers="
                 )
         return cls(
-            data, batch_size, True if shuffle is None else shuffle, bool(drop_last), num_workers, collate_fn, seed
+            data,
+            batch_size,
+            True if shuffle is None else shuffle,
+            bool(drop_last),
+            num_workers,
+            collate_fn,
+            seed,
+            global_batch_size,
         )
 
 
@@ -608,6 +652,7 @@ class RunOptions:
             num_workers=a["num_workers"],
             collate_fn=a["collate_fn"],
             seed=a["seed"],
+            global_batch_size=a.get("global_batch_size"),
         )
         run_folder = Path(a["checkpoint_dir"]).expanduser() if a["checkpoint_dir"] is not None else None
         if run_folder is None and log.log_file is not None:

@@ -85,15 +85,19 @@ class Progress:
 
     # -- in the checkpoint's format (checkpoint/format.py) ----------------------------------------------------------
     def to_checkpoint(
-        self, state_dict: dict[str, Any], settings: dict[str, Any], generators: list[Any]
+        self,
+        state_dict: dict[str, Any],
+        settings: dict[str, Any],
+        generators: list[Any],
+        over_ranks: list[StepOutput] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The payload every rank shares (rank 0 writes it) and this rank's own part, as ``Checkpoints.save``
-        takes them: the window goes to the CPU (any device can resume) as plain dicts of tensors."""
-        shared = Shared(state_dict, settings, self.epoch, self.position, self.history, self.evals)
-        window = [
-            UnloggedStep(o.loss.cpu(), {k: v.cpu() for k, v in o.metrics.items()}, bool(o.skipped)).to_file()
-            for o in self.window
-        ]
+        takes them: the window goes to the CPU (any device can resume) as plain dicts of tensors; ``over_ranks``:
+        the window's means over the ranks, for a resume on another number of processes (the shared part's)."""
+        shared = Shared(
+            state_dict, settings, self.epoch, self.position, self.history, self.evals, _plain(over_ranks or [])
+        )
+        window = _plain(self.window)
         local = Local(
             window,
             self.order if self.position else None,  # replays the epoch's start on resume
@@ -102,13 +106,17 @@ class Progress:
         return shared.to_file(), local.to_file()
 
     @classmethod
-    def from_checkpoint(cls, saved: dict[str, Any], local: dict[str, Any], schedule: Schedule, start: int) -> Progress:
+    def from_checkpoint(
+        cls, saved: dict[str, Any], local: dict[str, Any] | None, schedule: Schedule, start: int
+    ) -> Progress:
         """The progress a checkpoint saved (``saved`` and ``local`` as ``Checkpoints.latest`` returns them,
-        already checked), resumed at ``state.step == start``."""
-        window = [StepOutput(o["loss"], o["metrics"], o["skipped"]) for o in local["window"]]
-        return cls(
-            schedule, start, saved["epoch"], saved["position"], saved["history"], saved["evals"], window, local["order"]
-        )
+        already checked), resumed at ``state.step == start``. Without this rank's part (``local`` None: saved by
+        another number of processes), the window is the ranks' mean the shared part holds: the record it ends in
+        is the same mean over ranks and updates as on the processes that saved it."""
+        unlogged = local["window"] if local is not None else saved["window"]
+        window = [StepOutput(o["loss"], o["metrics"], o["skipped"]) for o in unlogged]
+        order = local["order"] if local is not None else None
+        return cls(schedule, start, saved["epoch"], saved["position"], saved["history"], saved["evals"], window, order)
 
     # -- the schedule ----------------------------------------------------------------------------------------
     @property
@@ -155,3 +163,11 @@ class Progress:
             self.marks[what] = mark
             return True
         return False
+
+
+def _plain(window: list[StepOutput]) -> list[dict[str, Any]]:
+    """Step outputs as a checkpoint holds them: on the CPU (any device can resume), plain dicts of tensors."""
+    return [
+        UnloggedStep(o.loss.cpu(), {k: v.cpu() for k, v in o.metrics.items()}, bool(o.skipped)).to_file()
+        for o in window
+    ]

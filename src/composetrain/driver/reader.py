@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset, default_collate
 
+from composetrain.core.util import RUN
 from composetrain.data.kinds import as_mapped, augmented_inside, joined
+from composetrain.driver.global_batches import GlobalBatches
 
 __all__ = [
     "LEAST_GAIN",
@@ -25,6 +27,7 @@ __all__ = [
     "Reader",
     "ResumableSampler",
     "auto_workers",
+    "batches_of",
     "choose_workers",
     "indexable",
     "mapped",
@@ -112,15 +115,21 @@ def mapped(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> bool:
     return dataset.augment is not None or (not dataset.ragged and collate_fn is None)
 
 
+def batches_of(sampler: Any, batch_size: int, drop_last: bool) -> BatchSampler | GlobalBatches:
+    """A sampler's batches: ``GlobalBatches`` batches by itself (each update's share), others by ``batch_size``."""
+    return sampler if isinstance(sampler, GlobalBatches) else BatchSampler(sampler, batch_size, drop_last)
+
+
 class EpochBatches(Sampler[tuple[int, int, list[int]]]):
     """A sampler's batches as ``(epoch, rank, indices)``: what a loader's workers need to read and augment a
     ``MappedDataset``'s batches as this process would (their copy of the dataset never sees ``set_epoch``)."""
 
-    def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool) -> None:
-        self.sampler, self.batches = sampler, BatchSampler(sampler, batch_size, drop_last)
+    def __init__(self, sampler: ResumableSampler | GlobalBatches, batch_size: int, drop_last: bool) -> None:
+        self.sampler, self.batches = sampler, batches_of(sampler, batch_size, drop_last)
 
     def __iter__(self) -> Iterator[tuple[int, int, list[int]]]:
-        epoch, rank = self.sampler.inner.epoch, self.sampler.inner.rank
+        inner: Any = getattr(self.sampler, "inner", self.sampler)  # ct.run's samplers: the epoch and rank
+        epoch, rank = inner.epoch, inner.rank
         return ((epoch, rank, indices) for indices in self.batches)
 
     def __len__(self) -> int:
@@ -131,7 +140,7 @@ def worker_loader(
     n: int,
     *,
     dataset: Any,
-    sampler: ResumableSampler | range,
+    sampler: ResumableSampler | GlobalBatches | range,
     batch_size: int,
     drop_last: bool,
     collate_fn: Callable[[list[Any]], Any] | None,
@@ -142,18 +151,21 @@ def worker_loader(
 ) -> DataLoader[Any]:
     """The DataLoader whose ``n`` persistent workers read a ``Reader``'s batches (training's or evaluation's), in
     its sampler's order. ``whole``: a ct.cache store's workers read whole batches, each with its epoch and rank
-    (which seed its augmentation), through ``EpochBatches`` of ct.run's own sampler."""
+    (which seed its augmentation), through ``EpochBatches`` of ct.run's own sampler. ``GlobalBatches`` gives each
+    update's share as a batch (its batch sampler)."""
     if whole:  # only then is the data layer loaded (it imports NumPy)
         from composetrain.data.mapped import same
         from composetrain.data.wrapped import Batches
 
-        assert isinstance(sampler, ResumableSampler)  # for the type checker: only training's reads whole batches
+        assert not isinstance(sampler, range)  # for the type checker: only training's reads whole batches
         batches = EpochBatches(sampler, batch_size, drop_last)
+    shares = isinstance(sampler, GlobalBatches) and not whole  # batches of varying size: its batch_sampler
     return DataLoader(
         Batches(dataset, collate_fn) if whole else dataset,
-        batch_size=None if whole else batch_size,
-        sampler=batches if whole else sampler,
-        drop_last=False if whole else drop_last,
+        batch_size=None if whole else 1 if shares else batch_size,
+        sampler=batches if whole else None if shares else sampler,
+        batch_sampler=sampler if isinstance(sampler, GlobalBatches) and not whole else None,
+        drop_last=False if whole or shares else drop_last,
         num_workers=n,
         pin_memory=pin_memory,
         persistent_workers=n > 0,
@@ -163,6 +175,23 @@ def worker_loader(
         # mid-epoch would see other dropout masks than the uninterrupted run
         generator=torch.Generator().manual_seed(seed),
     )
+
+
+def _whole(batches: Iterator[Any], expected: int) -> Iterator[Any]:
+    """``batches``, refused when they end before ``expected``: a StopIteration raised where a loader worker reads a
+    batch (a dataset's ``__getitem__``, a collate_fn) comes back as the end of the DataLoader's iteration, which
+    would end the epoch early, silently."""
+    got = 0
+    for batch in batches:
+        got += 1
+        yield batch
+    if got < expected:
+        raise RuntimeError(
+            f"{RUN}: the loader gave {got} of this epoch's {expected} batches, then stopped: a StopIteration raised "
+            "while a batch is read (by the dataset's __getitem__ or the collate_fn, in a loader worker) ends a "
+            "DataLoader early, as if the epoch were over; catch it where it is raised (a next() on an exhausted "
+            "iterator), or raise another exception there"
+        )
 
 
 class Reader:
@@ -186,7 +215,7 @@ class Reader:
     def __init__(
         self,
         dataset: Any,
-        sampler: ResumableSampler | range,
+        sampler: ResumableSampler | GlobalBatches | range,
         batch_size: int,
         drop_last: bool,
         collate_fn: Callable[[list[Any]], Any] | None,
@@ -222,10 +251,10 @@ class Reader:
         return self._tensors is not None or self._mapped or bool(getattr(self.dataset, "__getitems__", None))
 
     def __len__(self) -> int:
-        return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
+        return len(batches_of(self.sampler, self.batch_size, self.drop_last))
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._workers()) if self.num_workers else self._read()
+        return _whole(iter(self._workers()) if self.num_workers else self._read(), len(self))
 
     def _workers(self) -> DataLoader[Any]:
         if self._loader is None:
@@ -246,7 +275,7 @@ class Reader:
             # default_collate's list, for a TensorDataset's tuples; a tensor kept on a GPU is indexed there
             return [t.index_select(0, index if t.device.type == "cpu" else index.to(t.device)) for t in self._tensors]
         if self._mapped:  # one gather per field, as default_collate would stack the items
-            inner = getattr(self.sampler, "inner", None)  # ct.run's sampler: the epoch and rank seed augmentation
+            inner = getattr(self.sampler, "inner", self.sampler)  # ct.run's samplers: the epoch and rank seed it
             from composetrain.data.wrapped import read_whole  # loaded: the dataset is one of its MappedDatasets
 
             return read_whole(self.dataset, indices, getattr(inner, "epoch", 0), getattr(inner, "rank", 0), self._given)
@@ -254,7 +283,7 @@ class Reader:
         return self.collate_fn(getitems(indices) if getitems else [self.dataset[i] for i in indices])
 
     def _read(self) -> Iterator[Any]:
-        for done, indices in enumerate(BatchSampler(self.sampler, self.batch_size, self.drop_last), 1):
+        for done, indices in enumerate(batches_of(self.sampler, self.batch_size, self.drop_last), 1):
             tick = time.perf_counter()
             batch = self.fetch(indices)
             fetched = time.perf_counter()
@@ -264,7 +293,8 @@ class Reader:
                 if len(self._timings) > MEASURED:
                     self._decide()
                 if self.num_workers:  # they go on from the batch this process stopped at
-                    assert isinstance(self.sampler, ResumableSampler)  # "auto" reads only ct.run's own sampler
+                    assert not isinstance(self.sampler, range)  # "auto" reads only ct.run's own samplers
+                    # GlobalBatches counts samples too: whole updates of batch_size (G/W) each, before the last
                     self.sampler.start += done * self.batch_size
                     yield from self._workers()
                     return

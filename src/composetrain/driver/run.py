@@ -97,6 +97,7 @@ def run(
     epochs: int | None = None,
     max_steps: int | None = None,
     batch_size: int | None = None,
+    global_batch_size: int | None = None,
     shuffle: bool | None = None,
     drop_last: bool | None = None,
     num_workers: int | str = "auto",
@@ -128,6 +129,16 @@ def run(
     ``max_steps`` are totals, so after an interruption the same command resumes from the latest valid checkpoint and
     finishes the same training, bit for bit on the CPU.
 
+    A run given ``global_batch_size`` is defined by its global batch, not by its number of processes: the same job
+    on any number of processes that divides it trains the same model (to float64 rounding: sums over ranks add in
+    another order) and logs the same records, and its checkpoints resume on any such number. Resumed on the
+    number that saved it, it continues as any run (bit for bit on one or two processes; on three or more the
+    resumed first update all-reduces in another order: float rounding); on another, model, optimizer, scheduler and
+    transform state carry over (``ct.sharded``'s shards resharded), the records continue from the unlogged
+    updates' means over ranks, and each rank's random generators start from ``seed``, its rank and the update it
+    resumes at: a step that draws no random numbers continues exactly, one that does (dropout) continues equal in
+    distribution, not equal.
+
     Args:
         train_step: a plain step or a composition; it must contain ``ct.distributed``
             when several processes run.
@@ -135,8 +146,16 @@ def run(
         data: a Dataset (``ct.run`` builds the loader) or a DataLoader (used as given).
         epochs: passes over the data (default 1, or as many as ``max_steps`` needs).
         max_steps: stop after this many optimizer updates in total.
-        batch_size: samples per update per process (required for a Dataset; a DataLoader batches
-            by its own, and a differing batch_size is refused).
+        batch_size: samples per update per process (a Dataset needs it or ``global_batch_size``; a DataLoader
+            batches by its own, and a differing batch_size is refused). The run changes with the number of
+            processes, and resumes on the same number only.
+        global_batch_size: samples per update, all processes together (instead of ``batch_size``; a Dataset
+            only: a DataLoader given reads its own batches, and is refused). Epoch e's order is a permutation of
+            the samples drawn from ``seed`` and e alone (``DistributedSampler``'s), update k takes its samples
+            ``k*G`` to ``(k+1)*G``, the last, short update is kept (``drop_last=False``) or dropped, no sample
+            padded or repeated; of each update every process reads a contiguous share, G/W of them. A number of
+            processes W that does not divide G is refused before anything is trained or saved, naming those that
+            would, and so is a short update of fewer samples than processes (``drop_last=True`` drops it).
         shuffle: reshuffle every epoch (``DistributedSampler.set_epoch``); default True. A DataLoader's
             own sampler decides: a shuffle that contradicts it is refused.
         drop_last: drop each epoch's last, smaller batch; default False (a DataLoader's own, which a
@@ -230,6 +249,7 @@ def run(
         batch_size=batch_size,
         shuffle=shuffle,
         drop_last=drop_last,
+        global_batch_size=global_batch_size,
         num_workers=num_workers,
         collate_fn=collate_fn,
         eval_step=eval_step,
@@ -425,6 +445,7 @@ class _Driver:
             rank=proc.rank,
             world_size=proc.world_size,
             local_world_size=proc.local_world_size,
+            equal_shares=can.forward_needs_every_rank,
         )
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
@@ -440,8 +461,12 @@ class _Driver:
         if self.per_epoch == 0:
             raise ValueError(f"{RUN}: some process has no batch in an epoch: use a smaller batch_size")
         dataset = self.loader.dataset
+        # what a resumed run must share with the checkpoint's; in a run defined by its global batch, nothing that
+        # depends on the number of processes (updates_per_epoch does not: global updates)
+        global_batch = chosen.global_batch_size
         self.settings = {
-            "batch_size": self.loader.batch_size,
+            "batch_size": self.loader.batch_size if global_batch is None else None,
+            "global_batch_size": global_batch,
             "samples": len(dataset) if isinstance(dataset, Sized) else None,
             "updates_per_epoch": self.per_epoch,
             "shuffle": chosen.shuffle,
@@ -495,8 +520,15 @@ class _Driver:
         if latest is None:
             seed_everything(derive_seed(seed, "fresh start", rank=self.proc.rank))
             return Progress(schedule, start=state.step)
-        path, saved, local = latest
+        path, saved, local = latest  # local None: saved by another number of processes (a global batch's run)
         changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}
+        old, new = changed.get("global_batch_size", (None, None))
+        if old is not None and new is not None:
+            raise ValueError(
+                f"{RUN}: checkpoint {path} continues a run of global_batch_size={old}, and this run has "
+                f"global_batch_size={new}: it changes the run (which samples form each update, so the model it "
+                f"trains); resume with global_batch_size={old}, or point checkpoint_dir elsewhere to start afresh"
+            )
         if changed:
             listing = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in changed.items())
             raise ValueError(
@@ -504,7 +536,8 @@ class _Driver:
                 "same settings, or point checkpoint_dir elsewhere to start afresh"
             )
         given = self.given
-        problem = order_problem(given, saved["position"], local["order"], local["generators"])
+        order, generators = (local["order"], local["generators"]) if local is not None else (None, [])
+        problem = order_problem(given, saved["position"], order, generators)
         if problem:
             raise ValueError(f"{RUN}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
         given_settings = _hyperparameters(state)
@@ -516,9 +549,12 @@ class _Driver:
                 "to start afresh"
             ) from e
         _warn_replaced(given_settings, _hyperparameters(state), path)
-        restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
+        if local is not None:
+            restore_rng(local["rng"])  # checked by Checkpoints.latest: cannot fail half-way
+        else:  # the saved streams were another job's ranks': each rank's from the seed, its rank and the position
+            seed_everything(derive_seed(seed, "resume", rank=self.proc.rank, step=state.step))
         if given is not None:
-            set_generator_states(given, local["generators"])
+            set_generator_states(given, generators)
         return Progress.from_checkpoint(saved, local, schedule, start=state.step)
 
     def refuse_in_the_way(self, schedule: Schedule, start: int) -> None:
@@ -591,7 +627,9 @@ class _Driver:
         self.waiting.now(f"the save of checkpoint step {self.state.step}")
         generators = generator_states(self.given) if self.given is not None else []
         nonfinite = _nonfinite(self.state.model)  # refused by every rank alike: the finite checkpoints stay
-        shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators)
+        # a run defined by its global batch: the window's means over ranks too, which any world size continues
+        over_ranks = self.meter.over_ranks(at.window) if self.options.loader.global_batch_size else []
+        shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators, over_ranks)
         self.saved_at = self.checkpoints.save(self.state.step, shared, local, nonfinite=nonfinite)
 
     @_marked("evaluation")

@@ -1,4 +1,4 @@
-"""accumulate(n): one update from n micro-batches, exactly the large-batch update."""
+"""accumulate(n), accumulate(micro_batch=m): one update from micro-batches, exactly the large-batch update."""
 
 from __future__ import annotations
 
@@ -16,14 +16,27 @@ __all__ = ["accumulate"]
 
 
 @transform_factory
-def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> Transform:
-    """Split each batch into ``n`` micro-batches; forward+backward each; update once.
+def accumulate(
+    n: int | Literal["auto"] | None = None, *, micro_batch: int | None = None, weight: WeightFn | None = None
+) -> Transform:
+    """Split each batch into ``n`` micro-batches, or into micro-batches of ``micro_batch`` samples; forward+backward
+    each; update once.
 
     Activation memory falls about ``n``-fold, and the update, loss and metrics are
     those of the plain step on the whole batch: every micro-batch's mean loss is
     weighted by its share of the batch's units, so uneven micro-batches (a batch of
     10 in 4 gives 3, 3, 2, 2) and token-level losses are exact. A batch smaller
     than ``n`` gives fewer micro-batches, never an empty one.
+
+    With ``micro_batch=m`` the size is fixed and the count follows the batch: each batch of b
+    samples (its leading size, on this process) is cut into consecutive micro-batches of m, the
+    last one short when m does not divide b (10 by 4: 4, 4, 2, the last weighted 2/10), as the
+    loops of timm and nanoGPT slice it; a batch of at most m samples is one micro-batch. So memory
+    per process stays bounded whatever batch each process gets: a job resumed on half the
+    processes (each given twice the samples of a fixed global batch) runs twice the micro-batches
+    instead of running out of memory, and a timm-style script whose ``--batch-size`` is the
+    micro-batch ports as it is. The size is configuration, not state: the TrainState and
+    ``out.metrics`` hold nothing of it (``accumulate("auto")``, whose size changes, reports it).
 
     With ``n="auto"`` the batch is the optimisation batch and the micro-batch adapts to
     memory: an out-of-memory error (``torch.OutOfMemoryError``, on any device) retries
@@ -46,6 +59,8 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
 
     Args:
         n: the number of micro-batches, a positive int, or ``"auto"``.
+        micro_batch: instead of ``n``, the number of samples per micro-batch, a positive int
+            (the last micro-batch of a batch may hold fewer). Give exactly one of ``n`` and ``micro_batch``.
         weight: ``weight(micro_batch) -> number``: how many units the step's mean
             loss averages over (default: the leading size, i.e. samples). For a
             token-level loss with padding, count the real tokens, e.g.
@@ -61,6 +76,8 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
         >>> out = train(state, (tokens, labels))     # one update, 4 forward+backward passes
         >>> ct.compose(ct.accumulate(2), ct.accumulate(8))(step)   # nests as well
         accumulate(2)(accumulate(8)(step))
+        >>> ct.distributed(ct.mixed_precision(ct.accumulate(micro_batch=32)(step)))  # 32 samples per pass
+        distributed(mixed_precision(accumulate(micro_batch=32)(step)))
 
     Notes:
         BatchNorm computes statistics per micro-batch, so with it the update is not
@@ -76,29 +93,50 @@ def accumulate(n: int | Literal["auto"], *, weight: WeightFn | None = None) -> T
             f"{ACCUMULATE}: weight must be a function micro_batch -> number of units, got {show(weight)}; "
             "e.g. weight=lambda b: (b['labels'] != -100).sum()"
         )
+    if isinstance(n, str) and n == "auto" and micro_batch is not None:
+        raise TypeError(
+            f"{ACCUMULATE}: n='auto' and micro_batch={micro_batch!r} are both given; accumulate('auto') "
+            "finds the micro-batch size itself (from the whole batch, halved on each out-of-memory error, and kept "
+            f"in the TrainState) and accumulate(micro_batch={micro_batch!r}) fixes it: give one"
+        )
     if isinstance(n, str) and n == "auto":
         return auto_transform(weight)
+    if n is not None and micro_batch is not None:
+        raise TypeError(
+            f"{ACCUMULATE}: n={n!r} and micro_batch={micro_batch!r} are both given; "
+            "give one: the number of micro-batches, accumulate(4), or their size, accumulate(micro_batch=8)"
+        )
+    if n is None and micro_batch is None:
+        raise TypeError(
+            f"{ACCUMULATE}: n must be a positive int, got None (NoneType), and micro_batch is not given either; give "
+            "one: the number of micro-batches, e.g. accumulate(4), or their size, e.g. accumulate(micro_batch=8)"
+        )
+    if micro_batch is not None:
+        m = check_int(micro_batch, ACCUMULATE, "micro_batch", example="accumulate(micro_batch=8)")
+        return Transform(_label(m, weight, True), lambda step: _Accumulate(step, m, weight, by_size=True))
     n = check_int(n, ACCUMULATE, "n", example="accumulate(4), accumulate(1) for no split, or accumulate('auto')")
     return Transform(_label(n, weight), lambda step: _Accumulate(step, n, weight))
 
 
-def _label(n: int, weight: WeightFn | None) -> str:
-    return f"{ACCUMULATE}({n})" if weight is None else f"{ACCUMULATE}({n}, weight={name(weight)})"
+def _label(n: int, weight: WeightFn | None, by_size: bool = False) -> str:
+    shown = f"micro_batch={n}" if by_size else f"{n}"
+    return f"{ACCUMULATE}({shown})" if weight is None else f"{ACCUMULATE}({shown}, weight={name(weight)})"
 
 
 class _Accumulate(TrainStep):
     refuses_inside = refused_inside("accumulate")
 
-    def __init__(self, inner: TrainStep, n: int, weight: WeightFn | None) -> None:
-        self.n = n
+    def __init__(self, inner: TrainStep, n: int, weight: WeightFn | None, *, by_size: bool = False) -> None:
+        self.n = n  # the number of micro-batches, or with by_size their size (micro_batch=)
+        self.by_size = by_size
         self.own_weight = weight
-        self.label = _label(n, weight)
+        self.label = _label(n, weight, by_size)
         super().__init__(inner, weight=weight)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         inner = self._inner()
         who = self  # formatted only if an error needs it
-        micros, weights = split_weighted(batch, self.n, ctx, who, "micro-batch")
+        micros, weights = split_weighted(batch, self.n, ctx, who, "micro-batch", by_size=self.by_size)
         if len(micros) == 1:  # the batch as the plain step takes it
             return inner.grads(state, batch, ctx)
         warn_if_batchnorm(state.model, who)
@@ -110,4 +148,4 @@ class _Accumulate(TrainStep):
         return combine(passes, who)
 
     def _config(self) -> tuple[Any, ...]:
-        return (self.n, self.own_weight)
+        return (self.n, self.by_size, self.own_weight)
