@@ -1,8 +1,9 @@
 """ct.skip_spikes: an update whose loss (or gradient norm) is not finite or spikes above its running mean is
 skipped cleanly (parameters, optimizer, scheduler, step untouched), bit for bit as a hand-written loop skips it;
 its statistics ride in the TrainState, so a resumed run judges the same; after max_consecutive skips it raises.
-On 3 gloo ranks (tests/observe_workers.py), a spike on one rank only is skipped by every rank, as a hand-written
-rank-agreed loop skips it, where each rank judging its own loss would part the models (pitfall 46).
+On 3 gloo ranks (the rank functions below, run by each rank of a pool), a spike on one rank only is skipped by
+every rank, as a hand-written rank-agreed loop skips it, where each rank judging its own loss would part the models
+(pitfall 46).
 """
 
 import copy
@@ -11,11 +12,13 @@ import math
 import pytest
 import run_script
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from helpers import assert_states_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 import composetrain as ct
 from composetrain.transforms.spikes import SpikeStatistics
@@ -304,6 +307,134 @@ def _loader():
 # -- three ranks: the decision is every rank's ---------------------------------------------------------------------
 
 
+def unscheduled_state():
+    """state() without its scheduler, as the hand-written rank-agreed loop steps."""
+    m = model()
+    return ct.TrainState(m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+
+
+def rank_batches(rank, n=24, spike=(), spike_rank=1):
+    """This rank's ``n`` batches; on ``spike_rank`` those at ``spike`` have targets 1000 times larger."""
+    g = torch.Generator().manual_seed(100 + rank)
+    out = []
+    for i in range(n):
+        x = torch.randn(6, 4, generator=g, dtype=torch.float64)
+        y = x.sum(-1) + 0.1 * torch.randn(6, generator=g, dtype=torch.float64)
+        out.append((x, y * 1000 if rank == spike_rank and i in spike else y))
+    return out
+
+
+SPIKES = {13, 19}  # on rank 1 only: a spike of its own loss lifts the global mean loss far above its average
+
+
+def spike_on_one_rank(rank, world, order):
+    """The guard inside (or outside) distributed: which updates each rank skipped, and its parameters."""
+    state = unscheduled_state()
+    guard = ct.skip_spikes(warmup=5, sigmas=4.0)
+    train = ct.distributed(guard(step)) if order == "inside" else guard(ct.distributed(step))
+    skipped = [bool(train(state, b).skipped) for b in rank_batches(rank, spike=SPIKES)]
+    state.release_runtime()
+    return {"skipped": skipped, "params": [p.detach().clone() for p in state.model.parameters()]}
+
+
+def hand_agreed_loop(rank, world):
+    """The same by hand: DDP, each rank's loss gathered and averaged, the guard's rule written out again."""
+    net = model()
+    ddp = DistributedDataParallel(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    n, mean, var, skipped = 0, 0.0, 0.0, []
+    for batch in rank_batches(rank, spike=SPIKES):
+        loss = step(ddp, batch)
+        loss.backward()
+        every = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(every, loss.detach().reshape(1))
+        value = sum(t.item() for t in every) / world
+        skip = not math.isfinite(value)
+        if not skip and n >= 5:
+            skip = value > mean + 4.0 * math.sqrt(var / (1 - 0.99 ** (n - 1)))
+        if not skip:
+            if n == 0:
+                mean = value
+            else:
+                d = value - mean
+                mean += 0.01 * d
+                var = 0.99 * (var + 0.01 * d * d)
+            n += 1
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        skipped.append(skip)
+    del ddp
+    return {"skipped": skipped, "params": [p.detach().clone() for p in net.parameters()]}
+
+
+def local_decision_loop(rank, world):
+    """What pitfall 46 warns of: each rank judging its own loss (rank 1 alone skips; the models part)."""
+    net = model()
+    ddp = DistributedDataParallel(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    skipped = []
+    for i, batch in enumerate(rank_batches(rank, spike=SPIKES)):
+        loss = step(ddp, batch)
+        loss.backward()
+        skip = i in SPIKES and rank == 1  # each rank's own view of the spike
+        if not skip:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        skipped.append(skip)
+    del ddp
+    return {"skipped": skipped, "params": [p.detach().clone() for p in net.parameters()]}
+
+
+def resumed_run(rank, world, folder, stop, guarded=True):
+    """ct.run over this rank's batches with the guard: straight (stop None), or stopped after ``stop`` updates and
+    resumed from its checkpoint by a second call."""
+    dataset = ranks_dataset(world)
+    options = {"batch_size": 6, "shuffle": False, "num_workers": 0, "progress": False, "log_every": 4}
+    train = ct.distributed(ct.skip_spikes(warmup=5, sigmas=4.0)(step) if guarded else step)
+    state = unscheduled_state()
+    if stop is not None:
+        ct.run(train, state, dataset, max_steps=stop, checkpoint_dir=folder, **options)
+        state = unscheduled_state()
+    result = ct.run(train, state, dataset, epochs=1, checkpoint_dir=folder, **options)
+    stats = state.transform_state("skip_spikes", SpikeStatistics).state_dict() if guarded else None
+    state.release_runtime()
+    return {
+        "history": [(r["step"], r["skipped"]) for r in result.history],
+        "params": [p.detach().clone() for p in state.model.parameters()],
+        "statistics": stats,
+    }
+
+
+def differing_guards(rank, world):
+    """Rank 2 builds the guard with other settings: every rank refuses, naming them, before the first update."""
+    sigmas = 3.0 if rank == 2 else 6.0
+    state = unscheduled_state()
+    try:
+        ct.run(
+            ct.distributed(ct.skip_spikes(sigmas=sigmas)(step)),
+            state,
+            ranks_dataset(world),
+            batch_size=6,
+            max_steps=2,
+            num_workers=0,
+            progress=False,
+        )
+    except ValueError as e:
+        return str(e), state.step
+    return None, state.step
+
+
+def ranks_dataset(world):
+    """Every rank's batches in one dataset, as DistributedSampler (shuffle=False) deals them: rank r gets r, r + 3..."""
+    from torch.utils.data import TensorDataset
+
+    x, y = torch.empty(world * 24 * 6, 4, dtype=torch.float64), torch.empty(world * 24 * 6, dtype=torch.float64)
+    for r in range(world):
+        data = rank_batches(r, spike=SPIKES)
+        x[r::world], y[r::world] = torch.cat([b[0] for b in data]), torch.cat([b[1] for b in data])
+    return TensorDataset(x, y)
+
+
 @pytest.fixture(scope="module")
 def pool3():
     from processes import Pool
@@ -314,23 +445,21 @@ def pool3():
 
 
 def test_a_spike_on_one_rank_is_skipped_by_every_rank_as_a_hand_written_agreed_loop_skips_it(pool3):
-    from observe_workers import SPIKES
-
-    hand = pool3.run("observe_workers", "hand_agreed_loop")
+    hand = pool3.run(__name__, "hand_agreed_loop")
     assert [i for i, s in enumerate(hand[0]["skipped"]) if s] == sorted(SPIKES)
     for order in ("inside", "outside"):  # distributed(skip_spikes(step)) and skip_spikes(distributed(step))
-        ranks = pool3.run("observe_workers", "spike_on_one_rank", order)
+        ranks = pool3.run(__name__, "spike_on_one_rank", order)
         for r in ranks:
             assert r["skipped"] == hand[0]["skipped"], order
             assert all(torch.equal(p, q) for p, q in zip(r["params"], hand[0]["params"], strict=True)), order
     # each rank judging its own loss: rank 1 skips alone, the others apply the update its spike poisoned
-    local = pool3.run("observe_workers", "local_decision_loop")
+    local = pool3.run(__name__, "local_decision_loop")
     assert local[1]["skipped"] != local[0]["skipped"]
     assert not all(torch.equal(p, q) for p, q in zip(local[0]["params"], local[1]["params"], strict=True))
 
 
 def test_ranks_that_built_other_guards_refuse_together_before_the_first_update(pool3):
-    answers = pool3.run("observe_workers", "differing_guards")
+    answers = pool3.run(__name__, "differing_guards")
     message = (
         "skip_spikes: the ranks' ct.skip_spikes differ: rank 0 skip_spikes, rank 1 skip_spikes, "
         "rank 2 skip_spikes(sigmas=3.0); each would skip other updates and the models would part: build it with "
@@ -340,8 +469,8 @@ def test_ranks_that_built_other_guards_refuse_together_before_the_first_update(p
 
 
 def test_three_ranks_resumed_mid_window_judge_as_the_straight_run(pool3, tmp_path):
-    straight = pool3.run("observe_workers", "resumed_run", str(tmp_path / "straight"), None, timeout=300)
-    resumed = pool3.run("observe_workers", "resumed_run", str(tmp_path / "resumed"), 14, timeout=300)
+    straight = pool3.run(__name__, "resumed_run", str(tmp_path / "straight"), None, timeout=300)
+    resumed = pool3.run(__name__, "resumed_run", str(tmp_path / "resumed"), 14, timeout=300)
     for a, b in zip(straight, resumed, strict=True):
         assert a["history"] == b["history"] and a["statistics"] == b["statistics"]  # the same skips, judged alike
         # to the last bits only: ct.distributed alone resumes so on 3 gloo ranks (resumed_run(guarded=False) differs
@@ -349,5 +478,5 @@ def test_three_ranks_resumed_mid_window_judge_as_the_straight_run(pool3, tmp_pat
         for p, q in zip(a["params"], b["params"], strict=True):
             torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
     assert sum(skipped for _, skipped in straight[0]["history"]) == 2
-    hand = pool3.run("observe_workers", "hand_agreed_loop")  # and ct.run over the ranks' batches skips as it does
+    hand = pool3.run(__name__, "hand_agreed_loop")  # and ct.run over the ranks' batches skips as it does
     assert all(torch.equal(p, q) for p, q in zip(straight[0]["params"], hand[0]["params"], strict=True))
