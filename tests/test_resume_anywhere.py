@@ -15,6 +15,7 @@ from global_batch_workers import G, N, job, refused
 from processes import Pool
 from run_script import untimed
 
+from composetrain.core.metric_names import MEASURED
 from composetrain.core.rng import derive_seed
 
 WORKERS = "global_batch_workers"
@@ -97,6 +98,14 @@ def assert_same_records(a, b, rel=1e-12):
         )
         for key in ("loss", "acc", "lr"):
             assert x[key] == pytest.approx(y[key], rel=rel, abs=0), (key, x, y)
+        # every field but the measured ones (timings, throughput, memory, stragglers) the same, none missing
+        assert x.keys() - MEASURED == y.keys() - MEASURED, (x, y)
+        for key in x.keys() - MEASURED:
+            if isinstance(x[key], float):
+                assert x[key] == pytest.approx(y[key], rel=rel, abs=0), (key, x, y)
+            else:
+                assert x[key] == y[key], (key, x, y)
+        assert {"samples_per_s", "flops_per_update", "peak_memory_mib"} <= x.keys() & y.keys(), (x, y)
 
 
 def updates(per_rank):
