@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import run_script
 import torch
-from helpers import assert_states_equal
+from helpers import assert_states_equal, assert_untouched, snapshot
 
 import composetrain as ct
 
@@ -73,6 +73,46 @@ def test_a_metric_name_that_is_not_a_str_is_refused_at_the_first_update(tmp_path
         train(step, tmp_path, max_steps=5, log_every=4, checkpoint_every=2)
     assert "e.g. 'class_0'" in str(e.value)
     assert len(calls) == 1 and not list(tmp_path.glob("step-*"))  # refused at the first update, nothing saved
+
+
+class Tricky(str):
+    """A name that claims to equal any other: names are the same as those checked only if they are plain str."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other):
+        return True
+
+
+@pytest.mark.parametrize(
+    ("later", "error", "bad"),
+    [
+        (lambda m: {**m, "lr": m["acc"]}, ValueError, r"metric 'lr', a name ct\.run's training records"),
+        (lambda m: {0: m["acc"]}, TypeError, r"metric 0 \(int\); metric names must be str"),
+        (lambda m: {Tricky("lr"): m["acc"]}, ValueError, r"metric 'lr', a name ct\.run's training records"),
+    ],
+)
+def test_names_that_change_after_passing_are_checked_again_in_the_pass_that_returns_them(later, error, bad):
+    """The names a pass returned that passed the rule pass again unread (once per update is the common case); a
+    pass that returns other names, in any micro-batch of any later update, is checked and refused before its
+    backward: nothing of the update is applied."""
+    calls = []
+
+    def step(model, batch):
+        calls.append(1)
+        loss, metrics = run_script.step(model, batch)
+        return loss, later(metrics) if len(calls) == 6 else metrics  # update 3's second micro-batch
+
+    state = run_script.state()
+    train_ = ct.accumulate(2)(step)
+    batches = iter(torch.utils.data.DataLoader(run_script.dataset(), batch_size=12))
+    for _ in range(2):
+        train_(state, next(batches))
+    before = snapshot(state)
+    with pytest.raises(error, match=rf"^train_step\(step\): the step returns {bad}"):
+        train_(state, next(batches))
+    assert len(calls) == 6
+    assert_untouched(state, before)
 
 
 def test_an_eval_metric_name_that_is_not_a_str_is_refused():
