@@ -108,13 +108,13 @@ MUTANTS = [
         "file": "src/composetrain/driver/run.py",
         "find": (
             "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
-            "        with self.watch.update(self.state.step + 1):  # FLOPs counted on the first; the profiler's "
-            "window\n"
+            "        with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the "
+            "profiler's window\n"
             "            out = self.step_fn(self.state, batch)\n"
         ),
         "replace": (
-            "        with self.watch.update(self.state.step + 1):  # FLOPs counted on the first; the profiler's "
-            "window\n"
+            "        with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the "
+            "profiler's window\n"
             "            out = self.step_fn(self.state, batch)\n"
             "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
         ),

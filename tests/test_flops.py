@@ -100,6 +100,83 @@ def test_the_flops_are_counted_on_the_first_update_only(monkeypatch):
     assert len({r["flops_per_update"] for r in result.history}) == 1 and result.history[0]["flops_per_update"] > 0
 
 
+def counted_calls(monkeypatch):
+    """How many times FlopCounterMode watched an update, from now on."""
+    entered = []
+
+    class Counting(FlopCounterMode):
+        def __enter__(self):
+            entered.append(1)
+            return super().__enter__()
+
+    monkeypatch.setattr(throughput, "FlopCounterMode", Counting)
+    return entered
+
+
+def test_a_later_call_on_the_same_model_composition_and_batch_layout_takes_the_count_made(monkeypatch):
+    """ct.run called again (a benchmark's rounds, training between evaluations) counts no second time, and logs the
+    same FLOPs; another batch layout, another composition or a changed model is counted again."""
+    entered = counted_calls(monkeypatch)
+    state, train, data = run_script.state(), ct.accumulate(2)(run_script.step), run_script.dataset()
+    first = ct.run(train, state, data, batch_size=12, max_steps=4, log_every=2, **OPTIONS)
+    again = ct.run(train, state, data, batch_size=12, max_steps=8, log_every=2, **OPTIONS)
+    assert len(entered) == 1
+    assert {r["flops_per_update"] for r in first.history + again.history} == {first.history[0]["flops_per_update"]}
+    ct.run(train, state, data, batch_size=6, max_steps=10, **OPTIONS)  # batches of 6: another layout
+    ct.run(train, state, data, batch_size=6, max_steps=12, **OPTIONS)
+    assert len(entered) == 2
+    other = ct.accumulate(2)(run_script.step)  # the same settings, another object
+    ct.run(other, state, data, batch_size=6, max_steps=14, **OPTIONS)
+    assert len(entered) == 3
+    state.model.append(torch.nn.Linear(2, 2).double())  # another model: a layer more
+    changed = ct.run(other, state, data, batch_size=6, max_steps=16, log_every=2, **OPTIONS)
+    assert len(entered) == 4 and changed.history[0]["flops_per_update"] > first.history[0]["flops_per_update"] / 2
+    state.model.eval()  # another mode
+    ct.run(other, state, data, batch_size=6, max_steps=18, **OPTIONS)
+    assert len(entered) == 5
+
+
+class Opaque:
+    """An object of the user's in a batch: the count's layout cannot look into it."""
+
+    def __init__(self, x):
+        self.x = x
+
+
+@pytest.mark.parametrize(("batch", "counts"), [((torch.zeros(3, 2), 7, "a"), 1), ((torch.zeros(3, 2), Opaque(1)), 2)])
+def test_a_batch_holding_an_object_of_the_users_is_counted_every_time(monkeypatch, batch, counts):
+    entered = counted_calls(monkeypatch)
+    model = nn.Linear(2, 2)
+
+    def step(m, b):
+        return m(b[0]).sum()
+
+    for _ in range(2):
+        count = throughput.FlopCount()
+        with count.counting(model, step, batch):
+            step(model, batch).backward()
+        assert count.total == 2 * (2 * 3 * 2 * 2)  # the forward product, and the weight gradient's (x needs none)
+    assert len(entered) == counts
+
+
+def test_a_count_kept_holds_neither_the_model_nor_the_composition():
+    import gc
+    import weakref
+
+    state = run_script.state()
+
+    def step(model, batch, held=state.model):  # a step that holds its model
+        assert model is held
+        return run_script.step(model, batch)
+
+    train = ct.accumulate(2)(step)
+    ct.run(train, state, run_script.dataset(), batch_size=12, max_steps=2, **OPTIONS)
+    model, composed = weakref.ref(state.model), weakref.ref(train)
+    del state, step, train
+    gc.collect()
+    assert model() is None and composed() is None
+
+
 def test_an_update_of_another_size_is_scaled_by_its_samples():
     """24 samples in batches of 10: the last update holds 4, and its FLOPs are the count scaled by 4/10."""
     state = run_script.state()

@@ -38,8 +38,11 @@ _END = object()
 class Watch:
     """The profiler window, the FLOP count on the first update and the OOM snapshot, for one ``ct.run`` call."""
 
-    def __init__(self, options: WatchOptions, rank: int, device: torch.device) -> None:
+    def __init__(
+        self, options: WatchOptions, rank: int, device: torch.device, state: Any = None, step: Any = None
+    ) -> None:
         self.flops = FlopCount()
+        self.state, self.step = state, step  # whose FLOPs: a count kept from an earlier call is taken for them
         self.window = _Window(options.profile, rank, device) if options.profile is not None else None
         self.snapshots: Path | None = None
         if options.oom_snapshot and device.type == "cuda" and options.folder is not None:
@@ -48,14 +51,15 @@ class Watch:
             torch.cuda.memory._record_memory_history(max_entries=100_000)
         self._around = _AroundUpdate(self)
 
-    def update(self, number: int) -> contextlib.AbstractContextManager[Any]:
-        """Around update ``number`` (``state.step`` once it applies): nothing, unless something is due."""
+    def update(self, number: int, batch: Any = None) -> contextlib.AbstractContextManager[Any]:
+        """Around update ``number`` (``state.step`` once it applies) of ``batch``: nothing, unless something is
+        due."""
         if self.window is not None:
             self.window.before(number)  # a window starts here: the profiler starts
         recording = self.window is not None and self.window.profiler is not None
         if self.flops.done and not recording and self.snapshots is None:
             return _NOTHING  # the common case: a few attribute tests, no context of its own
-        self._around.number = number
+        self._around.number, self._around.batch = number, batch
         return self._around
 
     def mark(self, phase: str) -> contextlib.AbstractContextManager[Any]:
@@ -97,13 +101,16 @@ class _AroundUpdate:
     def __init__(self, watch: Watch) -> None:
         self.watch = watch
         self.number = 0
+        self.batch: Any = None
         self.stack: contextlib.ExitStack | None = None
 
     def __enter__(self) -> None:
         watch = self.watch
         stack = contextlib.ExitStack()
-        if not watch.flops.done:  # the first update of the call: its FLOPs, counted once
-            stack.enter_context(watch.flops.counting())
+        if not watch.flops.done:  # the first update of the call: its FLOPs, counted once (or kept from before)
+            model = watch.state.model if watch.state is not None else None
+            stack.enter_context(watch.flops.counting(model, watch.step, self.batch))
+        self.batch = None  # not kept past its update
         stack.enter_context(watch.mark(f"update {self.number}"))
         self.stack = stack.__enter__()
 

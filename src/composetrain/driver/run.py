@@ -572,7 +572,8 @@ class _Driver:
     def start(self, show_bar: bool, total: int) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
         watching = self.options.watch
-        self.watch = Watch(watching, self.proc.rank, self.proc.device)  # profiler window, FLOP count, OOM snapshot
+        # the profiler window, the FLOP count, the OOM snapshot
+        self.watch = Watch(watching, self.proc.rank, self.proc.device, self.state, self.step_fn)
         peak = resolve_peak(watching.peak_flops, self.proc.device)
         self.meter = Meter(self.proc, self.state, self.step_fn, self.watch.flops, peak, watching.straggler_threshold)
         self.used_lr: Any = None  # the learning rate of the last update this process made
@@ -593,7 +594,7 @@ class _Driver:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
         started = time.perf_counter()
         lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it
-        with self.watch.update(self.state.step + 1):  # FLOPs counted on the first; the profiler's window
+        with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the profiler's window
             out = self.step_fn(self.state, batch)
         self.used_lr = lr
         self.meter.add(at.window, out, waited, time.perf_counter() - started, batch)

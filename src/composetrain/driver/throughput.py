@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Hashable, Iterator, Mapping
 from types import MappingProxyType
+from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from composetrain.core.util import RUN
@@ -86,7 +89,13 @@ def resolve_peak(peak: float | str | None, device: torch.device) -> float | None
 
 class FlopCount:
     """The FLOPs of one update, counted by ``FlopCounterMode`` on the first update of a ``ct.run`` call, per unit
-    of its batch (samples), so that an update of another size scales it; None until counted."""
+    of its batch (samples), so that an update of another size scales it; None until counted.
+
+    A later call in this process on the same model (the same object, its parameters' names, shapes, dtypes and
+    devices, its training mode), with the same composition (the same object) and a first batch laid out alike
+    (its tensors' shapes, dtypes and devices) takes the count made then instead of counting again: the counter
+    slows the update it watches down, which a run of short calls (a benchmark's rounds, an evaluation loop
+    between ``ct.run`` calls) would pay each time."""
 
     def __init__(self) -> None:
         self.total: int | None = None  # the first update's FLOPs
@@ -94,13 +103,24 @@ class FlopCount:
         self.done = False
 
     @contextlib.contextmanager
-    def counting(self) -> Iterator[None]:
-        """Around the first update only: count its FLOPs (the counter slows that update down)."""
+    def counting(self, model: nn.Module | None = None, step: Any = None, batch: Any = None) -> Iterator[None]:
+        """Around the first update only: count its FLOPs (the counter slows that update down), unless the count
+        of an update alike is kept (``model``, ``step`` and ``batch`` given)."""
         self.done = True
+        if model is None or step is None:
+            layout, kept = None, None
+        else:
+            layout, kept = _layout(model, batch), _COUNTED.get(model)
+        if kept is not None and kept[0]() is step and kept[1] == layout:
+            self.total = kept[2]
+            yield
+            return
         counter = FlopCounterMode(display=False)
         with counter:
             yield
         self.total = counter.get_total_flops()
+        if model is not None and step is not None:
+            _COUNTED[model] = (weakref.ref(step), layout, self.total)
 
     def of(self, samples: float) -> float | None:
         """The FLOPs of an update of ``samples``: the count itself for an update of the counted one's size (exact),
@@ -108,6 +128,40 @@ class FlopCount:
         if self.total is None or not self.samples:
             return None
         return float(self.total) if samples == self.samples else self.total * samples / self.samples
+
+
+# The last count made for a model (held weakly), with the composition (weakly: it may hold the model) and the
+# layouts it was made for
+_COUNTED: weakref.WeakKeyDictionary[nn.Module, tuple[weakref.ref[Any], Hashable, int]] = weakref.WeakKeyDictionary()
+
+
+class _Unknown:
+    """A batch leaf whose layout cannot be told: equal to nothing, so that no kept count is taken for it."""
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+def _layout(model: nn.Module, batch: Any) -> Hashable:
+    """What an update's FLOPs depend on besides the composition, as a value: the model's parameters and mode, the
+    batch's structure and tensors' shapes (an object inside it that is neither is taken as unknown)."""
+    params = tuple((name, tuple(p.shape), p.dtype, p.device) for name, p in model.named_parameters())
+    return (type(model), model.training, params, _leaf_layout(batch))
+
+
+def _leaf_layout(value: Any) -> Hashable:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_leaf_layout(v) for v in value))
+    if isinstance(value, Mapping):
+        return (type(value), tuple((k, _leaf_layout(v)) for k, v in value.items()))
+    if value is None or type(value) in (bool, int, float, str):
+        return (type(value), value)
+    return _Unknown()
 
 
 def peak_memory(device: torch.device) -> float:
