@@ -46,6 +46,7 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_cache.py")
     session.run("python", "bench_hf.py")
     session.run("python", "bench_resume.py")
+    session.run("python", "bench_observe.py")
 
 
 @nox.session

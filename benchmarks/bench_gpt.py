@@ -19,6 +19,8 @@ to float32 rounding, so the two time the same work.
     python benchmarks/bench_gpt.py                       # fp32 and bf16, 21 rounds
     python benchmarks/bench_gpt.py --dtype bf16 --rounds 31 --updates 10
     python benchmarks/bench_gpt.py --device cuda
+    python benchmarks/bench_gpt.py --dtype fp32 --control --rounds 41   # against the loop again: the noise floor
+    python benchmarks/bench_gpt.py --threads 1 --clock cpu --control     # CPU time: a shared machine's waits left out
 """
 
 from __future__ import annotations
@@ -140,18 +142,20 @@ def composed(model, batches, accum, dtype, device, clip):
     return lambda i: train(state, batches[i % len(batches)]).loss
 
 
-def driver(model, dataset, batch_size, accum, dtype, device, clip):
+def driver(model, dataset, batch_size, accum, dtype, device, clip, clock=time.perf_counter):
     state = ct.TrainState(model, adamw(model))
     train = stack(accum, dtype, clip)
+    # on the CPU clock, the batches read in this process (a loader worker's time would not be counted)
+    workers = {"num_workers": 0} if clock is time.process_time else {}
 
     def run(updates: int) -> float:
         if device == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
-        ct.run(train, state, dataset, batch_size=batch_size, max_steps=state.step + updates, progress=False)
+        start = clock()
+        ct.run(train, state, dataset, batch_size=batch_size, max_steps=state.step + updates, progress=False, **workers)
         if device == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - start
+        return clock() - start
 
     return run
 
@@ -184,9 +188,24 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--no-run", action="store_true", help="leave out ct.run (the transform stack alone)")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="time by the wall clock, or by this process's CPU time (a shared machine's waits for a core left out; "
+        "with --threads 1, and ct.run reading in this process)",
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="add the hand-written loop again, on a copy of its own: its ratio to the first is the noise floor",
+    )
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and args.device != "cpu":
+        parser.error("--clock cpu times the CPU's work: use it with --device cpu")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     g = torch.Generator().manual_seed(0)
     corpus = torch.randint(0, args.vocab, (100_000,), generator=g)
@@ -201,23 +220,31 @@ def main() -> None:
         check_same_work(model, batches, args, dtype)
         contenders = {
             "hand-written loop": timed_loop(
-                hand_written(copy.deepcopy(model), batches, args.accum, dtype, args.device, args.clip), args.device
+                hand_written(copy.deepcopy(model), batches, args.accum, dtype, args.device, args.clip),
+                args.device,
+                clock,
             ),
             "composetrain stack": timed_loop(
-                composed(copy.deepcopy(model), batches, args.accum, dtype, args.device, args.clip), args.device
+                composed(copy.deepcopy(model), batches, args.accum, dtype, args.device, args.clip), args.device, clock
             ),
         }
+        if args.control:  # the same loop and work: whatever its ratio is off 1 by, the machine made
+            contenders["hand-written loop, again"] = timed_loop(
+                hand_written(copy.deepcopy(model), batches, args.accum, dtype, args.device, args.clip),
+                args.device,
+                clock,
+            )
         if not args.no_run:
             dataset = TensorDataset(xs.cpu(), ys.cpu())
             contenders["ct.run"] = driver(
-                copy.deepcopy(model), dataset, args.batch, args.accum, dtype, args.device, args.clip
+                copy.deepcopy(model), dataset, args.batch, args.accum, dtype, args.device, args.clip, clock
             )
         results = compare(contenders, updates=args.updates, rounds=args.rounds)
         print(
             report(
                 f"GPT {args.depth}x{args.width}, {args.heads} heads, context {args.context}, vocab {args.vocab}, "
                 f"batch {args.batch} in {args.accum}, AdamW, clip {args.clip}, {name}, {args.device}, "
-                f"{torch.get_num_threads()} threads, torch {torch.__version__}",
+                f"{torch.get_num_threads()} threads, torch {torch.__version__}, {args.clock} clock",
                 results,
                 "hand-written loop",
             )

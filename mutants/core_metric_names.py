@@ -17,8 +17,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/core/metric_names.py",
-        "find": '"data_wait", "global_batch", "eval"}',
-        "replace": '"data_wait", "eval"}',
+        "find": '"skipped", "global_batch", "eval"}',
+        "replace": '"skipped", "eval"}',
         "tests": [
             "tests/test_metric_names.py::test_the_reserved_names_are_every_field_the_driver_writes",
         ],

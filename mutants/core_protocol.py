@@ -141,4 +141,14 @@ MUTANTS = [
         "why": "a transform's own data_ranks hides its inner steps': sharded(tensor_parallel(...)) looks unsplit",
         "from": "meshes",
     },
+    {
+        "file": "src/composetrain/core/protocol.py",
+        "find": "marked = _torch_profiler._is_profiler_enabled",
+        "replace": "marked = True",
+        "tests": [
+            "tests/test_profile_window.py::test_a_train_step_marks_its_phases_for_any_profiler_and_calls_no_record_function_without_one",
+        ],
+        "why": "record_function on every update, profiler or not (a dispatcher call per phase)",
+        "from": "observability",
+    },
 ]

@@ -70,8 +70,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/core/steps.py",
-        "find": 'for key, value in metric_names(metrics, TRAIN_FIELDS, "the step", repr(who)).items():',
-        "replace": "for key, value in metrics.items():",
+        "find": 'named = metric_names(metrics, TRAIN_FIELDS, "the step", who)  # who formatted only for a message',
+        "replace": "named = metrics",
         "tests": [
             "tests/test_refusals_change_nothing.py",
         ],
@@ -105,5 +105,35 @@ MUTANTS = [
         ],
         "why": "a scheduler that fails after optimizer.step() leaves a half-updated state that trains on silently",
         "from": "issue29_x_atomic",
+    },
+    {
+        "file": "src/composetrain/core/steps.py",
+        "find": '    if names == getattr(who, "checked_names", None) and all(type(k) is str for k in names):\n',
+        "replace": '    if names == getattr(who, "checked_names", None):\n',
+        "tests": [
+            "tests/test_metric_names.py::test_names_that_change_after_passing_are_checked_again_in_the_pass_that_returns_them",
+        ],
+        "why": "names taken as checked by equality alone: a str subclass claiming to equal them skips the rule",
+        "from": "observability_speed",
+    },
+    {
+        "file": "src/composetrain/core/steps.py",
+        "find": '    if names == getattr(who, "checked_names", None) and all(type(k) is str for k in names):\n',
+        "replace": '    if getattr(who, "checked_names", None) is not None:\n',
+        "tests": [
+            "tests/test_metric_names.py::test_names_that_change_after_passing_are_checked_again_in_the_pass_that_returns_them",
+        ],
+        "why": "the names checked once for the run: a reserved or non-str name returned later is logged over a field",
+        "from": "observability_speed",
+    },
+    {
+        "file": "src/composetrain/core/steps.py",
+        "find": "        if isinstance(who, _Lifted) and all(type(k) is str for k in names):",
+        "replace": "        if isinstance(who, _Lifted):",
+        "tests": [
+            "tests/test_metric_names.py::test_names_that_change_after_passing_are_checked_again_in_the_pass_that_returns_them",
+        ],
+        "why": "a subclass's names kept as checked: the next pass's comparison runs its __eq__ and skips the rule",
+        "from": "observability_speed",
     },
 ]

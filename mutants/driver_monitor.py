@@ -153,4 +153,34 @@ MUTANTS = [
         "why": "a file h5py reads called 'a ct.cache store already: make its augment cheaper'",
         "from": "issue22_hdf5",
     },
+    {
+        "file": "src/composetrain/driver/monitor.py",
+        "find": "per_update = flops * world / updates if",
+        "replace": "per_update = flops / updates if",
+        "tests": [
+            "tests/test_stragglers.py::test_the_slowed_rank_is_named_with_its_host_and_what_it_waited_on",
+        ],
+        "why": "flops_per_update of one rank, not of the global batch",
+        "from": "observability",
+    },
+    {
+        "file": "src/composetrain/driver/monitor.py",
+        "find": "record.update(self._throughput(samples_ * world, units * world, flops, updates, elapsed))",
+        "replace": "record.update(self._throughput(samples_, units, flops, updates, elapsed))",
+        "tests": [
+            "tests/test_stragglers.py::test_the_slowed_rank_is_named_with_its_host_and_what_it_waited_on",
+        ],
+        "why": "samples_per_s the ranks' mean, not their sum",
+        "from": "observability",
+    },
+    {
+        "file": "src/composetrain/driver/monitor.py",
+        "find": 'fields["mfu"] = mfu(per_update, rate, self.peak, world)',
+        "replace": 'fields["mfu"] = mfu(per_update, rate, self.peak, 1)',
+        "tests": [
+            "tests/test_stragglers.py::test_the_slowed_rank_is_named_with_its_host_and_what_it_waited_on",
+        ],
+        "why": "MFU against one device's peak while every rank's FLOPs are counted",
+        "from": "observability",
+    },
 ]

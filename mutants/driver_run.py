@@ -138,10 +138,14 @@ MUTANTS = [
         "file": "src/composetrain/driver/run.py",
         "find": (
             "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
-            "        out = self.step_fn(self.state, batch)\n"
+            "        with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the "
+            "profiler's window\n"
+            "            out = self.step_fn(self.state, batch)\n"
         ),
         "replace": (
-            "        out = self.step_fn(self.state, batch)\n"
+            "        with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the "
+            "profiler's window\n"
+            "            out = self.step_fn(self.state, batch)\n"
             "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
         ),
         "tests": [

@@ -39,8 +39,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/distributed.py",
-        "find": "                return last.around(contextlib.nullcontext())\n",
-        "replace": "                return contextlib.nullcontext()\n",
+        "find": "                return last.around(replica.wait_for_gradients())\n",
+        "replace": "                return replica.wait_for_gradients()\n",
         "tests": [
             "tests/test_distributed.py::test_a_refusal_on_one_rank_is_a_refusal_on_every_rank",
         ],
@@ -49,5 +49,15 @@ MUTANTS = [
             "is kept from the other ranks"
         ),
         "from": "issue29_x_atomic",
+    },
+    {
+        "file": "src/composetrain/transforms/distributed.py",
+        "find": "return last.around(replica.wait_for_gradients())",
+        "replace": "return last.around(contextlib.nullcontext())",
+        "tests": [
+            "tests/test_stragglers.py::test_the_slowed_rank_is_named_with_its_host_and_what_it_waited_on",
+        ],
+        "why": "distributed does not time the gradient all-reduce's wait: the rank slow in its step goes unnamed",
+        "from": "observability",
     },
 ]

@@ -19,6 +19,7 @@ from torch.utils.data import TensorDataset
 
 import composetrain as ct
 import composetrain.checkpoint.files as checkpoint
+from composetrain.core.metric_names import MEASURED
 
 
 def dataset(n=96):
@@ -66,7 +67,7 @@ def train(tmp=None, **options):
 
 
 def untimed(history):
-    return [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in history]
+    return [{k: v for k, v in r.items() if k not in MEASURED} for r in history]
 
 
 def accuracy(model, batch):

@@ -252,6 +252,7 @@ BARE = [
     ("distributed", lambda s: ct.distributed(s), lambda s: ct.distributed()(s)),
     ("sharded", lambda s: ct.sharded(s), lambda s: ct.sharded()(s)),
     ("compile", lambda s: ct.compile(s), lambda s: ct.compile()(s)),
+    ("skip_spikes", lambda s: ct.skip_spikes(s), lambda s: ct.skip_spikes()(s)),
     (
         "compose",
         lambda s: ct.compose(ct.mixed_precision, ct.distributed)(s),

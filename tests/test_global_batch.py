@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 import composetrain as ct
 from composetrain.checkpoint.format import SHARED, read
+from composetrain.core.metric_names import MEASURED
 from composetrain.driver.global_batches import GlobalBatches, global_problem, share, world_sizes
 
 
@@ -209,10 +210,8 @@ def test_a_run_stopped_mid_window_in_one_process_resumes_bit_for_bit(tmp_path):
     resumed = global_batch_job(0, 1, str(tmp_path / "b"))
     assert stopped["preempted"] and stopped["steps"] == 5 and resumed["steps"] == 14
     assert all(torch.equal(v, resumed["params"][k]) for k, v in straight["params"].items())
-    untimed = [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in straight["history"]]
-    assert [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in resumed["history"]] == (
-        untimed
-    )
+    untimed = [{k: v for k, v in r.items() if k not in MEASURED} for r in straight["history"]]
+    assert [{k: v for k, v in r.items() if k not in MEASURED} for r in resumed["history"]] == (untimed)
 
 
 def test_a_changed_global_batch_size_is_refused_naming_both(tmp_path):

@@ -8,14 +8,17 @@ import numpy as np
 import pytest
 import run_script
 import torch
-from helpers import assert_states_equal
+from helpers import assert_states_equal, assert_untouched, snapshot
 
 import composetrain as ct
 
 # every field ct.run writes in a record of metrics.jsonl (and RunResult): no metric may take one's name
 TRAIN_FIELDS = {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
+TRAIN_FIELDS |= {"samples_per_s", "flops_per_update", "peak_memory_mib"}  # throughput (test_flops.py)
 COMPILE_FIELDS = {"compiles", "compile_s"}  # in the records of a run that compiles (test_compile_run.py)
-TRAIN_FIELDS |= COMPILE_FIELDS
+# in the records of a run with peak_flops, of a composition with a weight, of ranks where one straggled
+SOMETIMES = {"mfu", "tokens_per_s", "stragglers"}
+TRAIN_FIELDS |= COMPILE_FIELDS | SOMETIMES
 EVAL_FIELDS = {"step", "epoch", "eval", "eval_ema"}  # eval_ema: ct.ema's weights evaluated (test_ema)
 
 OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5}
@@ -72,6 +75,50 @@ def test_a_metric_name_that_is_not_a_str_is_refused_at_the_first_update(tmp_path
     assert len(calls) == 1 and not list(tmp_path.glob("step-*"))  # refused at the first update, nothing saved
 
 
+class Tricky(str):
+    """A name that claims to equal any other: names are the same as those checked only if they are plain str."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other):
+        return True
+
+
+PLAIN = lambda m: m  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    ("earlier", "later", "error", "bad"),
+    [
+        (PLAIN, lambda m: {**m, "lr": m["acc"]}, ValueError, r"metric 'lr', a name ct\.run's training records"),
+        (PLAIN, lambda m: {0: m["acc"]}, TypeError, r"metric 0 \(int\); metric names must be str"),
+        (PLAIN, lambda m: {Tricky("lr"): m["acc"]}, ValueError, r"metric 'lr', a name ct\.run's training records"),
+        (lambda m: {Tricky("acc"): m["acc"]}, lambda m: {"lr": m["acc"]}, ValueError, r"metric 'lr', a name ct"),
+    ],
+)
+def test_names_that_change_after_passing_are_checked_again_in_the_pass_that_returns_them(earlier, later, error, bad):
+    """The names a pass returned that passed the rule pass again unread (once per update is the common case); a
+    pass that returns other names, in any micro-batch of any later update, is checked and refused before its
+    backward: nothing of the update is applied. Names that are not plain str are looked at every time."""
+    calls = []
+
+    def step(model, batch):
+        calls.append(1)
+        loss, metrics = run_script.step(model, batch)
+        return loss, later(metrics) if len(calls) == 6 else earlier(metrics)  # update 3's second micro-batch
+
+    state = run_script.state()
+    train_ = ct.accumulate(2)(step)
+    batches = iter(torch.utils.data.DataLoader(run_script.dataset(), batch_size=12))
+    for _ in range(2):
+        train_(state, next(batches))
+    before = snapshot(state)
+    with pytest.raises(error, match=rf"^train_step\(step\): the step returns {bad}"):
+        train_(state, next(batches))
+    assert len(calls) == 6
+    assert_untouched(state, before)
+
+
 def test_an_eval_metric_name_that_is_not_a_str_is_refused():
     step = lambda model, batch: {0: torch.tensor(0.5)}  # noqa: E731
     with pytest.raises(TypeError, match=r"run: eval_step returns metric 0 \(int\); metric names must be str"):
@@ -118,7 +165,7 @@ def test_the_reserved_names_are_every_field_the_driver_writes():
         eval_step=evaluated({}),
         eval_data=run_script.dataset(24),
     )
-    assert set(result.history[0]) - {"acc"} | {"eval"} | COMPILE_FIELDS == TRAIN_FIELDS
+    assert set(result.history[0]) - {"acc"} | {"eval"} | COMPILE_FIELDS | SOMETIMES == TRAIN_FIELDS
     assert set(result.evals[0]) - {"acc"} | {"eval", "eval_ema"} == EVAL_FIELDS
     from composetrain.driver import monitor
 

@@ -25,6 +25,7 @@ from processes import Pool
 from run_script import untimed
 
 import composetrain as ct
+from composetrain.core.metric_names import MEASURED
 from composetrain.core.rng import derive_seed
 
 JOB = "helpers"  # the module the pools' ranks import for the job
@@ -143,6 +144,14 @@ def assert_same_records(a, b, rel=1e-12):
         )
         for key in ("loss", "acc", "lr"):
             assert x[key] == pytest.approx(y[key], rel=rel, abs=0), (key, x, y)
+        # every field but the measured ones (timings, throughput, memory, stragglers) the same, none missing
+        assert x.keys() - MEASURED == y.keys() - MEASURED, (x, y)
+        for key in x.keys() - MEASURED:
+            if isinstance(x[key], float):
+                assert x[key] == pytest.approx(y[key], rel=rel, abs=0), (key, x, y)
+            else:
+                assert x[key] == y[key], (key, x, y)
+        assert {"samples_per_s", "flops_per_update", "peak_memory_mib"} <= x.keys() & y.keys(), (x, y)
 
 
 def updates(per_rank):

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from composetrain.transforms.pipeline_parallel import pipeline
     from composetrain.transforms.precision import mixed_precision
     from composetrain.transforms.sharded import apply_sharding, sharded
+    from composetrain.transforms.spikes import skip_spikes
     from composetrain.transforms.tensor_parallel import tensor_parallel
 
 _WHERE = {
@@ -76,6 +77,7 @@ _WHERE = {
     "rendezvous": "composetrain.launch.rendezvous",
     "apply_sharding": "composetrain.transforms.sharded",
     "sharded": "composetrain.transforms.sharded",
+    "skip_spikes": "composetrain.transforms.spikes",
     "RuntimeState": "composetrain.core.state",
     "TrainState": "composetrain.core.state",
     "PlainStep": "composetrain.core.steps",
@@ -152,6 +154,7 @@ __all__ = [
     "scaled_lr",
     "sharded",
     "shifted_tokens",
+    "skip_spikes",
     "split_batch",
     "tensor_parallel",
     "train_step",

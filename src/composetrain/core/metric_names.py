@@ -8,12 +8,19 @@ from typing import Any
 
 from composetrain.core.util import RUN, show
 
-__all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "metric_names"]
+__all__ = ["EVAL_FIELDS", "MEASURED", "TRAIN_FIELDS", "metric_names"]
 
 # The fields ct.run writes in its records besides the metrics: a metric of the same name would overwrite one.
 # "eval" is the key that tells an evaluation record from a training one in the metrics file.
+# The fields that measure the machine, not the training: they differ from run to run (and a resumed run's from the
+# uninterrupted one's) where everything else is equal
+MEASURED = frozenset(
+    {"updates_per_s", "data_wait", "samples_per_s", "tokens_per_s", "flops_per_update", "mfu", "peak_memory_mib"}
+    | {"stragglers"}  # the ranks the others waited for, in a window where one was
+)
 TRAIN_FIELDS = frozenset(
-    {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
+    {"step", "epoch", "loss", "lr", "skipped", "global_batch", "eval"}
+    | MEASURED
     | {"compiles", "compile_s"}  # torch.compile's compilations in the window and their seconds, once there are any
 )
 # an evaluation's metrics are nested under "eval" in the file, those of ct.ema's weights under "eval_ema"

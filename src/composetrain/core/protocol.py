@@ -43,6 +43,9 @@ whichever order the transforms were nested in:
   refusal on one process (a metric, a buffer ``ct.ema`` cannot average) is a refusal on all.
 - ``model_parts``: the processes holding the other parts of a model split across processes
   (``ct.pipeline``'s stages), for what concerns the whole model: the gradient norm, an overflow.
+- ``gather``: every process's few numbers, by rank (one small all-gather), set by the same transforms:
+  what a decision that every process must take alike is taken from (``ct.skip_spikes`` judges the
+  global loss, the mean of every process's, never one process's own).
 - ``call_step``: what the innermost pass calls the plain step through: given the plain
   step, the callable to call in its place (``ct.compile``'s compiled step). It runs
   with the model every transform has set by then (the DDP wrapper, the sharded
@@ -74,6 +77,8 @@ from typing import Any, ClassVar, NamedTuple, TypeAlias
 
 import torch
 from torch import nn
+from torch.autograd import profiler as _torch_profiler
+from torch.autograd.profiler import record_function
 
 from composetrain.core._rollback import CallUndo
 from composetrain.core.batching import check_weights, samples
@@ -98,11 +103,15 @@ class StepOutput:
         metrics: detached scalar tensors, means over the batch's units (metrics the
             step returned as numbers become CPU tensors: reading them is free).
         skipped: bool-like, true when the update was not applied.
+        units: the units of this process's batch, as the composition counts them (its samples, or what
+            ``accumulate``'s ``weight`` counts: tokens), read once by the call anyway; None where unknown
+            (an output restored from a checkpoint). ``ct.run`` adds them up for its records' throughput.
     """
 
     loss: torch.Tensor
     metrics: dict[str, torch.Tensor]
     skipped: bool | torch.Tensor = False
+    units: float | None = None
 
 
 class Context(NamedTuple):
@@ -137,6 +146,9 @@ class Context(NamedTuple):
             ``model_parts.counted(tensors)``, those of this process's tensors that a global norm counts (a
             weight tied across stages counts once). None when every process holds every parameter (or its
             DTensor shard).
+        gather: ``gather(values) -> [values of rank 0, of rank 1, ...]``, every process's numbers by rank,
+            set by the same transforms (one small all-gather); what a decision every process takes alike is
+            computed from, in the update phase (which every process reaches once none refused). None alone.
     """
 
     model: nn.Module
@@ -153,6 +165,7 @@ class Context(NamedTuple):
     call_step: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
     agree: Callable[[list[float]], list[float]] | None = None
     model_parts: Any = None
+    gather: Callable[[list[float]], list[list[float]]] | None = None
 
 
 class Pass(NamedTuple):
@@ -373,6 +386,13 @@ class TrainStep:
         holds no more than training does on any number of processes."""
         return self.inner.forward_size(state, size) if self.inner is not None else size
 
+    def waited(self, state: TrainState) -> float:
+        """Seconds this process has spent waiting for the other processes inside this composition's updates, in
+        total so far (a transform that makes processes agree measures its own waits: ``ct.distributed``'s
+        all-reduces; 0.0 where none is measured). ``ct.run`` reads it at its log points, to tell a rank that is
+        slow from the ranks that wait for it (their time in the step is alike: each waits for the slowest)."""
+        return self.inner.waited(state) if self.inner is not None else 0.0
+
     def _inner(self) -> TrainStep:
         if self.inner is None:
             raise NotImplementedError(
@@ -409,13 +429,24 @@ class TrainStep:
         params = _params(state)
         kept = CallUndo(params)
         undo: CallUndo | None = kept  # until the update phase begins
+        # torch.profiler records now (a plain bool torch keeps for this): name the phases in its trace; a
+        # record_function outside a profiler still costs a dispatcher call, so there is none then
+        marked = _torch_profiler._is_profiler_enabled
         try:
             ctx = self.prepare(state, batch, ctx)  # checks what it can before the forward, changes nothing
             kept.keep_buffers(state.model)  # after prepare, which may place the model (once)
-            done = self.grads(state, batch, ctx)
+            if marked:
+                with record_function("forward/backward"):
+                    done = self.grads(state, batch, ctx)
+            else:
+                done = self.grads(state, batch, ctx)
             self._verified(state, done, ctx)  # the last refusal: from here on the call changes the state
             undo = None
-            applied = self.update(state, ctx)
+            if marked:
+                with record_function("optimizer"):
+                    applied = self.update(state, ctx)
+            else:
+                applied = self.update(state, ctx)
         finally:
             kept.close()
             state.zero_grad()
@@ -425,7 +456,7 @@ class TrainStep:
                 undo.restore()
         metrics = {k: _as_tensor(v) for k, v in done.metrics.items()}
         metrics.update((k, _as_tensor(v)) for k, v in applied.metrics.items())
-        return StepOutput(done.loss, metrics, applied.skipped)
+        return StepOutput(done.loss, metrics, applied.skipped, units)
 
     def _verified(self, state: TrainState, done: Pass, ctx: Context) -> None:
         """The refusals after the passes; under ``ctx.agree`` every process learns whether any refused, so

@@ -25,6 +25,7 @@ __all__ = [
     "RUN",
     "SCALED_LR",
     "SHARDED",
+    "SKIP_SPIKES",
     "TENSOR_PARALLEL",
     "WARMUP",
     "check_bool",
@@ -54,6 +55,7 @@ PIPELINE_SPLIT = "pipeline_split"
 SCALED_LR = "scaled_lr"
 SHARDED = "sharded"
 TENSOR_PARALLEL = "tensor_parallel"
+SKIP_SPIKES = "skip_spikes"
 WARMUP = "warmup"
 
 

@@ -6,8 +6,10 @@ import dataclasses
 import errno
 import itertools
 import json
+import math
 import os
 import re
+import socket
 import sys
 import time
 import warnings
@@ -17,37 +19,68 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composetrain.core.metric_names import EVAL_FIELDS, TRAIN_FIELDS, metric_names
-from composetrain.core.protocol import StepOutput
+from composetrain.core.batching import samples
+from composetrain.core.metric_names import EVAL_FIELDS, MEASURED, TRAIN_FIELDS, metric_names
+from composetrain.core.protocol import StepOutput, TrainStep
 from composetrain.core.state import TrainState
 from composetrain.core.util import RUN
 from composetrain.data.kinds import as_hdf5, as_mapped, augmented_inside
 from composetrain.driver.compiling import compile_totals
 from composetrain.driver.reader import auto_workers
+from composetrain.driver.stragglers import DEFAULT_THRESHOLD, RankTimes, Stragglers
+from composetrain.driver.throughput import FlopCount, mfu, peak_memory
 from composetrain.driver.tracking import Records, Tracker, sent_file
+from composetrain.launch.agree import gathered, gathered_numbers
 from composetrain.launch.rendezvous import Process
 
-__all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
+__all__ = ["EVAL_FIELDS", "MEASURED", "TRAIN_FIELDS", "Meter", "MetricsLog", "metric_names", "progress_bar"]
 
 
 class Meter:
     """Step outputs kept on the device between log points (the window, which ``Progress`` owns and
     checkpoints carry), read in one host sync and averaged over ranks at them; the time spent
-    waiting for data against the time in the step."""
+    waiting for data against the time in the step; the samples (and tokens), FLOPs and peak memory of each
+    window, and each rank's timings, gathered at log points to name a rank the others wait for."""
 
-    def __init__(self, proc: Process, state: TrainState) -> None:
-        self.proc, self.state = proc, state
+    def __init__(
+        self,
+        proc: Process,
+        state: TrainState,
+        step_fn: TrainStep | None = None,
+        flops: FlopCount | None = None,
+        peak: float | None = None,
+        straggler_threshold: float = DEFAULT_THRESHOLD,
+    ) -> None:
+        self.proc, self.state, self.step_fn = proc, state, step_fn
         self.waited = self.computed = 0.0  # this call of ct.run
         self.window_start = time.perf_counter()
         self.window_wait = 0.0
         self.first = True  # the first update of this call: a resumed window is compared with it
+        self.checked_names: tuple[Any, ...] | None = None  # the metric names metric_names last passed
         # torch.compile's totals in this process when this call (and its window) began
         self.compiled_before = self.window_compiled = compile_totals()
+        # the composition counts units of its own (accumulate's weight=: tokens): samples are counted apart
+        self.by_weight = step_fn is not None and step_fn.weight is not None
+        self.flops = flops if flops is not None else FlopCount()
+        self.peak = peak
+        # this process's updates in the window, their samples and units, its seconds in the step and waiting in it
+        self.window_updates, self.window_samples, self.window_units, self.window_step = 0, 0.0, 0.0, 0.0
+        self.window_flops: float | None = 0.0  # None: an update of the window came before the count
+        self.waited_before = step_fn.waited(state) if step_fn is not None else 0.0
+        host = socket.gethostname()
+        self.hosts = gathered(host) if proc.world_size > 1 else [host]  # once: who a straggler is
+        self.stragglers = Stragglers(straggler_threshold)
+        peak_memory(proc.device)  # the first window's peak starts now
 
-    def add(self, window: list[StepOutput], out: StepOutput, waited: float, computed: float) -> None:
+    def add(self, window: list[StepOutput], out: StepOutput, waited: float, computed: float, batch: Any = None) -> None:
         """Append ``out`` to ``window`` (its metric names checked and made plain ``str``: a few keys and
-        dtypes, no host sync) and count the time it waited for its batch and computed."""
-        metrics = metric_names(out.metrics, TRAIN_FIELDS, "the step")
+        dtypes, no host sync) and count the time it waited for its batch and computed, and its samples."""
+        names = tuple(out.metrics)
+        if names == self.checked_names and all(type(k) is str for k in names):  # as the last update's: checked
+            metrics = out.metrics
+        else:
+            metrics = metric_names(out.metrics, TRAIN_FIELDS, "the step")
+            self.checked_names = names
         for k, v in metrics.items():
             if v.is_complex():  # Meter.read's float() would keep the real part alone
                 raise TypeError(
@@ -74,6 +107,16 @@ class Meter:
         self.waited += waited
         self.computed += computed
         self.window_wait += waited
+        self.window_step += computed
+        units = out.units if out.units is not None else 0.0
+        count = float(samples(batch)) if self.by_weight else units
+        if self.flops.total is not None and self.flops.samples is None:  # the update the FLOPs were counted on
+            self.flops.samples = count
+        flops = self.flops.of(count)
+        self.window_flops = None if flops is None or self.window_flops is None else self.window_flops + flops
+        self.window_updates += 1
+        self.window_samples += count
+        self.window_units += units
 
     def read(self, window: list[StepOutput], epoch: int, lr: float | None) -> dict[str, Any]:
         """The record of the updates in ``window`` (those since the last log point), which it empties; on
@@ -93,13 +136,20 @@ class Meter:
             now[0] - self.compiled_before[0],
         ]
         self.window_compiled = now
-        means = torch.cat([torch.stack(rows).mean(0), torch.tensor(compiled, dtype=torch.float64, device=device)])
+        # this process's samples, units and FLOPs in the window (NaN: an update before the count), summed over ranks
+        # in the same all-reduce
+        flops = self.window_flops if self.window_flops is not None else math.nan
+        made = [self.window_samples, self.window_units, flops, self.window_updates]
+        means = torch.cat(
+            [torch.stack(rows).mean(0), torch.tensor(compiled + made, dtype=torch.float64, device=device)]
+        )
         if self.proc.world_size > 1:
             dist.all_reduce(means)  # out.loss averaged over ranks is the global mean (ct.distributed)
             means /= self.proc.world_size
         values = means.tolist()  # the one host sync of a log point
-        *values, compiles, compile_s, run_compiles = values
+        *values, compiles, compile_s, run_compiles, samples_, units, flops, updates = values
         elapsed = time.perf_counter() - self.window_start
+        world = self.proc.world_size
         record = {
             "step": self.state.step,
             "epoch": epoch,
@@ -113,9 +163,39 @@ class Meter:
         if run_compiles > 0:  # this run compiled: how often and how long, in this window
             record["compiles"] = int(compiles) if compiles.is_integer() else compiles
             record["compile_s"] = compile_s
+        record.update(self._throughput(samples_ * world, units * world, flops, updates, elapsed))
         window.clear()
         self.window_start, self.window_wait = time.perf_counter(), 0.0
+        self.window_updates, self.window_samples, self.window_units, self.window_step = 0, 0.0, 0.0, 0.0
+        self.window_flops = 0.0
         return record
+
+    def _throughput(
+        self, samples_: float, units: float, flops: float, updates: float, elapsed: float
+    ) -> dict[str, Any]:
+        """The window's throughput fields (all processes together), its peak memory (the largest rank's) and the
+        ranks the others waited for: each rank's timings gathered in one small collective."""
+        world = self.proc.world_size
+        rate = updates / elapsed if elapsed > 0 else float("nan")  # this call's updates (a resumed window's are not)
+        fields: dict[str, Any] = {"samples_per_s": samples_ / elapsed if elapsed > 0 else float("nan")}
+        if self.by_weight:
+            fields["tokens_per_s"] = units / elapsed if elapsed > 0 else float("nan")  # the weight's units
+        # FLOPs of one update of all processes: each process's own counted once, scaled by its samples
+        per_update = flops * world / updates if math.isfinite(flops) and updates else None
+        fields["flops_per_update"] = per_update
+        if self.peak is not None:
+            fields["mfu"] = mfu(per_update, rate, self.peak, world)
+        waited_now = self.step_fn.waited(self.state) if self.step_fn is not None else 0.0
+        mine = [self.window_step, waited_now - self.waited_before, self.window_wait, peak_memory(self.proc.device)]
+        self.waited_before = waited_now
+        every = gathered_numbers(mine)
+        fields["peak_memory_mib"] = max(theirs[3] for theirs in every)
+        if world > 1:
+            times = [RankTimes(*theirs[:3]) for theirs in every]
+            found = self.stragglers.see(times, self.hosts, elapsed)
+            if found:
+                fields["stragglers"] = found
+        return fields
 
     def over_ranks(self, window: list[StepOutput]) -> list[StepOutput]:
         """Each update of ``window`` as the mean of its loss and metrics over the ranks (float64, on the CPU): what
@@ -183,9 +263,9 @@ class Meter:
                 "checkpoint_dir, and more compilations than shapes point to graph breaks or changing shapes "
                 "(TORCH_LOGS=recompiles); "
             )
-        return compiling + self._throughput(loader)
+        return compiling + self.stragglers.sentence() + self._limit(loader)
 
-    def _throughput(self, loader: Any) -> str:
+    def _limit(self, loader: Any) -> str:
         cause, choice = self._cause(loader), getattr(loader, "choice", None)
         if choice and loader.num_workers == 0 and self.data_wait > 0.2:  # auto weighed workers: no "raise" advice
             return f"data loading is {self.data_wait:.0%} of the step; {choice}; {_cheaper(loader)}"

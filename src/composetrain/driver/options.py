@@ -20,9 +20,18 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from composetrain.core.protocol import TrainStep
 from composetrain.core.util import RUN, check_int, check_real, show
+from composetrain.driver.throughput import PRECISIONS
 from composetrain.driver.tracking import deferred_kind
 
-__all__ = ["CheckpointOptions", "EvalOptions", "LoaderOptions", "LogOptions", "RunOptions"]
+__all__ = [
+    "CheckpointOptions",
+    "EvalOptions",
+    "LoaderOptions",
+    "LogOptions",
+    "ProfileOptions",
+    "RunOptions",
+    "WatchOptions",
+]
 
 
 def _optional_int(value: Any, name: str) -> int | None:
@@ -488,6 +497,111 @@ class EvalOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProfileOptions:
+    """Which updates ``torch.profiler`` records (``ct.run(profile=...)``): after ``wait`` updates of the call it
+    starts, warms up over ``warmup`` updates, records ``active`` ones and writes their trace into ``folder``; that
+    ``repeat`` times. ``record_shapes``, ``profile_memory`` and ``with_stack`` are the profiler's own."""
+
+    wait: int = 5
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    folder: Path | None = None
+
+    def __post_init__(self) -> None:
+        example = "profile={'wait': 5, 'warmup': 1, 'active': 3, 'repeat': 1}"
+        for name, least in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 1)):
+            _set(
+                self, **{name: check_int(getattr(self, name), RUN, f"profile's {name}", minimum=least, example=example)}
+            )
+        for name in ("record_shapes", "profile_memory", "with_stack"):
+            check_flag(getattr(self, name), f"profile's {name}")
+        if self.folder is not None and not isinstance(self.folder, Path):
+            raise TypeError(f"{RUN}: ProfileOptions.folder is a resolved Path or None, got {show(self.folder)}")
+
+    @classmethod
+    def from_run_arg(cls, profile: Any, run_folder: Path | None) -> ProfileOptions | None:
+        """``profile``: False (no profiler), True (the default window), or a dict of the fields (``folder``: where the
+        traces go, default ``profile/`` in the run's folder: checkpoint_dir, else the metrics file's)."""
+        if profile is False:
+            return None
+        if profile is True:
+            profile = {}
+        if not isinstance(profile, Mapping):
+            raise TypeError(
+                f"{RUN}: profile must be True, False or a dict of the window, got {show(profile)}; e.g. profile=True, "
+                "or profile={'wait': 5, 'warmup': 1, 'active': 3, 'repeat': 1}"
+            )
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(str(k) for k in profile if k not in fields)
+        if unknown:
+            raise ValueError(f"{RUN}: profile has no setting {unknown[0]!r}; its settings are {fields}")
+        given = dict(profile)
+        folder = given.pop("folder", None)
+        window = cls(**given)  # the window's values checked first, then where it writes
+        if folder is None:
+            if run_folder is None:
+                raise ValueError(
+                    f"{RUN}: profile writes its traces into the run's folder, but there is none: give checkpoint_dir "
+                    "or log_file, or a folder: profile={'folder': 'runs/a/profile'}"
+                )
+            folder = run_folder / "profile"
+        else:
+            if not isinstance(folder, (str, os.PathLike)) or not os.fspath(folder):
+                raise TypeError(
+                    f"{RUN}: profile's folder must name a folder, got {show(folder)}; e.g. 'runs/a/profile'"
+                )
+            _no_nul(folder, "profile's folder")
+            folder = Path(folder).expanduser()
+        return dataclasses.replace(window, folder=folder)
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchOptions:
+    """What ct.run measures beyond the loss: the profiler window (None: none), the peak FLOP/s that MFU divides by
+    (a number, a precision to look up for the GPU, or None: no MFU), the ratio that names a straggler, and
+    whether an out-of-memory error on CUDA leaves a memory snapshot in ``folder`` (the run's folder)."""
+
+    profile: ProfileOptions | None = None
+    peak_flops: float | str | None = None
+    straggler_threshold: float = 1.2
+    oom_snapshot: bool = False
+    folder: Path | None = None
+
+    def __post_init__(self) -> None:
+        peak = self.peak_flops
+        if isinstance(peak, str):
+            if peak not in PRECISIONS:
+                raise ValueError(
+                    f"{RUN}: peak_flops must be a number (FLOP/s of one device) or one of {list(PRECISIONS)} (looked "
+                    f"up for this GPU), got {show(peak)}; e.g. peak_flops='bf16'"
+                )
+        elif peak is not None:
+            _set(self, peak_flops=check_real(peak, RUN, "peak_flops", example="peak_flops=312e12, or 'bf16'"))
+        threshold = check_real(self.straggler_threshold, RUN, "straggler_threshold", example="straggler_threshold=1.2")
+        if not threshold > 1:
+            raise ValueError(
+                f"{RUN}: straggler_threshold must be above 1 (how many times slower than the others' median a rank "
+                f"must be to be named), got {show(self.straggler_threshold)}; e.g. straggler_threshold=1.2"
+            )
+        _set(self, straggler_threshold=threshold)
+        check_flag(self.oom_snapshot, "oom_snapshot")
+        if self.profile is not None and not isinstance(self.profile, ProfileOptions):
+            raise TypeError(f"{RUN}: WatchOptions.profile is a ProfileOptions or None, got {show(self.profile)}")
+
+    @classmethod
+    def from_run_args(
+        cls, *, profile: Any, peak_flops: Any, straggler_threshold: Any, oom_snapshot: Any, run_folder: Path | None
+    ) -> WatchOptions:
+        return cls(
+            ProfileOptions.from_run_arg(profile, run_folder), peak_flops, straggler_threshold, oom_snapshot, run_folder
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class RunOptions:
     """All of ct.run's options: how long it runs (epochs None: as many as max_steps needs), what it
     does on pre-emption, how long it waits for other processes, and the four parts' own."""
@@ -500,6 +614,7 @@ class RunOptions:
     checkpoint: CheckpointOptions
     log: LogOptions
     eval: EvalOptions
+    watch: WatchOptions = WatchOptions()
 
     def __post_init__(self) -> None:
         _set(self, epochs=_optional_int(self.epochs, "epochs"), max_steps=_optional_int(self.max_steps, "max_steps"))
@@ -539,4 +654,16 @@ class RunOptions:
             seed=a["seed"],
             global_batch_size=a.get("global_batch_size"),
         )
-        return cls(a["epochs"], a["max_steps"], a["requeue"], a["timeout"], loader, checkpoint, log, evaluation)
+        run_folder = Path(a["checkpoint_dir"]).expanduser() if a["checkpoint_dir"] is not None else None
+        if run_folder is None and log.log_file is not None:
+            run_folder = log.log_file.parent
+        watch = WatchOptions.from_run_args(
+            profile=a.get("profile", False),
+            peak_flops=a.get("peak_flops"),
+            straggler_threshold=a.get("straggler_threshold", 1.2),
+            oom_snapshot=a.get("oom_snapshot", False),
+            run_folder=run_folder,
+        )
+        return cls(
+            a["epochs"], a["max_steps"], a["requeue"], a["timeout"], loader, checkpoint, log, evaluation, watch=watch
+        )

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,12 @@ from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
 from composetrain.driver.options import RunOptions
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
+from composetrain.driver.profiling import Watch
 from composetrain.driver.progress import Progress, Schedule
 from composetrain.driver.reader import Reader
 from composetrain.driver.schedules import horizon_problem, steps_left_problem
+from composetrain.driver.stragglers import DEFAULT_THRESHOLD
+from composetrain.driver.throughput import resolve_peak
 from composetrain.driver.tracking import Tracker
 from composetrain.driver.waiting import Waiting
 from composetrain.launch.rendezvous import Process, rendezvous
@@ -114,6 +117,10 @@ def run(
     timeout: float = 300.0,
     tensorboard: bool | str | os.PathLike[str] = False,
     on_record: Tracker | None = None,
+    profile: bool | Mapping[str, Any] = False,
+    peak_flops: float | str | None = None,
+    straggler_threshold: float = DEFAULT_THRESHOLD,
+    oom_snapshot: bool = False,
 ) -> RunResult:
     """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
 
@@ -201,9 +208,29 @@ def run(
             record; after the next update after an evaluation), then ``ct.run`` raises it on rank 0, naming
             the record (which counts as sent; a KeyboardInterrupt or SystemExit comes out as itself, with a
             note); the other ranks return, ``preempted``. Every rank waits while it runs.
+        profile: run ``torch.profiler`` over a window of updates and write each rank's trace into the run's
+            folder (``profile/`` beside the checkpoints, or the metrics file): True for the default window (after 5
+            updates, 1 of warm-up, 3 recorded, once), or a dict of ``wait``, ``warmup``, ``active``, ``repeat``
+            (``torch.profiler.schedule``'s), ``record_shapes``, ``profile_memory``, ``with_stack`` and ``folder``.
+            Chrome trace JSON in TensorBoard's profiler-plugin layout; updates and their phases (data,
+            forward/backward, optimizer, logging, checkpoint, evaluation) marked. Nothing runs outside the window.
+        peak_flops: the peak FLOP/s of one device, for the records' ``mfu``: a number, or a precision
+            ("bf16", "fp16", "tf32", "fp32") looked up for this GPU in ``composetrain.driver.throughput.PEAK_FLOPS``
+            (dense peaks from NVIDIA's datasheets; a GPU it lacks is refused); None: no ``mfu``.
+        straggler_threshold: under several processes, a rank whose own time (data wait, and time in the step
+            less its waits for the others) is more than this many times the other ranks' median is named in the
+            record (``stragglers``) and in ``RunResult.bottleneck``, with its host and whether it waited on data
+            or computed; gathered at log points only, in one small collective.
+        oom_snapshot: on CUDA, record the allocator's history (a cost per allocation) and, when an update runs out
+            of memory, write ``memory/oom-rank<r>-update<n>.pickle`` in the run's folder before raising (open it at
+            https://pytorch.org/memory_viz); needs checkpoint_dir or log_file.
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
-    last, shorter record.
+    last, shorter record. Each record also says ``samples_per_s`` (all processes together), ``tokens_per_s`` (when
+    ``accumulate``'s ``weight`` counts the units: what it counts per second), ``flops_per_update`` (all processes;
+    counted by ``FlopCounterMode`` on the call's first update, once, and scaled by each update's samples), ``mfu``
+    (with ``peak_flops``) and ``peak_memory_mib`` (the largest process's: CUDA's allocated memory, else the resident
+    memory; each record's own peak).
 
     Returns:
         The RunResult.
@@ -242,6 +269,10 @@ def run(
         timeout=timeout,
         tensorboard=tensorboard,
         on_record=on_record,
+        profile=profile,
+        peak_flops=peak_flops,
+        straggler_threshold=straggler_threshold,
+        oom_snapshot=oom_snapshot,
     )
     log = options.log
     with rendezvous(timeout=options.timeout) as proc:
@@ -372,6 +403,22 @@ def _check_epochs_left(state: TrainState, schedule: Schedule, at: Progress) -> N
     problem = steps_left_problem(state.scheduler, ends) if ends is not None else None
     if problem is not None:
         raise ValueError(f"{RUN}: {problem}")
+
+
+def _marked(phase: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A ``_Driver`` action marked ``phase`` in a profiler's trace, while one records (``Watch.mark``)."""
+
+    def mark(action: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(action)
+        def marked(self: _Driver, *args: Any) -> None:
+            if self.stop is None:  # before start(): nothing watches yet
+                return action(self, *args)
+            with self.watch.mark(phase):
+                return action(self, *args)
+
+        return marked
+
+    return mark
 
 
 class _Driver:
@@ -550,7 +597,11 @@ class _Driver:
 
     def start(self, show_bar: bool, total: int) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
-        self.meter = Meter(self.proc, self.state)
+        watching = self.options.watch
+        # the profiler window, the FLOP count, the OOM snapshot
+        self.watch = Watch(watching, self.proc.rank, self.proc.device, self.state, self.step_fn)
+        peak = resolve_peak(watching.peak_flops, self.proc.device)
+        self.meter = Meter(self.proc, self.state, self.step_fn, self.watch.flops, peak, watching.straggler_threshold)
         self.used_lr: Any = None  # the learning rate of the last update this process made
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)
@@ -561,18 +612,20 @@ class _Driver:
         """The current epoch's batches from where ``at`` stands: (batches done after this one, batch, wait)."""
         if at.position == 0:
             at.order = epoch_order(self.loader, self.sampler)  # to replay a given loader's shuffle on resume
-        return epoch_batches(
-            self.loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch
+        return self.watch.batches(  # each wait for a batch marked "data" in a profiler's window
+            epoch_batches(self.loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch)
         )
 
     def update(self, at: Progress, batch: Any, waited: float) -> None:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
         started = time.perf_counter()
         lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it
-        out = self.step_fn(self.state, batch)
+        with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the profiler's window
+            out = self.step_fn(self.state, batch)
         self.used_lr = lr
-        self.meter.add(at.window, out, waited, time.perf_counter() - started)
+        self.meter.add(at.window, out, waited, time.perf_counter() - started, batch)
 
+    @_marked("logging")
     def write_log(self, at: Progress) -> None:
         state = self.state
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
@@ -594,6 +647,7 @@ class _Driver:
         assert self.stop is not None  # for the type checker: start() ran
         return self.stop.check(also=self.log.records.failed is not None)  # a failed tracker stops the run, saved
 
+    @_marked("checkpoint")
     def save(self, at: Progress) -> None:
         if self.checkpoints is None:
             return
@@ -605,6 +659,7 @@ class _Driver:
         shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators, over_ranks)
         self.saved_at = self.checkpoints.save(self.state.step, shared, local, nonfinite=nonfinite)
 
+    @_marked("evaluation")
     def evaluate(self, at: Progress) -> None:
         if self.evaluator is None:
             return
@@ -629,6 +684,7 @@ class _Driver:
         if self.stop is not None:
             self.stop.restore()
             self.bar.close()
+            self.watch.close()
         try:
             self.log.close()
         finally:

@@ -37,12 +37,32 @@ __all__ = ["DDPDeferredSync", "LastSync", "grads_telling_the_others"]
 class DDPDeferredSync:
     """``Context.deferred_sync`` for a DDP-wrapped model (see the module documentation)."""
 
-    def __init__(self, ddp: DistributedDataParallel, group: Any, who: object) -> None:
+    def __init__(
+        self,
+        ddp: DistributedDataParallel,
+        group: Any,
+        who: object,
+        timed: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda fn: fn,
+    ) -> None:
         self.ddp = ddp
         self.group = group
         self.who = who
+        # each of the three points, timed by ``distributed`` as waits for the other processes (TrainStep.waited);
+        # wrapped at each call, not kept wrapped: bound methods kept on the object would hold it (and its DDP
+        # wrapper, and the process group) in a reference cycle past the update
+        self.timed = timed
 
     def begin(self) -> None:
+        self.timed(self._begin)()
+
+    def agree(self, values: list[float]) -> list[float]:
+        result: list[float] = self.timed(self._agree)(values)
+        return result
+
+    def finish(self) -> None:
+        self.timed(self._finish)()
+
+    def _begin(self) -> None:
         """DDP's per-update collectives, now: none then happens inside the passes."""
         if self.ddp.static_graph:
             raise ValueError(
@@ -52,11 +72,11 @@ class DDPDeferredSync:
         with self.ddp.no_sync(), _forward_returning(self.ddp.module, lambda: torch.zeros(())):
             self.ddp()
 
-    def agree(self, values: list[float]) -> list[float]:
+    def _agree(self, values: list[float]) -> list[float]:
         """The elementwise maximum of ``values`` over the processes: one small all-reduce."""
         return largest(values, self.group)
 
-    def finish(self) -> None:
+    def _finish(self) -> None:
         """All-reduce the gradients accumulated under ``no_sync``, through DDP."""
         params = [p for p in self.ddp.module.parameters() if p.requires_grad and p.grad is not None]
         if not params:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
 from composetrain.core.composition_rules import refused_inside
@@ -17,7 +19,7 @@ from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import DISTRIBUTED, check_bool, check_real, name, show
-from composetrain.launch.agree import largest
+from composetrain.launch.agree import gathered_numbers, largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, grads_telling_the_others
 from composetrain.transforms._mesh import MeshPlace, average_gradients, data_layout, mesh_for
@@ -118,12 +120,45 @@ def distributed(
 
 
 class _Replica(RuntimeState):
-    """The DDP wrapper kept in the TrainState; rebuilt on demand, never checkpointed."""
+    """The DDP wrapper kept in the TrainState; rebuilt on demand, never checkpointed. Also the seconds this
+    process has waited for the others in its collectives (``TrainStep.waited``), a measurement, not state."""
 
     def __init__(self) -> None:
         self.ddp: DistributedDataParallel | None = None
         self.key: tuple[Any, ...] = ()
         self.split: nn.Module | None = None  # a model split inside, once its replicas were made identical
+        self.waited = 0.0
+        self.computed_at = 0.0  # when this process's last backward had computed its gradients
+
+    def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (a collective that blocks until every process joined it), adding its seconds to ``waited``."""
+
+        def call(*args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.waited += time.perf_counter() - started
+
+        return call
+
+    def mark_backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """A ``Context.scale_loss`` that scales nothing: when backward starts, it asks autograd to note the time
+        its gradients are computed (a final callback, queued before DDP's own, which then waits for the others'
+        gradients): the gradient all-reduce's wait is from then to the pass's end (``wait_for_gradients``)."""
+        loss.register_hook(lambda grad: Variable._execution_engine.queue_callback(self._computed))
+        return loss
+
+    def _computed(self) -> None:
+        self.computed_at = time.perf_counter()
+
+    @contextlib.contextmanager
+    def wait_for_gradients(self) -> Iterator[None]:
+        """Around the last pass: from its gradients' computation to the end of DDP's all-reduce of them."""
+        self.computed_at = 0.0
+        yield
+        if self.computed_at:
+            self.waited += time.perf_counter() - self.computed_at
 
     def release(self) -> None:
         self.ddp, self.key = None, ()  # DDP holds its process group, which must go when destroyed
@@ -164,9 +199,12 @@ class _Distributed(TrainStep):
             return self._prepare_split(state, batch, ctx, world, device)
         # the global unit count, so that every rank normalises by the same total; DDP averages
         # over ranks, hence the total per rank
+        replica = state.transform_state(self.role, _Replica)
         units = torch.tensor(float(ctx.total_weight), dtype=torch.float64, device=device)
+        started = time.perf_counter()  # on the CPU the all-reduce blocks until every process has joined it
         dist.all_reduce(units, group=self.group)
         per_rank: float | torch.Tensor = units.item() / world if units.device.type == "cpu" else units / world
+        replica.waited += time.perf_counter() - started
         # transforms inside place or wrap the model first (pipeline_split); DDP goes outermost,
         # because its forward must run exactly once per backward
         ctx = self._inner().prepare(state, batch, ctx._replace(total_weight=per_rank))
@@ -184,7 +222,7 @@ class _Distributed(TrainStep):
 
         def no_sync_unless_last(c: Context) -> contextlib.AbstractContextManager[Any]:
             if c.last_backward:
-                return last.around(contextlib.nullcontext())
+                return last.around(replica.wait_for_gradients())
             if ddp.static_graph:  # before the pass's forward: nothing has changed yet
                 # torch's reducer asserts at the first no_sync backward ("expect_autograd_hooks_ INTERNAL ASSERT")
                 raise ValueError(
@@ -194,13 +232,16 @@ class _Distributed(TrainStep):
             return ddp.no_sync()
 
         # for accumulate("auto"): synchronise after passes that may run out of memory, never inside them
-        deferred = DDPDeferredSync(ddp, self.group, self)
-        agree = functools.partial(largest, group=self.group)  # a refusal on one rank is on all
+        deferred = DDPDeferredSync(ddp, self.group, self, replica.timed)
+        agree = replica.timed(functools.partial(largest, group=self.group))  # a refusal on one rank is on all
+        gather = replica.timed(functools.partial(gathered_numbers, group=self.group))
         return ctx._replace(
             model=ddp,
             around_pass=(*ctx.around_pass, no_sync_unless_last),
+            scale_loss=(*ctx.scale_loss, replica.mark_backward),
             deferred_sync=deferred,
             agree=agree,
+            gather=gather,
             notes={**ctx.notes, self.role: last},
         )
 
@@ -246,6 +287,10 @@ class _Distributed(TrainStep):
         """The mesh of the model split inside, with this transform's ``dp`` dimension (built once)."""
         layout = data_layout(world, (("dp", None),), self._inner().capabilities.data_ranks, self)
         return mesh_for(state, layout, self)
+
+    def waited(self, state: TrainState) -> float:
+        replica = state.transform_state(self.role, _Replica)
+        return replica.waited + self._inner().waited(state)
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         return grads_telling_the_others(self._inner(), self.role, state, batch, ctx)

@@ -17,7 +17,7 @@ from composetrain.core.protocol import Context, Pass, TrainStep
 from composetrain.core.state import RuntimeState, TrainState
 from composetrain.core.steps import PlainStep, Transform, transform_factory
 from composetrain.core.util import SHARDED, check_bool, check_int, show
-from composetrain.launch.agree import differing, largest
+from composetrain.launch.agree import differing, gathered_numbers, largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import LastSync, grads_telling_the_others
 from composetrain.transforms._mesh import MeshPlace, data_layout, mesh_for
@@ -205,10 +205,16 @@ class _Sharded(TrainStep):
             sync = _gradient_sync(model, every or c.last_backward, replicated if c.last_backward else [], group, world)
             return last.around(sync) if c.last_backward else sync
 
-        # a refusal on one rank is on all: the whole job's, also the processes holding other parts of the model
-        agree = functools.partial(largest, group=place.world_group if place is not None else self.group)
+        # a refusal on one rank is on all, a decision every rank takes alike: the whole job's, also the processes
+        # holding other parts of the model
+        whole = place.world_group if place is not None else self.group
+        agree = functools.partial(largest, group=whole)
+        gather = functools.partial(gathered_numbers, group=whole)
         return ctx._replace(
-            around_pass=(*ctx.around_pass, sync_unless_more_follow), agree=agree, notes={**ctx.notes, self.role: last}
+            around_pass=(*ctx.around_pass, sync_unless_more_follow),
+            agree=agree,
+            gather=gather,
+            notes={**ctx.notes, self.role: last},
         )
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:

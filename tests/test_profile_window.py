@@ -1,0 +1,110 @@
+"""ct.run(profile=...): torch.profiler over the chosen updates only, each window's trace written per rank into the
+run's folder as Chrome trace JSON in TensorBoard's profiler-plugin layout, the updates and their phases marked;
+no profiler and no record_function outside the windows."""
+
+import json
+
+import pytest
+import run_script
+import torch
+from torch.autograd import profiler as torch_profiler
+
+import composetrain as ct
+from composetrain.core import protocol
+
+WINDOW = {"wait": 2, "warmup": 1, "active": 2, "repeat": 2}  # records updates 4-5 and 9-10
+
+
+def annotations(path):
+    """The names the trace marks, in time order (torch's own optimizer and profiler-step marks left out)."""
+    trace = json.loads(path.read_text())
+    marks = sorted((e["ts"], e["name"]) for e in trace["traceEvents"] if e.get("cat") == "user_annotation")
+    return [name for _, name in marks if not name.startswith(("Optimizer.", "ProfilerStep#"))]
+
+
+def test_the_windows_traces_parse_and_hold_their_updates_and_phases(tmp_path):
+    # 8 updates an epoch: the epoch's end (log, save, evaluation: none given) falls in the second window's warm-up
+    _, result = run_script.train(tmp_path, max_steps=12, log_every=4, checkpoint_every=9, profile=WINDOW)
+    traces = sorted((tmp_path / "profile").glob("*.pt.trace.json"))
+    assert [p.name.split(".")[0] for p in traces] == ["rank0-updates4-5", "rank0-updates9-10"]
+    update = ["forward/backward", "optimizer"]  # TrainStep names its phases while a profiler records
+    assert annotations(traces[0]) == ["data", "update 4", *update, "logging", "data", "update 5", *update]
+    assert annotations(traces[1]) == [
+        *("logging", "checkpoint", "evaluation"),  # after update 8, the second window's warm-up update
+        *("data", "update 9", *update, "checkpoint", "data", "update 10", *update),
+    ]
+    assert result.steps == 12
+
+
+def test_no_profiler_exists_and_nothing_is_marked_outside_the_windows(tmp_path, monkeypatch):
+    made = []
+    real = torch.profiler.profile
+
+    def counted(*args, **kwargs):
+        made.append(kwargs["schedule"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.profiler, "profile", counted)
+    recording = []
+
+    def spy(model, batch):
+        recording.append(torch_profiler._is_profiler_enabled)
+        return run_script.step(model, batch)
+
+    ct.run(
+        ct.accumulate(2)(spy),
+        run_script.state(),
+        run_script.dataset(),
+        batch_size=12,
+        max_steps=14,
+        log_every=4,
+        num_workers=0,
+        progress=False,
+        profile={**WINDOW, "folder": str(tmp_path / "traces")},
+    )
+    assert len(made) == 2  # one profiler per window, none between
+    per_update = recording[::2]  # two forwards per update (accumulate(2))
+    assert [i + 1 for i, on in enumerate(per_update) if on] == [4, 5, 9, 10]
+    assert len(list((tmp_path / "traces").glob("*.pt.trace.json"))) == 2
+
+
+def test_a_train_step_marks_its_phases_for_any_profiler_and_calls_no_record_function_without_one(monkeypatch):
+    state = run_script.state()
+    train = ct.accumulate(2)(run_script.step)
+    batch = run_script.dataset()[:12]
+    with torch.profiler.profile() as prof:
+        train(state, batch)
+    names = [e.name for e in prof.events()]
+    assert "forward/backward" in names and "optimizer" in names
+
+    def refused(name):
+        raise AssertionError(f"record_function({name!r}) without a profiler")
+
+    monkeypatch.setattr(protocol, "record_function", refused)
+    train(state, batch)  # no profiler: no record_function
+    assert state.step == 2
+
+
+@pytest.mark.parametrize(
+    ("profile", "error", "message"),
+    [
+        ("yes", TypeError, r"run: profile must be True, False or a dict of the window, got 'yes' \(str\)"),
+        ({"wait": -1}, ValueError, r"run: profile's wait must be a non-negative int, got -1"),
+        ({"active": 0}, ValueError, r"run: profile's active must be a positive int, got 0"),
+        ({"every": 3}, ValueError, r"run: profile has no setting 'every'; its settings are \['wait', 'warmup'"),
+        ({"record_shapes": 1}, TypeError, r"run: profile's record_shapes must be True or False, got 1"),
+        ({"folder": 3}, TypeError, r"run: profile's folder must name a folder, got 3 \(int\)"),
+        (True, ValueError, r"run: profile writes its traces into the run's folder, but there is none: give"),
+    ],
+)
+def test_the_window_is_checked_before_anything_runs(profile, error, message):
+    state = run_script.state()
+    with pytest.raises(error, match=message):
+        ct.run(run_script.step, state, run_script.dataset(), batch_size=8, profile=profile)
+    assert state.step == 0
+
+
+def test_profile_true_writes_beside_the_metrics_file(tmp_path):
+    run_script.train(max_steps=10, log_file=tmp_path / "run" / "metrics.jsonl", profile=True)
+    traces = list((tmp_path / "run" / "profile").glob("*.pt.trace.json"))
+    assert [p.name.split(".")[0] for p in traces] == ["rank0-updates7-9"]  # after 5 updates, 1 of warm-up, 3
