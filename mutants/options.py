@@ -31,7 +31,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/options.py",
-        "find": "if every is not None and self.checkpoint_dir is None:",
+        "find": "if getattr(self, name) is not None and self.checkpoint_dir is None:",
         "replace": "if False:",
         "tests": ["tests/test_run_options.py"],
         "why": "checkpoint_every without dir accepted",
