@@ -115,8 +115,16 @@ def decode_heavy(args: argparse.Namespace) -> None:
 
         def run(updates: int) -> float:
             tick = time.perf_counter()
-            result = ct.run(step, state, data, batch_size=args.image_batch, max_steps=state.step + updates,
-                            num_workers=workers, progress=False, log_every=10)  # fmt: skip
+            result = ct.run(
+                step,
+                state,
+                data,
+                batch_size=args.image_batch,
+                max_steps=state.step + updates,
+                num_workers=workers,
+                progress=False,
+                log_every=10,
+            )
             seconds = time.perf_counter() - tick
             waits.append(result.data_wait * seconds / updates)  # seconds ct.run waited for a batch, per batch
             return seconds
@@ -137,8 +145,10 @@ def decode_heavy(args: argparse.Namespace) -> None:
         updates = args.epochs * -(-len(decoded) // args.image_batch)
         results = compare(contenders, updates=updates, rounds=args.rounds)
     best = max((r for r in results if r.name.startswith("decoded")), key=lambda r: r.median)
-    title = (f"(a) digits as {len(files)} PNG files, decoded + resized to 32x32 per item, MLP, batch "
-             f"{args.image_batch}, {updates} updates per call")  # fmt: skip
+    title = (
+        f"(a) digits as {len(files)} PNG files, decoded + resized to 32x32 per item, MLP, batch "
+        f"{args.image_batch}, {updates} updates per call"
+    )
     print(report(title, results, best.name))
     skip = len(contenders[best.name].waits) - args.rounds  # the warm-up round
     base = contenders[best.name].waits[skip:]
@@ -187,8 +197,10 @@ def bench_hdf5(args: argparse.Namespace) -> None:
             assert torch.equal(chunked.read_batch(batches[i]), want)
         results = compare(contenders, updates=args.batches, rounds=args.rounds)
         h5.close()
-    title = (f"HDF5 random batches: {rows} x {args.features} float32 ({array.nbytes / 1e6:.0f} MB), batches of "
-             f"{args.batch}, {args.batches} a round")  # fmt: skip
+    title = (
+        f"HDF5 random batches: {rows} x {args.features} float32 ({array.nbytes / 1e6:.0f} MB), batches of "
+        f"{args.batch}, {args.batches} a round"
+    )
     print(report(title, results, "in-memory gather (index_select)").replace("updates/s", "batches/s"))
 
 
@@ -205,9 +217,11 @@ def reads_and_writes(args: argparse.Namespace) -> None:
             cached = ct.cache(Rows(x, y), Path(folder) / "store", progress=False)
             ratios = reads(TensorDataset(x, y), cached, batch=args.batch, batches=args.batches, rounds=args.rounds)
             q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-            print(f"(b) random batches of {args.batch}, {args.batches} per round, {args.rounds} rounds: cache / "
-                  f"in-memory gather = {statistics.median(ratios):.2f} (median; middle half {q1:.2f} to {q3:.2f}, "
-                  f"all {min(ratios):.2f} to {max(ratios):.2f})")  # fmt: skip
+            print(
+                f"(b) random batches of {args.batch}, {args.batches} per round, {args.rounds} rounds: cache / "
+                f"in-memory gather = {statistics.median(ratios):.2f} (median; middle half {q1:.2f} to {q3:.2f}, "
+                f"all {min(ratios):.2f} to {max(ratios):.2f})"
+            )
 
 
 def main() -> None:

@@ -112,9 +112,16 @@ def first_update(args) -> None:
         done = max(done, int(found.name.split("-")[1]))
     started = time.perf_counter()
     result = ct.run(
-        train, state, TensorDataset(x, y), batch_size=args.batch, max_steps=done + 1, checkpoint_dir=args.job,
-        progress=False, num_workers=0, log_every=1,
-    )  # fmt: skip
+        train,
+        state,
+        TensorDataset(x, y),
+        batch_size=args.batch,
+        max_steps=done + 1,
+        checkpoint_dir=args.job,
+        progress=False,
+        num_workers=0,
+        log_every=1,
+    )
     if args.device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started

@@ -61,8 +61,17 @@ class SFT(Dataset):
 
 def model(dtype: torch.dtype) -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=100, n_positions=32, use_cache=False,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        vocab_size=100,
+        n_positions=32,
+        use_cache=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     return GPT2LMHeadModel(config).to(dtype)
 
 
@@ -108,12 +117,24 @@ class _Clock(TrainerCallback):
 def trainer(m: GPT2LMHeadModel, data: SFT, folder: str) -> float:
     """The 4 updates through HF Trainer; returns the seconds of its training loop, set-up excluded."""
     args = TrainingArguments(
-        output_dir=folder, per_device_train_batch_size=MICRO, gradient_accumulation_steps=BATCH // MICRO,
-        max_steps=SEQUENCES // BATCH, learning_rate=LR, optim="sgd", lr_scheduler_type="constant",
-        weight_decay=0.0, max_grad_norm=0.0, train_sampling_strategy="sequential", use_cpu=True,
-        report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
+        output_dir=folder,
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=BATCH // MICRO,
+        max_steps=SEQUENCES // BATCH,
+        learning_rate=LR,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        train_sampling_strategy="sequential",
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
         dataloader_num_workers=0,
-    )  # fmt: skip
+    )
     clock = _Clock()
     hf = Trainer(model=m, args=args, train_dataset=data, callbacks=[clock])
     hf.remove_callback(PrinterCallback)  # its summary line, printed each round

@@ -83,9 +83,15 @@ def train(data: Dataset, args: argparse.Namespace, epochs: int, workers: int | s
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     start = time.perf_counter()
     result = ct.run(
-        step, state, data, batch_size=args.batch_size, epochs=epochs, num_workers=workers, progress=False,
+        step,
+        state,
+        data,
+        batch_size=args.batch_size,
+        epochs=epochs,
+        num_workers=workers,
+        progress=False,
         log_every=10,
-    )  # fmt: skip
+    )
     return result, time.perf_counter() - start
 
 
@@ -134,8 +140,10 @@ def main() -> None:
 
     if int(os.environ.get("RANK", "0")):  # under torchrun every rank measured the same; one prints
         return
-    per_batch = {name: r.data_wait * seconds / r.steps for name, r, seconds in
-                 (("decoded", plain, plain_s), ("cached", once, once_s))}  # fmt: skip
+    per_batch = {
+        name: r.data_wait * seconds / r.steps
+        for name, r, seconds in (("decoded", plain, plain_s), ("cached", once, once_s))
+    }
     epoch = {"decoded": plain_s, "cached": once_s}
     print(f"{len(decoded)} PNG files, {plain.steps} batches of {args.batch_size} an epoch")
     print(

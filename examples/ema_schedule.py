@@ -72,9 +72,17 @@ def main() -> None:
     train_step = ct.compose(ema, ct.distributed)(step)  # distributed is a no-op in a single process
 
     result = ct.run(
-        train_step, state, train, batch_size=args.batch_size, epochs=args.epochs, eval_step=evaluate,
-        eval_data=test, log_every=per_epoch, checkpoint_dir=args.run_dir, progress=False,
-    )  # fmt: skip
+        train_step,
+        state,
+        train,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        eval_step=evaluate,
+        eval_data=test,
+        log_every=per_epoch,
+        checkpoint_dir=args.run_dir,
+        progress=False,
+    )
     averaged = ct.ema_model(state).eval()  # an independent copy holding the EMA weights
     with torch.no_grad():
         ema_acc = (averaged(test.tensors[0]).argmax(-1) == test.tensors[1]).float().mean().item()

@@ -92,9 +92,13 @@ def main(argv: list[str] | None = None) -> ct.RunResult:
 
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=PAD + 1, n_positions=LENGTH, n_embd=args.width, n_layer=args.layers, n_head=2,
+        vocab_size=PAD + 1,
+        n_positions=LENGTH,
+        n_embd=args.width,
+        n_layer=args.layers,
+        n_head=2,
         use_cache=False,  # no key/value cache in training: a checkpointed block would fill it twice
-    )  # fmt: skip
+    )
     model = GPT2LMHeadModel(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -114,9 +118,16 @@ def main(argv: list[str] | None = None) -> ct.RunResult:
         ct.accumulate(args.accumulate, weight=ct.shifted_tokens()),  # the tokens the shifted loss averages
     )(step)
     result = ct.run(
-        train_step, state, Reversal(args.samples, seed=0), batch_size=args.batch_size, epochs=args.epochs,
-        eval_step=evaluate, eval_data=Reversal(args.eval_samples, seed=1), log_every=10, checkpoint_dir=args.run_dir,
-    )  # fmt: skip
+        train_step,
+        state,
+        Reversal(args.samples, seed=0),
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        eval_step=evaluate,
+        eval_data=Reversal(args.eval_samples, seed=1),
+        log_every=10,
+        checkpoint_dir=args.run_dir,
+    )
 
     if int(os.environ.get("RANK", "0")) == 0:
         for record in result.evals:

@@ -130,15 +130,24 @@ def main(argv: list[str] | None = None) -> None:
     # global batch, so it trains the same on any number of processes that divides it, and resumes on any of them
     train_step = ct.distributed(ct.mixed_precision(dtype=args.precision)(ct.accumulate(args.accumulate)(step)))
     result = ct.run(
-        train_step, state, train, global_batch_size=args.batch_size, epochs=args.epochs,
-        eval_step=evaluate, eval_data=test, log_every=5, checkpoint_dir=args.run_dir,
-    )  # fmt: skip
+        train_step,
+        state,
+        train,
+        global_batch_size=args.batch_size,
+        epochs=args.epochs,
+        eval_step=evaluate,
+        eval_data=test,
+        log_every=5,
+        checkpoint_dir=args.run_dir,
+    )
 
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result; one prints it
         for record in result.evals:
             print(f"epoch {record['epoch']:2d}  step {record['step']:4d}  test acc {record['acc']:.3f}")
-        print(f"{train_step}: final train loss {result.history[-1]['loss']:.4f}, test accuracy "
-              f"{result.evals[-1]['acc']:.3f}")  # fmt: skip
+        print(
+            f"{train_step}: final train loss {result.history[-1]['loss']:.4f}, test accuracy "
+            f"{result.evals[-1]['acc']:.3f}"
+        )
         try:
             from composetrain.plot import plot_run
         except ImportError:

@@ -165,9 +165,16 @@ def main(argv: list[str] | None = None) -> None:
         ct.accumulate(args.accumulate, weight=real_tokens),
     )(step)
     result = ct.run(
-        train_step, state, train, batch_size=args.batch_size, epochs=args.epochs, eval_step=evaluate,
-        eval_data=held_out, log_every=10, checkpoint_dir=args.run_dir,
-    )  # fmt: skip
+        train_step,
+        state,
+        train,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        eval_step=evaluate,
+        eval_data=held_out,
+        log_every=10,
+        checkpoint_dir=args.run_dir,
+    )
 
     if int(os.environ.get("RANK", "0")) == 0:
         for record in result.evals:

@@ -57,9 +57,16 @@ def main() -> None:
     )  # distributed is a no-op in a single process
 
     result = ct.run(
-        train_step, state, train, batch_size=args.batch_size, epochs=args.epochs, eval_step=evaluate,
-        eval_data=test, log_every=10, checkpoint_dir=args.checkpoint_dir,
-    )  # fmt: skip
+        train_step,
+        state,
+        train,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        eval_step=evaluate,
+        eval_data=test,
+        log_every=10,
+        checkpoint_dir=args.checkpoint_dir,
+    )
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result; one prints it
         for record in result.evals:
             print(f"epoch {record['epoch']:2d}  step {record['step']:4d}  test acc {record['acc']:.3f}")

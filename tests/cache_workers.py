@@ -43,7 +43,15 @@ def run_over_cache(rank: int, world: int, folder: str) -> dict[str, Any]:
     runs = {}
     for name, source in (("original", data), ("cache", cached), ("augmented", augmented)):
         state = run_script.state()
-        ct.run(ct.distributed(run_script.step), state, source, batch_size=12, epochs=1, num_workers=0,
-               progress=False, seed=5)  # fmt: skip
+        ct.run(
+            ct.distributed(run_script.step),
+            state,
+            source,
+            batch_size=12,
+            epochs=1,
+            num_workers=0,
+            progress=False,
+            seed=5,
+        )
         runs[name] = [p.detach().clone() for p in state.model.parameters()]
     return {"writes": writes, **runs}

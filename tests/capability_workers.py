@@ -36,8 +36,14 @@ def user_no_sync(rank, world):
         syncs_processes = False
 
     try:
-        ct.run(Unflagged(ct.train_step(run_script.step)), run_script.state(), run_script.dataset(), batch_size=12,
-               num_workers=0, progress=False)  # fmt: skip
+        ct.run(
+            Unflagged(ct.train_step(run_script.step)),
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+        )
     except ValueError as e:
         return str(e)
     return "no error"

@@ -23,9 +23,15 @@ def save_fails_on(rank, world, folder, bad_rank, code):
     checkpoint._write = failing
     try:
         ct.run(
-            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
-            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
-        )  # fmt: skip
+            ct.distributed(run_script.step),
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=12,
+            checkpoint_dir=Path(folder),
+            progress=False,
+            num_workers=0,
+            max_steps=2,
+        )
     except OSError as e:
         return str(e), e.errno
     except RuntimeError as e:
@@ -41,9 +47,15 @@ def read_denied_on(rank, world, folder, bad_rank):
 
     def run():
         ct.run(
-            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
-            checkpoint_dir=Path(folder), progress=False, num_workers=0, max_steps=2,
-        )  # fmt: skip
+            ct.distributed(run_script.step),
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=12,
+            checkpoint_dir=Path(folder),
+            progress=False,
+            num_workers=0,
+            max_steps=2,
+        )
 
     run()
     real = torch.load

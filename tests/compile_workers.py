@@ -58,8 +58,14 @@ def compiled_run(rank: int, world: int) -> list[dict[str, Any]]:
     torch._dynamo.reset()
     train = ct.distributed(ct.compile(backend="aot_eager")(ct.accumulate(2)(run_script.step)))
     result = ct.run(
-        train, run_script.state(), run_script.dataset(), batch_size=12, epochs=1, num_workers=0, progress=False,
+        train,
+        run_script.state(),
+        run_script.dataset(),
+        batch_size=12,
+        epochs=1,
+        num_workers=0,
+        progress=False,
         log_every=2,
-    )  # fmt: skip
+    )
     torch._dynamo.reset()
     return result.history

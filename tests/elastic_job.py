@@ -151,11 +151,23 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state = ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7))
     result = ct.run(
-        ct.distributed(ct.accumulate(2)(train)), state, dataset(), batch_size=12, epochs=args.epochs, num_workers=0,
-        checkpoint_dir=args.dir, checkpoint_every=2, eval_step=evaluation, eval_data=dataset(24, seed=1),
-        eval_every=3, log_every=2, progress=False, seed=5, requeue=not args.no_requeue,
+        ct.distributed(ct.accumulate(2)(train)),
+        state,
+        dataset(),
+        batch_size=12,
+        epochs=args.epochs,
+        num_workers=0,
+        checkpoint_dir=args.dir,
+        checkpoint_every=2,
+        eval_step=evaluation,
+        eval_data=dataset(24, seed=1),
+        eval_every=3,
+        log_every=2,
+        progress=False,
+        seed=5,
+        requeue=not args.no_requeue,
         **({} if args.timeout is None else {"timeout": args.timeout}),
-    )  # fmt: skip
+    )
     out = Path(args.out)
     torch.save(
         {

@@ -36,10 +36,18 @@ def torchrun(tmp_path, name, *, nodes=1, backend="static", kill=None, timeout=80
         commands = [[*common, "--nproc-per-node=2", *rdzv, *job]]
     elif backend == "static":
         commands = [
-            [*common, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=static", f"--node-rank={n}",
-             "--master-addr=127.0.0.1", f"--master-port={port}", *job]
+            [
+                *common,
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                "--rdzv-backend=static",
+                f"--node-rank={n}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                *job,
+            ]
             for n in range(2)
-        ]  # fmt: skip
+        ]
     else:
         # the rendezvous store lives here, not in one of the agents: the agent hosting it may exit first
         # and the other's last look at the store would fail (a torchrun teardown race)

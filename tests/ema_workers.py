@@ -132,8 +132,15 @@ def run_disagreeing(rank: int, world: int, kind: str) -> str:
     state = _run_state()
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     try:
-        ct.run(ct.ema([0.9, 0.95][rank])(wrap(run_script.step)), state, run_script.dataset(), batch_size=12, epochs=1,
-               num_workers=0, progress=False)  # fmt: skip
+        ct.run(
+            ct.ema([0.9, 0.95][rank])(wrap(run_script.step)),
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            epochs=1,
+            num_workers=0,
+            progress=False,
+        )
     except ValueError as e:
         return str(e) if state.step == 0 and _same(before, state) else f"changed: {e}"
     return "ran"
@@ -157,8 +164,15 @@ def run_batchnorm(rank: int, world: int) -> dict[str, torch.Tensor]:
 
     model = _bn_net()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.05))
-    ct.run(ct.ema(0.7)(ct.distributed(run_script.step)), state, run_script.dataset(48), batch_size=12, epochs=1,
-           num_workers=0, progress=False)  # fmt: skip
+    ct.run(
+        ct.ema(0.7)(ct.distributed(run_script.step)),
+        state,
+        run_script.dataset(48),
+        batch_size=12,
+        epochs=1,
+        num_workers=0,
+        progress=False,
+    )
     return averages(state)
 
 
@@ -170,8 +184,9 @@ def run_ema_on_one_rank(rank: int, world: int) -> str:
     if rank == 0:
         step = ct.ema(0.9)(step)
     try:
-        ct.run(step, _run_state(), run_script.dataset(), batch_size=12, epochs=1, num_workers=0, progress=False,
-               timeout=20)  # fmt: skip
+        ct.run(
+            step, _run_state(), run_script.dataset(), batch_size=12, epochs=1, num_workers=0, progress=False, timeout=20
+        )
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "ran"

@@ -81,9 +81,16 @@ def job(rank, world, directory=None, spec=None):
 
     parallel = ct.sharded if sharded else ct.distributed
     options = {
-        "global_batch_size": G, "epochs": 2, "num_workers": 0, "progress": False, "log_every": 3, "seed": 5,
-        "checkpoint_dir": directory, "on_record": records.append, **options,
-    }  # fmt: skip
+        "global_batch_size": G,
+        "epochs": 2,
+        "num_workers": 0,
+        "progress": False,
+        "log_every": 3,
+        "seed": 5,
+        "checkpoint_dir": directory,
+        "on_record": records.append,
+        **options,
+    }
     composed = parallel(ct.accumulate(micro_batches)(step) if micro_batches > 1 else step)
     result = ct.run(composed, s, dataset(options.pop("samples", N)), **options)
     params = ct.full_state_dict(s.model)
@@ -109,8 +116,13 @@ def refused(rank, world, directory, spec=None):
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else None
     options = {"global_batch_size": G, "epochs": 2, "num_workers": 0, "progress": False, **options}
     try:
-        ct.run(parallel(ct.accumulate(2)(_plain)), s, dataset(options.pop("samples", N)),
-               checkpoint_dir=directory, **options)  # fmt: skip
+        ct.run(
+            parallel(ct.accumulate(2)(_plain)),
+            s,
+            dataset(options.pop("samples", N)),
+            checkpoint_dir=directory,
+            **options,
+        )
         error = None
     except (ValueError, TypeError) as e:
         error = f"{type(e).__name__}: {e}"
@@ -132,6 +144,14 @@ def _plain(model, batch):
 def per_process(rank, world, directory):
     """A run in batch_size mode (per process), stopped after 2 updates: its checkpoint is tied to this world size."""
     s = state()
-    ct.run(ct.distributed(_plain), s, dataset(), batch_size=3, max_steps=2, num_workers=0, progress=False,
-           checkpoint_dir=directory)  # fmt: skip
+    ct.run(
+        ct.distributed(_plain),
+        s,
+        dataset(),
+        batch_size=3,
+        max_steps=2,
+        num_workers=0,
+        progress=False,
+        checkpoint_dir=directory,
+    )
     return s.step

@@ -110,9 +110,19 @@ def main():
     s = state()
     composed = ct.distributed(ct.accumulate(2)(delayed))
     result = ct.run(
-        composed, s, dataset(), batch_size=12, epochs=args.epochs, max_steps=args.max_steps, num_workers=0,
-        checkpoint_dir=args.dir, checkpoint_every=args.checkpoint_every, log_every=4, progress=False, seed=5,
-    )  # fmt: skip
+        composed,
+        s,
+        dataset(),
+        batch_size=12,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        num_workers=0,
+        checkpoint_dir=args.dir,
+        checkpoint_every=args.checkpoint_every,
+        log_every=4,
+        progress=False,
+        seed=5,
+    )
     rank = int(os.environ.get("RANK", "0"))  # ct.run has left the process group by now
     out = Path(args.out)
     torch.save(

@@ -23,9 +23,18 @@ def two_ranks(rank, world):
 
     state = run_script.state()
     result = ct.run(
-        ct.distributed(ct.accumulate(2)(spy)), state, run_script.dataset(), batch_size=12, epochs=3, num_workers=0,
-        progress=False, eval_step=evaluate, eval_data=run_script.dataset(50), log_every=4, seed=5,
-    )  # fmt: skip
+        ct.distributed(ct.accumulate(2)(spy)),
+        state,
+        run_script.dataset(),
+        batch_size=12,
+        epochs=3,
+        num_workers=0,
+        progress=False,
+        eval_step=evaluate,
+        eval_data=run_script.dataset(50),
+        log_every=4,
+        seed=5,
+    )
     x, y = run_script.dataset(50).tensors
     state.model.eval()
     with torch.no_grad():
@@ -55,9 +64,16 @@ def logged_means(rank, world):
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2)).double()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     result = ct.run(
-        ct.distributed(ct.accumulate(2)(spy)), state, run_script.dataset(), batch_size=12, epochs=2, num_workers=0,
-        progress=False, log_every=3, seed=5,
-    )  # fmt: skip
+        ct.distributed(ct.accumulate(2)(spy)),
+        state,
+        run_script.dataset(),
+        batch_size=12,
+        epochs=2,
+        num_workers=0,
+        progress=False,
+        log_every=3,
+        seed=5,
+    )
     return {"history": result.history, "seen": seen, "model": model}
 
 
@@ -83,9 +99,15 @@ def signal_one_rank(rank, world):
     with tempfile.TemporaryDirectory() as shared:
         directory = f"{tempfile.gettempdir()}/ct-signal-{os.getppid()}"
         result = ct.run(
-            ct.distributed(step), state, run_script.dataset(), batch_size=12, epochs=3, num_workers=0,
-            progress=False, checkpoint_dir=directory,
-        )  # fmt: skip
+            ct.distributed(step),
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            epochs=3,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=directory,
+        )
     del shared
     return {"steps": state.step, "preempted": result.preempted, "saved": result.checkpoint.name}
 
@@ -110,9 +132,14 @@ def unwritable(rank, world):
     blocker.write_text("")  # each rank names its own file: checkpoint_dir is rank 0's anyway
     try:
         ct.run(
-            ct.distributed(run_script.step), run_script.state(), run_script.dataset(), batch_size=12,
-            checkpoint_dir=Path(tempfile.gettempdir()) / "ct-blocker-0" / "runs", progress=False, num_workers=0,
-        )  # fmt: skip
+            ct.distributed(run_script.step),
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=12,
+            checkpoint_dir=Path(tempfile.gettempdir()) / "ct-blocker-0" / "runs",
+            progress=False,
+            num_workers=0,
+        )
     except PermissionError as e:
         return str(e)
     return "no error"
@@ -178,9 +205,17 @@ def diverges_on_rank_one(rank, world, directory):
         driver._nonfinite = lambda model: "0.weight" if state.step >= 5 else None
     try:
         ct.run(
-            ct.distributed(run_script.step), state, run_script.dataset(), batch_size=12, max_steps=8,
-            num_workers=0, progress=False, checkpoint_dir=f"{directory}", checkpoint_every=2, keep_checkpoints=1,
-        )  # fmt: skip
+            ct.distributed(run_script.step),
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            max_steps=8,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=f"{directory}",
+            checkpoint_every=2,
+            keep_checkpoints=1,
+        )
     except FloatingPointError as e:
         return str(e)
     finally:

@@ -65,9 +65,18 @@ def main():
     torch.set_num_threads(1)
     s = state()
     result = ct.run(
-        ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))), s, dataset(), batch_size=12, epochs=args.epochs,
-        max_steps=args.max_steps, num_workers=0, checkpoint_dir=args.dir, log_every=4, progress=False, seed=5,
-    )  # fmt: skip
+        ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))),
+        s,
+        dataset(),
+        batch_size=12,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        num_workers=0,
+        checkpoint_dir=args.dir,
+        log_every=4,
+        progress=False,
+        seed=5,
+    )
     rank = int(os.environ.get("RANK", "0"))
     kept = dist.is_initialized()  # ct.run leaves its group to the sharded model, until the process exits
     params = {n: local(p) for n, p in s.model.named_parameters()}

@@ -177,9 +177,14 @@ def no_decay_first(model: nn.Module) -> torch.optim.Optimizer:
 def order_state() -> ct.TrainState:
     torch.manual_seed(3)
     model = nn.Sequential(
-        nn.Linear(distributed_workers.IN, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
+        nn.Linear(distributed_workers.IN, 8),
+        nn.Tanh(),
+        nn.Linear(8, 8),
+        nn.Tanh(),
+        nn.Linear(8, 8),
+        nn.Tanh(),
         nn.Linear(8, distributed_workers.CLASSES),
-    ).double()  # fmt: skip
+    ).double()
     return ct.TrainState(model, no_decay_first(model))
 
 

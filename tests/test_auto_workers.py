@@ -27,11 +27,26 @@ def cores(monkeypatch):
 @pytest.mark.parametrize(
     ("n", "local", "workers"),
     [
-        (16, 1, 8), (16, 2, 7), (16, 3, 4), (16, 4, 3), (16, 5, 2), (16, 8, 1), (16, 9, 0), (16, 16, 0),
-        (16, 32, 0), (8, 3, 1), (8, 1, 7), (10, 1, 8), (9, 1, 8), (1, 1, 0), (2, 1, 1), (64, 4, 8), (64, 16, 3),
+        (16, 1, 8),
+        (16, 2, 7),
+        (16, 3, 4),
+        (16, 4, 3),
+        (16, 5, 2),
+        (16, 8, 1),
+        (16, 9, 0),
+        (16, 16, 0),
+        (16, 32, 0),
+        (8, 3, 1),
+        (8, 1, 7),
+        (10, 1, 8),
+        (9, 1, 8),
+        (1, 1, 0),
+        (2, 1, 1),
+        (64, 4, 8),
+        (64, 16, 3),
         (16, 0, 8),  # an unknown count of processes reads as one
     ],
-)  # fmt: skip
+)
 def test_the_cores_are_shared_among_the_processes_of_the_node(cores, n, local, workers):
     cores(n)
     assert auto_workers(local) == workers

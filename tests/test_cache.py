@@ -19,9 +19,22 @@ import composetrain as ct
 from composetrain.data.equal import same_item
 from composetrain.data.writer import sampled
 
-TENSOR_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
-                 torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn,
-                 torch.uint16]  # fmt: skip
+TENSOR_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.uint16,
+]
 NUMPY_DTYPES = ["<f4", "<f8", "<f2", "|i1", "|u1", "<i4", "<i8", "|b1", "<c8", "<u4"]
 
 
@@ -59,8 +72,11 @@ def _leaf(spec: tuple[Any, ...], rng: np.random.Generator, ragged: bool) -> Any:
         a = rng.integers(0, 2, shape).astype(bool) if d.kind == "b" else np.frombuffer(_bits(rng, size * d.itemsize), d)
         a = a.reshape(shape).copy()
         return a[()] if kind == "npscalar" else a
-    return {"int": lambda: int(rng.integers(-(2**63), 2**63 - 1)), "bool": lambda: bool(rng.integers(0, 2)),
-            "float": lambda: float(np.frombuffer(_bits(rng, 8), "<f8")[0])}[kind]()  # fmt: skip
+    return {
+        "int": lambda: int(rng.integers(-(2**63), 2**63 - 1)),
+        "bool": lambda: bool(rng.integers(0, 2)),
+        "float": lambda: float(np.frombuffer(_bits(rng, 8), "<f8")[0]),
+    }[kind]()
 
 
 shapes = st.lists(st.integers(0, 3), max_size=3).map(tuple)
@@ -82,8 +98,12 @@ structures = st.recursive(
 
 
 def _make(structure: Any, rng: np.random.Generator, ragged: bool) -> Any:
-    if isinstance(structure, tuple) and len(structure) == 3 and isinstance(structure[0], str) and structure[0] in (
-        "tensor", "numpy", "npscalar", "int", "float", "bool"):  # fmt: skip
+    if (
+        isinstance(structure, tuple)
+        and len(structure) == 3
+        and isinstance(structure[0], str)
+        and structure[0] in ("tensor", "numpy", "npscalar", "int", "float", "bool")
+    ):
         return _leaf(structure, rng, ragged)
     if isinstance(structure, dict):
         return {k: _make(v, rng, ragged) for k, v in structure.items()}
@@ -104,8 +124,9 @@ def _as_arrays(item: Any) -> Any:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(structure=structures, n=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), ragged=st.booleans())
-def test_items_come_back_equal_for_every_structure_and_dtype(tmp_path_factory: Any, structure: Any, n: int,
-                                                            seed: int, ragged: bool) -> None:  # fmt: skip
+def test_items_come_back_equal_for_every_structure_and_dtype(
+    tmp_path_factory: Any, structure: Any, n: int, seed: int, ragged: bool
+) -> None:
     rng = np.random.default_rng(seed)
     items = [_make(structure, rng, ragged) for _ in range(n)]
     data = Items(items)
@@ -189,7 +210,7 @@ def test_items_that_cannot_be_stored_are_refused_by_name(tmp_path: Path) -> None
         ([np.array(["x"])], r"NumPy <U1"),
         ([np.ones(2, ">f4")], r"not in this machine's byte order: return value.astype\('<f4'\)"),
         ([2**70], r"outside int64"),
-    ]  # fmt: skip
+    ]
     for n, (items, message) in enumerate(cases):
         with pytest.raises(ValueError, match=message):
             ct.cache(Items(items), tmp_path / f"s{n}", progress=False)
@@ -199,13 +220,14 @@ def test_items_that_cannot_be_stored_are_refused_by_name(tmp_path: Path) -> None
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) -> None:
     data, path = _store(tmp_path)
     for kwargs, error, message in [  # the wrong kind a TypeError, as in ct.run; a value out of range a ValueError
-        ({"num_workers": -1}, ValueError, "num_workers must be"), ({"timeout": 0}, ValueError, "timeout must be"),
+        ({"num_workers": -1}, ValueError, "num_workers must be"),
+        ({"timeout": 0}, ValueError, "timeout must be"),
         ({"augment": 3}, TypeError, "augment must be a function"),
         ({"rebuild": 1}, TypeError, "rebuild must be True or False"),
         ({"key": object()}, ValueError, "key must be something JSON"),
         ({"key": float("nan")}, ValueError, "key must be something JSON"),
         ({"seed": 1.5}, TypeError, "seed must be a 64-bit int"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(error, match=message):
             ct.cache(data, path, **kwargs)
     with pytest.raises(TypeError, match=r"^cache: path must be a folder path \(str or os\.PathLike\), got 3 \(int\); "):
@@ -347,10 +369,25 @@ def test_writing_with_loader_workers_leaves_the_global_random_state_alone(tmp_pa
 
 
 _TENSOR_DTYPES = [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.int32,
-    torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
-    torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2,
-]  # fmt: skip
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex32,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 
 
 _NUMPY_DTYPES = ["?", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8", "c8", "c16"]

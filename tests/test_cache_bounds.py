@@ -105,10 +105,14 @@ def test_one_past_the_end_of_an_augmented_store_is_an_index_error_and_a_negative
 
 @pytest.mark.parametrize(
     "indices",
-    [np.array([2**64 - 1], dtype=np.uint64), np.array([0, 2**64 - 3], dtype=np.uint64),
-     torch.tensor([2**64 - 1], dtype=torch.uint64), torch.tensor(2**64 - 2, dtype=torch.uint64)],
+    [
+        np.array([2**64 - 1], dtype=np.uint64),
+        np.array([0, 2**64 - 3], dtype=np.uint64),
+        torch.tensor([2**64 - 1], dtype=torch.uint64),
+        torch.tensor(2**64 - 2, dtype=torch.uint64),
+    ],
     ids=["numpy uint64", "numpy uint64 with a valid one", "torch uint64", "0-dim torch uint64"],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("augmented", [False, True])
 def test_an_unsigned_index_past_the_end_is_an_index_error_not_an_item_from_the_end(
     tmp_path: Path, indices: Any, augmented: bool
@@ -116,19 +120,23 @@ def test_an_unsigned_index_past_the_end_is_an_index_error_not_an_item_from_the_e
     """The bug (wrong rows served): ``read_batch`` casts unsigned 64-bit indices to int64, so 2**64 - 1 reads as -1:
     the last item, where ``__getitems__`` of the same indices (and a list) says out of range."""
     augment = (lambda batch, generator: batch) if augmented else None
-    cached = ct.cache(Listed([torch.tensor([float(i)]) for i in range(5)]), tmp_path / "s", augment=augment,
-                      progress=False)  # fmt: skip
+    cached = ct.cache(
+        Listed([torch.tensor([float(i)]) for i in range(5)]), tmp_path / "s", augment=augment, progress=False
+    )
     with pytest.raises(IndexError, match="out of range"):
         cached.read_batch(indices)
 
 
 @pytest.mark.parametrize(
     "read",
-    [lambda c: c.read_batch([np.uint64(2**64 - 1)]), lambda c: c.read_batch([2**64 - 1]),
-     lambda c: c[torch.tensor(2**64 - 1, dtype=torch.uint64)],
-     lambda c: c.__getitems__(torch.tensor([2**64 - 1], dtype=torch.uint64))],
+    [
+        lambda c: c.read_batch([np.uint64(2**64 - 1)]),
+        lambda c: c.read_batch([2**64 - 1]),
+        lambda c: c[torch.tensor(2**64 - 1, dtype=torch.uint64)],
+        lambda c: c.__getitems__(torch.tensor([2**64 - 1], dtype=torch.uint64)),
+    ],
     ids=["list of numpy uint64", "a Python int past int64", "0-dim uint64 tensor", "uint64 tensor to getitems"],
-)  # fmt: skip
+)
 def test_an_index_past_int64_is_an_index_error_naming_it(tmp_path: Path, read: Any) -> None:
     """The bug (bare exception): TypeError "an integer is required", ValueError "Overflow when unpacking long long",
     RuntimeError "value cannot be converted to type int64_t without overflow", none naming the dataset or index."""

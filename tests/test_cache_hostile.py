@@ -144,6 +144,7 @@ def test_ragged_items_come_back_and_batches_need_a_collate_fn(tmp_path: Path) ->
     assert [cached[i][1][0].shape for i in range(6)] == [(0,), (1,), (2,), (0,), (1,), (2,)]
     with pytest.raises(ValueError, match=r"needs? a collate_fn that pads"):
         cached.read_batch([0, 1])
-    for got, want in zip(DataLoader(cached, batch_size=4, collate_fn=pad), DataLoader(Pairs(), 4, collate_fn=pad),
-                         strict=True):  # fmt: skip
+    for got, want in zip(
+        DataLoader(cached, batch_size=4, collate_fn=pad), DataLoader(Pairs(), 4, collate_fn=pad), strict=True
+    ):
         assert same_item(got, want)

@@ -174,13 +174,19 @@ def test_a_link_to_a_store_is_followed_and_a_rebuild_writes_where_it_points(tmp_
     again = ct.cache([torch.zeros(2)] * 3, tmp_path / "link", rebuild=True, progress=False)
     assert torch.equal(again[0], torch.zeros(2)) and again.path == tmp_path / "big" / "store"
     assert os.path.islink(tmp_path / "link") and sorted(p.name for p in (tmp_path / "big").iterdir()) == [
-        ".store.lock", "store"]  # fmt: skip
+        ".store.lock",
+        "store",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "link"]
 
 
 def test_an_augment_that_changes_the_batch_size_is_named(tmp_path: Path) -> None:
-    cached = ct.cache([(torch.ones(3) * i, i) for i in range(6)], tmp_path / "store", progress=False,
-                      augment=lambda b, g: [b[0][:1], b[1]])  # fmt: skip
+    cached = ct.cache(
+        [(torch.ones(3) * i, i) for i in range(6)],
+        tmp_path / "store",
+        progress=False,
+        augment=lambda b, g: [b[0][:1], b[1]],
+    )
     with pytest.raises(
         ValueError, match=r"augment returned a batch of 1 rows for 3 indices \(a tensor of shape \(1, 3\)\)"
     ):
@@ -245,8 +251,17 @@ def test_an_augmented_cache_with_a_collate_fn_is_augmented_per_epoch_by_ct_run(t
         seen.append(batch[0].clone())
         return classify(model, batch)
 
-    ct.run(ct.train_step(record), make_state(), cached, batch_size=4, epochs=2, progress=False, shuffle=False,
-           num_workers=workers, collate_fn=lambda rows: tuple(default_collate(rows)))  # fmt: skip
+    ct.run(
+        ct.train_step(record),
+        make_state(),
+        cached,
+        batch_size=4,
+        epochs=2,
+        progress=False,
+        shuffle=False,
+        num_workers=workers,
+        collate_fn=lambda rows: tuple(default_collate(rows)),
+    )
     want = [cached.read_batch(range(s, s + 4), epoch=e)[0] for e in range(2) for s in (0, 4)]
     assert len(seen) == 4 and all(torch.equal(a, b) for a, b in zip(seen, want, strict=True))
 

@@ -39,9 +39,19 @@ def test_two_nodes_of_two_processes_write_each_node_local_store_once_and_a_share
         n.mkdir()
     out = tmp_path / "calls"  # every process appends "pid item" to calls.calls for each item it reads
     # every process caches its node's local path first, then the shared one: the slow items let them overlap
-    jobs = [_job(out, nodes[node] / "store", shared, SLOW="0.02", RANK=str(2 * node + rank),
-                 LOCAL_RANK=str(rank), GROUP_RANK=str(node))
-            for node in range(2) for rank in range(2)]  # fmt: skip
+    jobs = [
+        _job(
+            out,
+            nodes[node] / "store",
+            shared,
+            SLOW="0.02",
+            RANK=str(2 * node + rank),
+            LOCAL_RANK=str(rank),
+            GROUP_RANK=str(node),
+        )
+        for node in range(2)
+        for rank in range(2)
+    ]
     try:
         wait_all(jobs, timeout=120)
         printed = [j.stdout_text().split() for j in jobs]

@@ -37,8 +37,16 @@ def noise(batch: Any, generator: torch.Generator) -> Any:
 def _run(data: Any, folder: Path | None = None, **options: Any) -> tuple[ct.TrainState, Any]:
     state = make_state()
     options = {"epochs": 3, **options}
-    result = ct.run(ct.train_step(classify), state, data, batch_size=6, num_workers=0, progress=False,
-                    checkpoint_dir=folder, **options)  # fmt: skip
+    result = ct.run(
+        ct.train_step(classify),
+        state,
+        data,
+        batch_size=6,
+        num_workers=0,
+        progress=False,
+        checkpoint_dir=folder,
+        **options,
+    )
     return state, result
 
 
@@ -56,7 +64,7 @@ def test_a_run_over_the_cache_is_bit_identical_to_one_over_the_original_and_read
     straight, _ = _run(data)
     over_cache, _ = _run(cached)
     assert_states_equal(over_cache, straight)
-    assert reads == [6] * 6 + [4]  + [6] * 6 + [4] + [6] * 6 + [4]  # fmt: skip
+    assert reads == [6] * 6 + [4] + [6] * 6 + [4] + [6] * 6 + [4]
 
 
 def test_a_resumed_run_over_the_cache_is_bit_exact(tmp_path: Path) -> None:
@@ -129,8 +137,10 @@ def test_runs_over_wrappers_of_a_store_see_the_batches_of_the_same_wrappers_of_t
         lambda d: random_split(d, [0.5, 0.5], torch.Generator().manual_seed(1))[1],
     ]
     for wrap in wraps:
-        assert _same_batches(batches_seen(wrap(cached), num_workers=workers, shuffle=True),
-                             batches_seen(wrap(Listed(items)), num_workers=workers, shuffle=True))  # fmt: skip
+        assert _same_batches(
+            batches_seen(wrap(cached), num_workers=workers, shuffle=True),
+            batches_seen(wrap(Listed(items)), num_workers=workers, shuffle=True),
+        )
 
 
 @pytest.mark.parametrize("context", ["spawn", "fork"])
@@ -155,5 +165,7 @@ def test_a_ragged_store_padded_by_a_collate_fn_gives_the_datasets_batches(tmp_pa
 
     cached = ct.cache(Listed(items), tmp_path / "store", progress=False)
     for workers in (0, 1):
-        assert _same_batches(batches_seen(cached, collate_fn=pad, num_workers=workers),
-                             batches_seen(Listed(items), collate_fn=pad, num_workers=workers))  # fmt: skip
+        assert _same_batches(
+            batches_seen(cached, collate_fn=pad, num_workers=workers),
+            batches_seen(Listed(items), collate_fn=pad, num_workers=workers),
+        )

@@ -57,11 +57,16 @@ def _beside(path: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     "manifest",
-    ['{"shards": ["a-000.tar", "a-001.tar"], "count": 40}', "not json at all", "[1, 2]",
-     '{"format": 1, "length": 40, "item": {}}', '{"format": "webdataset", "length": 40, "item": {}, "origin": {}}',
-     '{"format": null, "length": null, "item": null, "origin": null}', '{"format": true, "length": 1, "item": 1, '
-     '"origin": 1}'],
-)  # fmt: skip
+    [
+        '{"shards": ["a-000.tar", "a-001.tar"], "count": 40}',
+        "not json at all",
+        "[1, 2]",
+        '{"format": 1, "length": 40, "item": {}}',
+        '{"format": "webdataset", "length": 40, "item": {}, "origin": {}}',
+        '{"format": null, "length": null, "item": null, "origin": null}',
+        '{"format": true, "length": 1, "item": 1, "origin": 1}',
+    ],
+)
 @pytest.mark.parametrize("rebuild", [False, True])
 def test_a_folder_with_a_manifest_of_its_own_is_never_replaced(tmp_path: Path, manifest: str, rebuild: bool) -> None:
     shards = tmp_path / "shards"
@@ -79,9 +84,15 @@ def test_a_folder_with_a_manifest_of_its_own_is_never_replaced(tmp_path: Path, m
 
 @pytest.mark.parametrize(
     "how",
-    ["added to a store", "a file named almost as an array", "a link named as an array",
-     "manifest copied into a folder", "store copied into a folder", "store inside a store"],
-)  # fmt: skip
+    [
+        "added to a store",
+        "a file named almost as an array",
+        "a link named as an array",
+        "manifest copied into a folder",
+        "store copied into a folder",
+        "store inside a store",
+    ],
+)
 def test_rebuild_never_removes_files_that_are_not_the_stores_own(tmp_path: Path, how: str) -> None:
     data, path = _items(), tmp_path / "store"
     ct.cache(data, path, progress=False)
@@ -541,8 +552,13 @@ def test_opening_a_store_takes_memory_independent_of_its_length(tmp_path: Path) 
     n, path = 10**6, tmp_path / "store"
     path.mkdir()
     kept = sampled(n)
-    origin = {"type": f"{__name__}._Empties", "length": n, "key": None, "created": 1.0,
-              "fingerprint": {"items": kept, "blake2b": fingerprint(() for _ in kept)}}  # fmt: skip
+    origin = {
+        "type": f"{__name__}._Empties",
+        "length": n,
+        "key": None,
+        "created": 1.0,
+        "fingerprint": {"items": kept, "blake2b": fingerprint(() for _ in kept)},
+    }
     write_manifest(path, (), n, origin)
     ct.cache(_Empties(10), tmp_path / "warm", progress=False)  # imports and first calls, outside the count
     tracemalloc.start()

@@ -83,8 +83,17 @@ def test_a_run_over_a_random_split_of_an_augmented_store_resumes_bit_exactly(tmp
 
     def run(data: Any, folder: Path | None = None, **options: Any) -> ct.TrainState:
         state = make_state()
-        ct.run(ct.train_step(classify), state, data, batch_size=2, epochs=3, num_workers=0, progress=False,
-               checkpoint_dir=folder, **options)  # fmt: skip
+        ct.run(
+            ct.train_step(classify),
+            state,
+            data,
+            batch_size=2,
+            epochs=3,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=folder,
+            **options,
+        )
         return state
 
     straight = run(train, tmp_path / "a")

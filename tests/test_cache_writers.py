@@ -21,9 +21,12 @@ from composetrain.data.store_files import MANIFEST
 
 @pytest.mark.parametrize(
     "how",
-    ["a file of the user's", "a hard link to a file of the user's",
-     "a hard link to a file of the user's that reads as a lock's holder"],
-)  # fmt: skip
+    [
+        "a file of the user's",
+        "a hard link to a file of the user's",
+        "a hard link to a file of the user's that reads as a lock's holder",
+    ],
+)
 def test_a_file_at_the_lock_files_path_is_never_overwritten(tmp_path: Path, how: str) -> None:
     """The bug (a user's file overwritten): the lock file ``.NAME.lock`` beside the store is opened without O_EXCL
     and then truncated and written with "process N on HOST"; a file the user has there (or a hard link to one,
@@ -75,8 +78,10 @@ def _fail_on(monkeypatch: Any, what: str, err: int) -> None:
         monkeypatch.setattr(pathlib.Path, "mkdir", fake_mkdir)
 
 
-@pytest.mark.parametrize(("what", "err"), [("lock", errno.ENOSPC), ("temporary folder", errno.ENOSPC),
-                                           ("lock", errno.EROFS), ("lock", errno.EACCES)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("what", "err"),
+    [("lock", errno.ENOSPC), ("temporary folder", errno.ENOSPC), ("lock", errno.EROFS), ("lock", errno.EACCES)],
+)
 def test_a_full_or_read_only_disk_before_the_first_item_is_a_cache_error_with_the_fix(
     tmp_path: Path, monkeypatch: Any, what: str, err: int
 ) -> None:

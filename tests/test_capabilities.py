@@ -15,9 +15,12 @@ def test_the_built_in_transforms_state_their_capabilities():
     plain = Capabilities()
     assert ct.train_step(step).capabilities == plain
     for transform in (
-        ct.accumulate(2), ct.accumulate("auto"), ct.mixed_precision, ct.clip_grad_norm(1.0),
+        ct.accumulate(2),
+        ct.accumulate("auto"),
+        ct.mixed_precision,
+        ct.clip_grad_norm(1.0),
         ct.checkpoint_activations([torch.nn.Linear]),
-    ):  # fmt: skip
+    ):
         assert transform(step).capabilities == plain, transform
     assert ct.distributed(step).capabilities == Capabilities(syncs_processes=True)
     assert ct.sharded(step).capabilities == Capabilities(syncs_processes=True, forward_needs_every_rank=True)
@@ -76,8 +79,16 @@ def test_the_setup_hook_runs_once_before_resuming_outermost_first(tmp_path):
     def train(max_steps):
         state = run_script.state()
         step = Tells(ct.accumulate(2)(Tells(ct.train_step(run_script.step), "inner")), "outer")
-        ct.run(step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
-               max_steps=max_steps, checkpoint_dir=tmp_path)  # fmt: skip
+        ct.run(
+            step,
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+            max_steps=max_steps,
+            checkpoint_dir=tmp_path,
+        )
         return state
 
     train(2)

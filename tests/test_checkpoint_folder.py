@@ -272,8 +272,15 @@ def test_state_is_untouched_by_a_refused_run(tmp_path):
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     try:
         with pytest.raises(RuntimeError, match="in use by another run"):
-            ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
-                   checkpoint_dir=tmp_path)  # fmt: skip
+            ct.run(
+                run_script.step,
+                state,
+                run_script.dataset(),
+                batch_size=12,
+                num_workers=0,
+                progress=False,
+                checkpoint_dir=tmp_path,
+            )
     finally:
         holder.close()
     assert all(torch.equal(v, before[k]) for k, v in state.model.state_dict().items())
@@ -331,7 +338,16 @@ def test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_trainin
     )
     warned = r"step-000000016 alone: it holds no state\.pt, so it is no checkpoint"
     with pytest.raises(FileExistsError, match=refused), pytest.warns(UserWarning, match=warned):
-        ct.run(ct.accumulate(2)(counted), run_script.state(), run_script.dataset(), checkpoint_dir=tmp_path,
-               batch_size=12, num_workers=0, progress=False, seed=5, epochs=3)  # fmt: skip
+        ct.run(
+            ct.accumulate(2)(counted),
+            run_script.state(),
+            run_script.dataset(),
+            checkpoint_dir=tmp_path,
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+            seed=5,
+            epochs=3,
+        )
     assert calls == []
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "metrics" not in p.name) == before

@@ -144,8 +144,15 @@ def test_a_checkpoint_dir_that_names_no_folder_is_refused_by_name(folder, error,
     monkeypatch.chdir(tmp_path)  # "" is the working folder: a regression writes there, not in the repository
     state = run_script.state()
     with pytest.raises(error, match=r"run: checkpoint_dir must be a non-empty str or os.PathLike, got "):
-        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
-               checkpoint_dir=folder)  # fmt: skip
+        ct.run(
+            run_script.step,
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=folder,
+        )
     assert state.step == 0 and not list(tmp_path.iterdir())
 
 

@@ -136,8 +136,11 @@ def test_with_every_checkpoint_corrupt_the_run_is_refused_not_started_afresh(tmp
     straight, _ = train(tmp_path / "a", epochs=2)
     train(tmp_path / "b", epochs=1)
     (tmp_path / "b" / "step-000000008" / "rank-0.pt").write_bytes(b"junk")
-    refused = pytest.raises(RuntimeError, match=r"no checkpoint in .* could be read \(set aside: "
-                            r"corrupt-step-000000008\).*move the corrupt-step-\* folders out")  # fmt: skip
+    refused = pytest.raises(
+        RuntimeError,
+        match=r"no checkpoint in .* could be read \(set aside: "
+        r"corrupt-step-000000008\).*move the corrupt-step-\* folders out",
+    )
     for first in (True, False):  # the first sets it aside, the second finds only what was set aside
         with pytest.warns(UserWarning, match=r"skipping unreadable") if first else nullcontext(), refused:
             train(tmp_path / "b", epochs=2)

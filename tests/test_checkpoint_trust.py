@@ -38,8 +38,11 @@ def test_a_diverged_model_is_never_saved_and_the_finite_checkpoints_stay(tmp_pat
     """NaN weights from update 7 on (no mixed_precision skips the update): the save at 8 is refused with an error
     naming the parameter, and keep_checkpoints=2 deletes nothing: the run resumes from 6, finite."""
     straight, _ = train(tmp_path / "a", max_steps=12, checkpoint_every=2, keep_checkpoints=2)
-    with pytest.raises(FloatingPointError, match=r"refusing to save checkpoint step 8: the model's parameter "
-                       r"'0.weight' holds NaN or inf.* the last checkpoint step-000000006 is kept"):  # fmt: skip
+    with pytest.raises(
+        FloatingPointError,
+        match=r"refusing to save checkpoint step 8: the model's parameter "
+        r"'0.weight' holds NaN or inf.* the last checkpoint step-000000006 is kept",
+    ):
         train(tmp_path / "b", diverging(7), max_steps=12, checkpoint_every=2, keep_checkpoints=2)
     assert steps(tmp_path / "b") == ["step-000000004", "step-000000006"]
     saved = torch.load(tmp_path / "b" / "step-000000006" / "state.pt", weights_only=True)
@@ -92,8 +95,11 @@ def test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint
     tensor = tensor if tensor is not None else saved["rng"]["python"]["words"]
     flip_a_bit_of(newest / damaged, tensor)
     assert torch.load(newest / damaged, weights_only=True) is not None  # loads, silently off
-    with pytest.warns(UserWarning, match=rf"skipping unreadable checkpoint .*step-000000016: {damaged} does not "
-                      "match the checksum written with it"):  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=rf"skipping unreadable checkpoint .*step-000000016: {damaged} does not "
+        "match the checksum written with it",
+    ):
         resumed, _ = train(tmp_path / "b", epochs=3, log_every=3)
     assert_states_equal(resumed, straight)
     assert [p.name for p in (tmp_path / "b").glob("corrupt-*")] == ["corrupt-step-000000016"]

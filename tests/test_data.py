@@ -264,9 +264,11 @@ def test_when_auto_chose_no_workers_for_a_slow_dataset_the_report_does_not_say_r
     _, result = auto_run(Slow(96), epochs=1)
     assert result.bottleneck.startswith("data loading is ") and "raise num_workers" not in result.bottleneck
     assert '"auto" chose 0 (reading sample by sample: ' in result.bottleneck
-    assert result.bottleneck.endswith("stub; make the dataset's __getitem__ cheaper: preprocess once with "
-                                      "ct.cache(dataset, path) (items decoded once, then read a whole batch at a "
-                                      "time from a memory map), smaller inputs, or give the job more CPUs")  # fmt: skip
+    assert result.bottleneck.endswith(
+        "stub; make the dataset's __getitem__ cheaper: preprocess once with "
+        "ct.cache(dataset, path) (items decoded once, then read a whole batch at a "
+        "time from a memory map), smaller inputs, or give the job more CPUs"
+    )
 
 
 def test_auto_on_a_tensor_dataset_reads_whole_batches(monkeypatch, readers):

@@ -46,8 +46,15 @@ SWEEP = int(os.environ.get("CT_ELASTIC_SWEEP", "0"))
 def test_sweep_kills_at_random_moments(tmp_path, uninterrupted_elastic_job, trial):
     rng = random.Random(trial)
     nodes, backend = rng.choice([1, 2]), rng.choice(["static", "c10d"])
-    where = rng.choice(["rendezvous", f"update:{rng.randint(1, 24)}", f"save:{rng.randint(1, 6)}",
-                        f"eval:{rng.randint(1, 4)}", f"agree:{rng.randint(1, 12)}"])  # fmt: skip
+    where = rng.choice(
+        [
+            "rendezvous",
+            f"update:{rng.randint(1, 24)}",
+            f"save:{rng.randint(1, 6)}",
+            f"eval:{rng.randint(1, 4)}",
+            f"agree:{rng.randint(1, 12)}",
+        ]
+    )
     kill = f"{rng.randint(0, 1)}:{where}"
     start = time.monotonic()
     results, killed, _ = torchrun(tmp_path, "job", nodes=nodes, backend=backend, kill=kill)

@@ -23,12 +23,29 @@ def test_a_job_whose_node_dies_continues_on_the_nodes_left(tmp_path):
     # the rendezvous store lives here, not in one agent (the killed one may host it): as elastic_runs does
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=1",
-        "--monitor-interval=0.5", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=shrink",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--max-restarts=1",
+        "--monitor-interval=0.5",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=shrink",
         # both nodes join the first round (they start together); a round after a loss waits this long for it
-        "--rdzv-conf=is_host=0,last_call_timeout=20", "--local-addr=127.0.0.1",
-        SCRIPT, "--dir", str(out), "--out", f"{out}.pt", "--kill-node", "1:9", "--checkpoint-every", "2",
-    ]  # fmt: skip
+        "--rdzv-conf=is_host=0,last_call_timeout=20",
+        "--local-addr=127.0.0.1",
+        SCRIPT,
+        "--dir",
+        str(out),
+        "--out",
+        f"{out}.pt",
+        "--kill-node",
+        "1:9",
+        "--checkpoint-every",
+        "2",
+    ]
     agents = [Job(command, environment()) for _ in range(2)]
     try:
         deadline = time.monotonic() + 800

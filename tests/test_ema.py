@@ -86,8 +86,10 @@ def test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit(decay, ever
         train(state, batch)
     ref_state, ref = reference(
         lambda m: AveragedModel(m, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True),
-        data, every=every, warmup=warmup,
-    )  # fmt: skip
+        data,
+        every=every,
+        warmup=warmup,
+    )
     assert_same_averages(state, ref)
     assert state.state_dict()["transforms"]["ema"]["n_averaged"] == ref.n_averaged.item()
     for (k, p), q in zip(state.model.state_dict().items(), ref_state.model.state_dict().values(), strict=True):
@@ -228,8 +230,10 @@ def test_bad_arguments_are_refused_when_built(call, error):
 
 def test_ema_model_is_an_independent_copy_with_the_averages_or_loads_into_a_module():
     state = state_of(net())
-    assert all(torch.equal(a, b) for a, b in zip(ct.ema_model(state).state_dict().values(),
-                                                 state.model.state_dict().values(), strict=True))  # fmt: skip
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(ct.ema_model(state).state_dict().values(), state.model.state_dict().values(), strict=True)
+    )
     train = ct.ema(0.5)(step)
     for batch in batches(3):
         train(state, batch)
@@ -272,8 +276,16 @@ def test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_unto
     train = ct.ema(0.7, every=2)(step)
     args = dict(batch_size=12, epochs=2, progress=False)
     evaluated = state_of(net())
-    result = ct.run(train, evaluated, train_data, eval_step=evaluate, eval_data=val, log_file=tmp_path / "m.jsonl",
-                    checkpoint_dir=tmp_path / "run", **args)  # fmt: skip
+    result = ct.run(
+        train,
+        evaluated,
+        train_data,
+        eval_step=evaluate,
+        eval_data=val,
+        log_file=tmp_path / "m.jsonl",
+        checkpoint_dir=tmp_path / "run",
+        **args,
+    )
     plain = state_of(net())
     ct.run(train, plain, train_data, **args)
     for k, v in plain.state_dict()["model"].items():  # the evaluations swapped the weights back exactly
@@ -289,8 +301,16 @@ def test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_unto
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval" in r]
     assert evals[-1]["eval"] == {"loss": last["loss"], "acc": last["acc"]} and evals[-1]["eval_ema"] == last["eval_ema"]
-    more = ct.run(train, state_of(net()), train_data, eval_step=evaluate, eval_data=val, log_file=tmp_path / "m.jsonl",
-                  checkpoint_dir=tmp_path / "run", **{**args, "epochs": 3})  # fmt: skip
+    more = ct.run(
+        train,
+        state_of(net()),
+        train_data,
+        eval_step=evaluate,
+        eval_data=val,
+        log_file=tmp_path / "m.jsonl",
+        checkpoint_dir=tmp_path / "run",
+        **{**args, "epochs": 3},
+    )
     assert more.evals[:2] == result.evals and set(more.evals[2]["eval_ema"]) == {"loss", "acc"}  # resumed records
     assert [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()][: len(records)] == records
     with pytest.raises(ValueError, match=r"eval_step returns metric 'eval_ema', a name ct\.run's evaluation records"):

@@ -136,8 +136,11 @@ def test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(36, 5, generator=g), torch.randint(0, 3, (36,), generator=g))
     state = one_cycle_state(3)
-    with pytest.raises(ValueError, match=r"run: the scheduler OneCycleLR has 3 steps left \(total_steps=3\), but this "
-                       r"run reaches 4 epoch ends"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"run: the scheduler OneCycleLR has 3 steps left \(total_steps=3\), but this "
+        r"run reaches 4 epoch ends",
+    ):
         ct.run(ct.train_step(step), state, data, batch_size=12, epochs=4, progress=False, checkpoint_dir=tmp_path)
     assert state.step == 0  # was: it trained all 4 epochs, then end_epoch raised before the last one was saved
     with warnings.catch_warnings():

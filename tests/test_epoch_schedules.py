@@ -85,8 +85,9 @@ def test_ct_run_steps_the_recipe_schedule_per_epoch_and_uses_its_rates_exactly()
     rates = []
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # its horizon fits: no warning
-        ct.run(rates_recorder(state, rates), state, data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False,
-               progress=False)  # fmt: skip
+        ct.run(
+            rates_recorder(state, rates), state, data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False, progress=False
+        )
     assert rates == recipe_rates()  # exactly: the same floats
     assert state.scheduler.last_epoch == EPOCHS
 
@@ -99,8 +100,15 @@ def test_a_resume_steps_the_epoch_scheduler_neither_twice_nor_never(tmp_path, st
     ct.run(ct.ema(0.8)(rates_recorder(straight, straight_rates)), straight, data(), **args)
     first = recipe_state()
     rates = []
-    ct.run(ct.ema(0.8)(rates_recorder(first, rates)), first, data(), max_steps=stop, checkpoint_dir=tmp_path,
-           checkpoint_every=3, **args)  # fmt: skip
+    ct.run(
+        ct.ema(0.8)(rates_recorder(first, rates)),
+        first,
+        data(),
+        max_steps=stop,
+        checkpoint_dir=tmp_path,
+        checkpoint_every=3,
+        **args,
+    )
     assert first.scheduler.last_epoch == stop // PER_EPOCH
     resumed = recipe_state(seed=9)
     ct.run(ct.ema(0.8)(rates_recorder(resumed, rates)), resumed, data(), checkpoint_dir=tmp_path, **args)
@@ -116,8 +124,9 @@ def test_a_resume_steps_the_epoch_scheduler_neither_twice_nor_never(tmp_path, st
 def test_a_schedule_built_in_epochs_but_stepped_per_update_is_warned_about_with_the_fix():
     state = recipe_state(interval="update")
     with pytest.warns(UserWarning) as caught:
-        ct.run(lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=EPOCHS,
-               progress=False)  # fmt: skip
+        ct.run(
+            lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=EPOCHS, progress=False
+        )
     message = str(caught[0].message)
     assert "run: the scheduler SequentialLR ends after 5 of its steps (milestones [2] + CosineAnnealingLR T_max=3)" in (
         message
@@ -130,10 +139,12 @@ def test_an_epoch_schedule_shorter_than_the_epochs_is_warned_about_too():
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     state = ct.TrainState(m, opt, sched.CosineAnnealingLR(opt, T_max=1), scheduler_interval="epoch")
-    with pytest.warns(UserWarning, match=r"CosineAnnealingLR ends after 1 .* steps it 4 times \(once per epoch.*"
-                      r"climbs back up and cycles; build it for 4 epochs"):  # fmt: skip
-        ct.run(lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=4,
-               progress=False)  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"CosineAnnealingLR ends after 1 .* steps it 4 times \(once per epoch.*"
+        r"climbs back up and cycles; build it for 4 epochs",
+    ):
+        ct.run(lambda m, b: F.cross_entropy(m(b[0]), b[1]), state, data(), batch_size=BATCH, epochs=4, progress=False)
 
 
 def test_horizons():
@@ -153,8 +164,11 @@ def test_horizons():
 
 
 def test_a_wrong_interval_and_a_checkpoint_of_the_other_interval_are_refused():
-    with pytest.raises(ValueError, match=r"TrainState: scheduler_interval must be 'update' or 'epoch', got 'step' "
-                       r"\(str\) \(Lightning's 'step' is 'update' here\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"TrainState: scheduler_interval must be 'update' or 'epoch', got 'step' "
+        r"\(str\) \(Lightning's 'step' is 'update' here\)",
+    ):
         recipe_state(interval="step")
     saved = copy.deepcopy(recipe_state(interval="update").state_dict())
     state = recipe_state()

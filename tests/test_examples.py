@@ -64,14 +64,37 @@ def test_the_image_classifier_trains_evaluates_resumes_and_draws_its_curves(tmp_
 
 
 def test_the_image_classifier_runs_unchanged_under_torchrun(tmp_path):
-    out = run_example("image_classifier.py", "--run-dir", str(tmp_path), "--width", "8", "--epochs", "1",
-                      "--batch-size", "32", torchrun=True)  # fmt: skip
+    out = run_example(
+        "image_classifier.py",
+        "--run-dir",
+        str(tmp_path),
+        "--width",
+        "8",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        torchrun=True,
+    )
     assert len(re.findall(r"test acc \d", out)) == 1  # printed once, by rank 0
 
 
 def test_the_language_model_trains_on_real_tokens_and_samples_text():
-    out = run_example("language_model.py", "--epochs", "1", "--samples", "256", "--batch-size", "32",
-                      "--context", "32", "--width", "32", "--sample-length", "40")  # fmt: skip
+    out = run_example(
+        "language_model.py",
+        "--epochs",
+        "1",
+        "--samples",
+        "256",
+        "--batch-size",
+        "32",
+        "--context",
+        "32",
+        "--width",
+        "32",
+        "--sample-length",
+        "40",
+    )
     assert "accumulate(4, weight=real_tokens)" in out
     loss = float(re.search(r"held-out loss (\d+\.\d+)", out).group(1))
     assert loss < 4.5  # below the uniform guess over the ~90 characters (ln 90 = 4.5)
@@ -121,8 +144,24 @@ def test_the_hf_finetune_trains_in_bf16_and_resumes_bit_exactly(tmp_path, capsys
         import finetune_hf
     finally:
         sys.path.remove(str(ROOT / "examples"))
-    short = ["--samples", "32", "--batch-size", "16", "--accumulate", "2", "--eval-samples", "16",
-             "--warmup", "2", "--precision", "bf16", "--width", "32", "--layers", "1"]  # fmt: skip
+    short = [
+        "--samples",
+        "32",
+        "--batch-size",
+        "16",
+        "--accumulate",
+        "2",
+        "--eval-samples",
+        "16",
+        "--warmup",
+        "2",
+        "--precision",
+        "bf16",
+        "--width",
+        "32",
+        "--layers",
+        "1",
+    ]
     first = finetune_hf.main([*short, "--epochs", "1", "--run-dir", str(tmp_path / "a")])
     resumed = finetune_hf.main([*short, "--epochs", "2", "--run-dir", str(tmp_path / "a")])
     straight = finetune_hf.main([*short, "--epochs", "2", "--run-dir", str(tmp_path / "b")])

@@ -106,9 +106,16 @@ def test_on_one_process_global_batch_size_is_batch_size_bit_for_bit(tmp_path):
     for size in ({"batch_size": 12}, {"global_batch_size": 12}):
         s = run_script.state()
         result = ct.run(
-            ct.accumulate(2)(run_script.step), s, run_script.dataset(100), num_workers=0, progress=False, seed=5,
-            epochs=2, log_every=4, **size,
-        )  # fmt: skip
+            ct.accumulate(2)(run_script.step),
+            s,
+            run_script.dataset(100),
+            num_workers=0,
+            progress=False,
+            seed=5,
+            epochs=2,
+            log_every=4,
+            **size,
+        )
         results.append((s, run_script.untimed(result.history)))
     (a, history_a), (b, history_b) = results
     assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True))

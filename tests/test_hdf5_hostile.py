@@ -186,8 +186,17 @@ def test_an_augment_draws_per_epoch_also_when_ct_run_gets_a_collate_fn(tmp_path,
             return model(x).sum()
 
         model = torch.nn.Linear(2, 1).double()
-        ct.run(step, ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.0)), data, batch_size=8,
-               epochs=3, shuffle=False, collate_fn=collate, num_workers=workers, progress=False)  # fmt: skip
+        ct.run(
+            step,
+            ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.0)),
+            data,
+            batch_size=8,
+            epochs=3,
+            shuffle=False,
+            collate_fn=collate,
+            num_workers=workers,
+            progress=False,
+        )
         runs[name] = seen
     assert len(runs["none"]) == 3 and not torch.equal(runs["none"][0], runs["none"][1])
     for name in ("default", "dict"):
@@ -238,8 +247,15 @@ def _augmented_run(data, loader, epochs=3, folder=None, max_steps=None):
         return model(batch[0]).sum()
 
     model = torch.nn.Linear(2, 1).double()
-    ct.run(step, ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.0)), loader, epochs=epochs,
-           progress=False, checkpoint_dir=folder, max_steps=max_steps)  # fmt: skip
+    ct.run(
+        step,
+        ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.0)),
+        loader,
+        epochs=epochs,
+        progress=False,
+        checkpoint_dir=folder,
+        max_steps=max_steps,
+    )
     return seen
 
 

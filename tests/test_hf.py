@@ -224,8 +224,18 @@ def t5(seed=0):
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(seed)
-    config = T5Config(num_layers=1, d_model=16, d_ff=32, num_heads=2, d_kv=8, vocab_size=100, dropout_rate=0.0,
-                      decoder_start_token_id=0, pad_token_id=0, use_cache=False)  # fmt: skip
+    config = T5Config(
+        num_layers=1,
+        d_model=16,
+        d_ff=32,
+        num_heads=2,
+        d_kv=8,
+        vocab_size=100,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        use_cache=False,
+    )
     return T5ForConditionalGeneration(config).double()
 
 
@@ -233,8 +243,15 @@ def bert_mlm(seed=0):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(seed)
-    config = BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
-                        vocab_size=100, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    config = BertConfig(
+        num_hidden_layers=1,
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=32,
+        vocab_size=100,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertForMaskedLM(config).double()
 
 

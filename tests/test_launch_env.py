@@ -13,8 +13,14 @@ from composetrain.launch.hostlist import nodelist_summary
 
 
 def slurm(**overrides):
-    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_NNODES": "2",
-           "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123456"}  # fmt: skip
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "0",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_JOB_ID": "123456",
+    }
     env.update(overrides)
     return {k: v for k, v in env.items() if v is not None}
 
@@ -52,8 +58,14 @@ def test_half_a_torchrun_launch_is_refused_naming_what_is_there_and_what_is_not(
 def test_each_node_gets_its_own_task_count(tasks, node, local):
     counts = [(int(t), int(n or 1)) for t, n in re.findall(r"(\d+)(?:\(x(\d+)\))?", tasks)]
     nodes, total = sum(n for _, n in counts), sum(t * n for t, n in counts)  # as one allocation writes them
-    env = slurm(SLURM_TASKS_PER_NODE=tasks, SLURM_NODEID=node, SLURM_NNODES=str(nodes), SLURM_NTASKS=str(total),
-                SLURM_JOB_NODELIST=f"n[1-{nodes}]", SLURM_PROCID=str(total - 1))  # fmt: skip
+    env = slurm(
+        SLURM_TASKS_PER_NODE=tasks,
+        SLURM_NODEID=node,
+        SLURM_NNODES=str(nodes),
+        SLURM_NTASKS=str(total),
+        SLURM_JOB_NODELIST=f"n[1-{nodes}]",
+        SLURM_PROCID=str(total - 1),
+    )
     assert ct.detect(env).local_world_size == local
 
 

@@ -14,8 +14,14 @@ TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h
 
 
 def slurm(**overrides):
-    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NNODES": "2",
-           "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123456"}  # fmt: skip
+    env = {
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_JOB_ID": "123456",
+    }
     env.update(overrides)
     return {k: v for k, v in env.items() if v is not None}
 
@@ -119,8 +125,15 @@ def test_a_host_number_too_long_for_an_int_is_refused_by_name():
 def test_a_step_on_part_of_the_allocation_meets_on_its_own_first_node():
     """``srun -N1 -w gpu08`` inside a two-node job: srun sets the step's SLURM_STEP_NODELIST and SLURM_NNODES,
     SLURM_JOB_NODELIST stays the job's; rank 0 runs on gpu08, not on the job's first node."""
-    env = slurm(SLURM_STEP_NODELIST="gpu08", SLURM_STEP_NUM_NODES="1", SLURM_NNODES="1", SLURM_NTASKS="2",
-                SLURM_TASKS_PER_NODE="2", SLURM_PROCID="1", SLURM_LOCALID="1")  # fmt: skip
+    env = slurm(
+        SLURM_STEP_NODELIST="gpu08",
+        SLURM_STEP_NUM_NODES="1",
+        SLURM_NNODES="1",
+        SLURM_NTASKS="2",
+        SLURM_TASKS_PER_NODE="2",
+        SLURM_PROCID="1",
+        SLURM_LOCALID="1",
+    )
     cluster = ct.detect(env)
     assert (cluster.master_addr, cluster.world_size, cluster.local_world_size) == ("gpu08", 2, 2)
     with pytest.raises(ValueError, match=r"SLURM_STEP_NUM_NODES=3 but SLURM_STEP_NODELIST='gpu08' names 1 hosts"):

@@ -149,6 +149,14 @@ def test_a_metric_name_that_utf8_cannot_encode_is_refused_at_the_first_update(tm
     evaluate = lambda model, batch: {bad: 1.0} if whose == "eval_step" else {"e": 1.0}  # noqa: E731
     who = r"train_step\(step\)" if whose == "the step" else "run"  # the step's is refused in its pass
     with pytest.raises(ValueError, match=rf"{who}: {whose} returns metric 'acc\\udcff', which UTF-8 cannot encode"):
-        train(step, tmp_path, max_steps=4, log_every=2, eval_every=1, eval_step=evaluate,
-              eval_data=run_script.dataset(24), tensorboard=True)  # fmt: skip
+        train(
+            step,
+            tmp_path,
+            max_steps=4,
+            log_every=2,
+            eval_every=1,
+            eval_step=evaluate,
+            eval_data=run_script.dataset(24),
+            tensorboard=True,
+        )
     assert len(calls) == 1

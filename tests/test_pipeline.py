@@ -307,8 +307,11 @@ def test_outputs_that_are_not_per_sample_are_refused_with_chunks():
 
     state = sgd_state(ReducesOverTheBatch)
     before = snapshot(state)
-    with pytest.raises(ValueError, match=r"output leaf 1 of the model has first sizes \[8, 8, 8\] for chunks of "
-                       r"\[3, 3, 3\] samples; .*not reduced over the batch"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"output leaf 1 of the model has first sizes \[8, 8, 8\] for chunks of "
+        r"\[3, 3, 3\] samples; .*not reduced over the batch",
+    ):
         ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"}, chunks=3)(step)(state, make_batch(9))
     assert_untouched(state, before)
     a, b = sgd_state(ReducesOverTheBatch), sgd_state(ReducesOverTheBatch)  # without chunks it is exact

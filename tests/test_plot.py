@@ -14,8 +14,18 @@ plt = pytest.importorskip("matplotlib.pyplot")
 def write_log(path, n=20):
     lines = []
     for i in range(1, n + 1):
-        lines.append({"step": 5 * i, "epoch": i // 4, "loss": 2.0 / i, "acc": 1 - 1 / (i + 1), "lr": 0.1 / i,
-                      "skipped": 0, "updates_per_s": 40.0 + i, "data_wait": 0.1})  # fmt: skip
+        lines.append(
+            {
+                "step": 5 * i,
+                "epoch": i // 4,
+                "loss": 2.0 / i,
+                "acc": 1 - 1 / (i + 1),
+                "lr": 0.1 / i,
+                "skipped": 0,
+                "updates_per_s": 40.0 + i,
+                "data_wait": 0.1,
+            }
+        )
         if i % 4 == 0:
             lines.append({"step": 5 * i, "epoch": i // 4, "eval": {"acc": 0.5 + i / 50}})
     path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 105, "lo')  # a line cut by a crash
@@ -51,8 +61,13 @@ def test_the_png_is_real_and_holds_each_curve(tmp_path):
 def test_the_command_line_draws_where_told(tmp_path):
     write_log(tmp_path / "metrics.jsonl")
     out = tmp_path / "elsewhere.png"
-    done = subprocess.run([sys.executable, "-m", "composetrain.plot", str(tmp_path), "-o", str(out)],
-                          capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "composetrain.plot", str(tmp_path), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert done.stdout.strip() == str(out) and out.read_bytes()[:4] == b"\x89PNG"
 
 

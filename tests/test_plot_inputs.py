@@ -97,13 +97,18 @@ def test_the_panels_drawn_and_those_named_left_out_are_all_the_metrics(tmp_path,
 
 
 def test_a_missing_folder_is_one_line_and_exit_code_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "composetrain.plot", str(tmp_path / "nowhere")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "composetrain.plot", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "no metrics file at" in done.stderr
     write(tmp_path / "metrics.jsonl", [])
-    done = subprocess.run([sys.executable, "-m", "composetrain.plot", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "composetrain.plot", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "holds no training records yet" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -136,9 +141,18 @@ def test_the_log_of_a_real_run_draws_its_metrics_and_no_bookkeeping(tmp_path):
         return torch.nn.functional.cross_entropy(out, y), {"acc": (out.argmax(-1) == y).float().mean()}
 
     data = TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))
-    ct.run(step, ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)), data, batch_size=8, epochs=1,
-           log_every=1, checkpoint_dir=tmp_path, progress=False, eval_data=data,
-           eval_step=lambda m, b: {"acc": (m(b[0]).argmax(-1) == b[1]).float().mean()})  # fmt: skip
+    ct.run(
+        step,
+        ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)),
+        data,
+        batch_size=8,
+        epochs=1,
+        log_every=1,
+        checkpoint_dir=tmp_path,
+        progress=False,
+        eval_data=data,
+        eval_step=lambda m, b: {"acc": (m(b[0]).argmax(-1) == b[1]).float().mean()},
+    )
     written = {k for line in (tmp_path / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
     assert "global_batch" in written  # what the plot must leave out is really there
     with warnings.catch_warnings():

@@ -46,8 +46,9 @@ def test_a_value_too_large_for_a_float_is_left_out_with_a_warning(tmp_path):
 def test_the_command_survives_every_crafted_line_at_once(tmp_path):
     lines = ["[" * 100000 + "]" * 100000, '{"step": 1' + "0" * 5000 + "}", '{"step": 9, "loss": 1' + "0" * 400 + "}"]
     (tmp_path / "metrics.jsonl").write_text(good() + "\n".join(lines) + "\n")
-    done = subprocess.run([sys.executable, "-m", "composetrain.plot", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "composetrain.plot", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert done.stdout.strip() == str(tmp_path / "curves.png")
 

@@ -13,8 +13,17 @@ from composetrain.driver.progress import Due, Progress, Schedule
 
 
 def schedule(**kw):
-    return Schedule(**{"per_epoch": 5, "epochs": 2, "max_steps": None, "log_every": 2, "eval_every": None,
-                       "checkpoint_every": None, **kw})  # fmt: skip
+    return Schedule(
+        **{
+            "per_epoch": 5,
+            "epochs": 2,
+            "max_steps": None,
+            "log_every": 2,
+            "eval_every": None,
+            "checkpoint_every": None,
+            **kw,
+        }
+    )
 
 
 def test_the_checkpoint_payload_keeps_format_2s_keys_and_round_trips():
@@ -49,18 +58,26 @@ def test_the_checkpoint_payload_keeps_format_2s_keys_and_round_trips():
 
 
 @given(
-    per_epoch=st.integers(1, 7), epochs=st.integers(1, 3), log_every=st.integers(1, 9),
-    eval_every=st.none() | st.integers(1, 9), checkpoint_every=st.none() | st.integers(1, 9),
+    per_epoch=st.integers(1, 7),
+    epochs=st.integers(1, 3),
+    log_every=st.integers(1, 9),
+    eval_every=st.none() | st.integers(1, 9),
+    checkpoint_every=st.none() | st.integers(1, 9),
     start_epochs=st.integers(0, 2),
-)  # fmt: skip
+)
 def test_what_is_due_after_each_update_follows_the_documented_rules(
     per_epoch, epochs, log_every, eval_every, checkpoint_every, start_epochs
 ):
     """Log every log_every updates and at each epoch's last; evaluate every eval_every updates, or at
     each epoch's end without it; save every checkpoint_every updates and at each epoch's end; a run
     resumed at an epoch's end keeps the cadences (multiples of the totals)."""
-    s = schedule(per_epoch=per_epoch, epochs=epochs + start_epochs, log_every=log_every, eval_every=eval_every,
-                 checkpoint_every=checkpoint_every)  # fmt: skip
+    s = schedule(
+        per_epoch=per_epoch,
+        epochs=epochs + start_epochs,
+        log_every=log_every,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+    )
     step = start_epochs * per_epoch
     at = Progress(s, start=step, epoch=start_epochs)
     while not at.finished(step):

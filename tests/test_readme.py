@@ -102,8 +102,11 @@ def layout_problems(layout: str, files: set[str]) -> list[str]:
         for folder, text in entries.items()
         for name in re.findall(r"`(?:composetrain/)?(\w+\.py)`", text)
     }
-    found = [f"{path}: no line in the README's code layout" for path in sorted(files - named)
-             if not path.endswith("__init__.py") or "/" not in path]  # fmt: skip
+    found = [
+        f"{path}: no line in the README's code layout"
+        for path in sorted(files - named)
+        if not path.endswith("__init__.py") or "/" not in path
+    ]
     found += [f"{path}: named in the README's code layout, but no such module" for path in sorted(named - files)]
     return found
 

@@ -164,40 +164,137 @@ def fail_late(model, loss, metrics, piece):
 
 # (id, step kind, scheduler, fault, before the call, error, message): one entry per refusal of the update path
 CASES = [
-    ("name-int", "plain", "step", with_metrics(lambda m: {0: m["acc"]}), None, TypeError,
-     r"the step returns metric 0 \(int\); metric names must be str"),
-    ("name-tuple", "plain", "step", with_metrics(lambda m: {("acc", 0): m["acc"]}), None, TypeError,
-     r"metric names must be str"),
-    ("name-reserved", "plain", "step", with_metrics(lambda m: {**m, "lr": m["acc"]}), None, ValueError,
-     r"the step returns metric 'lr', a name ct.run's training records use"),
-    ("name-not-utf8", "plain", "step", with_metrics(lambda m: {"acc\udcff": m["acc"]}), None, ValueError,
-     r"which UTF-8 cannot encode"),
-    ("name-twice", "plain", "step", with_metrics(lambda m: {StrName("acc"): m["acc"], "acc": m["acc"]}), None,
-     ValueError, r"the step returns two metrics named 'acc'"),
-    ("name-of-a-transform", "plain", "step", with_metrics(lambda m: {**m, "grad_norm": m["acc"]}), None,
-     ValueError, r"that a transform reports as well"),
-    ("value-complex", "plain", "step", with_metrics(lambda m: {**m, "z": torch.complex(m["acc"], m["acc"])}),
-     None, TypeError, r"metric 'z' .*complex"),
-    ("value-meta", "plain", "step", with_metrics(lambda m: {**m, "m": torch.tensor(1.0, device="meta")}), None,
-     TypeError, r"metric 'm' .*'meta' device"),
-    ("value-not-a-number", "plain", "step", with_metrics(lambda m: {**m, "s": "x"}), None, TypeError,
-     r"metric 's' must be a scalar tensor or a number"),
-    ("names-differ-per-piece", "plain", "step",
-     lambda model, loss, metrics, piece: (loss, {**metrics, "late": 1.0} if piece % 2 == 0 else metrics), None,
-     ValueError, r"returned metrics .* for piece 2"),
-    ("loss-not-scalar", "plain", "step", lambda model, loss, metrics, piece: (loss.expand(2), metrics), None,
-     ValueError, r"the loss must be a scalar"),
-    ("loss-detached", "plain", "step", lambda model, loss, metrics, piece: (loss.detach(), metrics), None,
-     ValueError, r"does not require grad"),
+    (
+        "name-int",
+        "plain",
+        "step",
+        with_metrics(lambda m: {0: m["acc"]}),
+        None,
+        TypeError,
+        r"the step returns metric 0 \(int\); metric names must be str",
+    ),
+    (
+        "name-tuple",
+        "plain",
+        "step",
+        with_metrics(lambda m: {("acc", 0): m["acc"]}),
+        None,
+        TypeError,
+        r"metric names must be str",
+    ),
+    (
+        "name-reserved",
+        "plain",
+        "step",
+        with_metrics(lambda m: {**m, "lr": m["acc"]}),
+        None,
+        ValueError,
+        r"the step returns metric 'lr', a name ct.run's training records use",
+    ),
+    (
+        "name-not-utf8",
+        "plain",
+        "step",
+        with_metrics(lambda m: {"acc\udcff": m["acc"]}),
+        None,
+        ValueError,
+        r"which UTF-8 cannot encode",
+    ),
+    (
+        "name-twice",
+        "plain",
+        "step",
+        with_metrics(lambda m: {StrName("acc"): m["acc"], "acc": m["acc"]}),
+        None,
+        ValueError,
+        r"the step returns two metrics named 'acc'",
+    ),
+    (
+        "name-of-a-transform",
+        "plain",
+        "step",
+        with_metrics(lambda m: {**m, "grad_norm": m["acc"]}),
+        None,
+        ValueError,
+        r"that a transform reports as well",
+    ),
+    (
+        "value-complex",
+        "plain",
+        "step",
+        with_metrics(lambda m: {**m, "z": torch.complex(m["acc"], m["acc"])}),
+        None,
+        TypeError,
+        r"metric 'z' .*complex",
+    ),
+    (
+        "value-meta",
+        "plain",
+        "step",
+        with_metrics(lambda m: {**m, "m": torch.tensor(1.0, device="meta")}),
+        None,
+        TypeError,
+        r"metric 'm' .*'meta' device",
+    ),
+    (
+        "value-not-a-number",
+        "plain",
+        "step",
+        with_metrics(lambda m: {**m, "s": "x"}),
+        None,
+        TypeError,
+        r"metric 's' must be a scalar tensor or a number",
+    ),
+    (
+        "names-differ-per-piece",
+        "plain",
+        "step",
+        lambda model, loss, metrics, piece: (loss, {**metrics, "late": 1.0} if piece % 2 == 0 else metrics),
+        None,
+        ValueError,
+        r"returned metrics .* for piece 2",
+    ),
+    (
+        "loss-not-scalar",
+        "plain",
+        "step",
+        lambda model, loss, metrics, piece: (loss.expand(2), metrics),
+        None,
+        ValueError,
+        r"the loss must be a scalar",
+    ),
+    (
+        "loss-detached",
+        "plain",
+        "step",
+        lambda model, loss, metrics, piece: (loss.detach(), metrics),
+        None,
+        ValueError,
+        r"does not require grad",
+    ),
     ("step-raises", "plain", "step", fail_late, None, RuntimeError, r"the step's own error"),
-    ("ema-buffer-cast", "plain", "step", cast_buffer, None, ValueError,
-     r"ema: the model's 'bn.running_mean' is \(8,\) torch.float64, its average \(8,\) torch.float32"),
+    (
+        "ema-buffer-cast",
+        "plain",
+        "step",
+        cast_buffer,
+        None,
+        ValueError,
+        r"ema: the model's 'bn.running_mean' is \(8,\) torch.float64, its average \(8,\) torch.float32",
+    ),
     ("ema-buffer-new", "plain", "step", new_buffer, None, ValueError, r"ema: the model's parameters and buffers"),
-    ("ema-model-changed", "plain", "step", None, lambda s: s.model.add_module("extra", nn.Linear(3, 3)),
-     ValueError, r"ema: the model's parameters and buffers differ"),
+    (
+        "ema-model-changed",
+        "plain",
+        "step",
+        None,
+        lambda s: s.model.add_module("extra", nn.Linear(3, 3)),
+        ValueError,
+        r"ema: the model's parameters and buffers differ",
+    ),
     ("never-unscaled", "mixed_precision", "step", None, None, RuntimeError, r"the gradients were never unscaled"),
     ("schedule-exhausted", "plain", "one_cycle", None, None, ValueError, r"OneCycleLR is exhausted"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(autouse=True)
@@ -209,8 +306,9 @@ def _no_fault():
     FAULT.output = None
 
 
-@pytest.mark.parametrize(("kind", "scheduler", "fault", "before", "error", "message"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "scheduler", "fault", "before", "error", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 @pytest.mark.parametrize("grads_before", [False, True], ids=["no-grads", "grads-set-before"])
 def test_a_refused_call_leaves_every_piece_of_state_bit_identical(
     kind, scheduler, fault, before, error, message, grads_before
@@ -234,8 +332,9 @@ def test_a_refused_call_leaves_every_piece_of_state_bit_identical(
     assert_same(everything(state), kept)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[1] == "plain" and c[4] is None and c[3] is not None],
-                         ids=lambda c: c[0])  # fmt: skip
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c[1] == "plain" and c[4] is None and c[3] is not None], ids=lambda c: c[0]
+)
 def test_after_a_refused_call_training_goes_on_as_if_it_had_never_been_made(case):
     _, kind, scheduler, fault, _, error, message = case
     runs = []

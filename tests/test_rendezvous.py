@@ -231,10 +231,19 @@ def test_two_torchrun_nodes_on_localhost_form_one_group_and_train_like_one_proce
     # exit first and the other's last look at the store fails (a torchrun teardown race)
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ct-test",
-        "--rdzv-conf=is_host=0", "--local-addr=127.0.0.1", LAUNCH, str(tmp_path),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=ct-test",
+        "--rdzv-conf=is_host=0",
+        "--local-addr=127.0.0.1",
+        LAUNCH,
+        str(tmp_path),
+    ]
     wait_all([Job(command, clean_env()) for _ in range(2)], timeout=240)
     del store  # alive until both agents are done
     assert_trained_like_one_process(tmp_path, 2, "torchrun")

@@ -86,9 +86,15 @@ def relative(a, b):
 def assert_same_records(a, b, rel=1e-12):
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for x, y in zip(a, b, strict=True):
-        assert (x["epoch"], x["skipped"], x["global_batch"]) == (y["epoch"], y["skipped"], y["global_batch"]) == (
-            x["epoch"], 0, G,
-        )  # fmt: skip
+        assert (
+            (x["epoch"], x["skipped"], x["global_batch"])
+            == (y["epoch"], y["skipped"], y["global_batch"])
+            == (
+                x["epoch"],
+                0,
+                G,
+            )
+        )
         for key in ("loss", "acc", "lr"):
             assert x[key] == pytest.approx(y[key], rel=rel, abs=0), (key, x, y)
 

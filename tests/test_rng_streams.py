@@ -33,8 +33,16 @@ def gauss_run(draws, checkpoint_dir, **options):
         draws.append(random.gauss(0, 1))  # an augmentation's draw: one per update, so a pair spans two
         return run_script.step(model, batch)
 
-    ct.run(step, run_script.state(), run_script.dataset(), batch_size=12, progress=False, seed=5,
-           checkpoint_dir=checkpoint_dir, **options)  # fmt: skip
+    ct.run(
+        step,
+        run_script.state(),
+        run_script.dataset(),
+        batch_size=12,
+        progress=False,
+        seed=5,
+        checkpoint_dir=checkpoint_dir,
+        **options,
+    )
 
 
 def test_a_resumed_run_draws_the_gaussians_the_uninterrupted_one_drew(tmp_path):

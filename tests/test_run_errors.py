@@ -78,9 +78,15 @@ def test_an_eval_metric_missing_from_some_batches_is_refused_not_diluted():
     state = run_script.state()
     with pytest.raises(ValueError) as caught:
         ct.run(
-            ct.accumulate(2)(run_script.step), state, run_script.dataset(), batch_size=12, num_workers=0,
-            progress=False, eval_step=sometimes_extra, eval_data=run_script.dataset(50),
-        )  # fmt: skip
+            ct.accumulate(2)(run_script.step),
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+            eval_step=sometimes_extra,
+            eval_data=run_script.dataset(50),
+        )
     assert str(caught.value) == (
         "run: eval_step returned metric 'extra' for batch 3 but not for batch 1 (metrics ['acc', 'extra'] against "
         "['acc']); return the same metric names for every batch"
@@ -202,9 +208,16 @@ def test_options_a_given_dataloader_would_ignore_are_refused():
     # the loader's own values, and the defaults, are no error; a Dataset for eval_data batches as the loader does
     state = run_script.state()
     result = ct.run(
-        run_script.step, state, shuffled, batch_size=12, shuffle=True, drop_last=False, progress=False,
-        eval_step=accuracy, eval_data=run_script.dataset(50),
-    )  # fmt: skip
+        run_script.step,
+        state,
+        shuffled,
+        batch_size=12,
+        shuffle=True,
+        drop_last=False,
+        progress=False,
+        eval_step=accuracy,
+        eval_data=run_script.dataset(50),
+    )
     assert state.step == 8 and len(result.evals) == 1
 
 

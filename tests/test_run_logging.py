@@ -84,9 +84,15 @@ def test_every_update_is_logged_exactly_once(max_steps, log_every):
         return loss, metrics
 
     result = ct.run(
-        spy, run_script.state(), run_script.dataset(), batch_size=12, num_workers=0, progress=False,
-        max_steps=max_steps, log_every=log_every,
-    )  # fmt: skip
+        spy,
+        run_script.state(),
+        run_script.dataset(),
+        batch_size=12,
+        num_workers=0,
+        progress=False,
+        max_steps=max_steps,
+        log_every=log_every,
+    )
     steps = [r["step"] for r in result.history]
     assert steps == sorted({s for s in range(1, max_steps + 1) if s % log_every == 0 or s % 8 == 0} | {max_steps})
     windows = [b - a for a, b in zip([0, *steps], steps, strict=False)]

@@ -175,8 +175,17 @@ def test_evaluation_restores_each_submodules_own_mode():
     children = list(state.model.children())
     children[0].eval()
     expected = tuple(m.training for m in state.model.modules())
-    ct.run(step, state, run_script.dataset(), batch_size=12, epochs=2, eval_step=evaluate,
-           eval_data=run_script.dataset(30), num_workers=0, progress=False)  # fmt: skip
+    ct.run(
+        step,
+        state,
+        run_script.dataset(),
+        batch_size=12,
+        epochs=2,
+        eval_step=evaluate,
+        eval_data=run_script.dataset(30),
+        num_workers=0,
+        progress=False,
+    )
     assert frozen.training and set(seen) == {expected}  # the same modes before and after each evaluation
 
 

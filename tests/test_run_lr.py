@@ -104,9 +104,15 @@ def test_a_tensor_rate_is_logged_as_it_was_used(tmp_path):
     for group in s.optimizer.param_groups:
         group["lr"] = torch.tensor(group["lr"], dtype=torch.float64)
     result = ct.run(
-        run_script.step, s, run_script.dataset(), batch_size=12, num_workers=0, progress=False, log_every=1,
+        run_script.step,
+        s,
+        run_script.dataset(),
+        batch_size=12,
+        num_workers=0,
+        progress=False,
+        log_every=1,
         max_steps=6,
-    )  # fmt: skip
+    )
     used = [r[0] for r in rates_used(6)]
     assert [r["lr"] for r in result.history] == pytest.approx(used, rel=1e-15)
     assert all(type(r["lr"]) is float for r in result.history)
@@ -138,8 +144,11 @@ def test_settings_given_to_a_resumed_run_that_the_checkpoint_replaces_are_named(
     args = {"batch_size": 12, "num_workers": 0, "progress": False, "checkpoint_dir": tmp_path}
     ct.run(run_script.step, sgd_state(**first), run_script.dataset(), max_steps=4, **args)
     resumed = sgd_state(**then)
-    with pytest.warns(UserWarning, match=r"run: resuming from checkpoint .*step-000000004, whose optimizer and "
-                      rf"scheduler settings replace those given: {re.escape(named)}.*ct\.load_checkpoint"):  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"run: resuming from checkpoint .*step-000000004, whose optimizer and "
+        rf"scheduler settings replace those given: {re.escape(named)}.*ct\.load_checkpoint",
+    ):
         ct.run(run_script.step, resumed, run_script.dataset(), max_steps=8, **args)
     assert resumed.optimizer.param_groups[0].get("initial_lr", resumed.optimizer.param_groups[0]["lr"]) == 0.05
 

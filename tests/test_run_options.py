@@ -220,9 +220,12 @@ def test_valid_options_build_resolve_their_defaults_and_round_trip(args):
     parts = (loader, saving, log, evaluation)
     again = {
         **{f.name: getattr(part, f.name) for part in parts for f in dataclasses.fields(part)},
-        "epochs": options.epochs, "max_steps": options.max_steps, "requeue": options.requeue,
-        "timeout": options.timeout, "tensorboard": log.tensorboard or False,
-    }  # fmt: skip
+        "epochs": options.epochs,
+        "max_steps": options.max_steps,
+        "requeue": options.requeue,
+        "timeout": options.timeout,
+        "tensorboard": log.tensorboard or False,
+    }
     data = again.pop("data")
     assert RunOptions.from_run_args(data, **again) == options
 

@@ -56,38 +56,72 @@ def a_file(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     ("log_file", "error", "shown"),
-    [(b"m.jsonl", TypeError, "b'm.jsonl' (bytes)"), (123, TypeError, "123 (int)"), (True, TypeError, "True (bool)"),
-     ("", ValueError, "'' (str)"), (0, TypeError, "0 (int)")],
-)  # fmt: skip
+    [
+        (b"m.jsonl", TypeError, "b'm.jsonl' (bytes)"),
+        (123, TypeError, "123 (int)"),
+        (True, TypeError, "True (bool)"),
+        ("", ValueError, "'' (str)"),
+        (0, TypeError, "0 (int)"),
+    ],
+)
 def test_log_file_of_a_wrong_kind_is_refused_by_run(tmp_path, log_file, error, shown):
     refused(
-        tmp_path, DATA, error, "log_file", shown, "log_file='runs/a/metrics.jsonl'",
-        batch_size=4, num_workers=0, log_file=log_file, checkpoint_dir=tmp_path / "ck",
-    )  # fmt: skip
+        tmp_path,
+        DATA,
+        error,
+        "log_file",
+        shown,
+        "log_file='runs/a/metrics.jsonl'",
+        batch_size=4,
+        num_workers=0,
+        log_file=log_file,
+        checkpoint_dir=tmp_path / "ck",
+    )
 
 
 def test_log_file_that_is_a_folder_is_refused_before_the_checkpoint_folder_is_made(tmp_path):
     folder = tmp_path / "dd"
     folder.mkdir()
     refused(
-        tmp_path, DATA, PermissionError, "log_file", str(folder), "is a folder",
-        batch_size=4, num_workers=0, log_file=folder, checkpoint_dir=tmp_path / "ck",
-    )  # fmt: skip
+        tmp_path,
+        DATA,
+        PermissionError,
+        "log_file",
+        str(folder),
+        "is a folder",
+        batch_size=4,
+        num_workers=0,
+        log_file=folder,
+        checkpoint_dir=tmp_path / "ck",
+    )
 
 
 def test_log_file_inside_a_file_is_refused_before_the_checkpoint_folder_is_made(tmp_path):
     inside = a_file(tmp_path) / "m.jsonl"
     refused(
-        tmp_path, DATA, PermissionError, "log_file", str(inside), "a file, not a folder",
-        batch_size=4, num_workers=0, log_file=inside, checkpoint_dir=tmp_path / "ck",
-    )  # fmt: skip
+        tmp_path,
+        DATA,
+        PermissionError,
+        "log_file",
+        str(inside),
+        "a file, not a folder",
+        batch_size=4,
+        num_workers=0,
+        log_file=inside,
+        checkpoint_dir=tmp_path / "ck",
+    )
 
 
 @pytest.mark.parametrize(
     ("batch_size", "error", "shown"),
-    [(True, TypeError, "True (bool)"), ("4", TypeError, "'4' (str)"), (4.0, TypeError, "4.0 (float)"),
-     (-4, ValueError, "-4 (int)"), (torch.tensor(4), TypeError, "(Tensor)")],
-)  # fmt: skip
+    [
+        (True, TypeError, "True (bool)"),
+        ("4", TypeError, "'4' (str)"),
+        (4.0, TypeError, "4.0 (float)"),
+        (-4, ValueError, "-4 (int)"),
+        (torch.tensor(4), TypeError, "(Tensor)"),
+    ],
+)
 def test_batch_size_of_a_wrong_kind_with_a_dataloader_is_refused_as_such(tmp_path, batch_size, error, shown):
     loader = DataLoader(DATA, batch_size=4 if batch_size is not True else 1)
     refused(tmp_path, loader, error, "batch_size must be a positive int", shown, "e.g.", batch_size=batch_size)
@@ -108,9 +142,16 @@ def test_accepted_numpy_options_with_a_dataloader_train_as_a_plain_loop(tmp_path
     model, opt = fresh()
     state = ct.TrainState(model, opt)
     ct.run(
-        step, state, loader, batch_size=np.int64(4), num_workers=np.int64(0), shuffle=False, epochs=np.int32(2),
-        log_file=tmp_path / "m.jsonl", progress=False,
-    )  # fmt: skip
+        step,
+        state,
+        loader,
+        batch_size=np.int64(4),
+        num_workers=np.int64(0),
+        shuffle=False,
+        epochs=np.int32(2),
+        log_file=tmp_path / "m.jsonl",
+        progress=False,
+    )
     reference, ref_opt = fresh()
     for _ in range(2):
         for batch in DataLoader(DATA, batch_size=4):
@@ -128,15 +169,26 @@ def test_a_path_with_a_nul_byte_is_refused_naming_run_and_the_argument(tmp_path,
 
 @pytest.mark.parametrize(
     ("log_file", "checkpoint_dir", "tensorboard", "named"),
-    [("ck", "ck", False, "log_file"), ("m", "m/ck", False, "log_file"), ("m", None, "m", "tensorboard"),
-     ("m", None, "m/tb", "tensorboard")],
-)  # fmt: skip
+    [
+        ("ck", "ck", False, "log_file"),
+        ("m", "m/ck", False, "log_file"),
+        ("m", None, "m", "tensorboard"),
+        ("m", None, "m/tb", "tensorboard"),
+    ],
+)
 def test_paths_that_collide_are_refused_before_anything_is_made(tmp_path, log_file, checkpoint_dir, tensorboard, named):
     refused(
-        tmp_path, DATA, ValueError, named, "e.g.",
-        batch_size=4, num_workers=0, log_file=tmp_path / log_file, tensorboard=tensorboard and tmp_path / tensorboard,
+        tmp_path,
+        DATA,
+        ValueError,
+        named,
+        "e.g.",
+        batch_size=4,
+        num_workers=0,
+        log_file=tmp_path / log_file,
+        tensorboard=tensorboard and tmp_path / tensorboard,
         checkpoint_dir=checkpoint_dir and tmp_path / checkpoint_dir,
-    )  # fmt: skip
+    )
 
 
 class BytesPath:

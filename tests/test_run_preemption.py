@@ -106,8 +106,14 @@ def test_two_ranks_under_torchrun_resume_bit_identically(tmp_path):
     def torchrun(*args):
         port = free_port()
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}", SCRIPT, *args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={port}",
+            SCRIPT,
+            *args,
+        ]
         code, out = finish(Job(command, {**os.environ, "OMP_NUM_THREADS": "1"}), timeout=300)
         assert code == 0, out[-6000:]
 

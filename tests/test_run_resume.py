@@ -86,9 +86,15 @@ def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp
     other = ct.TrainState(linear, torch.optim.SGD(linear.parameters(), lr=0.1))
     with pytest.raises(ValueError, match=r"run: the latest checkpoint .*step-000000008 does not fit this model"):
         ct.run(
-            run_script.step, other, run_script.dataset(), batch_size=12, checkpoint_dir=tmp_path, num_workers=0,
-            progress=False, seed=5,
-        )  # fmt: skip
+            run_script.step,
+            other,
+            run_script.dataset(),
+            batch_size=12,
+            checkpoint_dir=tmp_path,
+            num_workers=0,
+            progress=False,
+            seed=5,
+        )
     assert files() == before
 
 
@@ -301,7 +307,14 @@ def test_a_given_loader_whose_order_cannot_continue_is_refused_before_anything_c
     before = [p.clone() for p in state.model.parameters()]
     with pytest.raises(ValueError, match=r"run: checkpoint .*step-000000007 " + pattern):
         ct.run(
-            lambda m, b: run_script.step(m, b[:2]), state, other(), batch_size=4, checkpoint_dir=tmp_path,
-            progress=False, seed=5, epochs=2, num_workers=0,
-        )  # fmt: skip
+            lambda m, b: run_script.step(m, b[:2]),
+            state,
+            other(),
+            batch_size=4,
+            checkpoint_dir=tmp_path,
+            progress=False,
+            seed=5,
+            epochs=2,
+            num_workers=0,
+        )
     assert state.step == 0 and all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))

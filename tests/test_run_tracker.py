@@ -21,8 +21,16 @@ from run_workers import evaluate
 
 import composetrain as ct
 
-OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 3,
-           "eval_step": evaluate, "eval_data": run_script.dataset(24), "eval_every": 4}  # fmt: skip
+OPTIONS = {
+    "batch_size": 12,
+    "num_workers": 0,
+    "progress": False,
+    "seed": 5,
+    "log_every": 3,
+    "eval_step": evaluate,
+    "eval_data": run_script.dataset(24),
+    "eval_every": 4,
+}
 
 
 def train(tmp, on_record, step=run_script.step, **options):
@@ -196,8 +204,9 @@ def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again
     sent = tmp_path / "sent.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for kill in (*kills, 0):
-        with Job([sys.executable, script, "--dir", str(tmp_path / "b"), "--sent", str(sent), "--kill-at", str(kill)],
-                 env) as job:  # fmt: skip
+        with Job(
+            [sys.executable, script, "--dir", str(tmp_path / "b"), "--sent", str(sent), "--kill-at", str(kill)], env
+        ) as job:
             code, out = job.finish(180)
         assert code == (-signal.SIGKILL if kill else 0), out
     sent_once([json.loads(line) for line in sent.read_text().splitlines()], straight)
@@ -283,8 +292,10 @@ def test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_a
     with pytest.raises(stop) as caught:
         train(tmp_path, interrupted, epochs=2)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000006"]
-    assert any("on_record raised it on the record of update 6; the run saved checkpoint" in n
-               for n in getattr(caught.value, "__notes__", []))  # fmt: skip
+    assert any(
+        "on_record raised it on the record of update 6; the run saved checkpoint" in n
+        for n in getattr(caught.value, "__notes__", [])
+    )
     got = []
     train(tmp_path, got.append, epochs=2)
     assert got[0]["step"] == 8

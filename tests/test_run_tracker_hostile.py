@@ -52,9 +52,14 @@ def test_a_tracker_that_returns_a_generator_stops_the_run_and_says_why(tmp_path)
     state = run_script.state()
     with pytest.raises(RuntimeError, match=r"on_record returned a generator .* on the record of update 2") as e:
         ct.run(
-            run_script.step, state, run_script.dataset(), checkpoint_dir=tmp_path, on_record=lambda r: generator(r),
-            max_steps=6, **OPTIONS,
-        )  # fmt: skip
+            run_script.step,
+            state,
+            run_script.dataset(),
+            checkpoint_dir=tmp_path,
+            on_record=lambda r: generator(r),
+            max_steps=6,
+            **OPTIONS,
+        )
     assert state.step == 2 and "step-000000002" in str(e.value)
 
 
@@ -64,12 +69,25 @@ def _resumed_at_4_with(tmp_path, damage):
     from run_script import untimed
     from run_workers import evaluate
 
-    options = {**OPTIONS, "log_every": 3, "checkpoint_every": 4, "eval_step": evaluate,
-               "eval_data": run_script.dataset(24), "eval_every": 4}  # fmt: skip
+    options = {
+        **OPTIONS,
+        "log_every": 3,
+        "checkpoint_every": 4,
+        "eval_step": evaluate,
+        "eval_data": run_script.dataset(24),
+        "eval_every": 4,
+    }
 
     def train(folder, got, max_steps):
-        ct.run(run_script.step, run_script.state(), run_script.dataset(), checkpoint_dir=folder, on_record=got.append,
-               max_steps=max_steps, **options)  # fmt: skip
+        ct.run(
+            run_script.step,
+            run_script.state(),
+            run_script.dataset(),
+            checkpoint_dir=folder,
+            on_record=got.append,
+            max_steps=max_steps,
+            **options,
+        )
 
     straight, got = [], []
     train(tmp_path / "a", straight, 12)
@@ -110,6 +128,13 @@ def test_a_list_of_sent_records_that_is_a_folder_is_refused_before_anything_resu
     (tmp_path / ".metrics.jsonl.sent").mkdir()
     before = {k: v.clone() for k, v in run_script_state.model.state_dict().items()}
     with pytest.raises(PermissionError, match=r"log_file .*\.metrics\.jsonl\.sent.* is a folder"):
-        ct.run(run_script.step, run_script_state, run_script.dataset(), checkpoint_dir=tmp_path, max_steps=2,
-               on_record=print, **OPTIONS)  # fmt: skip
+        ct.run(
+            run_script.step,
+            run_script_state,
+            run_script.dataset(),
+            checkpoint_dir=tmp_path,
+            max_steps=2,
+            on_record=print,
+            **OPTIONS,
+        )
     assert all(v.equal(before[k]) for k, v in run_script_state.model.state_dict().items())

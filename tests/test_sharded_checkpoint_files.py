@@ -49,8 +49,14 @@ def sharded_state():
 
 def save(root, state):
     found = checkpoint.Checkpoints(root, rank=0, world_size=1, keep=2, shards=ShardFiles(state))
-    payload = {"state": state.state_dict(), "settings": {"updates_per_epoch": 4}, "epoch": 0, "position": 1,
-               "history": [], "evals": []}  # fmt: skip
+    payload = {
+        "state": state.state_dict(),
+        "settings": {"updates_per_epoch": 4},
+        "epoch": 0,
+        "position": 1,
+        "history": [],
+        "evals": [],
+    }
     local = {"window": [], "order": None, "generators": []}
     try:
         return found.save(state.step, payload, local)

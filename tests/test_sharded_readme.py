@@ -13,8 +13,15 @@ SCRIPT = str(Path(__file__).resolve().parent / "readme_shard_script.py")
 
 def test_the_readme_sharding_example_runs_as_one_script(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
-               SCRIPT, str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        f"--master-port={free_port()}",
+        SCRIPT,
+        str(tmp_path),
+    ]
     with Job(command, env) as job:
         code, out = job.finish(300)
     assert code == 0, out[-6000:]  # both ranks ended cleanly: no hang, no abort in the group's teardown

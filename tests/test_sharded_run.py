@@ -19,8 +19,15 @@ def torchrun(*args, nproc=2):
     if nproc == 1:
         command = [sys.executable, SCRIPT, *args]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                   f"--master-port={free_port()}", SCRIPT, *args]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            f"--master-port={free_port()}",
+            SCRIPT,
+            *args,
+        ]
     with Job(command, env) as job:
         code, out = job.finish(300)
     assert code == 0, out[-6000:]

@@ -54,8 +54,9 @@ def test_a_rerun_after_a_crash_before_the_first_checkpoint_has_each_step_once(tm
 
 def test_a_fresh_run_into_an_empty_or_new_folder_warns_of_nothing(tmp_path, recwarn):
     (tmp_path / "tb").mkdir()
-    ct.run(run_script.step, run_script.state(), run_script.dataset(), tensorboard=tmp_path / "tb", max_steps=2,
-           **OPTIONS)  # fmt: skip
+    ct.run(
+        run_script.step, run_script.state(), run_script.dataset(), tensorboard=tmp_path / "tb", max_steps=2, **OPTIONS
+    )
     assert not [w for w in recwarn if "tensorboard" in str(w.message)]
     assert [s for s, _ in scalars(tmp_path / "tb", "train/loss")] == [1, 2]
 
@@ -65,6 +66,12 @@ def test_a_tensorboard_folder_inside_a_file_is_refused_before_anything_is_made(t
     and the metrics file are made (it was a PermissionError after both, saying 'not writable (Not a directory)')."""
     (tmp_path / "plain").write_text("not a folder")
     with pytest.raises(ValueError, match=r"run: tensorboard='.*plain/tb' is inside '.*plain', a file, not a folder"):
-        ct.run(run_script.step, run_script.state(), run_script.dataset(), checkpoint_dir=tmp_path / "ck",
-               tensorboard=tmp_path / "plain" / "tb", **OPTIONS)  # fmt: skip
+        ct.run(
+            run_script.step,
+            run_script.state(),
+            run_script.dataset(),
+            checkpoint_dir=tmp_path / "ck",
+            tensorboard=tmp_path / "plain" / "tb",
+            **OPTIONS,
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]

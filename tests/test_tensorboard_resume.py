@@ -30,8 +30,13 @@ def scalars(folder, tag):
 def test_a_run_resumed_after_a_crash_past_its_checkpoint_has_each_step_once(tmp_path, crash_after):
     """Saved at 4, logged 5 (and 6), crashed; the resumed run starts at 4: TensorBoard shows 1..8 once each,
     the values of a straight run, and the evaluations at 4 and 8 once each."""
-    options = {"max_steps": 8, "checkpoint_every": 4, "eval_step": evaluate, "eval_data": run_script.dataset(24),
-               "eval_every": 4}  # fmt: skip
+    options = {
+        "max_steps": 8,
+        "checkpoint_every": 4,
+        "eval_step": evaluate,
+        "eval_data": run_script.dataset(24),
+        "eval_every": 4,
+    }
     _, straight = train(tmp_path / "a", **options)
     calls = []
 
@@ -71,8 +76,16 @@ def test_a_tensorboard_folder_that_cannot_be_used_is_refused_before_anything_is_
     state = run_script.state()
     before = snapshot(state)
     with pytest.raises(ValueError, match=match):
-        ct.run(run_script.step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False,
-               checkpoint_dir=tmp_path / "ck", tensorboard=board)  # fmt: skip
+        ct.run(
+            run_script.step,
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=tmp_path / "ck",
+            tensorboard=board,
+        )
     assert not (tmp_path / "ck").exists()  # refused before the checkpoint folder was made
     assert state.step == 0 and snapshot(state).keys() == before.keys()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]  # no event file anywhere

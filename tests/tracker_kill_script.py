@@ -19,9 +19,18 @@ from run_workers import evaluate
 
 import composetrain as ct
 
-OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 3,
-           "eval_step": evaluate, "eval_data": run_script.dataset(24), "eval_every": 4,
-           "max_steps": 12, "checkpoint_every": 4}  # fmt: skip
+OPTIONS = {
+    "batch_size": 12,
+    "num_workers": 0,
+    "progress": False,
+    "seed": 5,
+    "log_every": 3,
+    "eval_step": evaluate,
+    "eval_data": run_script.dataset(24),
+    "eval_every": 4,
+    "max_steps": 12,
+    "checkpoint_every": 4,
+}
 
 
 def main():

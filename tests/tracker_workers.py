@@ -12,9 +12,13 @@ def _run(on_record, directory=None, **options):
     options = {"batch_size": 12, "num_workers": 0, "progress": False, "epochs": 1, "log_every": 1, **options}
     state = run_script.state()
     return state, ct.run(
-        ct.distributed(run_script.step), state, run_script.dataset(), checkpoint_dir=directory,
-        on_record=on_record, **options,
-    )  # fmt: skip
+        ct.distributed(run_script.step),
+        state,
+        run_script.dataset(),
+        checkpoint_dir=directory,
+        on_record=on_record,
+        **options,
+    )
 
 
 def rank_zero_only(rank, world):

@@ -141,9 +141,23 @@ def check(
     buffers = None if gaps[3] is None else _worst(gaps[3], rtol, atol)
     update = None if gaps[4] is None else _worst(gaps[4], *tol[1])
     return CheckResult(
-        ok, repr(step), repr(reference), used, rtol, atol, loss, grads, params, buffers, diverges_at=found,
-        layers=tuple(seen), reason=reason, lowest=low, update=update, update_tolerance=tol[1],
-    )  # fmt: skip
+        ok,
+        repr(step),
+        repr(reference),
+        used,
+        rtol,
+        atol,
+        loss,
+        grads,
+        params,
+        buffers,
+        diverges_at=found,
+        layers=tuple(seen),
+        reason=reason,
+        lowest=low,
+        update=update,
+        update_tolerance=tol[1],
+    )
 
 
 def _tolerance(value: Any, name: str) -> float | None:

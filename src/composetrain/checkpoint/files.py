@@ -298,8 +298,9 @@ class Checkpoints:
                 self.finish()
         self._pending = None
 
-    def _begin(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None, *,
-               staged: bool) -> Flush:  # fmt: skip
+    def _begin(
+        self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None, *, staged: bool
+    ) -> Flush:
         """Every check, on every rank alike, before anything is written; then the temporary folder."""
         if not all_true(nonfinite is None):
             told = gathered(nonfinite)

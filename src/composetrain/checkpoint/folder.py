@@ -20,8 +20,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["LEFTOVER", "SHARDS", "STATE_FILE", "foreign", "human", "is_checkpoint", "not_regular", "os_error",
-           "rank_file", "size_of", "step_of", "take_lock"]  # fmt: skip
+__all__ = [
+    "LEFTOVER",
+    "SHARDS",
+    "STATE_FILE",
+    "foreign",
+    "human",
+    "is_checkpoint",
+    "not_regular",
+    "os_error",
+    "rank_file",
+    "size_of",
+    "step_of",
+    "take_lock",
+]
 
 STATE_FILE = "state.pt"  # rank 0's: the TrainState and the loop's position
 SHARDS = "shards"  # the sharded tensors' folder, written by DCP
@@ -139,7 +151,12 @@ def not_regular(path: Path) -> str | None:
         return f"{path.name}: {e.strerror or e}"
     if stat.S_ISREG(mode):
         return None
-    kinds = [(stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
-             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]  # fmt: skip
+    kinds = [
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ]
     kind = next((name for test, name in kinds if test(mode)), "not a file")
     return f"{path.name} is {kind}, not a regular file, so it was not opened"

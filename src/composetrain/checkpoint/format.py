@@ -44,7 +44,7 @@ __all__ = [
     "stamp_shared",
     "unplain",
     "window_problem",
-]  # fmt: skip
+]
 
 FORMAT = 3  # 2: tensors and plain types only, loaded with weights_only=True; 3: and checksums.json
 READS = (2, 3)  # 2 loads unverified: it was written before checksums

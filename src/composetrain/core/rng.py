@@ -129,9 +129,12 @@ def capture_rng() -> dict[str, Any]:
     if np is not None:
         kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
         states["numpy"] = {
-            "kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached),
-        }  # fmt: skip
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states

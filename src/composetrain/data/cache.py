@@ -72,9 +72,19 @@ class CachedDataset(MappedDataset):
         return f"CachedDataset({str(self.path)!r}, {self.length} items of {self.origin.get('type')})"
 
 
-def cache(dataset: Any, path: str | os.PathLike[str], *, augment: Augment | None = None, rebuild: bool = False,
-          seed: int = 0, key: Any = None, verify: bool = False, num_workers: int | str = "auto",
-          timeout: float = 3600.0, progress: bool = True) -> CachedDataset:  # fmt: skip
+def cache(
+    dataset: Any,
+    path: str | os.PathLike[str],
+    *,
+    augment: Augment | None = None,
+    rebuild: bool = False,
+    seed: int = 0,
+    key: Any = None,
+    verify: bool = False,
+    num_workers: int | str = "auto",
+    timeout: float = 3600.0,
+    progress: bool = True,
+) -> CachedDataset:
     """Write every item of a map-style ``dataset`` once into a store at ``path``, and return a Dataset with
     the same items that maps the store (later calls, runs and processes only map it) and that ``ct.run``
     reads a whole batch at a time.
@@ -165,12 +175,16 @@ def _check(
             f"{type(dataset).__name__}; e.g. a torch Dataset, or a list of the items"
         )
     if isinstance(dataset, MappedDataset) and dataset.augment is not None:  # its items are drawn, not data
-        raise ValueError(f"{CACHE}: the dataset augments its batches (made with augment=): its store would hold "
-                         "one draw for all epochs; make it without augment= and give augment= to ct.cache")  # fmt: skip
+        raise ValueError(
+            f"{CACHE}: the dataset augments its batches (made with augment=): its store would hold "
+            "one draw for all epochs; make it without augment= and give augment= to ct.cache"
+        )
     if augmented_inside(dataset):  # a Subset of one: its items are drawn too
-        raise ValueError(f"{CACHE}: the dataset ({type(dataset).__name__}) wraps one that augments its batches "
-                         "(made with augment=): its store would hold one draw for all epochs; wrap the store made "
-                         "without augment=, and give augment= to ct.cache")  # fmt: skip
+        raise ValueError(
+            f"{CACHE}: the dataset ({type(dataset).__name__}) wraps one that augments its batches "
+            "(made with augment=): its store would hold one draw for all epochs; wrap the store made "
+            "without augment=, and give augment= to ct.cache"
+        )
     if not isinstance(path, str | os.PathLike):
         raise TypeError(
             f"{CACHE}: path must be a folder path (str or os.PathLike), got {show(path)}; e.g. '/tmp/digits.cache'"
@@ -240,21 +254,25 @@ def _created(path: Path) -> float:
         return 0.0
 
 
-def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: int, verify: bool,
-          written: bool = False) -> CachedDataset:  # fmt: skip
+def _open(
+    dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: int, verify: bool, written: bool = False
+) -> CachedDataset:
     """The store at ``path``, checked to be complete, intact and made from ``dataset`` (its fingerprint compared,
     unless this process has just ``written`` it); FileNotFoundError if none, or if it was replaced meanwhile."""
     folder = _folder(path)
     try:
         manifest = read_manifest(path)
         made = manifest["origin"]
-        differs = [f"{k}: the store has {made.get(k)!r}, the dataset {v!r}"
-                   for k, v in origin.items() if made.get(k) != v]  # fmt: skip
+        differs = [
+            f"{k}: the store has {made.get(k)!r}, the dataset {v!r}" for k, v in origin.items() if made.get(k) != v
+        ]
         if manifest["length"] != origin["length"]:
             differs.append(f"items: the store holds {manifest['length']}")
         if differs:
-            raise ValueError(f"{CACHE}: the store at {path} was made from something else ({'; '.join(differs)}); pass "
-                             "rebuild=True to write it again, or another path")  # fmt: skip
+            raise ValueError(
+                f"{CACHE}: the store at {path} was made from something else ({'; '.join(differs)}); pass "
+                "rebuild=True to write it again, or another path"
+            )
         found = regions(path, manifest["item"], manifest["length"])
         stamps = {str(path / MANIFEST): stamp(path / MANIFEST), **{r.path: stamp(r.path) for r in found.values()}}
     except ValueError:
@@ -267,10 +285,12 @@ def _open(dataset: Any, path: Path, origin: dict[str, Any], augment: Any, seed: 
         raise FileNotFoundError(f"{CACHE}: the store at {path} was replaced while it was opened; {_AGAIN}")
     data = CachedDataset(found, manifest["item"], manifest["length"], augment=augment, seed=seed)
     if augment is not None and data.ragged:  # augment is given the stacked batch, which ragged items have not
-        raise ValueError(f"{CACHE}: augment= is given, but the items of the store at {path} differ in shape (a ragged "
-                         "store: its batches need a collate_fn that pads, and an augmented batch is stacked "
-                         "first); pad the items in the dataset, or augment in the collate_fn (the store is kept: "
-                         "it opens without augment=)")  # fmt: skip
+        raise ValueError(
+            f"{CACHE}: augment= is given, but the items of the store at {path} differ in shape (a ragged "
+            "store: its batches need a collate_fn that pads, and an augmented batch is stacked "
+            "first); pad the items in the dataset, or augment in the collate_fn (the store is kept: "
+            "it opens without augment=)"
+        )
     data.path, data.origin, data.stamps = path, made, stamps
     if verify:  # first: its message names the item that differs
         _verify(dataset, data)
@@ -291,16 +311,21 @@ def _compare(dataset: Any, data: CachedDataset) -> None:
     recorded = recorded if isinstance(recorded, dict) else {}
     sampled = recorded.get("items")
     if not (
-        isinstance(sampled, list) and len(sampled) <= _MOST and all(type(i) is int for i in sampled)
-        and sampled == sorted(set(sampled)) and (not sampled or (sampled[0] >= 0 and sampled[-1] < n))
+        isinstance(sampled, list)
+        and len(sampled) <= _MOST
+        and all(type(i) is int for i in sampled)
+        and sampled == sorted(set(sampled))
+        and (not sampled or (sampled[0] >= 0 and sampled[-1] < n))
         and (not n or {0, n // 2, n - 1} <= set(sampled))
         and isinstance(recorded.get("blake2b"), str)
-    ):  # fmt: skip
+    ):
         raise StoreError(f"{data.path / MANIFEST}: its fingerprint of the items is missing or malformed; {REWRITE}")
     items = {i: copy.deepcopy(dataset[i]) for i in sampled}  # as read: one buffer may be filled anew at each read
     if sampled and fingerprint(items[i] for i in sampled) != recorded.get("blake2b"):
-        raise ValueError(f"{CACHE}: items {sampled} of the dataset differ from those the store at {data.path} was "
-                         "made from (the fingerprint it recorded): pass rebuild=True to write it again")  # fmt: skip
+        raise ValueError(
+            f"{CACHE}: items {sampled} of the dataset differ from those the store at {data.path} was "
+            "made from (the fingerprint it recorded): pass rebuild=True to write it again"
+        )
     # the store's own items there too: a manifest or array altered since it was written (same names, dtypes and
     # shapes) passes every other check, and would be served as the dataset's items
     from composetrain.data.equal import same_item
@@ -330,8 +355,10 @@ def _verify(dataset: Any, data: CachedDataset) -> None:
         indices = list(range(start, min(start + 256, len(data))))
         for i, stored in zip(indices, plain.__getitems__(indices), strict=True):
             if not same_item(stored, dataset[i]):
-                raise ValueError(f"{CACHE}: item {i} of the store at {data.path} differs from the dataset's: pass "
-                                 "rebuild=True to write it again")  # fmt: skip
+                raise ValueError(
+                    f"{CACHE}: item {i} of the store at {data.path} differs from the dataset's: pass "
+                    "rebuild=True to write it again"
+                )
 
 
 @contextlib.contextmanager
@@ -424,8 +451,11 @@ def _write(dataset: Any, path: Path, origin: dict[str, Any], workers: Any, progr
         fsync_folder(path.parent)
         remove_store(old)  # its own files only: checked to hold nothing else, and nothing else is ever removed
         if os.path.lexists(old):  # a file put there between the check and the rename: kept, and said
-            warnings.warn(f"{CACHE}: {path} held files that are not the store's when it was replaced "
-                          f"({', '.join(os.listdir(old))}): they were kept in {old}", stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"{CACHE}: {path} held files that are not the store's when it was replaced "
+                f"({', '.join(os.listdir(old))}): they were kept in {old}",
+                stacklevel=3,
+            )
     except BaseException as e:
         remove_store(tmp, temporary=True)
         if os.path.lexists(old) and not os.path.lexists(path):  # renamed away, then not replaced: put it back

@@ -14,9 +14,19 @@ import numpy as np
 from composetrain.core.util import HDF5
 
 __all__ = [
-    "INSTALL", "Rows", "Swapped", "broken_link", "check_unchanged", "file_of", "flat_offset", "h5py_module",
-    "native", "open_file", "stamp", "virtual_files",
-]  # fmt: skip
+    "INSTALL",
+    "Rows",
+    "Swapped",
+    "broken_link",
+    "check_unchanged",
+    "file_of",
+    "flat_offset",
+    "h5py_module",
+    "native",
+    "open_file",
+    "stamp",
+    "virtual_files",
+]
 
 INSTALL = "pip install composetrain[hdf5]"
 

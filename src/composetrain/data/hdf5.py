@@ -29,7 +29,7 @@ from composetrain.data.h5files import (
     open_file,
     stamp,
     virtual_files,
-)  # fmt: skip
+)
 from composetrain.data.layout import Field
 from composetrain.data.mapped import Augment, MappedDataset, Region
 

@@ -95,18 +95,24 @@ def leaf_kind(value: Any, where: str) -> tuple[str, str, tuple[int, ...], bool]:
     """(kind, dtype name, shape, numpy scalar?) of a leaf, or a ValueError saying why it cannot be stored."""
     if isinstance(value, torch.Tensor):
         if type(value) is not torch.Tensor or value.layout != torch.strided or value.device.type != "cpu":
-            raise ValueError(f"{where} is a {type(value).__name__} ({value.layout}, on {value.device}): only dense "
-                             "CPU tensors are stored; return plain CPU tensors from __getitem__")  # fmt: skip
+            raise ValueError(
+                f"{where} is a {type(value).__name__} ({value.layout}, on {value.device}): only dense "
+                "CPU tensors are stored; return plain CPU tensors from __getitem__"
+            )
         name = str(value.dtype).removeprefix("torch.")
         if value.is_quantized:
-            raise ValueError(f"{where} is a quantized tensor ({name}): its scale and zero point would be lost; return "
-                             "value.int_repr() (and the scale) or value.dequantize() from __getitem__")  # fmt: skip
+            raise ValueError(
+                f"{where} is a quantized tensor ({name}): its scale and zero point would be lost; return "
+                "value.int_repr() (and the scale) or value.dequantize() from __getitem__"
+            )
         storage_dtype("tensor", name)
         return "tensor", name, tuple(value.shape), False
     if isinstance(value, np.ndarray) and type(value) not in (np.ndarray, np.memmap):
-        raise ValueError(f"{where} is a NumPy {type(value).__name__}: it would come back as a plain array (a "
-                         "mask or subclass lost); return np.asarray(value), or value.filled(...) for a masked "
-                         "array, from __getitem__")  # fmt: skip
+        raise ValueError(
+            f"{where} is a NumPy {type(value).__name__}: it would come back as a plain array (a "
+            "mask or subclass lost); return np.asarray(value), or value.filled(...) for a masked "
+            "array, from __getitem__"
+        )
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.kind not in _NUMPY_KINDS or value.dtype.fields is not None:
             raise ValueError(
@@ -115,8 +121,10 @@ def leaf_kind(value: Any, where: str) -> tuple[str, str, tuple[int, ...], bool]:
             )
         if not value.dtype.isnative:
             native = value.dtype.newbyteorder("=").str
-            raise ValueError(f"{where} is a NumPy {value.dtype.str} value, not in this machine's byte order: "
-                             f"return value.astype({native!r}) from __getitem__")  # fmt: skip
+            raise ValueError(
+                f"{where} is a NumPy {value.dtype.str} value, not in this machine's byte order: "
+                f"return value.astype({native!r}) from __getitem__"
+            )
         return "numpy", value.dtype.str, tuple(value.shape), isinstance(value, np.generic)
     if type(value) is bool:
         return "bool", "|b1", (), False
@@ -126,16 +134,27 @@ def leaf_kind(value: Any, where: str) -> tuple[str, str, tuple[int, ...], bool]:
         return "int", "<i8", (), False
     if type(value) is float:
         return "float", "<f8", (), False
-    raise ValueError(f"{where} is a {type(value).__name__}: only tensors, NumPy numbers, int, float and bool, in "
-                     "tuples, lists and dicts with string keys, can be stored; convert it in __getitem__")  # fmt: skip
+    raise ValueError(
+        f"{where} is a {type(value).__name__}: only tensors, NumPy numbers, int, float and bool, in "
+        "tuples, lists and dicts with string keys, can be stored; convert it in __getitem__"
+    )
 
 
 def to_json(tree: Any) -> Any:
     """The item structure as JSON: {"tuple": [...]}, {"list": [...]}, {"dict": [[key, ...], ...]}, {"field": {...}}."""
     if isinstance(tree, Field):
         shape = None if tree.shape is None else list(tree.shape)
-        return {"field": {"kind": tree.kind, "dtype": tree.dtype, "shape": shape, "data": tree.data,
-                          "offsets": tree.offsets, "shapes": tree.shapes, "scalar": tree.scalar}}  # fmt: skip
+        return {
+            "field": {
+                "kind": tree.kind,
+                "dtype": tree.dtype,
+                "shape": shape,
+                "data": tree.data,
+                "offsets": tree.offsets,
+                "shapes": tree.shapes,
+                "scalar": tree.scalar,
+            }
+        }
     if isinstance(tree, tuple | list):
         return {type(tree).__name__: [to_json(t) for t in tree]}
     return {"dict": [[k, to_json(v)] for k, v in tree.items()]}
@@ -145,7 +164,7 @@ def from_json(node: Any, depth: int = 0) -> Any:
     """The tree ``to_json`` wrote, every value checked (a store's manifest is input: a crafted one must fail here)."""
     if depth > DEPTH or not isinstance(node, dict) or len(node) != 1:
         raise ValueError("the item structure is malformed")
-    (tag, body), = node.items()  # fmt: skip
+    ((tag, body),) = node.items()
     if tag in ("tuple", "list") and isinstance(body, list):
         children = [from_json(c, depth + 1) for c in body]
         return tuple(children) if tag == "tuple" else children
@@ -169,11 +188,18 @@ def _field(body: dict[str, Any]) -> Field:
     if not all(isinstance(n, str) and NAME.match(n) for n in names) or (
         shape is not None and (body["offsets"] or body["shapes"])
     ):
-        raise ValueError(f"a field names arrays that are not plain names: {names!r}")  # fmt: skip
+        raise ValueError(f"a field names arrays that are not plain names: {names!r}")
     if type(body["scalar"]) is not bool:
         raise ValueError("a field's scalar flag is malformed")
-    field = Field(body["kind"], body["dtype"], None if shape is None else tuple(shape), body["data"],
-                  body["offsets"], body["shapes"], body["scalar"])  # fmt: skip
+    field = Field(
+        body["kind"],
+        body["dtype"],
+        None if shape is None else tuple(shape),
+        body["data"],
+        body["offsets"],
+        body["shapes"],
+        body["scalar"],
+    )
     field.storage  # noqa: B018 (raises for a dtype that holds no plain numbers)
     return field
 

@@ -57,8 +57,9 @@ class MappedDataset(Dataset[Any]):
         >>> batch = data.read_batch([4, 2, 7])  # a (3, 3) float32 tensor  # doctest: +SKIP
     """
 
-    def __init__(self, regions: Mapping[str, Region], item: Any, length: int, *,
-                 augment: Augment | None = None, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, regions: Mapping[str, Region], item: Any, length: int, *, augment: Augment | None = None, seed: int = 0
+    ) -> None:
         self.regions, self.item, self.length = dict(regions), item, length
         self.augment, self.seed, self.epoch = augment, seed, 0
         self.fields: list[Field] = []
@@ -207,9 +208,12 @@ def _map(r: Region, dtype: np.dtype[Any]) -> np.memmap[Any, Any]:
         limit = resource.getrlimit(resource.RLIMIT_AS)[0]
         cap = "no limit" if limit == resource.RLIM_INFINITY else f"{limit / 2**30:.1f} GiB"
         size = int(np.prod(r.shape)) * dtype.itemsize
-        raise OSError(errno.ENOMEM, f"mapping {r.path} ({size / 2**30:.2f} GiB) failed: a memory map takes address "
-                      f"space, not memory, and this process's address space limit (ulimit -v, RLIMIT_AS) is {cap}: "
-                      "raise it (ulimit -v unlimited)") from None  # fmt: skip
+        raise OSError(
+            errno.ENOMEM,
+            f"mapping {r.path} ({size / 2**30:.2f} GiB) failed: a memory map takes address "
+            f"space, not memory, and this process's address space limit (ulimit -v, RLIMIT_AS) is {cap}: "
+            "raise it (ulimit -v unlimited)",
+        ) from None
 
 
 def _rank() -> int:
@@ -265,15 +269,19 @@ def check_rows(batch: Any, n: int) -> Any:
     (or none: 0-dim), as ``split_batch`` needs: however the batch is read, the same augment is refused alike."""
     if isinstance(batch, torch.Tensor):
         if batch.ndim and len(batch) != n:  # its rows would be handed to other indices, or some lost
-            raise ValueError(f"MappedDataset: augment returned a batch of {len(batch)} rows for {n} indices (a tensor "
-                             f"of shape {tuple(batch.shape)}): return one row per index (keep the batch's first "
-                             "dimension)")  # fmt: skip
+            raise ValueError(
+                f"MappedDataset: augment returned a batch of {len(batch)} rows for {n} indices (a tensor "
+                f"of shape {tuple(batch.shape)}): return one row per index (keep the batch's first "
+                "dimension)"
+            )
     elif isinstance(batch, list | tuple | dict):
         for b in batch.values() if isinstance(batch, dict) else batch:
             check_rows(b, n)
     else:
-        raise TypeError(f"MappedDataset: augment returned a {type(batch).__name__} in its batch: return tensors "
-                        "in lists and dicts, with the batch's first dimension")  # fmt: skip
+        raise TypeError(
+            f"MappedDataset: augment returned a {type(batch).__name__} in its batch: return tensors "
+            "in lists and dicts, with the batch's first dimension"
+        )
     return batch
 
 

@@ -23,9 +23,20 @@ from composetrain.data.layout import DEPTH
 from composetrain.data.store_files import MANIFEST, NotAStore, read_json, read_manifest
 
 __all__ = [
-    "FULL", "Stamp", "check_lock_file", "check_lock_owner", "check_renamable", "check_replaceable", "check_unchanged",
-    "disk_error", "foreign", "leftovers", "publish_error", "remove_store", "stamp",
-]  # fmt: skip
+    "FULL",
+    "Stamp",
+    "check_lock_file",
+    "check_lock_owner",
+    "check_renamable",
+    "check_replaceable",
+    "check_unchanged",
+    "disk_error",
+    "foreign",
+    "leftovers",
+    "publish_error",
+    "remove_store",
+    "stamp",
+]
 
 Stamp = tuple[int, int, int, int] | None
 FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a disk out of space or inodes, a file past its size limit
@@ -110,22 +121,27 @@ def check_replaceable(path: Path, replacing: bool = True) -> None:
     manifest = path / MANIFEST
     if not os.path.lexists(manifest):
         if any(path.iterdir()):
-            raise ValueError(f"{CACHE}: {path} is a folder that is not a cache store (no {MANIFEST}): "
-                             "choose another path")  # fmt: skip
+            raise ValueError(
+                f"{CACHE}: {path} is a folder that is not a cache store (no {MANIFEST}): choose another path"
+            )
         return
     try:
         read_manifest(path)
     except NotAStore as e:  # a dataset's own manifest (WebDataset shards, an export): never ct.cache's to delete
-        raise NotAStore(f"{CACHE}: {path} is not a cache store ({e}); ct.cache never replaces or removes it, "
-                        "with or without rebuild=True: choose another path") from None  # fmt: skip
+        raise NotAStore(
+            f"{CACHE}: {path} is not a cache store ({e}); ct.cache never replaces or removes it, "
+            "with or without rebuild=True: choose another path"
+        ) from None
     except (OSError, ValueError):
         pass  # a cache manifest of another version, or a store damaged otherwise: a store, rebuilt on request
     others = foreign(path) if replacing else []
     if others:  # a user's files put in the store, or a cache manifest copied into a folder of other things
         shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        raise ValueError(f"{CACHE}: {path} holds files that are not the store's ({shown}); ct.cache never removes "
-                         "them, so it does not write the store again there: move them out, or choose another "
-                         "path")  # fmt: skip
+        raise ValueError(
+            f"{CACHE}: {path} holds files that are not the store's ({shown}); ct.cache never removes "
+            "them, so it does not write the store again there: move them out, or choose another "
+            "path"
+        )
 
 
 def check_renamable(path: Path) -> None:
@@ -156,8 +172,11 @@ def publish_error(path: Path, e: OSError) -> OSError:
     if e.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES):
         return e
     why = os.strerror(e.errno or 0)
-    return OSError(e.errno, f"{CACHE}: {path} cannot be replaced by a renamed folder ({why}), as a store is published; "
-                   f"nothing was kept: give a folder inside it (e.g. {path / 'store'})")  # fmt: skip
+    return OSError(
+        e.errno,
+        f"{CACHE}: {path} cannot be replaced by a renamed folder ({why}), as a store is published; "
+        f"nothing was kept: give a folder inside it (e.g. {path / 'store'})",
+    )
 
 
 def disk_error(path: Path, e: OSError) -> OSError | None:
@@ -191,8 +210,10 @@ def check_lock_file(lock: Path, mode: int | None = None) -> None:
     if stat.S_ISREG(mode):
         return
     what = "symbolic link" if stat.S_ISLNK(mode) else "folder" if stat.S_ISDIR(mode) else "special file"
-    raise ValueError(f"{CACHE}: the lock file {lock} is a {what}, not a file: remove it (ct.cache creates it), or "
-                     "choose another path")  # fmt: skip
+    raise ValueError(
+        f"{CACHE}: the lock file {lock} is a {what}, not a file: remove it (ct.cache creates it), or "
+        "choose another path"
+    )
 
 
 def check_lock_owner(lock: Path, fd: int) -> bool:

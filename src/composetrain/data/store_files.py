@@ -107,8 +107,10 @@ def manifest_text(item: Any, length: int, origin: dict[str, Any]) -> str:
     """The manifest's JSON; a ValueError where it is larger than ``read_manifest`` reads (never published)."""
     text = json.dumps({"format": FORMAT, "length": length, "item": to_json(item), "origin": origin}, indent=1)
     if len(text.encode()) > _LIMIT:
-        raise ValueError(f"{CACHE}: the store's manifest would take {len(text.encode())} bytes, more than its reader "
-                         f"reads ({_LIMIT}): give items fewer leaves, or a shorter key")  # fmt: skip
+        raise ValueError(
+            f"{CACHE}: the store's manifest would take {len(text.encode())} bytes, more than its reader "
+            f"reads ({_LIMIT}): give items fewer leaves, or a shorter key"
+        )
     return text
 
 
@@ -236,11 +238,16 @@ def _check_ragged(folder: Path, f: Field, found: dict[str, Region], length: int)
     data, offsets = found[f.data], np.load(found[f.offsets].path, allow_pickle=False)
     shapes = np.load(found[f.shapes].path, allow_pickle=False)
     ok = (
-        len(data.shape) == 1 and shapes.ndim == 2 and shapes.shape[0] == length and offsets[0] == 0
-        and offsets[-1] == data.shape[0] and bool(np.all(np.diff(offsets) >= 0)) and bool(np.all(shapes >= 0))
+        len(data.shape) == 1
+        and shapes.ndim == 2
+        and shapes.shape[0] == length
+        and offsets[0] == 0
+        and offsets[-1] == data.shape[0]
+        and bool(np.all(np.diff(offsets) >= 0))
+        and bool(np.all(shapes >= 0))
         and bool(np.all(np.prod(shapes.astype(np.float64), axis=1) < 2**62))  # no product wraps around
         and bool(np.all(np.prod(shapes, axis=1) == np.diff(offsets)))
-    )  # fmt: skip
+    )
     if not ok:
         raise StoreError(
             f"{folder}: the offsets and shapes of ragged array {f.data!r} do not match its data; {REWRITE}"

@@ -60,8 +60,9 @@ def locate(dataset: Any, i: int) -> tuple[Any, int]:
     return dataset, i
 
 
-def read_wrapped(dataset: Any, indices: Sequence[int], epoch: int, rank: int,
-                 collate: Callable[[list[Any]], Any] | None = None) -> Any:  # fmt: skip
+def read_wrapped(
+    dataset: Any, indices: Sequence[int], epoch: int, rank: int, collate: Callable[[list[Any]], Any] | None = None
+) -> Any:
     """The batch of ``indices`` of a Subset or ConcatDataset over stores: each store's rows read whole, augmented
     with ``epoch`` and ``rank`` as the store read directly at the indices they lead to, then (rows of several
     stores, or given a ``collate``) their items collated."""
@@ -78,8 +79,9 @@ def read_wrapped(dataset: Any, indices: Sequence[int], epoch: int, rank: int,
     return (collate or default_collate)(items)
 
 
-def read_whole(data: Any, indices: Sequence[int], epoch: int, rank: int,
-               collate: Callable[[list[Any]], Any] | None = None) -> Any:  # fmt: skip
+def read_whole(
+    data: Any, indices: Sequence[int], epoch: int, rank: int, collate: Callable[[list[Any]], Any] | None = None
+) -> Any:
     """``data.read_batch(indices, epoch, rank)``, or, given a ``collate`` function, that batch's items collated by
     it (an augmented batch is read whole, with its epoch and rank, whatever collates it); ``data`` may be a
     Subset or ConcatDataset of augmented stores (``wrapped.read_wrapped``)."""

@@ -37,8 +37,10 @@ def _leaves(
     plain tuples, lists and dicts are refused, and containers deeper than a store's reader reads (``DEPTH``).
     (A list, not a generator: this runs for every item written.)"""
     if depth > DEPTH:
-        raise ValueError(f"{where} lies inside {depth} containers: a store holds items nested at most {DEPTH} "
-                         "deep (its reader refuses deeper); flatten the item")  # fmt: skip
+        raise ValueError(
+            f"{where} lies inside {depth} containers: a store holds items nested at most {DEPTH} "
+            "deep (its reader refuses deeper); flatten the item"
+        )
     kind = type(item)
     if containers is not None and kind in (tuple, list, dict):
         containers.append((where, kind))
@@ -117,9 +119,22 @@ class _Column:
         return Field(self.kind, self.dtype, None, self.name, f"{self.name}o", f"{self.name}s", self.scalar)
 
 
-_NATIVE = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-           torch.float32, torch.float64, torch.complex64, torch.complex128, torch.uint16, torch.uint32,
-           torch.uint64}  # fmt: skip
+_NATIVE = {
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+}
 
 
 def _array(value: Any) -> np.ndarray[Any, Any]:
@@ -172,8 +187,15 @@ def _items(dataset: Any, n: int, workers: int | str) -> Iterator[Any]:
         return
     # its own generator: starting workers draws their base seed from it, never from the global one (a seeded
     # script would draw other numbers after a call that wrote the store than after one that opened it)
-    loader = DataLoader(dataset, batch_size=None, sampler=range(first, n), num_workers=int(workers),
-                        collate_fn=same, prefetch_factor=4, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        sampler=range(first, n),
+        num_workers=int(workers),
+        collate_fn=same,
+        prefetch_factor=4,
+        generator=torch.Generator().manual_seed(0),
+    )
     yield from loader
 
 

@@ -97,9 +97,16 @@ class GlobalBatches(Sampler[list[int]]):
     """
 
     def __init__(
-        self, samples: int, global_batch_size: int, *, shuffle: bool, seed: int, drop_last: bool, rank: int,
+        self,
+        samples: int,
+        global_batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        rank: int,
         world_size: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.samples, self.global_batch_size = samples, global_batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = rank, world_size

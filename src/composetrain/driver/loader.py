@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import (
     DataLoader,
     DistributedSampler,
-)  # fmt: skip
+)
 
 from composetrain.checkpoint.format import Order
 from composetrain.core.rng import capture_rng, derive_seed, restore_rng, seed_everything
@@ -26,9 +26,14 @@ from composetrain.driver.prefetch import device_batches
 from composetrain.driver.reader import Reader, ResumableSampler, auto_workers, mapped, worker_loader
 
 __all__ = [
-    "ResumableSampler", "build_loader", "epoch_batches", "epoch_order", "generator_states", "order_problem",
+    "ResumableSampler",
+    "build_loader",
+    "epoch_batches",
+    "epoch_order",
+    "generator_states",
+    "order_problem",
     "set_generator_states",
-]  # fmt: skip
+]
 
 
 def _seed_worker(seed: int, rank: int) -> Any:
@@ -89,9 +94,14 @@ def build_loader(
         if problem is not None:
             raise ValueError(f"{RUN}: {problem}")
         sampler = GlobalBatches(
-            size, options.global_batch_size, shuffle=options.shuffle, seed=seed, drop_last=drop_last, rank=rank,
+            size,
+            options.global_batch_size,
+            shuffle=options.shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            rank=rank,
             world_size=world_size,
-        )  # fmt: skip
+        )
         batch_size = sampler.per_rank
     else:
         assert batch_size is not None  # for the type checker: LoaderOptions requires one of them for a Dataset

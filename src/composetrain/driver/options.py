@@ -260,9 +260,17 @@ class LoaderOptions:
 
     @classmethod
     def from_run_args(
-        cls, data: Any, *, batch_size: Any, shuffle: Any, drop_last: Any, num_workers: Any, collate_fn: Any, seed: Any,
+        cls,
+        data: Any,
+        *,
+        batch_size: Any,
+        shuffle: Any,
+        drop_last: Any,
+        num_workers: Any,
+        collate_fn: Any,
+        seed: Any,
         global_batch_size: Any = None,
-    ) -> LoaderOptions:  # fmt: skip
+    ) -> LoaderOptions:
         """shuffle (default True) and drop_last (default False) resolved; for a DataLoader given as is,
         any of batch_size, shuffle and drop_last that says otherwise than it is refused, never ignored."""
         check_flag(shuffle, "shuffle", optional=True)
@@ -278,9 +286,15 @@ class LoaderOptions:
                     "leave it out (the DataLoader is used as given), or give the DataLoader num_workers="
                 )
         return cls(
-            data, batch_size, True if shuffle is None else shuffle, bool(drop_last), num_workers, collate_fn, seed,
+            data,
+            batch_size,
+            True if shuffle is None else shuffle,
+            bool(drop_last),
+            num_workers,
+            collate_fn,
+            seed,
             global_batch_size,
-        )  # fmt: skip
+        )
 
 
 # A run with a checkpoint_dir saves at least this often (wall-clock; its epoch ends too), unless told otherwise:
@@ -568,15 +582,24 @@ class RunOptions:
             a["checkpoint_dir"], a["checkpoint_every"], a["keep_checkpoints"], a.get("checkpoint_async")
         )
         log = LogOptions.from_run_args(
-            log_every=a["log_every"], log_file=a["log_file"], tensorboard=a["tensorboard"], progress=a["progress"],
-            checkpoint_dir=a["checkpoint_dir"], on_record=a.get("on_record"),
-        )  # fmt: skip
+            log_every=a["log_every"],
+            log_file=a["log_file"],
+            tensorboard=a["tensorboard"],
+            progress=a["progress"],
+            checkpoint_dir=a["checkpoint_dir"],
+            on_record=a.get("on_record"),
+        )
         evaluation = EvalOptions.from_run_args(
             data, eval_step=a["eval_step"], eval_data=a["eval_data"], eval_every=a["eval_every"]
         )
         loader = LoaderOptions.from_run_args(
-            data, batch_size=a["batch_size"], shuffle=a["shuffle"], drop_last=a["drop_last"],
-            num_workers=a["num_workers"], collate_fn=a["collate_fn"], seed=a["seed"],
+            data,
+            batch_size=a["batch_size"],
+            shuffle=a["shuffle"],
+            drop_last=a["drop_last"],
+            num_workers=a["num_workers"],
+            collate_fn=a["collate_fn"],
+            seed=a["seed"],
             global_batch_size=a.get("global_batch_size"),
-        )  # fmt: skip
+        )
         return cls(a["epochs"], a["max_steps"], a["requeue"], a["timeout"], loader, checkpoint, log, evaluation)

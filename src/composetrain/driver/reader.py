@@ -20,9 +20,19 @@ from composetrain.data.kinds import as_mapped, augmented_inside, joined
 from composetrain.driver.global_batches import GlobalBatches
 
 __all__ = [
-    "LEAST_GAIN", "LEAST_SHARE", "MEASURED", "EpochBatches", "Reader", "ResumableSampler", "auto_workers",
-    "batches_of", "choose_workers", "indexable", "mapped", "worker_loader",
-]  # fmt: skip
+    "LEAST_GAIN",
+    "LEAST_SHARE",
+    "MEASURED",
+    "EpochBatches",
+    "Reader",
+    "ResumableSampler",
+    "auto_workers",
+    "batches_of",
+    "choose_workers",
+    "indexable",
+    "mapped",
+    "worker_loader",
+]
 
 
 class ResumableSampler(Sampler[int]):

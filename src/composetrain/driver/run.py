@@ -228,22 +228,44 @@ def run(
     step_fn = lift(train_step, RUN, "train_step")
     check_state(state)
     options = RunOptions.from_run_args(
-        data, epochs=epochs, max_steps=max_steps, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-        global_batch_size=global_batch_size, num_workers=num_workers, collate_fn=collate_fn, eval_step=eval_step,
-        eval_data=eval_data, eval_every=eval_every, log_every=log_every, log_file=log_file, progress=progress,
-        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-        checkpoint_async=checkpoint_async, seed=seed, requeue=requeue, timeout=timeout, tensorboard=tensorboard,
+        data,
+        epochs=epochs,
+        max_steps=max_steps,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        global_batch_size=global_batch_size,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        eval_step=eval_step,
+        eval_data=eval_data,
+        eval_every=eval_every,
+        log_every=log_every,
+        log_file=log_file,
+        progress=progress,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
+        checkpoint_async=checkpoint_async,
+        seed=seed,
+        requeue=requeue,
+        timeout=timeout,
+        tensorboard=tensorboard,
         on_record=on_record,
-    )  # fmt: skip
+    )
     log = options.log
     with rendezvous(timeout=options.timeout) as proc:
         d = _Driver(step_fn, state, proc, options)
         try:
             # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
             schedule = Schedule(
-                d.per_epoch, options.total_epochs, options.max_steps, log.log_every, options.eval.eval_every,
+                d.per_epoch,
+                options.total_epochs,
+                options.max_steps,
+                log.log_every,
+                options.eval.eval_every,
                 options.checkpoint.every_updates,
-            )  # fmt: skip
+            )
             at = d.resume(schedule, options.loader.seed)
             d.refuse_in_the_way(schedule, state.step)  # before training, not after it
             _check_horizon(state, schedule, at.resumed)  # the scheduler that trains: a checkpoint's, resumed
@@ -306,10 +328,15 @@ def run(
         assert d.stop is not None  # for the type checker: start() ran
         requeue_job(options.requeue, d.stop, proc)
         result = RunResult(
-            history=at.history, evals=at.evals, steps=state.step, epochs=at.epoch, preempted=d.stop.agreed,
-            data_wait=d.meter.data_wait, checkpoint=d.saved_at,
+            history=at.history,
+            evals=at.evals,
+            steps=state.step,
+            epochs=at.epoch,
+            preempted=d.stop.agreed,
+            data_wait=d.meter.data_wait,
+            checkpoint=d.saved_at,
             bottleneck=d.saves.explain(d.meter.bottleneck(d.loader), d.meter.waited + d.meter.computed),
-        )  # fmt: skip
+        )
         if proc.is_main and log.progress:
             print(f"{RUN}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
         return result
@@ -332,9 +359,11 @@ def _check_horizon(state: TrainState, schedule: Schedule, resumed: bool) -> None
         updates = min(updates, schedule.epochs * schedule.per_epoch)
     epoch = state.scheduler_interval == "epoch"
     problem = horizon_problem(
-        state.scheduler, state.scheduler_interval, updates // schedule.per_epoch if epoch else updates,
+        state.scheduler,
+        state.scheduler_interval,
+        updates // schedule.per_epoch if epoch else updates,
         schedule.per_epoch,
-    )  # fmt: skip
+    )
     if problem is not None and resumed:  # the one given was replaced by the checkpoint's: building anew is no fix
         problem += (
             ", but this is the checkpoint's scheduler, restored over the one given: to continue past the schedule "
@@ -380,15 +409,22 @@ class _Driver:
             state.model.to(proc.device)
         chosen = options.loader
         self.loader, self.sampler = loader, _ = build_loader(
-            chosen, pin_memory=proc.device.type == "cuda", rank=proc.rank, world_size=proc.world_size,
-            local_world_size=proc.local_world_size, equal_shares=can.forward_needs_every_rank,
-        )  # fmt: skip
+            chosen,
+            pin_memory=proc.device.type == "cuda",
+            rank=proc.rank,
+            world_size=proc.world_size,
+            local_world_size=proc.local_world_size,
+            equal_shares=can.forward_needs_every_rank,
+        )
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
         self.evaluator = evaluator(
-            options.eval, batch_size=chosen.batch_size or self.loader.batch_size, collate_fn=chosen.collate_fn,
-            num_workers=lambda: loader.num_workers, proc=proc,
-        )  # fmt: skip
+            options.eval,
+            batch_size=chosen.batch_size or self.loader.batch_size,
+            collate_fn=chosen.collate_fn,
+            num_workers=lambda: loader.num_workers,
+            proc=proc,
+        )
         # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
         self.per_epoch = proc.fewest(len(self.loader))
         if self.per_epoch == 0:
@@ -410,9 +446,13 @@ class _Driver:
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
             self.checkpoints = Checkpoints(
-                saving.checkpoint_dir, proc.rank, proc.world_size, saving.keep_checkpoints,
-                shards=ShardFiles(state), timeout=options.timeout,
-            )  # fmt: skip
+                saving.checkpoint_dir,
+                proc.rank,
+                proc.world_size,
+                saving.keep_checkpoints,
+                shards=ShardFiles(state),
+                timeout=options.timeout,
+            )
         self.saves = Saves(self.checkpoints, saving, proc.is_main)
         # torch's compile caches beside the checkpoints while the loop runs, for a warm restart (ct.compile)
         self.compile_cache = None
@@ -604,8 +644,19 @@ class _Driver:
 
 
 # what a scheduler changes as it goes (or its position): a resumed one differs from a new one in these by design
-_PROGRESS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial",
-                       "best", "num_bad_epochs", "cooldown_counter", "verbose"})  # fmt: skip
+_PROGRESS = frozenset(
+    {
+        "last_epoch",
+        "_step_count",
+        "_last_lr",
+        "_get_lr_called_within_step",
+        "_is_initial",
+        "best",
+        "num_bad_epochs",
+        "cooldown_counter",
+        "verbose",
+    }
+)
 
 
 def _hyperparameters(state: TrainState) -> dict[str, Any]:
