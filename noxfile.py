@@ -27,22 +27,30 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def benchmarks(session: nox.Session) -> None:
-    """Every benchmark, side by side with Lightning and Accelerate; prints markdown tables."""
-    session.install("-e", ".[bench]")
+    """Every benchmark of benchmarks/ on the CPU, side by side with Lightning, Accelerate and HF Trainer; prints
+    markdown tables (benchmarks/README.md holds the figures and the commands of their GPU versions)."""
+    session.install("-e", ".[bench,examples,hdf5]")  # bench_cache decodes images (torchvision) and reads HDF5
     session.chdir("benchmarks")
+    torchrun = ("python", "-m", "torch.distributed.run", "--nproc-per-node=2")
     session.run("python", "bench_accumulate.py", *session.posargs)
     session.run("python", "bench_memory.py")
     session.run("python", "bench_precision.py")
-    session.run("python", "-m", "torch.distributed.run", "--nproc-per-node=2", "bench_distributed.py")
+    session.run(*torchrun, "bench_distributed.py")
+    session.run(*torchrun, "bench_sharded.py")
     session.run("python", "bench_run.py")
     session.run("python", "bench_gpt.py")
+    session.run("python", "bench_compile.py", "--restarts", "1")
     session.run("python", "bench_parallel.py")
+    session.run("python", "bench_checkpoint.py")
+    session.run("python", "bench_cache.py")
+    session.run("python", "bench_hf.py")
 
 
 @nox.session
 def mutants(session: nox.Session) -> None:
-    """Replay the planted bugs of mutants/*.py (`nox -s mutants -- NAME` for one file): each must be caught.
-    Part of every change's definition of done: add the change's own planted bugs to the catalogue."""
+    """Replay the planted bugs of mutants/*.py, one catalogue per module they are planted in (`nox -s mutants --
+    transforms_ema` for one module's): each must be caught. Part of every change's definition of done: add the
+    change's own planted bugs (a catalogue of its own, filed by module with `python tools/regroup_mutants.py`)."""
     session.install("-e", ".[test]")
     session.run("python", "tools/mutants.py", *session.posargs)
 

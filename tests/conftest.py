@@ -26,7 +26,7 @@ def uninterrupted_elastic_job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pool():
-    """Two gloo ranks for a test file's multi-rank checks (``pool.run(module, function, *args)``); one per
+    """Two gloo ranks for a test file's multi-rank checks (``pool.run(__name__, function, *args)``); one per
     file, so that a pool killed by one file's failure cannot fail the next file."""
     from processes import Pool
 

@@ -9,8 +9,9 @@ running). ``wait_all`` waits for several jobs that depend on each other (the ran
 ``Pool`` is ``world`` spawned ranks joined in one gloo group, reused across test cases: starting a process that
 imports torch takes seconds here, so the ranks start once per test module and then run many cases each
 (hypothesis examples included): the parent sends a case, by module and function name, to every rank and
-collects one result per rank. The modules the ranks import that way are the tests' ``*_workers.py``. A
-hanging pool is killed like a job.
+collects one result per rank. A test module sends its own functions, by its own name:
+``pool.run(__name__, "case", *args)``; each rank imports that module by name (the tests' folder is on the path
+the spawned ranks inherit), so a case lives in the test file it serves. A hanging pool is killed like a job.
 """
 
 from __future__ import annotations

@@ -44,6 +44,19 @@ def state():
     return ct.TrainState(m, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7))
 
 
+QUICK = {"batch_size": 12, "num_workers": 0, "progress": False}  # batches of 12 read in this process, no bar
+
+
+def run_plain(state, **options):
+    """ct.run of the plain step on the dataset, QUICK unless ``options`` say otherwise: its result."""
+    return ct.run(step, state, dataset(), **{**QUICK, **options})
+
+
+def run_distributed(**options):
+    """ct.run of ``distributed(step)`` from a fresh state on this rank, QUICK unless ``options`` say otherwise."""
+    return ct.run(ct.distributed(step), state(), dataset(), **{**QUICK, **options})
+
+
 def train(tmp=None, **options):
     """``accumulate(2)(step)`` trained in this process by ct.run with these tests' options; its state and result."""
     s = state()
@@ -75,12 +88,32 @@ def finish(job, timeout=180):
         return job.finish(timeout)
 
 
-def main():
+def job_arguments() -> argparse.ArgumentParser:
+    """The arguments every launched ct.run job of the tests takes: --dir, --out, --epochs, --max-steps."""
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--max-steps", type=int, default=None)
+    return p
+
+
+def job_options(args: argparse.Namespace, **more):
+    """ct.run's options in a launched job: its arguments' epochs, steps and folder; batches of 12 read in this
+    process, logged every 4 updates, seed 5."""
+    return {
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "checkpoint_dir": args.dir,
+        **QUICK,
+        "log_every": 4,
+        "seed": 5,
+        **more,
+    }
+
+
+def main():
+    p = job_arguments()
     p.add_argument("--checkpoint-every", type=int, default=None)
     p.add_argument("--slow-save", type=int, default=0, help="hang inside the Kth save, after its first file")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep in every step")
@@ -109,20 +142,7 @@ def main():
 
     s = state()
     composed = ct.distributed(ct.accumulate(2)(delayed))
-    result = ct.run(
-        composed,
-        s,
-        dataset(),
-        batch_size=12,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        num_workers=0,
-        checkpoint_dir=args.dir,
-        checkpoint_every=args.checkpoint_every,
-        log_every=4,
-        progress=False,
-        seed=5,
-    )
+    result = ct.run(composed, s, dataset(), **job_options(args, checkpoint_every=args.checkpoint_every))
     rank = int(os.environ.get("RANK", "0"))  # ct.run has left the process group by now
     out = Path(args.out)
     torch.save(

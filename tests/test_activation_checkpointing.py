@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_untouched, snapshot
+from helpers import Net, assert_untouched, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -15,7 +15,7 @@ from torch import nn
 import composetrain as ct
 
 
-class Block(nn.Module):
+class CountingBlock(nn.Module):
     """A residual block with dropout that counts its forward calls and keeps weak references to
     the activations it makes, so that tests can see them recomputed and freed."""
 
@@ -35,15 +35,14 @@ class Block(nn.Module):
         return x + self.norm(self.down(self.drop(torch.sin(hidden))))
 
 
-class Net(nn.Module):
-    def __init__(self, depth=3, p=0.2, norm="layer", width=6):
-        super().__init__()
-        self.embed = nn.Linear(5, width)
-        self.blocks = nn.Sequential(*[Block(width, p, norm) for _ in range(depth)])
-        self.head = nn.Linear(width, 3)
-
-    def forward(self, x):
-        return self.head(self.blocks(self.embed(x)))
+def counting_net(depth=3, p=0.2, norm="layer", width=6):
+    """embed, blocks (a Sequential of ``depth`` CountingBlocks), head."""
+    return Net(
+        width=width,
+        input_layer="embed",
+        output_layer="head",
+        blocks=lambda: nn.Sequential(*[CountingBlock(width, p, norm) for _ in range(depth)]),
+    )
 
 
 def step(model, batch):
@@ -54,7 +53,7 @@ def step(model, batch):
 
 def make(seed=0, optimizer="sgd", **net):
     torch.manual_seed(seed)
-    model = Net(**net).double()
+    model = counting_net(**net).double()
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     else:
@@ -91,9 +90,9 @@ def assert_bit_identical(a, b):
 
 
 SELECTIONS = {
-    "class": Block,
+    "class": CountingBlock,
     "names": ["blocks.0", "blocks.2"],
-    "predicate": lambda m: isinstance(m, Block),
+    "predicate": lambda m: isinstance(m, CountingBlock),
     "container": "blocks",
 }
 
@@ -138,7 +137,7 @@ def test_batchnorm_statistics_are_updated_once_as_without_checkpointing():
     (torch's own checkpoint does); they are restored after the recomputation."""
     data = batches(3, 8)
     a, b = make(norm="batch"), make(norm="batch")
-    train(ct.checkpoint_activations(Block)(step), a, data)
+    train(ct.checkpoint_activations(CountingBlock)(step), a, data)
     train(ct.train_step(step), b, data)
     assert_bit_identical(a, b)
     assert a.model.blocks[0].norm.num_batches_tracked.item() == 3
@@ -162,7 +161,7 @@ def test_the_chosen_modules_activations_are_freed_after_forward():
         alive[len(alive)] = [[r() is not None for r in block.made] for block in model.blocks]
         return loss, metrics
 
-    for selection in (Block, ["blocks.1"]):
+    for selection in (CountingBlock, ["blocks.1"]):
         state = make()
         ct.checkpoint_activations(selection)(probe)(state, batches(1, 8)[0])
         ct.train_step(probe)(state, batches(1, 8)[0])
@@ -190,14 +189,14 @@ def test_saved_activation_memory_shrinks():
         return sum(sizes)
 
     plain = saved_bytes(ct.train_step)
-    checkpointed = saved_bytes(ct.checkpoint_activations(Block))
+    checkpointed = saved_bytes(ct.checkpoint_activations(CountingBlock))
     assert checkpointed < plain / 3, (checkpointed, plain)
 
 
 @pytest.mark.parametrize("order", ["outside", "inside"])
 def test_mixed_precision_in_either_order_is_bit_identical(order):
     data = batches(3, 10)
-    mp, ckpt = ct.mixed_precision(dtype="bf16"), ct.checkpoint_activations(Block)
+    mp, ckpt = ct.mixed_precision(dtype="bf16"), ct.checkpoint_activations(CountingBlock)
     composed = ct.compose(mp, ckpt, ct.accumulate(2)) if order == "inside" else ct.compose(ckpt, mp, ct.accumulate(2))
     a, b = make(p=0.3), make(p=0.3)
     for s in (a, b):
@@ -209,7 +208,7 @@ def test_mixed_precision_in_either_order_is_bit_identical(order):
 
 def test_nothing_stays_on_the_model_also_when_the_step_fails():
     state = make()
-    train_step = ct.checkpoint_activations(Block)(step)
+    train_step = ct.checkpoint_activations(CountingBlock)(step)
     train_step(state, batches(1, 4)[0])
     assert all("forward" not in m.__dict__ for m in state.model.modules())
     before = snapshot(state)
@@ -219,7 +218,7 @@ def test_nothing_stays_on_the_model_also_when_the_step_fails():
         raise KeyError("boom")
 
     with pytest.raises(KeyError):
-        ct.checkpoint_activations(Block)(failing)(state, batches(1, 4)[0])
+        ct.checkpoint_activations(CountingBlock)(failing)(state, batches(1, 4)[0])
     assert all("forward" not in m.__dict__ for m in state.model.modules())
     assert_untouched(state, before)
     calls = state.model.blocks[0].calls
@@ -247,9 +246,9 @@ def test_bad_selections_are_clear_errors():
     with pytest.raises(ValueError, match="no submodule of Net is selected by Conv2d"):
         ct.checkpoint_activations(nn.Conv2d)(step)(state, data)
     with pytest.raises(
-        ValueError, match=r"submodule 'blocks.1' is chosen twice \(as 'blocks.1' by 'blocks.1', and by Block\)"
+        ValueError, match=r"submodule 'blocks.1' is chosen twice \(as 'blocks.1' by 'blocks.1', and by CountingBlock\)"
     ):
-        ct.checkpoint_activations(["blocks.1", Block])(step)(state, data)
+        ct.checkpoint_activations(["blocks.1", CountingBlock])(step)(state, data)
     with pytest.raises(ValueError, match=r"'blocks.0' lies inside 'blocks', which is checkpointed whole"):
         ct.checkpoint_activations(["blocks", "blocks.0"])(step)(state, data)
     with pytest.raises(ValueError, match=r"'blocks.0' is given 2 times; give each once"):
@@ -271,18 +270,19 @@ def test_bad_selections_are_clear_errors():
     with pytest.raises(TypeError, match=r"got the predicate <lambda>\(a, b, c\), which takes 3 arguments"):
         ct.checkpoint_activations(lambda a, b, c: True)
     with pytest.raises(ValueError, match="data_parallel's replicas are copies"):
-        ct.checkpoint_activations(Block)(ct.data_parallel(["cpu", "cpu"])(step))
+        ct.checkpoint_activations(CountingBlock)(ct.data_parallel(["cpu", "cpu"])(step))
     with pytest.raises(ValueError, match="data_parallel's replicas are copies"):
-        ct.data_parallel(["cpu", "cpu"])(ct.checkpoint_activations(Block)(step))
+        ct.data_parallel(["cpu", "cpu"])(ct.checkpoint_activations(CountingBlock)(step))
     with pytest.raises(ValueError, match="use checkpoint_activations once"):
-        ct.checkpoint_activations(Block)(ct.checkpoint_activations("head")(step))
+        ct.checkpoint_activations(CountingBlock)(ct.checkpoint_activations("head")(step))
     # nothing was applied by the failed calls
     assert state.step == 0 and all("forward" not in m.__dict__ for m in state.model.modules())
 
 
 def test_shown_and_compared_as_configured():
     assert (
-        repr(ct.checkpoint_activations(["blocks.0", Block])(step)) == "checkpoint_activations('blocks.0', Block)(step)"
+        repr(ct.checkpoint_activations(["blocks.0", CountingBlock])(step))
+        == "checkpoint_activations('blocks.0', CountingBlock)(step)"
     )
-    assert ct.checkpoint_activations(Block)(step) == ct.checkpoint_activations(Block)(step)
-    assert ct.checkpoint_activations(Block)(step) != ct.checkpoint_activations("blocks.0")(step)
+    assert ct.checkpoint_activations(CountingBlock)(step) == ct.checkpoint_activations(CountingBlock)(step)
+    assert ct.checkpoint_activations(CountingBlock)(step) != ct.checkpoint_activations("blocks.0")(step)

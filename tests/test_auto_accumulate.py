@@ -1,9 +1,11 @@
 """accumulate("auto"): out-of-memory errors injected by the step, exactness, memory of the size, ranks agreeing."""
 
+from __future__ import annotations
+
 import math
 import warnings
+from typing import Any
 
-import auto_accumulate_workers
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,10 +13,16 @@ from helpers import (
     assert_states_close,
     assert_states_equal,
     assert_untouched,
+    case_state,
     classify,
+    composed,
+    counting_allreduce,
+    global_batch,
     make_batch,
     make_state,
+    shard,
     snapshot,
+    syncs_per_update,
     without,
 )
 from hypothesis import given
@@ -261,8 +269,8 @@ def test_an_oom_on_one_rank_only_is_agreed_by_all_without_hanging(pool, composit
     """Rank 1 runs out of memory above 3 samples, rank 0 never: both adopt micro-batches of 3, in one agreement
     per attempt, and the updates equal one process on the global batch (a hang fails the pool's timeout)."""
     case = {"composition": composition, "limits": [None, 3], "sizes": [[10, 10], [10, 10], [7, 7]], "seed": 3}
-    results = pool.run("auto_accumulate_workers", "run_auto", case, timeout=60)
-    reference = auto_accumulate_workers.train_auto(None, 2, case)
+    results = pool.run(__name__, "run_auto", case, timeout=60)
+    reference = train_auto(None, 2, case)
     assert_ranks_match_reference(results, reference)
     assert results[0]["micro"] == [3.0, 3.0, 3.0] == results[1]["micro"]
     assert results[0]["saved"] == {"micro_batch": 3} == results[1]["saved"]
@@ -272,7 +280,7 @@ def test_an_oom_on_one_rank_only_is_agreed_by_all_without_hanging(pool, composit
 
 
 def test_a_hopeless_rank_fails_every_rank_cleanly(pool):
-    results = pool.run("auto_accumulate_workers", "hopeless", timeout=60)
+    results = pool.run(__name__, "hopeless", timeout=60)
     for rank, r in enumerate(results):
         where = "here (OutOfMemoryError" if rank == 1 else "on another process"
         assert where in r["error"] and r["untouched"] and all(g is None for g in r["grads"])
@@ -282,8 +290,8 @@ def test_a_hopeless_rank_fails_every_rank_cleanly(pool):
 
 def test_one_gradient_sync_per_update_also_with_retries(pool):
     """Counted by a DDP communication hook with one bucket per parameter: the same as distributed(accumulate(n))."""
-    assert pool.run("auto_accumulate_workers", "count_syncs_auto", [None, None], 3) == [[1, 4, 4]] * 2
-    assert pool.run("auto_accumulate_workers", "count_syncs_auto", [None, 2], 3) == [[1, 4, 4]] * 2
+    assert pool.run(__name__, "count_syncs_auto", [None, None], 3) == [[1, 4, 4]] * 2
+    assert pool.run(__name__, "count_syncs_auto", [None, 2], 3) == [[1, 4, 4]] * 2
 
 
 @pytest.mark.parametrize(
@@ -295,9 +303,9 @@ def test_one_gradient_sync_per_update_also_with_retries(pool):
     ],
 )
 def test_checkpoint_activations_under_distributed_is_bit_identical(pool, composition):
-    with_k = pool.run("auto_accumulate_workers", "checkpointed", composition, 5, timeout=60)
+    with_k = pool.run(__name__, "checkpointed", composition, 5, timeout=60)
     plain = without(composition, "checkpoint_activations('0')")
-    without_k = pool.run("auto_accumulate_workers", "checkpointed", plain, 5, timeout=60)
+    without_k = pool.run(__name__, "checkpointed", plain, 5, timeout=60)
     for a, b in zip(with_k, without_k, strict=True):
         assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
 
@@ -339,3 +347,113 @@ def test_auto_and_sharded_are_refused_together_in_either_order():
         ct.sharded(ct.accumulate("auto")(classify))
     with pytest.raises(ValueError, match=r"cannot wrap a step that applies sharded: an out-of-memory retry"):
         ct.accumulate("auto")(ct.sharded(classify))
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# accumulate("auto") and checkpoint_activations on every rank, with references. Out-of-memory errors are injected:
+# the step raises torch.OutOfMemoryError when its micro-batch holds more samples than this rank's limit, so one rank
+# can fail alone.
+
+
+def limited_on_ranks(limit: int | None, seen: list[int] | None = None):
+    """A classification step that runs out of memory above ``limit`` samples (and records the sizes it got)."""
+
+    def step(model, batch):
+        x, y = batch
+        if seen is not None:
+            seen.append(x.shape[0])
+        if limit is not None and x.shape[0] > limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected above {limit} samples)")
+        logits = model(x)
+        return F.cross_entropy(logits, y), {"acc": (logits.argmax(-1) == y).to(logits.dtype).mean()}
+
+    return step
+
+
+def build(printed: str, step, **distributed_options: Any) -> ct.TrainStep:
+    """The composition ``printed`` (as the step prints: ``"distributed(accumulate('auto')(step))"``)."""
+    parts = {
+        "distributed": ct.distributed(**distributed_options),
+        "mixed_precision(dtype='bf16')": ct.mixed_precision(dtype="bf16"),
+        "accumulate('auto')": ct.accumulate("auto"),
+        "clip_grad_norm(0.5)": ct.clip_grad_norm(0.5),
+        "checkpoint_activations('0')": ct.checkpoint_activations("0"),
+        "accumulate(2)": ct.accumulate(2),
+    }
+    return composed(printed, parts, step)
+
+
+def train_auto(rank: int | None, world: int, case: dict[str, Any]) -> dict[str, Any]:
+    """The case's updates; rank None runs the reference: the composition without distributed,
+    accumulate('auto') and the limits,
+    in one process on the global batches."""
+    dtype = torch.float32 if "mixed_precision" in case["composition"] else torch.float64
+    printed = case["composition"]
+    if rank is None:
+        printed = without(printed, "distributed", "accumulate('auto')")
+    state = case_state("classify", case["seed"] + (rank or 0), dtype)
+    seen: list[int] = []
+    limit = case["limits"][rank] if rank is not None else None
+    step = build(printed, limited_on_ranks(limit, seen), **case.get("options", {}))
+    losses, micro = [], []
+    for i, sizes in enumerate(case["sizes"]):
+        batch = global_batch("classify", sizes, case["seed"] * 100 + i, dtype)
+        out = step(state, batch if rank is None else shard(batch, sizes, rank))
+        losses.append(out.loss)
+        micro.append(out.metrics.get("micro_batch"))
+    return {
+        "params": [p.detach().clone() for p in state.model.parameters()],
+        "losses": losses,
+        "micro": micro,
+        "seen": seen,
+        "step": state.step,
+        "saved": state.state_dict()["transforms"].get("accumulate_auto"),
+    }
+
+
+def run_auto(rank: int, world: int, case: dict[str, Any]) -> dict[str, Any]:
+    return train_auto(rank, world, case)
+
+
+def hopeless(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 cannot fit one sample: every rank raises, with its state untouched, and the ranks stay usable."""
+    state = case_state("classify", 0, torch.float64)
+    before = [p.detach().clone() for p in state.model.parameters()]
+    step = build("distributed(accumulate('auto')(step))", limited_on_ranks(0 if rank == 1 else None))
+    batch = shard(global_batch("classify", [4] * world, 0, torch.float64), [4] * world, rank)
+    try:
+        step(state, batch)
+        error = None
+    except torch.OutOfMemoryError as caught:
+        error = str(caught)
+    untouched = all(torch.equal(p, q) for p, q in zip(state.model.parameters(), before, strict=True))
+    grads = [p.grad for p in state.model.parameters()]
+    # the ranks are still in step: a normal update afterwards works and agrees
+    build("distributed(accumulate('auto')(step))", limited_on_ranks(None))(state, batch)
+    after = [p.detach().clone() for p in state.model.parameters()]
+    return {"error": error, "untouched": untouched, "grads": grads, "after": after, "step": state.step}
+
+
+def count_syncs_auto(rank: int, world: int, limits: list[int], updates: int) -> list[int]:
+    """Gradient all-reduces per update through a counting DDP communication hook, one bucket per parameter."""
+
+    calls, counting = counting_allreduce()
+    state = case_state("classify", 0, torch.float64)
+    step = build(
+        "distributed(accumulate('auto')(step))", limited_on_ranks(limits[rank]), bucket_cap_mb=1e-6, comm_hook=counting
+    )
+    return syncs_per_update(step, state, calls, rank, world, updates)
+
+
+def checkpointed(rank: int, world: int, printed: str, seed: int) -> list[torch.Tensor]:
+    """A dropout model trained by the composition ``printed`` (with or without checkpoint_activations),
+    three updates: final parameters."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Sequential(nn.Linear(5, 8), nn.Dropout(0.3), nn.Tanh()), nn.Linear(8, 3)).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = ct.TrainState(model, opt)
+    step = build(printed, limited_on_ranks(None))
+    torch.manual_seed(100 + rank)  # distinct dropout per rank, the same with and without checkpointing
+    for i in range(3):
+        step(state, shard(global_batch("classify", [6] * world, i, torch.float64), [6] * world, rank))
+    return [p.detach().clone() for p in model.parameters()]

@@ -5,18 +5,25 @@ clear error with nothing left behind."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import resource
+import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+import run_script
+import torch
 from processes import Job, kill_tree, wait_all, wait_for
 
 import composetrain as ct
 from composetrain.data.writer import sampled
 
-SCRIPT = str(Path(__file__).parent / "cache_script.py")
+SCRIPT = __file__  # this file, as a script: its main block at the end
 
 
 def _job(out: Path, *paths: Path, **env: str) -> Job:
@@ -106,19 +113,102 @@ def test_a_waiter_times_out_naming_the_store_and_its_writer(tmp_path: Path) -> N
 
 
 def _counted(out: Path):  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cache_script import Counted
-
     return Counted(str(out) + ".calls")
 
 
 def test_two_ranks_cache_once_and_train_over_the_cache_as_over_the_original(pool, tmp_path: Path) -> None:
     import torch
 
-    a, b = pool.run("cache_workers", "run_over_cache", str(tmp_path))
+    a, b = pool.run(__name__, "run_over_cache", str(tmp_path))
     # one rank wrote every item, the other mapped the store, reading only the items its fingerprint compares
     assert sorted([a["writes"], b["writes"]]) == [len(sampled(96)), 96]
     for run in ("original", "cache", "augmented"):
         assert all(torch.equal(p, q) for p, q in zip(a[run], b[run], strict=True))  # ranks agree
     assert all(torch.equal(p, q) for p, q in zip(a["cache"], a["original"], strict=True))
     assert not all(torch.equal(p, q) for p, q in zip(a["augmented"], a["original"], strict=True))
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# ct.cache and ct.run over it on every rank (its process group already up).
+
+
+class Rows(torch.utils.data.Dataset[Any]):
+    """run_script's dataset, one sample at a time (ct.run then collates per sample), counting its reads."""
+
+    def __init__(self) -> None:
+        self.x, self.y = run_script.dataset().tensors
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        self.calls += 1
+        return self.x[i], int(self.y[i])
+
+
+def flip(batch: Any, generator: torch.Generator) -> Any:
+    x, y = batch
+    signs = torch.randint(0, 2, (len(x), 1), generator=generator, dtype=x.dtype) * 2 - 1
+    return [x * signs, y]
+
+
+def run_over_cache(rank: int, world: int, folder: str) -> dict[str, Any]:
+    data = Rows()
+    cached = ct.cache(data, Path(folder) / "store", progress=False)
+    writes = data.calls
+    augmented = ct.cache(data, Path(folder) / "store", augment=flip, progress=False)
+    runs = {}
+    for name, source in (("original", data), ("cache", cached), ("augmented", augmented)):
+        state = run_script.state()
+        ct.run(
+            ct.distributed(run_script.step),
+            state,
+            source,
+            batch_size=12,
+            epochs=1,
+            num_workers=0,
+            progress=False,
+            seed=5,
+        )
+        runs[name] = [p.detach().clone() for p in state.model.parameters()]
+    return {"writes": writes, **runs}
+
+
+# -- the caching process: python tests/test_cache_processes.py OUT PATH [PATH ...], as one rank of a job --------
+# Each ``__getitem__`` appends a line "pid store item" to ``OUT.calls`` (so the test counts how many processes
+# wrote each store, and which items the others read to compare its fingerprint), then every path is cached in turn
+# and a digest of the items read back is printed. Environment: ``SLOW``, seconds per item; ``FSIZE``, a file size
+# limit in bytes (a full disk, as EFBIG). No process group is ever created: ct.cache is called at the top of a
+# script, before any rendezvous.
+
+
+class Counted(torch.utils.data.Dataset[Any]):
+    def __init__(self, calls: str, n: int = 30) -> None:
+        self.calls, self.n, self.store = calls, n, 0  # store: which of the paths is being cached
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        with open(self.calls, "a") as f:
+            f.write(f"{os.getpid()} {self.store} {i}\n")
+        time.sleep(float(os.environ.get("SLOW", "0")))
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(64, generator=g), i
+
+
+def main() -> None:
+    out, paths = sys.argv[1], sys.argv[2:]
+    if "FSIZE" in os.environ:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(os.environ["FSIZE"]), resource.RLIM_INFINITY))
+    data = Counted(out + ".calls")
+    for data.store, path in enumerate(paths):
+        cached = ct.cache(data, path, num_workers=0, progress=False, timeout=60)
+        digest = hashlib.sha256(b"".join(cached[i][0].numpy().tobytes() for i in range(len(cached)))).hexdigest()
+        print(path, digest, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ a transform's name. A user-defined transform that states a capability is driven 
 import pytest
 import run_script
 import torch
+import torch.distributed as dist
 from processes import Pool
 
 import composetrain as ct
@@ -101,10 +102,54 @@ def test_the_setup_hook_runs_once_before_resuming_outermost_first(tmp_path):
 def test_a_user_transform_that_syncs_the_processes_is_accepted_on_two_ranks():
     pool = Pool(2)
     try:
-        a, b = pool.run("capability_workers", "user_sync")
-        refused = pool.run("capability_workers", "user_no_sync")
+        a, b = pool.run(__name__, "user_sync")
+        refused = pool.run(__name__, "user_no_sync")
     finally:
         pool.close()
     assert a["steps"] == b["steps"] == 4  # 96 samples, 12 per rank per update
     assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"], strict=True))  # the ranks agreed
     assert refused[0] == refused[1] and "does not synchronise them; wrap it: ct.distributed" in refused[0]
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# ct.run with a user-defined transform that synchronises the processes itself.
+
+
+class MeanGradients(ct.TrainStep):
+    """A user's own data parallelism: the gradients' mean over the ranks, before the update."""
+
+    syncs_processes = True
+
+    def update(self, state, ctx):
+        for p in state.model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+        return super().update(state, ctx)
+
+
+def user_sync(rank, world):
+    state = run_script.state()
+    step = MeanGradients(ct.train_step(run_script.step))
+    result = ct.run(step, state, run_script.dataset(), batch_size=12, num_workers=0, progress=False, epochs=1)
+    return {"steps": result.steps, "params": [p.detach().clone() for p in state.model.parameters()]}
+
+
+def user_no_sync(rank, world):
+    """The same transform without the flag: ct.run cannot know that it synchronises, and refuses."""
+
+    class Unflagged(MeanGradients):
+        syncs_processes = False
+
+    try:
+        ct.run(
+            Unflagged(ct.train_step(run_script.step)),
+            run_script.state(),
+            run_script.dataset(),
+            batch_size=12,
+            num_workers=0,
+            progress=False,
+        )
+    except ValueError as e:
+        return str(e)
+    return "no error"

@@ -70,12 +70,12 @@ def test_exact_accumulation_of_gpt2s_float32_loss_agrees_on_every_seed_and_a_fli
     """The README's recipe (float64 GPT-2, transformers' float32 .loss, padded batches) with a frozen and an
     unused parameter: the update phase, given the same gradients, agrees; a flipped one is named, at lr 1e-5."""
     pytest.importorskip("transformers")
-    from hf_workers import gpt2, sft_batch, step
+    from helpers import gpt2, lm_loss, sft_batch
 
     model = gpt2()
     model.transformer.wpe.weight.requires_grad_(False)  # frozen: never moves
     state = ct.TrainState(model, optimizer(model.parameters()))
-    right = ct.accumulate(3, weight=ct.shifted_tokens())(step)
+    right = ct.accumulate(3, weight=ct.shifted_tokens())(lm_loss)
     for seed in range(8):
         result = ct.check(right, state, sft_batch(12, seed))
         assert result and result.lowest is torch.float32 and result.update is not None, result

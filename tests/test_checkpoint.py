@@ -79,20 +79,7 @@ class Syscalls:
 
 
 def train(directory: Path, **options: Any) -> ct.TrainState:
-    state = run_script.state()
-    ct.run(
-        ct.accumulate(2)(run_script.step),
-        state,
-        run_script.dataset(),
-        batch_size=12,
-        num_workers=0,
-        progress=False,
-        seed=5,
-        log_every=4,
-        checkpoint_dir=directory,
-        **options,
-    )
-    return state
+    return run_script.train(directory, **options)[0]
 
 
 def latest(directory: Path) -> Path | None:

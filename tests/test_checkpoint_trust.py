@@ -66,7 +66,7 @@ def test_an_inf_buffer_is_no_divergence(tmp_path):
 
 
 def test_every_rank_refuses_the_save_when_one_rank_diverged(pool, tmp_path):
-    messages = pool.run("run_workers", "diverges_on_rank_one", str(tmp_path), timeout=90)
+    messages = pool.run(__name__, "diverges_on_rank_one", str(tmp_path), timeout=90)
     assert all(m is not None and "refusing to save checkpoint step 6" in m and "on rank 1" in m for m in messages)
     assert all("the last checkpoint step-000000004 is kept" in m for m in messages)
     assert steps(tmp_path) == ["step-000000004"]
@@ -143,3 +143,35 @@ def test_a_checksum_list_nested_too_deep_for_json_is_a_corrupt_checkpoint(tmp_pa
         resumed, _ = train(tmp_path / "b", epochs=3)
     assert_states_equal(resumed, straight)
     assert [p.name for p in (tmp_path / "b").glob("corrupt-*")] == ["corrupt-step-000000016"]
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+
+
+def diverges_on_rank_one(rank, world, directory):
+    """Rank 1 alone finds a NaN parameter from update 5 on (as a sharded rank finds its shard alone): every rank
+    refuses the save at 6 alike, none hangs in the save's collectives."""
+    import composetrain.driver.run as driver
+
+    state = run_script.state()
+    original = driver._nonfinite
+    if rank == 1:
+        driver._nonfinite = lambda model: "0.weight" if state.step >= 5 else None
+    try:
+        ct.run(
+            ct.distributed(run_script.step),
+            state,
+            run_script.dataset(),
+            batch_size=12,
+            max_steps=8,
+            num_workers=0,
+            progress=False,
+            checkpoint_dir=f"{directory}",
+            checkpoint_every=2,
+            keep_checkpoints=1,
+        )
+    except FloatingPointError as e:
+        return str(e)
+    finally:
+        driver._nonfinite = original  # the pool's ranks run the file's other cases next
+    return None

@@ -8,30 +8,14 @@ checkpointed the first step's choice and not its own.
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from helpers import Block, Net
 
 import composetrain as ct
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return torch.tanh(self.lin(x))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(5, 4)
-        self.first = Block()
-        self.second = Block()
-        self.out = nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.out(self.second(self.first(self.inp(x))))
+def net():
+    """inp, first and second (Blocks without the residual: tanh(Linear)), out."""
+    return Net(first=lambda: Block(residual=False), second=lambda: Block(residual=False))
 
 
 def step(model, batch):
@@ -40,7 +24,7 @@ def step(model, batch):
 
 
 def test_each_step_checkpoints_its_own_choice_on_a_shared_state():
-    model = Net()
+    model = net()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     seen = []
     for key in ("first", "second"):  # a chosen module runs with the wrapper as its instance-level forward
@@ -63,7 +47,7 @@ def test_the_choice_is_made_once_per_model_and_step():
         asked.append(module)
         return isinstance(module, Block)
 
-    model = Net()
+    model = net()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     train = ct.checkpoint_activations(is_block)(step)
     for _ in range(3):

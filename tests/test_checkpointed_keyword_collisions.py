@@ -14,7 +14,7 @@ from torch import nn
 import composetrain as ct
 
 
-class Block(nn.Module):
+class KeywordBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
@@ -23,11 +23,11 @@ class Block(nn.Module):
         return torch.tanh(self.lin(x)) * forward * module + stats
 
 
-class Net(nn.Module):
+class PassesKeyword(nn.Module):
     def __init__(self, name: str) -> None:
         super().__init__()
         self.inp = nn.Linear(5, 4)
-        self.block = Block()
+        self.block = KeywordBlock()
         self.out = nn.Linear(4, 3)
         self.name = name
 
@@ -47,7 +47,7 @@ def test_a_keyword_named_like_the_wrappers_parameters_reaches_the_module(name):
     models = []
     for train in (ct.checkpoint_activations("block")(step), ct.accumulate(1)(step)):
         torch.manual_seed(0)
-        model = Net(name).double()
+        model = PassesKeyword(name).double()
         train(ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)), batch)
         models.append(model)
     for p, q in zip(*(m.parameters() for m in models), strict=True):
@@ -62,6 +62,6 @@ def step_with_a_look(model, batch):
 
 @pytest.mark.parametrize("name", ["forward", "stats", "module"])
 def test_the_keyword_reaches_the_module_without_gradients_too(name):
-    model = Net(name)
+    model = PassesKeyword(name)
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     ct.checkpoint_activations("block")(step_with_a_look)(state, (torch.randn(4, 5), torch.randint(0, 3, (4,))))

@@ -29,7 +29,7 @@ class Gate(nn.Module):
         return torch.tanh(self.lin(x)) * (2.0 if value is True else 1.0 + len(str(type(value))) / 100)
 
 
-class Net(nn.Module):
+class GatedNet(nn.Module):
     def __init__(self, name: str, value) -> None:
         super().__init__()
         self.inp = nn.Linear(5, 4)
@@ -48,7 +48,7 @@ def step(model, batch):
 
 def make(name, value):
     torch.manual_seed(0)
-    model = Net(name, value).double()
+    model = GatedNet(name, value).double()
     return ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
@@ -125,7 +125,7 @@ def test_keyword_tensors_are_seen_where_torch_looks_for_the_device(monkeypatch):
         def forward(self, *, x):
             return torch.tanh(self.lin(x))
 
-    class Net(nn.Module):
+    class KeywordOnlyNet(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.inp, self.block, self.out = nn.Linear(5, 4), KeywordOnly(), nn.Linear(4, 3)
@@ -133,7 +133,7 @@ def test_keyword_tensors_are_seen_where_torch_looks_for_the_device(monkeypatch):
         def forward(self, x):
             return self.out(self.block(x=self.inp(x)))
 
-    model = Net().double()
+    model = KeywordOnlyNet().double()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     ct.checkpoint_activations(KeywordOnly)(step)(
         state, (torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 0]))

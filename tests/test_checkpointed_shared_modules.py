@@ -16,7 +16,7 @@ from torch import nn
 import composetrain as ct
 
 
-class Block(nn.Module):
+class DrawingBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(8, 8)
@@ -32,7 +32,7 @@ class Shared(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.inp = nn.Linear(5, 8)
-        self.stack = nn.Sequential(Block())
+        self.stack = nn.Sequential(DrawingBlock())
         self.block = self.stack[0]
         self.out = nn.Linear(8, 3)
 

@@ -7,10 +7,18 @@ generating code: seconds less per compile on a small CPU); test_compile_run.py h
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
-from helpers import assert_states_close, classify, make_batch, make_state, mlp
+from helpers import (
+    assert_states_close,
+    classify,
+    make_batch,
+    make_state,
+    mlp,
+    train_sharded,
+)
 from torch import nn
 from torch._dynamo.utils import counters
 
@@ -192,16 +200,14 @@ def test_a_model_in_the_steps_place_is_refused_with_the_fix():
 def test_under_distributed_one_gradient_sync_per_update_and_the_one_process_update(pool, outside):
     """compile inside or outside distributed: DDP all-reduces once per update (not once per micro-batch, as a
     loop that forgets no_sync does), and the ranks' update is the eager one of one process on the whole batch."""
-    from distributed_workers import classify as classify_rank
-    from distributed_workers import global_batch
-    from distributed_workers import make_state as make_rank_state
+    from helpers import case_state, classify_acc, global_batch
 
-    got = pool.run("compile_workers", "count_syncs", 4, 3, outside)
+    got = pool.run(__name__, "count_syncs", 4, 3, outside)
     assert [r["syncs"] for r in got] == [[1, 1, 1]] * pool.world  # one bucket (1 MiB) for the small model
     assert all(r["graphs"] >= 1 for r in got)
-    alone = make_rank_state("classify", 0, torch.float64)
+    alone = case_state("classify", 0, torch.float64)
     for i in range(3):
-        ct.accumulate(4)(classify_rank)(alone, global_batch("classify", [8] * pool.world, i, torch.float64))
+        ct.accumulate(4)(classify_acc)(alone, global_batch("classify", [8] * pool.world, i, torch.float64))
     for r in got:
         for mine, want in zip(r["params"], alone.model.parameters(), strict=True):
             torch.testing.assert_close(mine, want.detach(), rtol=1e-12, atol=1e-14)
@@ -209,20 +215,18 @@ def test_under_distributed_one_gradient_sync_per_update_and_the_one_process_upda
 
 def test_under_distributed_buckets_below_ddps_first_are_refused_with_the_fix(pool):
     """torch's DDPOptimizer asserts on them (an AssertionError from deep inside the first compile)."""
-    for message in [m for said in pool.run("compile_workers", "refused_small_buckets") for m in said]:
+    for message in [m for said in pool.run(__name__, "refused_small_buckets") for m in said]:
         assert "bucket_cap_mb=1e-06 is below DDP's first bucket" in message and "bucket_cap_mb >= 1.0" in message
 
 
 def test_under_sharded_the_ranks_update_is_the_one_process_update(pool):
     """FSDP2's hooks run between the compiled graphs (torch's skip_fsdp_hooks); the compiled ranks' update is the
     compiled one-process update on the whole batch, which equals the eager one (above)."""
-    import sharded_workers
-
     composition = "compile(backend='aot_eager')(sharded(clip_grad_norm(0.5)(accumulate(n)(step))))"
     case = {"composition": composition, "n": 2, "kind": "classify", "sizes": [[4, 4], [4, 4], [3, 3]], "seed": 0}
-    results = pool.run("sharded_workers", "run_case", case)
+    results = pool.run(__name__, "run_sharded_case", case)
     torch._dynamo.reset()
-    reference = sharded_workers.train(case, rank=None)
+    reference = train_sharded(case, rank=None)
     for r in results:
         assert r["kinds"] == ["DTensor"] and r["step"] == reference["step"] == 3
         for name, p in reference["params"].items():
@@ -255,7 +259,7 @@ def test_dynamic_reaches_torch(dynamic, expected):
 
 def test_under_ct_run_every_rank_logs_the_same_compile_record(pool):
     """The compile counts and seconds are averaged over ranks in the record's one all-reduce, as the metrics."""
-    first, second = pool.run("compile_workers", "compiled_run")
+    first, second = pool.run(__name__, "compiled_run")
     fields = ("step", "loss", "compiles", "compile_s")  # the timings (updates_per_s, data_wait) are each rank's
     assert [[r[k] for k in fields] for r in first] == [[r[k] for k in fields] for r in second]
     assert first[0]["compiles"] >= 1 and first[0]["compile_s"] > 0 and first[-1]["compiles"] == 0
@@ -326,3 +330,63 @@ def test_compiled_compositions_of_different_plain_steps_on_one_state_each_run_th
             torch.testing.assert_close(a(compiled, batch).loss, b(eager, batch).loss, rtol=1e-12, atol=1e-14)
     assert_states_close(compiled, eager, rtol=1e-12, atol=1e-14)
     assert len(compiled.transform_state("compile", dict).steps) == len(plains)
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# ct.compile under ct.distributed and ct.sharded.
+
+
+def count_syncs(rank: int, world: int, n: int, updates: int, outside: bool, bucket_mb: float = 1.0) -> dict[str, Any]:
+    """All-reduces per update (a counting DDP communication hook) of a compiled composition, and
+    its parameters after the updates, to compare with the eager composition's on one process."""
+    from helpers import case_state, classify_acc, counting_allreduce, syncs_per_update
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    calls, counting = counting_allreduce()
+    state = case_state("classify", 0, torch.float64)
+    compiled = ct.compile(backend="aot_eager")
+    distributed = ct.distributed(bucket_cap_mb=bucket_mb, comm_hook=counting)
+    inner = ct.accumulate(n)(classify_acc)
+    step = compiled(distributed(inner)) if outside else distributed(compiled(inner))
+    per_update = syncs_per_update(step, state, calls, rank, world, updates)
+    params = [p.detach().clone() for p in state.model.parameters()]
+    torch._dynamo.reset()
+    return {"syncs": per_update, "params": params, "graphs": counters["stats"]["unique_graphs"]}
+
+
+def refused_small_buckets(rank: int, world: int) -> list[str]:
+    """What compile inside, then outside, distributed with too small buckets says."""
+    said = []
+    for outside in (False, True):
+        try:
+            count_syncs(rank, world, 2, 1, outside, bucket_mb=1e-6)
+            said.append("not refused")
+        except ValueError as e:
+            said.append(str(e))
+    return said
+
+
+def compiled_run(rank: int, world: int) -> list[dict[str, Any]]:
+    """ct.run of a compiled distributed composition on every rank: its records."""
+    import run_script
+
+    torch._dynamo.reset()
+    train = ct.distributed(ct.compile(backend="aot_eager")(ct.accumulate(2)(run_script.step)))
+    result = ct.run(
+        train,
+        run_script.state(),
+        run_script.dataset(),
+        batch_size=12,
+        epochs=1,
+        num_workers=0,
+        progress=False,
+        log_every=2,
+    )
+    torch._dynamo.reset()
+    return result.history
+
+
+def run_sharded_case(rank: int, world: int, case: dict[str, Any]) -> dict[str, Any]:
+    return train_sharded(case, rank)

@@ -6,13 +6,16 @@ create without an explicit dtype then lands in float64 (or float16...), and a fu
 update, bit for bit.
 """
 
+from __future__ import annotations
+
 import contextlib
 import copy
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_batch
+from helpers import case_state, classify_acc, global_batch, make_batch, shard
 from processes import Pool
 from torch import nn
 
@@ -151,12 +154,10 @@ def test_the_scaling_constants_are_float32_whatever_the_default(default):
 def test_distributed_mixed_precision_under_a_float64_default_matches_one_process():
     pool = Pool(2)
     try:
-        results = pool.run("default_dtype_workers", "train_float64_default", timeout=120)
+        results = pool.run(__name__, "train_float64_default", timeout=120)
     finally:
         pool.close()
-    import default_dtype_workers
-
-    reference = default_dtype_workers.train_float64_default(None, 2)
+    reference = train_float64_default(None, 2)
     for name, expected in reference.items():
         for r in results:
             assert r[name]["skipped"] == expected["skipped"] == [False] * 3, name
@@ -176,3 +177,51 @@ def test_the_micro_batch_metric_is_exact_whatever_the_default(default):
         state = state_of(torch.float32)
         out = ct.accumulate("auto")(classify)(state, make_batch(257, dtype=torch.float32))
         assert float(out.metrics["micro_batch"]) == 257.0
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# distributed(mixed_precision(...)) under torch.set_default_dtype(torch.float64) on every rank. Rank None runs
+# the reference: the same composition without distributed, in one process, on the global batches, split into the same
+# micro-batches as the ranks'.
+
+
+CASES = {  # name: (precision, parameter dtype, accumulate: n or "auto", step's OOM limit on rank 1)
+    "bf16-fp32-weights": ("bf16", torch.float32, 2, None),
+    "fp16-fp32-weights": ("fp16", torch.float32, 2, None),
+    "bf16-fp64-weights-auto": ("bf16", torch.float64, "auto", 3),
+}
+SIZES = [[6, 6]] * 3  # micro-batches of 3 on the ranks, and in the reference
+
+
+def limited(limit: int | None):
+    def step(model, batch):
+        if limit is not None and batch[0].shape[0] > limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected above {limit} samples)")
+        return classify_acc(model, batch)
+
+    return step
+
+
+def train_float64_default(rank: int | None, world: int) -> dict[str, Any]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        results = {}
+        for name, (precision, dtype, n, limit) in CASES.items():
+            state = case_state("classify", 7 + (rank or 0), dtype)
+            # the reference splits the global batch into the ranks' micro-batches: only the sums' order differs
+            inner = ct.accumulate(n if rank is not None else 2 * world)
+            parts = [ct.clip_grad_norm(0.5), ct.mixed_precision(dtype=precision), inner]
+            plain = limited(limit if rank == 1 else None)
+            step = ct.compose(ct.distributed, *parts)(plain) if rank is not None else ct.compose(*parts)(plain)
+            start = [p.detach().clone() for p in state.model.parameters()]  # rank 0's: DDP broadcasts them
+            skipped = []
+            for i, sizes in enumerate(SIZES):
+                batch = global_batch("classify", sizes, 50 + i, dtype)
+                out = step(state, batch if rank is None else shard(batch, sizes, rank))
+                skipped.append(bool(out.skipped))
+            params = [p.detach().clone() for p in state.model.parameters()]
+            results[name] = {"start": start, "params": params, "skipped": skipped}
+        return results
+    finally:
+        torch.set_default_dtype(previous)

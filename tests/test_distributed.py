@@ -1,14 +1,34 @@
 """distributed() across real processes over gloo, against one process on the global batch."""
 
-import itertools
+from __future__ import annotations
 
-import distributed_workers
+import itertools
+from typing import Any
+
 import pytest
 import torch
-from helpers import assert_states_equal, classify, make_batch, make_state
+import torch.distributed as dist
+import torch.nn.functional as F
+from helpers import (
+    CLASSES,
+    IN,
+    assert_states_equal,
+    build_distributed,
+    case_state,
+    classify,
+    classify_acc,
+    counting_allreduce,
+    global_batch,
+    make_batch,
+    make_state,
+    shard,
+    syncs_per_update,
+    train_distributed,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from processes import Pool
+from torch import nn
 
 import composetrain as ct
 
@@ -22,7 +42,7 @@ def pool(request):
 
 def run(pool, **case):
     case.setdefault("seed", 0)
-    return pool.run("distributed_workers", "run_case", case), distributed_workers.train(case, rank=None)
+    return pool.run(__name__, "run_case", case), train_distributed(case, rank=None)
 
 
 def assert_matches_reference(results, reference, rtol=1e-10, atol=1e-12):
@@ -153,16 +173,16 @@ def test_a_new_default_group_gets_a_new_ddp_wrapper(pool):
 def test_one_gradient_sync_per_update_whatever_n(pool):
     """A counting DDP communication hook; buckets of one parameter each (4 of them) once DDP has
     rebuilt its buckets after its first iteration."""
-    one_backward = pool.run("distributed_workers", "count_syncs", 1, 3)
+    one_backward = pool.run(__name__, "count_syncs", 1, 3)
     assert one_backward == [[1, 4, 4]] * pool.world
     for n in (2, 4):
-        assert pool.run("distributed_workers", "count_syncs", n, 3) == one_backward, n
+        assert pool.run(__name__, "count_syncs", n, 3) == one_backward, n
     # the loop that forgets no_sync pays one sync per micro-batch
-    assert pool.run("distributed_workers", "syncs_without_no_sync", 4) == [16] * pool.world
+    assert pool.run(__name__, "syncs_without_no_sync", 4) == [16] * pool.world
 
 
 def test_ranks_agree_on_the_fewest_updates_so_uneven_data_cannot_hang(pool):
-    assert pool.run("distributed_workers", "fewest") == [10] * pool.world
+    assert pool.run(__name__, "fewest") == [10] * pool.world
     with ct.rendezvous(env={}) as alone:
         assert alone.fewest(7) == 7
 
@@ -211,10 +231,10 @@ def test_static_graph_with_micro_batches_is_refused_before_any_change_and_works_
     """DDP's static_graph cannot skip the sync of accumulate's non-final micro-batches (no_sync): torch failed at
     the first update with "expect_autograd_hooks_ INTERNAL ASSERT FAILED" (found by the a-compile adversary). It is
     refused before the first forward, naming the fix; with one micro-batch static_graph trains as before."""
-    for r in pool.run("distributed_workers", "static_graph_updates", 2):
+    for r in pool.run(__name__, "static_graph_updates", 2):
         assert r["said"] is not None and "static_graph=True" in r["said"] and "accumulate" in r["said"], r["said"]
         assert r["step"] == 0 and r["unchanged"]
-    first, *others = pool.run("distributed_workers", "static_graph_updates", 1)
+    first, *others = pool.run(__name__, "static_graph_updates", 1)
     assert first["said"] is None and first["step"] == 2
     for other in others:
         assert all(torch.equal(p, q) for p, q in zip(first["params"], other["params"], strict=True))
@@ -224,7 +244,7 @@ def test_static_graph_with_micro_batches_is_refused_before_any_change_and_works_
 def test_a_refusal_on_one_rank_is_a_refusal_on_every_rank(pool, fault):
     # rank 0 alone refuses its second update after the passes: had the others applied it, their models would
     # part from rank 0's silently, and train on apart
-    results = pool.run("distributed_workers", "refuse_on_one_rank", fault)
+    results = pool.run(__name__, "refuse_on_one_rank", fault)
     expected = {
         "metric": "a transform reports as well",
         "metric-last-piece": "for piece 2 but",
@@ -240,3 +260,105 @@ def test_a_refusal_on_one_rank_is_a_refusal_on_every_rank(pool, fault):
         for k, t in results[0]["ema"].items():
             if "running" not in k and "num_batches" not in k:  # each rank's own buffers (README)
                 assert torch.equal(r["ema"][k], t), k
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# The distributed cases' rank functions (the cases themselves: helpers.train_distributed).
+
+
+def run_case(rank: int, world: int, case: dict[str, Any]) -> dict[str, Any]:
+    return train_distributed(case, rank)
+
+
+def count_syncs(rank: int, world: int, n: int, updates: int) -> list[int]:
+    """All-reduces per update through a counting DDP communication hook, one bucket per parameter.
+
+    DDP reduces its first iteration in one bucket and rebuilds its buckets after it, so
+    the first update counts 1 whatever the parameters."""
+
+    calls, counting = counting_allreduce()
+    state = case_state("classify", 0, torch.float64)
+    step = build_distributed("distributed(accumulate(n)(step))", n, "classify", bucket_cap_mb=1e-6, comm_hook=counting)
+    return syncs_per_update(step, state, calls, rank, world, updates)
+
+
+def syncs_without_no_sync(rank: int, world: int, n: int) -> int:
+    """What a loop that forgets no_sync pays: a gradient all-reduce after every micro-batch."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    calls, counting = counting_allreduce()
+    state = case_state("classify", 0, torch.float64)
+    ddp = DistributedDataParallel(state.model, bucket_cap_mb=1e-6)
+    ddp.register_comm_hook(None, counting)
+    x, y = shard(global_batch("classify", [8] * world, 0, torch.float64), [8] * world, rank)
+    F.cross_entropy(ddp(x), y).backward()  # DDP's first iteration, after which it rebuilds its buckets
+    del calls[:]
+    for xb, yb in zip(x.tensor_split(n), y.tensor_split(n), strict=True):
+        (F.cross_entropy(ddp(xb), yb) / n).backward()
+    dist.barrier()
+    return len(calls)
+
+
+def fewest(rank: int, world: int) -> int:
+    """Each rank offers a different count; all agree on the smallest."""
+    proc = ct.rendezvous(rank=rank, world_size=world)  # the pool's group: reused, not re-created
+    return proc.fewest(10 + 3 * rank)
+
+
+def static_graph_updates(rank: int, world: int, n: int) -> dict[str, Any]:
+    """Two updates of distributed(static_graph=True)(accumulate(n)(classify_acc)): what it said, or the parameters."""
+    state = case_state("classify", 0, torch.float64)
+    before = [p.detach().clone() for p in state.model.parameters()]
+    batch = shard(global_batch("classify", [4] * world, 1, torch.float64), [4] * world, rank)
+    train = ct.distributed(static_graph=True)(ct.accumulate(n)(classify_acc))
+    try:
+        for _ in range(2):
+            train(state, batch)
+    except (ValueError, RuntimeError) as e:
+        unchanged = all(torch.equal(p, q) for p, q in zip(before, state.model.parameters(), strict=True))
+        return {"said": str(e), "step": state.step, "unchanged": unchanged}
+    return {"said": None, "step": state.step, "params": [p.detach().clone() for p in state.model.parameters()]}
+
+
+def refuse_on_one_rank(rank: int, world: int, fault: str) -> dict[str, Any]:
+    """Three updates; in the second, rank 0 alone refuses after its passes (``fault``: a metric name a transform
+    reports, or a buffer re-registered in another dtype, which ct.ema refuses). Every rank must refuse it with
+    rank 0, so that all train on alike."""
+    state = case_state("classify", rank, torch.float64)
+    state.model.append(
+        nn.BatchNorm1d(CLASSES, dtype=torch.float64)
+    )  # a buffer the forward changes, one ct.ema averages
+    faulty = {"on": False, "pieces": 0}
+
+    def step(model: nn.Module, batch: Any) -> Any:
+        loss, metrics = classify_acc(model, batch)
+        faulty["pieces"] += 1
+        # the metric clash in every micro-batch, the other faults in the last only: an error in an earlier one's
+        # forward would leave the others waiting in the last backward's gradient all-reduce (DDP cannot leave it)
+        if faulty["on"] and rank == 0 and (fault == "metric" or faulty["pieces"] % 2 == 0):
+            if fault == "metric":  # refused after the passes: in verify
+                metrics = {**metrics, "grad_norm": loss.detach()}
+            elif fault == "metric-last-piece":  # refused in the passes, after the last backward's all-reduce
+                metrics = {**metrics, "late": loss.detach()}
+            else:
+                norm = model.module[-1]  # the DDP wrapper's module
+                norm.running_mean = norm.running_mean.float()
+        return loss, metrics
+
+    train = ct.ema(0.9)(ct.distributed(ct.clip_grad_norm(0.5)(ct.accumulate(2)(step))))
+    train.setup(state)
+    errors = []
+    for i in range(3):
+        g = torch.Generator().manual_seed(10 * i + rank)
+        batch = (torch.randn(6, IN, generator=g, dtype=torch.float64), torch.randint(0, CLASSES, (6,), generator=g))
+        faulty["on"] = i == 1
+        try:
+            train(state, batch)
+        except (ValueError, RuntimeError) as e:
+            errors.append(str(e))
+    return {
+        "errors": errors,
+        "step": state.step,
+        "params": [p.detach().clone() for p in state.model.parameters()],
+        "ema": {k: t.clone() for k, t in ct.ema_model(state).state_dict().items()},
+    }

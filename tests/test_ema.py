@@ -2,6 +2,7 @@
 checkpointed and resumed exactly, skipped updates not counted, right in any nesting order; ct.ema_model."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -10,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.utils.data import TensorDataset
 
 import composetrain as ct
+from composetrain.core.protocol import Context
 
 
 class ExponentialMovingAverage(AveragedModel):
@@ -263,8 +266,6 @@ def test_the_average_of_a_loaded_checkpoint_is_retrievable_before_any_update():
 def test_ct_run_evaluates_the_model_and_the_average_and_leaves_the_training_untouched(tmp_path):
     import json
 
-    from torch.utils.data import TensorDataset
-
     g = torch.Generator().manual_seed(0)
     train_data = TensorDataset(torch.randn(48, 5, generator=g), torch.randint(0, 3, (48,), generator=g))
     val = TensorDataset(torch.randn(20, 5, generator=g), torch.randint(0, 3, (20,), generator=g))
@@ -336,3 +337,268 @@ def test_on_cuda_the_average_is_averaged_models_bit_for_bit_and_stays_float32(pr
             ref.update_parameters(model)
     assert_same_averages(state, ref)
     assert all(a.dtype == torch.float32 and a.is_cuda for a in averages(state).values() if a.is_floating_point())
+
+
+# -- ct.ema's settings travel with its checkpoint; ct.ema_model's into= checked ---------------------------------------
+
+
+def batch(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(12, 5, generator=g), torch.randint(0, 3, (12,), generator=g)
+
+
+def sgd_state(model):
+    return ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9))
+
+
+def saved_after(ema, updates=3):
+    state = sgd_state(net())
+    train = ema(step)
+    for i in range(updates):
+        train(state, batch(i))
+    return copy.deepcopy(state.state_dict())
+
+
+@pytest.mark.parametrize("claimed", ["setup-then-load", "load-then-first-update"])
+@pytest.mark.parametrize(
+    ("saved", "resumed", "shown"),
+    [
+        (ct.ema(0.9), ct.ema(0.99), ("decay=0.9", "decay=0.99")),
+        (ct.ema(0.9, every=2), ct.ema(0.9, every=3), ("every=2", "every=3")),
+        (ct.ema(0.9), ct.ema(0.9, warmup=5), ("warmup=0", "warmup=5")),
+        (ct.ema(0.9), ct.ema(0.9, formula="sum"), ("formula='lerp'", "formula='sum'")),
+    ],
+)
+def test_a_resume_with_other_ema_settings_warns_naming_both(saved, resumed, shown, claimed):
+    checkpoint = saved_after(saved)
+    state, train = sgd_state(net()), resumed(step)
+    with pytest.warns(UserWarning, match=r"ema: the checkpoint's average was kept with ema\(") as caught:
+        if claimed == "setup-then-load":  # ct.run's order: the averages exist when the checkpoint loads
+            train.setup(state)
+            state.load_state_dict(checkpoint)
+        else:  # a plain loop: the checkpoint's average is claimed by the first update
+            state.load_state_dict(checkpoint)
+            train(state, batch(7))
+    message = str(caught[0].message)
+    assert message.index(shown[0]) < message.index("this run's ct.ema is") < message.index(shown[1])
+    assert "continues with this run's settings" in message
+
+
+def test_a_resume_with_the_same_settings_or_from_a_checkpoint_without_them_is_silent():
+    checkpoint = saved_after(ct.ema(0.9, every=2))
+    older = copy.deepcopy(checkpoint)
+    del older["transforms"]["ema"]["settings"]  # saved before the settings were checkpointed
+    for saved in (checkpoint, older):
+        state, train = sgd_state(net()), ct.ema(0.9, every=2)(step)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            train.setup(state)
+            state.load_state_dict(saved)
+            train(state, batch(7))
+
+
+def test_the_settings_are_plain_values_in_the_checkpoint():
+    settings = saved_after(ct.ema(0.5, every=2, warmup=1, formula="sum"))["transforms"]["ema"]["settings"]
+    assert settings == {"decay": 0.5, "every": 2, "warmup": 1, "formula": "sum"}
+    assert [type(v) for v in settings.values()] == [float, int, int, str]
+
+
+def test_ema_model_into_another_architecture_is_refused_as_ema_model_with_a_fix_that_applies():
+    state = sgd_state(net())
+    ct.ema(0.9)(step)(state, batch())
+    other = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+    with pytest.raises(ValueError, match=r"ema_model: into \(Sequential\) is not the architecture averaged") as e:
+        ct.ema_model(state, into=other)
+    assert "into=build_model()" in str(e.value) and "new TrainState" not in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_ema_model_into_another_dtype_is_refused_and_leaves_into_untouched(dtype):
+    state = sgd_state(net())
+    ct.ema(0.9)(step)(state, batch())
+    into = net(seed=3).to(dtype)
+    before = copy.deepcopy(into.state_dict())
+    with pytest.raises(ValueError, match=rf"ema_model: into's '0.weight' is \(8, 5\) {dtype}, its average \(8, 5\)"):
+        ct.ema_model(state, into=into)
+    assert all(torch.equal(v, into.state_dict()[k]) for k, v in before.items())
+    cast = ct.ema_model(state, into=net(seed=3)).to(dtype)  # the fix the message gives
+    assert cast[0].weight.dtype == dtype
+
+
+def test_ema_model_into_another_shape_is_still_refused():
+    state = sgd_state(net())
+    ct.ema(0.9)(step)(state, batch())
+    into = net()
+    into[3] = nn.Linear(8, 4)
+    with pytest.raises(ValueError, match=r"ema_model: into's '3.weight' is \(4, 8\) torch.float32, its average"):
+        ct.ema_model(state, into=into)
+
+
+# -- a changed model, a crafted checkpoint, another device, a reassigned buffer ---------------------------------------
+
+
+def snapshot(state):
+    saved = state.state_dict()
+    return copy.deepcopy({"model": saved["model"], "ema": saved["transforms"].get("ema"), "step": state.step})
+
+
+def assert_unchanged(state, before):
+    after = snapshot(state)
+    assert after["step"] == before["step"]
+    for k, v in before["model"].items():
+        assert torch.equal(after["model"][k], v), k
+    if before["ema"] is not None:
+        assert after["ema"]["n_averaged"] == before["ema"]["n_averaged"]
+        for k, v in before["ema"]["averages"].items():
+            assert torch.equal(after["ema"]["averages"][k], v), k
+
+
+def grow(model):
+    model.add_module("extra", nn.Linear(3, 3))
+
+
+def reshape(model):
+    model[3] = nn.Linear(8, 4)
+
+
+def widen(model):
+    model.double()
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (grow, r"ema: the model's parameters and buffers differ from the averaged ones \(missing \[\], new \['extra"),
+        (reshape, r"ema: the model's '3.weight' is \(4, 8\) torch.float32, its average \(3, 8\) torch.float32"),
+        (widen, r"ema: the model's '0.weight' is \(8, 5\) torch.float64, its average \(8, 5\) torch.float32"),
+    ],
+)
+def test_a_model_changed_after_the_ema_began_is_refused_before_the_update(change, error):
+    state = sgd_state(net())
+    train = ct.ema(0.9)(step)
+    train(state, batch())
+    train(state, batch(2))
+    change(state.model)
+    before = snapshot(state)
+    x, y = batch(3)
+    with pytest.raises(ValueError, match=error):
+        train(state, (x.to(state.model[0].weight.dtype), y))
+    assert_unchanged(state, before)  # was: the update applied, then the EMA raised (or a bare torch error)
+
+
+def test_a_checkpoints_average_of_another_shape_is_refused_before_the_first_update():
+    state = sgd_state(net())
+    ct.ema(0.9)(step)(state, batch())
+    saved = copy.deepcopy(state.state_dict())
+    saved["transforms"]["ema"]["averages"]["3.weight"] = torch.zeros(4, 8)
+    fresh = sgd_state(net(1))
+    fresh.load_state_dict(saved)  # not yet claimed: no ct.ema has run on this state
+    before = snapshot(fresh)
+    with pytest.raises(ValueError, match=r"ema: the checkpoint's average of '3.weight' is \(4, 8\)"):
+        ct.ema(0.9)(step)(fresh, batch())
+    assert_unchanged(fresh, before)
+
+
+def test_evaluating_the_average_of_a_changed_model_leaves_the_model_whole():
+    state = sgd_state(net())
+    train = ct.ema(0.5)(step)
+    for seed in range(3):
+        train(state, batch(seed))
+    reshape(state.model)
+    before = snapshot(state)
+    (weights,) = train.eval_weights(state).values()
+    with pytest.raises(ValueError, match=r"ema: the model's '3.weight' is \(4, 8\)"), weights:
+        pass
+    assert_unchanged(state, before)  # was: the tensors before '3.weight' left holding the averages
+
+
+def test_the_averages_follow_their_weights_to_another_device():
+    """A model placed after the EMA began (pipeline_split places it in its first update, after ct.run made the
+    averages; a loop that moves it): its averages move with it instead of failing in the fused update."""
+    state = sgd_state(net())
+    train = ct.ema(0.5)(step)
+    train(state, batch())
+    state.model.to("meta")  # a device of its own, on any machine
+    train.prepare(state, batch(), Context(state.model, None, total_weight=12.0, piece_weight=12.0))
+    averages = state.transform_state("ema", lambda: None)
+    assert {str(a.device) for a in averages.tensors.values()} == {"cpu"}  # prepare only checks: nothing moved
+    averages.verify(state.model)
+    averages.update(state.model, 0.5, "lerp", follow=False)  # what ct.ema's update phase does after the update
+    found = state.state_dict()["transforms"]["ema"]["averages"]
+    assert {str(a.device) for a in found.values()} == {"meta"}
+
+
+@pytest.mark.parametrize(
+    "crafted",
+    [None, {"n_averaged": 1}, {"averages": [1, 2], "n_averaged": 1}, {"averages": {"0.weight": 3}, "n_averaged": 1}],
+)
+def test_ema_model_of_a_crafted_unclaimed_checkpoint_is_refused_clearly(crafted):
+    state = sgd_state(net())
+    ct.ema(0.9)(step)(state, batch())
+    saved = copy.deepcopy(state.state_dict())
+    if isinstance(crafted, dict) and isinstance(crafted.get("averages"), dict):
+        crafted = {**crafted, "averages": {**saved["transforms"]["ema"]["averages"], **crafted["averages"]}}
+    saved["transforms"]["ema"] = crafted
+    fresh = sgd_state(net(1))
+    fresh.load_state_dict(saved)  # held for ct.ema, which checks it when it claims it
+    with pytest.raises(TypeError, match=r"ema_model: the state's EMA \(loaded from a checkpoint\) is not ct\.ema's"):
+        ct.ema_model(fresh)  # was: a bare TypeError, KeyError or AttributeError
+
+
+def test_string_likes_are_kept_as_plain_strings_so_checkpoints_load_without_code():
+    import io
+
+    import numpy as np
+
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = ct.TrainState(model, opt, torch.optim.lr_scheduler.StepLR(opt, 1), scheduler_interval=np.str_("epoch"))
+    assert type(state.scheduler_interval) is str
+    buffer = io.BytesIO()
+    torch.save(state.state_dict(), buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)["scheduler_interval"] == "epoch"  # was: ct.run's first save refused
+    assert repr(ct.ema(0.9, formula=np.str_("sum"))(step)) == "ema(0.9, formula='sum')(step)"
+
+
+class Counting(nn.Module):
+    """A module that reassigns its buffer in forward (a new tensor, in eval mode too), as hand-written statistics do."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 3)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x):
+        self.seen = self.seen + x.shape[0]
+        return self.lin(x)
+
+
+def test_evaluating_the_average_restores_a_buffer_the_forward_reassigned():
+    torch.manual_seed(0)
+    state = sgd_state(Counting())
+    train = ct.ema(0.5)(step)
+    for seed in range(3):
+        train(state, batch(seed))
+    before = snapshot(state)
+    (weights,) = train.eval_weights(state).values()
+    with weights, torch.no_grad():
+        state.model(batch(7)[0])  # seen: the average's + 12, in a new tensor
+    assert_unchanged(state, before)  # was: the model kept the average's count + 12, and trained on from it
+
+
+def test_a_buffer_the_forward_reassigns_is_averaged_as_averaged_model_averages_it():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    torch.manual_seed(0)
+    state, plain = sgd_state(Counting()), sgd_state(copy.deepcopy(Counting()))
+    plain.model.load_state_dict(state.model.state_dict())
+    ref = AveragedModel(plain.model, multi_avg_fn=get_ema_multi_avg_fn(0.5), use_buffers=True)
+    train = ct.ema(0.5)(step)
+    for seed in range(3):
+        train(state, batch(seed))
+        ct.train_step(step)(plain, batch(seed))
+        ref.update_parameters(plain.model)
+    found = state.state_dict()["transforms"]["ema"]["averages"]
+    assert found["seen"].item() == ref.module.seen.item() == 27.0  # 12, (12 + 24) / 2, (18 + 36) / 2
+    assert all(torch.equal(found[k], v) for k, v in ref.module.state_dict().items())

@@ -236,3 +236,57 @@ def test_a_one_cycle_schedule_of_exactly_the_runs_epochs_resumes_part_way(tmp_pa
     ct.run(rates_recorder(resumed, rates), resumed, data(), checkpoint_dir=tmp_path, **args)
     assert rates == straight_rates
     assert resumed.scheduler.last_epoch == EPOCHS
+
+
+# -- per-epoch schedules that cannot serve the run, refused before the first update -----------------------------------
+
+
+def cross_entropy(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def bn_net(seed=0):
+    """A float32 model with BatchNorm."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def one_cycle_state(total):
+    model = bn_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=total)
+    return ct.TrainState(model, opt, cycle, scheduler_interval="epoch")
+
+
+def test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first_update(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(36, 5, generator=g), torch.randint(0, 3, (36,), generator=g))
+    state = one_cycle_state(3)
+    with pytest.raises(
+        ValueError,
+        match=r"run: the scheduler OneCycleLR has 3 steps left \(total_steps=3\), but this "
+        r"run reaches 4 epoch ends",
+    ):
+        ct.run(
+            ct.train_step(cross_entropy), state, data, batch_size=12, epochs=4, progress=False, checkpoint_dir=tmp_path
+        )
+    assert state.step == 0  # was: it trained all 4 epochs, then end_epoch raised before the last one was saved
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enough = one_cycle_state(4)
+        ct.run(ct.train_step(cross_entropy), enough, data, batch_size=12, epochs=4, progress=False)
+        assert enough.scheduler.last_epoch == 4
+        stops = one_cycle_state(2)  # max_steps ends it after 2 epochs
+        ct.run(ct.train_step(cross_entropy), stops, data, batch_size=12, epochs=4, max_steps=7, progress=False)
+        assert stops.step == 7 and stops.scheduler.last_epoch == 2
+
+
+def test_reduce_lr_on_plateau_is_refused_for_the_interval_asked():
+    model = bn_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    with pytest.raises(TypeError, match=r"cannot step once per update;"):
+        ct.TrainState(model, opt, plateau)
+    with pytest.raises(TypeError, match=r"which end_epoch\(\) does not have; keep it out"):
+        ct.TrainState(model, opt, plateau, scheduler_interval="epoch")  # was: 'cannot step once per update'

@@ -3,7 +3,7 @@
 import pytest
 import run_script
 from helpers import snapshot
-from run_workers import evaluate
+from run_script import accuracy
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 import composetrain as ct
@@ -20,7 +20,7 @@ class Stream(IterableDataset):
 def run(data, eval_data, **options):
     state = run_script.state()
     before = snapshot(state)
-    options = {"max_steps": 2, "eval_every": 2, "num_workers": 0, "progress": False, "eval_step": evaluate, **options}
+    options = {"max_steps": 2, "eval_every": 2, "num_workers": 0, "progress": False, "eval_step": accuracy, **options}
     return state, before, lambda: ct.run(run_script.step, state, data, eval_data=eval_data, **options)
 
 

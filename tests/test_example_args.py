@@ -55,3 +55,31 @@ def test_a_bad_argument_is_a_usage_error(name, args, said, monkeypatch, capsys, 
     err = capsys.readouterr().err
     assert "error: " in err.splitlines()[-1] and "Traceback" not in err
     assert re.search(said, err.splitlines()[-1]), err
+
+
+# -- train_digits' float options --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--lr", "nan"], r"--lr: must be a positive finite number, got 'nan'"),
+        (["--lr", "inf"], r"--lr: must be a positive finite number, got 'inf'"),
+        (["--lr", "-1"], r"--lr: must be a positive finite number, got '-1'"),
+        (["--lr", "0"], r"--lr: must be a positive finite number, got '0'"),
+        (["--lr", "fast"], r"--lr: must be a positive finite number, got 'fast'"),
+        (["--clip", "-1"], r"--clip: must be a positive finite number, got '-1'"),
+        (["--clip", "nan"], r"--clip: must be a positive finite number, got 'nan'"),
+        (["--seed", "-1"], r"--seed: must be at least 0, got -1"),
+        (["--seed", str(2**64)], r"--seed: must be below 2\*\*63, got 18446744073709551616"),
+    ],
+)
+def test_a_bad_number_is_a_usage_error(args, said, monkeypatch, capsys, tmp_path):
+    module = load("train_digits")
+    monkeypatch.setattr(sys, "argv", ["train_digits.py", *args])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(said, err.splitlines()[-1]), err

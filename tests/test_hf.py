@@ -5,17 +5,27 @@ A tiny GPT-2 built from a config (no download): token-weighted accumulation with
 ``checkpoint_activations`` on its blocks by class, checkpoints of its state_dict, and the ways it fails.
 """
 
+from __future__ import annotations
+
 import copy
+from typing import Any
 
 import pytest
 
 pytest.importorskip("transformers")
 
 import torch
-from hf_workers import LENGTH, LR, exact_step, fits_three, gpt2, sft_batch, step, textbook
+import torch.nn.functional as F
+from helpers import LENGTH, PAD, full, gpt2, lm_loss, sft_batch
+from transformers import GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+from transformers.utils import logging as hf_logging
 
 import composetrain as ct
+
+hf_logging.set_verbosity_error()  # the config's token ids lie outside the tiny vocabulary: a warning per model
+
+LR = 0.5
 
 
 def relative(model, reference, start):
@@ -58,7 +68,7 @@ def test_single_process_splits_are_the_textbook_update_and_keep_the_tie(split):
 def test_pipeline_chunks_refuse_the_models_own_mean_loss():
     """Each chunk's .loss is a mean over its own tokens: only the step can say how they combine."""
     assert_refused_untouched(
-        ct.pipeline_split({"transformer": "cpu", "lm_head": "cpu"}, chunks=2)(step),
+        ct.pipeline_split({"transformer": "cpu", "lm_head": "cpu"}, chunks=2)(lm_loss),
         gpt2(),
         r"the model returns a 0-dim tensor .* return per-sample outputs \(logits\) and compute the loss in the step",
     )
@@ -69,8 +79,8 @@ def test_the_models_own_loss_agrees_to_float32_rounding_and_the_unshifted_count_
     batches = [sft_batch(12, 1)]
     reference, start = gpt2(), gpt2()
     textbook(reference, batches)
-    right = trained(ct.accumulate(3, weight=ct.shifted_tokens())(step), gpt2(), batches).model
-    wrong = trained(ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(step), gpt2(), batches).model
+    right = trained(ct.accumulate(3, weight=ct.shifted_tokens())(lm_loss), gpt2(), batches).model
+    wrong = trained(ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(lm_loss), gpt2(), batches).model
     assert relative(right, reference, start) < 1e-5
     assert relative(wrong, reference, start) > 1e-3
 
@@ -78,13 +88,13 @@ def test_the_models_own_loss_agrees_to_float32_rounding_and_the_unshifted_count_
 @pytest.mark.parametrize("composition", ["distributed", "distributed_auto", "sharded", "sharded_checkpointed"])
 def test_two_ranks_equal_the_textbook_update_on_the_global_batch(pool, composition):
     """Ranks hold different numbers of real tokens; shifted_tokens' counts are summed over them."""
-    for result in pool.run("hf_workers", "run_case", composition, 2, [1, 2]):
+    for result in pool.run(__name__, "run_case", composition, 2, [1, 2]):
         for key, want in result["want"].items():
             torch.testing.assert_close(result["got"][key], want, rtol=1e-10, atol=1e-12, msg=key)
 
 
 def test_sharded_refuses_the_tied_embedding_split_from_its_head(pool):
-    for message in pool.run("hf_workers", "tied_across_units"):
+    for message in pool.run(__name__, "tied_across_units"):
         assert "['transformer.wte.weight', 'lm_head.weight'] are one tensor (tied weights)" in message
         assert "leave the embedding and the output head to the root" in message
 
@@ -124,7 +134,7 @@ def test_a_key_value_cache_under_checkpointed_blocks_is_refused_before_backward(
     if int(transformers.__version__.split(".")[0]) < 5:
         pytest.skip("GPT-2 passes its blocks a Cache object from transformers 5 on (tuples before)")
     assert_refused_untouched(
-        ct.checkpoint_activations(GPT2Block)(step),
+        ct.checkpoint_activations(GPT2Block)(lm_loss),
         gpt2(use_cache=True),
         r"checkpoint_activations: GPT2Block was called with a key/value cache \(DynamicCache\).*use_cache=False",
     )
@@ -134,7 +144,7 @@ def test_transformers_own_checkpointing_under_checkpoint_activations_is_refused(
     model = gpt2()
     checkpointed_by_transformers(model)
     assert_refused_untouched(
-        ct.checkpoint_activations(GPT2Block)(step),
+        ct.checkpoint_activations(GPT2Block)(lm_loss),
         model,
         r"GPT2Block is checkpointed by transformers already.*gradient_checkpointing_disable\(\)",
     )
@@ -143,7 +153,7 @@ def test_transformers_own_checkpointing_under_checkpoint_activations_is_refused(
 def test_checkpointing_switched_on_in_transformers_after_the_first_update_is_refused_at_the_next():
     model = gpt2()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
-    train = ct.checkpoint_activations(GPT2Block)(step)
+    train = ct.checkpoint_activations(GPT2Block)(lm_loss)
     train(state, sft_batch(4, 0))
     checkpointed_by_transformers(model)
     with pytest.raises(ValueError, match="GPT2Block is checkpointed by transformers already"):
@@ -162,8 +172,8 @@ def test_a_step_returning_the_model_output_is_told_to_return_its_loss(metrics):
 
 
 class SFT(torch.utils.data.Dataset):
-    def __init__(self, size):
-        self.batch = sft_batch(size, 7)
+    def __init__(self, size, seed=7):
+        self.batch = sft_batch(size, seed)
 
     def __len__(self):
         return len(self.batch["labels"])
@@ -191,7 +201,7 @@ def test_state_dict_round_trips_through_checkpoints_with_the_tie_kept(tmp_path):
 
 
 def test_sharded_checkpoints_resume_and_load_bit_exactly_with_the_tie(pool, tmp_path):
-    rank0, _ = pool.run("hf_workers", "sharded_resume", str(tmp_path))
+    rank0, _ = pool.run(__name__, "sharded_resume", str(tmp_path))
     assert rank0["tied"] and "lm_head.weight" in rank0["straight"]
     for key, value in rank0["straight"].items():
         assert torch.equal(rank0["resumed"][key], value), key
@@ -276,8 +286,8 @@ def test_models_that_do_not_shift_count_every_label_and_shifted_tokens_is_wrong_
         batch["labels"] = batch["labels"].masked_fill(torch.arange(LENGTH) % 3 != 0, -100)
     reference, start = build(), build()
     unshifted_textbook(reference, batches)
-    every_label = trained(ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(step), build(), batches)
-    shifted = trained(ct.accumulate(3, weight=ct.shifted_tokens())(step), build(), batches)
+    every_label = trained(ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(lm_loss), build(), batches)
+    shifted = trained(ct.accumulate(3, weight=ct.shifted_tokens())(lm_loss), build(), batches)
     assert relative(every_label.model, reference, start) < 1e-10
     assert relative(shifted.model, reference, start) > 1e-3
 
@@ -292,7 +302,7 @@ def test_a_batch_holding_num_items_in_batch_is_refused_by_shifted_tokens(count):
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(ValueError, match=r"num_items_in_batch.*divided twice.*drop it from the batch"):
-        ct.accumulate(2, weight=ct.shifted_tokens())(step)(state, batch)
+        ct.accumulate(2, weight=ct.shifted_tokens())(lm_loss)(state, batch)
     assert state.step == 0
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
@@ -315,11 +325,116 @@ def test_check_judges_the_models_own_float32_loss_at_float32_and_still_names_a_m
     float32 rounding; check's tolerance follows the loss's dtype too. The unshifted count (1e-2 off) still differs."""
     model = gpt2()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
-    wrong = ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(step)
+    wrong = ct.accumulate(3, weight=lambda b: (b["labels"] != -100).sum())(lm_loss)
     for seed in range(8):  # 5 of these 8 differed at float64's tolerance
         batch = sft_batch(12, seed)
-        result = ct.check(ct.accumulate(3, weight=ct.shifted_tokens())(step), state, batch)
+        result = ct.check(ct.accumulate(3, weight=ct.shifted_tokens())(lm_loss), state, batch)
         assert result and result.dtype is torch.float64 and result.lowest is torch.float32, result
         assert result.rtol == 1e-4 and "lowest precision involved: float32" in repr(result)
         off = ct.check(wrong, state, batch)
         assert not off and off.diverges_at == "accumulate(3, weight=<lambda>)" and off.grads.relative > 1e-3, off
+
+
+# -- the textbook update, and what every rank of the pool runs (its ranks import this module by name) -------------
+# The textbook update is written out by hand: one loss averaged over every real predicted token
+# (``labels[:, 1:] != -100``) of the whole batch, then one plain SGD step; every composition is compared with it.
+
+
+def exact_step(model, batch):
+    """The same loss as the model's (shifted, mean over real predicted tokens), in the model's dtype."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=PAD)
+
+
+def textbook(model: GPT2LMHeadModel, batches: list[dict[str, torch.Tensor]], lr: float = LR) -> None:
+    """One loss averaged over every predicted real token of the whole batch, one SGD step per batch."""
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        targets = batch["labels"][:, 1:]
+        total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD, reduction="sum")
+        (total / (targets != PAD).sum()).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+
+
+def fits_three(model, batch):
+    """exact_step, out of memory above 3 sequences: accumulate("auto") must split a rank's 6 in two."""
+    if batch["input_ids"].shape[0] > 3:
+        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+    return exact_step(model, batch)
+
+
+def shard(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
+    return {k: v.tensor_split(world)[rank] for k, v in batch.items()}
+
+
+def build(composition: str, n: int) -> ct.TrainStep:
+    weight = ct.shifted_tokens()
+    inner = ct.accumulate(n, weight=weight)(exact_step)
+    if composition == "distributed":
+        return ct.distributed(inner)
+    if composition == "distributed_auto":
+        return ct.distributed(ct.accumulate("auto", weight=weight)(fits_three))
+    if composition == "sharded":
+        return ct.sharded(inner, modules=GPT2Block)
+    if composition == "sharded_checkpointed":
+        return ct.sharded(ct.checkpoint_activations(GPT2Block)(inner), modules=GPT2Block)
+    raise ValueError(composition)
+
+
+def run_case(rank: int, world: int, composition: str, n: int, seeds: list[int]) -> dict[str, Any]:
+    """The ranks' updates on their shards of the global batches; the ranks start from different weights
+    (rank 0's are broadcast). Rank 0 also runs the textbook update on the global batches, in one process."""
+    model = gpt2(seed=rank)
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    train = build(composition, n)
+    batches = [sft_batch(12, s) for s in seeds]
+    for batch in batches:
+        train(state, shard(batch, rank, world))
+    got = {k: full(v) for k, v in state.model.state_dict().items()}
+    reference = gpt2(seed=0)
+    textbook(reference, batches)
+    state.release_runtime()
+    return {"got": got, "want": {k: v.detach().clone() for k, v in reference.state_dict().items()}}
+
+
+def tied_across_units(rank: int, world: int) -> str:
+    """lm_head made a unit of its own while its weight is wte's, which stays in the root: the refusal's text."""
+    model = gpt2(seed=0)
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=LR))
+    try:
+        ct.sharded(lm_loss, modules=["transformer.h.0", "transformer.h.1", "lm_head"])(
+            state, shard(sft_batch(4, 0), rank, world)
+        )
+    except ValueError as error:
+        return str(error)
+    return "not refused"
+
+
+def sharded_resume(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """Sharded GPT-2 (tied wte/lm_head in the root unit) through ct.run: 2 updates then resumed to 4, against 4
+    straight; and the 2-update checkpoint loaded into a fresh sharded state. Whole state dicts, gathered."""
+    train = ct.sharded(ct.accumulate(2, weight=ct.shifted_tokens())(exact_step), modules=GPT2Block)
+    options = {"batch_size": 4, "num_workers": 0, "progress": False, "seed": 1}
+
+    def fresh() -> ct.TrainState:
+        model = gpt2(seed=0)
+        return ct.TrainState(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+
+    data = SFT(8 * world, 5)
+    straight, cut, resumed, loaded = fresh(), fresh(), fresh(), fresh()
+    ct.run(train, straight, data, max_steps=4, checkpoint_dir=f"{folder}/a", **options)
+    saved = ct.run(train, cut, data, max_steps=2, checkpoint_dir=f"{folder}/b", **options).checkpoint
+    ct.run(train, resumed, data, max_steps=4, checkpoint_dir=f"{folder}/b", **options)
+    ct.apply_sharding(train, loaded)
+    ct.load_checkpoint(loaded, saved)
+    found = {
+        name: ct.full_state_dict(state.model)
+        for name, state in (("straight", straight), ("resumed", resumed), ("cut", cut), ("loaded", loaded))
+    }
+    found["tied"] = loaded.model.lm_head.weight is loaded.model.transformer.wte.weight
+    for state in (straight, cut, resumed, loaded):
+        state.release_runtime()
+    return found

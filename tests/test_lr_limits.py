@@ -5,6 +5,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import composetrain as ct
 
@@ -60,3 +62,74 @@ def test_a_then_that_goes_negative_later_is_caught_when_it_does():
     with pytest.raises(ValueError, match=r"warmup: then\(11\) returned -0.1"):
         multiplier(11)
     assert ct.warmup(0, then=lambda i: torch.tensor(0.25))(3) == 0.25  # a one-element tensor is a number
+
+
+# -- numbers Python holds but a float does not, and the textbook formulas ---------------------------------------------
+
+
+def test_a_base_rate_too_large_for_a_float_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"scaled_lr: base_lr must be a positive, finite number, got 1000"):
+        ct.scaled_lr(10**400, 1, 1)
+
+
+def test_a_start_too_large_for_a_float_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"warmup: start must be a finite number, got 1000"):
+        ct.warmup(10, start=10**400)
+
+
+@pytest.mark.parametrize("steps", [2**53 + 1, 10**400])
+def test_a_warmup_too_long_for_a_float_is_refused_when_built(steps):
+    with pytest.raises(ValueError, match=r"warmup: steps must be at most 2\*\*53"):
+        ct.warmup(steps)
+    assert ct.warmup(2**53)(2**53 - 1) == 1.0  # the longest warmup whose count a float holds exactly
+
+
+def test_a_then_returning_an_int_too_large_for_a_float_is_refused_by_name():
+    multiplier = ct.warmup(0, then=lambda i: 10**400)
+    with pytest.raises(ValueError, match=r"warmup: then\(0\) returned 1000.* it must return a finite number >= 0"):
+        multiplier(0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    base_lr=st.floats(min_value=1e-12, max_value=1e3),
+    batch=st.integers(1, 2**40),
+    base_batch=st.integers(1, 2**40),
+    rule=st.sampled_from(["linear", "sqrt"]),
+)
+def test_scaled_lr_is_the_textbook_formula(base_lr, batch, base_batch, rule):
+    ratio = batch / base_batch
+    expected = base_lr * (ratio if rule == "linear" else math.sqrt(ratio))
+    assert ct.scaled_lr(base_lr, batch, base_batch, rule=rule) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.integers(0, 10**6), start=st.floats(0, 1, exclude_max=True), update=st.integers(0, 2 * 10**6))
+def test_warmup_is_the_textbook_formula(steps, start, update):
+    expected = start + (1 - start) * (update + 1) / steps if update < steps else 1.0
+    assert ct.warmup(steps, start=start)(update) == expected
+
+
+def test_warmup_in_lambda_lr_matches_a_hand_written_loop_in_float64():
+    torch.manual_seed(0)
+    w0 = torch.randn(5, dtype=torch.float64)
+    data = [torch.randn(5, dtype=torch.float64) for _ in range(12)]
+    cosine = lambda i: 0.5 * (1 + math.cos(math.pi * min(i, 6) / 6))  # noqa: E731
+    lr = ct.scaled_lr(0.05, batch=256, base_batch=64)
+
+    w = w0.clone().requires_grad_()
+    opt = torch.optim.SGD([w], lr=lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, ct.warmup(4, start=0.1, then=cosine))
+    for x in data:
+        opt.zero_grad()
+        ((w * x).sum() ** 2).backward()
+        opt.step()
+        sched.step()
+
+    v, buf = w0.clone(), torch.zeros(5, dtype=torch.float64)
+    for i, x in enumerate(data):
+        rate = 0.05 * (256 / 64) * (0.1 + 0.9 * (i + 1) / 4 if i < 4 else cosine(i - 4))  # LambdaLR: base * factor
+        grad = 2 * (v * x).sum() * x
+        buf = grad.clone() if i == 0 else buf.mul(0.9).add(grad)  # SGD's own ops, so that only the rates can differ
+        v = v.add(buf, alpha=-rate)
+    torch.testing.assert_close(w.detach(), v, rtol=0, atol=0)

@@ -10,33 +10,16 @@ transform is built, naming the function, the argument, the signature that arrive
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import Block, Net
 from torch import nn
 
 import composetrain as ct
 from composetrain.transforms._shard_units import check_units_argument, select_units
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return x + torch.tanh(self.lin(x))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(5, 4)
-        self.layers = nn.ModuleList([Block(), Block()])
-        self.out = nn.Linear(4, 3)
-
-    def forward(self, x):
-        x = self.inp(x)
-        for layer in self.layers:
-            x = layer(x)
-        return self.out(x)
+def net():
+    """inp, layers.0 and layers.1 (two Blocks), out."""
+    return Net(layers=lambda: nn.ModuleList([Block(), Block()]))
 
 
 def step(model, batch):
@@ -56,7 +39,7 @@ def test_sharded_takes_a_predicate_of_the_module():
     """A one-argument predicate chooses the units (before: it was accepted, then called with (name,
     module) at the first update and failed there)."""
     units = check_units_argument(is_block)
-    chosen = select_units(Net(), units, "sharded(modules=is_block)")
+    chosen = select_units(net(), units, "sharded(modules=is_block)")
     assert [n for n, _ in chosen] == ["layers.1", "layers.0"]  # innermost (here: last) first
     assert repr(ct.sharded(modules=lambda m: isinstance(m, Block))) == "sharded(modules=<lambda>)"
 
@@ -105,7 +88,7 @@ def test_checkpoint_activations_takes_the_same_predicate():
     states = []
     for build in (ct.checkpoint_activations(is_block), ct.train_step):
         torch.manual_seed(0)
-        model = Net().double()
+        model = net().double()
         states.append(ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)))
         build(step)(states[-1], batch)
     for x, y in zip(states[0].model.parameters(), states[1].model.parameters(), strict=True):
@@ -117,6 +100,6 @@ def test_sharded_takes_classes_as_a_list_or_a_tuple_as_checkpoint_activations_do
     """A list of classes chooses the same units as the tuple (before: a list of classes was refused as
     'must be submodule names', while checkpoint_activations took the same list; found by the a-hf adversary
     with modules=[GPT2Block, nn.Embedding])."""
-    chosen = select_units(Net(), check_units_argument(given), "sharded(test)")
+    chosen = select_units(net(), check_units_argument(given), "sharded(test)")
     assert sorted(n for n, _ in chosen) == ["inp", "layers.0", "layers.0.lin", "layers.1", "layers.1.lin", "out"]
     assert repr(ct.sharded(modules=given)) == "sharded(modules=Block, Linear)"

@@ -201,10 +201,10 @@ def test_mix_both_each_rank_splits_its_model():
     """distributed(pipeline_split(...)) over 2 gloo ranks equals one process on the global batch."""
     pool = Pool(2)
     try:
-        results = pool.run("pipeline_workers", "distributed_pipeline", 4)
+        results = pool.run(__name__, "distributed_pipeline", 4)
     finally:
         pool.close()
-    reference = __import__("pipeline_workers").distributed_pipeline(None, 2, 4)
+    reference = distributed_pipeline(None, 2, 4)
     for r in results:
         for p, q in zip(r, reference, strict=True):
             torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
@@ -318,3 +318,19 @@ def test_outputs_that_are_not_per_sample_are_refused_with_chunks():
     ct.pipeline_split({"encoder": "cpu", "decoder": "cpu"})(step)(a, make_batch(9))
     ct.train_step(step)(b, make_batch(9))
     assert_states_close(a, b)
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# distributed(pipeline_split(...)) on the ranks, and its single-process reference (rank None).
+
+
+def distributed_pipeline(rank, world, chunks):
+    state = make_state(model=model_of("encoder-decoder", 0 if rank is None else rank))
+    split = ct.pipeline_split(PLACEMENTS["encoder-decoder"], chunks=chunks)
+    train = split(classify) if rank is None else ct.distributed(split(ct.accumulate(2)(classify)))
+    for i in range(3):
+        batch = make_batch(8 * world, seed=i)
+        if rank is not None:
+            batch = tuple(t[8 * rank : 8 * (rank + 1)] for t in batch)
+        train(state, batch)
+    return [p.detach().clone() for p in state.model.parameters()]

@@ -12,30 +12,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from helpers import Block, Net
 
 import composetrain as ct
 from composetrain.transforms._shard_units import select_units
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return x + torch.tanh(self.lin(x))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(5, 4)
-        self.block = Block()
-        self.out = nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.out(self.block(self.inp(x)))
+def net():
+    """inp, block (a Block), out."""
+    return Net(block=Block)
 
 
 def step(model, batch):
@@ -60,7 +45,7 @@ def only_blocks(module):
 
 
 def train_once(pick):
-    model = Net()
+    model = net()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     before = [p.detach().clone() for p in model.parameters()]
     try:
@@ -87,7 +72,7 @@ def test_an_answer_that_is_no_bool_is_refused_by_both(pick, shown):
         match=rf"^sharded: the predicate {pick.__name__} answered {shown} for "
         r"submodule 'inp' \(Linear\)",
     ):
-        select_units(Net(), pick, "sharded")
+        select_units(net(), pick, "sharded")
 
 
 def test_a_predicate_that_raises_is_named_with_the_submodule():
@@ -100,13 +85,13 @@ def test_a_predicate_that_raises_is_named_with_the_submodule():
         train_once(only_blocks)
     assert isinstance(caught.value.__cause__, AttributeError)
     with pytest.raises(RuntimeError, match=r"^sharded: the predicate only_blocks raised AttributeError"):
-        select_units(Net(), only_blocks, "sharded")
+        select_units(net(), only_blocks, "sharded")
 
 
 @pytest.mark.parametrize("answer", [lambda m: isinstance(m, Block), lambda m: np.bool_(isinstance(m, Block))])
 def test_python_and_numpy_bools_choose(answer):
-    assert [n for n, _ in select_units(Net(), answer, "sharded")] == ["block"]
-    model = Net()
+    assert [n for n, _ in select_units(net(), answer, "sharded")] == ["block"]
+    model = net()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     seen = []
     model.block.register_forward_hook(lambda m, a, o: seen.append("forward" in m.__dict__))

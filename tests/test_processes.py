@@ -2,6 +2,7 @@
 killed with everything they started.
 """
 
+import atexit
 import contextlib
 import os
 import re
@@ -66,8 +67,9 @@ def test_waiting_for_several_jobs_kills_them_all_as_soon_as_one_fails(tmp_path):
 def test_a_pool_whose_rank_hangs_is_killed_on_timeout():
     hung = Pool(1)
     try:
-        with pytest.raises(TimeoutError, match=r"pool: rank 0 did not reply within 1s while running run_workers.hang"):
-            hung.run("run_workers", "hang", timeout=1)
+        hanging = r"pool: rank 0 did not reply within 1s while running test_processes.hang"
+        with pytest.raises(TimeoutError, match=hanging):
+            hung.run(__name__, "hang", timeout=1)
         assert not any(alive(p.pid) for p in hung.procs)
     finally:
         hung.close()
@@ -79,18 +81,18 @@ def test_a_pool_whose_rank_dies_mid_call_fails_at_once_and_for_every_later_call(
     hypothesis example) fails at once saying why instead of waiting its timeout again."""
     pool = Pool(2)
     try:
-        pids = pool.run("process_workers", "pid")
+        pids = pool.run(__name__, "process_id")
         start = time.monotonic()
-        died = r"pool: rank 1 \(exit code -9\) died while running process_workers.die; the pool was killed"
+        died = r"pool: rank 1 \(exit code -9\) died while running test_processes.die; the pool was killed"
         with pytest.raises(RuntimeError, match=died):
-            pool.run("process_workers", "die", 1, timeout=300)
+            pool.run(__name__, "die", 1, timeout=300)
         assert time.monotonic() - start < 30
         assert not any(alive(p) for p in pids)
         start = time.monotonic()
         with pytest.raises(
-            RuntimeError, match=r"cannot run process_workers.pid: the pool was killed earlier \(" + died
+            RuntimeError, match=r"cannot run test_processes.process_id: the pool was killed earlier \(" + died
         ):
-            pool.run("process_workers", "pid")
+            pool.run(__name__, "process_id")
         assert time.monotonic() - start < 1
     finally:
         pool.close()
@@ -102,7 +104,7 @@ def test_a_pool_whose_rank_dies_before_joining_names_the_rendezvous():
         pool.procs[1].kill()
         start = time.monotonic()
         with pytest.raises(RuntimeError, match=r"rank 1 \(exit code -9\) died in the rendezvous \(before running "):
-            pool.run("process_workers", "pid", timeout=300)
+            pool.run(__name__, "process_id", timeout=300)
         assert time.monotonic() - start < 30
         assert not any(alive(p.pid) for p in pool.procs)
     finally:
@@ -111,8 +113,8 @@ def test_a_pool_whose_rank_dies_before_joining_names_the_rendezvous():
 
 def test_a_pool_whose_rank_will_not_leave_fails_its_teardown_and_is_killed():
     pool = Pool(1)
-    pids = pool.run("process_workers", "pid")
-    pool.run("process_workers", "linger", 0)
+    pids = pool.run(__name__, "process_id")
+    pool.run(__name__, "linger", 0)
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"pool: rank 0 still running 2s into the teardown; killed"):
         pool.close(timeout=2)
@@ -157,3 +159,29 @@ def test_a_hanging_test_fails_naming_itself_and_its_phase_and_a_stuck_one_ends_t
     assert "test_hanging.py::test_beyond_signals: still running after 1s in its call, and SIGALRM did not" in printed
     assert printed.count("SIGALRM did not end it") == 1, printed  # only that phase's watchdog: the others ended
     assert re.search(r"File .*test_hanging.py\", line 17 in test_beyond_signals", printed), printed
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# Ranks that die, hang, or will not leave.
+
+
+def process_id(rank, world):
+    return os.getpid()
+
+
+def die(rank, world, victim):
+    """``victim`` is killed mid-call; the others wait for it, as in a collective, for good."""
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)
+
+
+def linger(rank, world, victim):
+    """``victim`` will not exit when the pool closes (a thread stuck at the interpreter's exit, say)."""
+    if rank == victim:
+        atexit.register(time.sleep, 600)
+
+
+def hang(rank, world):
+    """A rank stuck for good (in a collective, say)."""
+    time.sleep(600)

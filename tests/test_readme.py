@@ -25,6 +25,22 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+def test_every_benchmark_runs_in_the_benchmarks_session():
+    """Each benchmarks/bench_*.py is run by `nox -s benchmarks` (the modules beside them are their shared parts)."""
+    source = (ROOT / "noxfile.py").read_text()
+    session = source[source.index("def benchmarks(") : source.index("\n@nox.session", source.index("def benchmarks("))]
+    missing = [p.name for p in sorted((ROOT / "benchmarks").glob("bench_*.py")) if f'"{p.name}"' not in session]
+    assert missing == []
+
+
+def test_ci_gates_what_nox_lint_promises():
+    """ruff's rules, ruff's layout and mypy, as `nox -s lint` runs them, each a command of .ci/run (set -e)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in ci
+    for command in (".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy"):
+        assert command in ci, command
+
+
 def test_readme_quick_example_runs():
     code = re.search(r"## Quick example\n\n```python\n(.+?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     namespace: dict = {}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import Net
 from torch import nn
 
 import composetrain as ct
@@ -47,15 +48,9 @@ class Average(nn.Module):
         return torch.tanh(self.norm(self.lin(x - self.mean))) * (1 + float(np.random.rand()))
 
 
-class Net(nn.Module):
-    def __init__(self, block: type[nn.Module]) -> None:
-        super().__init__()
-        self.inp = nn.Linear(5, 6)
-        self.blocks = nn.Sequential(block(), block())
-        self.out = nn.Linear(6, 3)
-
-    def forward(self, x):
-        return self.out(self.blocks(self.inp(x)))
+def net(block: type[nn.Module]) -> nn.Module:
+    """inp, blocks (two of ``block`` in a Sequential), out."""
+    return Net(width=6, blocks=lambda: nn.Sequential(block(), block()))
 
 
 def step(model, batch):
@@ -65,7 +60,7 @@ def step(model, batch):
 
 def train(block, wrap):
     torch.manual_seed(0)
-    model = Net(block).double()
+    model = net(block).double()
     state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     g = torch.Generator().manual_seed(1)
     random.seed(2)
@@ -120,7 +115,7 @@ class Twice(nn.Module):
 
 def test_the_live_buffers_stay_the_same_tensors_and_one_tensor_registered_twice_stays_one():
     torch.manual_seed(0)
-    model = Net(Twice).double()
+    model = net(Twice).double()
     before = {k: b for k, b in model.named_buffers(remove_duplicate=False)}
     plain = train(Twice, ct.accumulate(1))
     checkpointed = train(Twice, ct.checkpoint_activations(Twice))

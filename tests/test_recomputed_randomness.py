@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import Net
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -31,15 +32,14 @@ class Chancy(nn.Module):
         return x + scale * self.drop(torch.tanh(self.lin(x)))
 
 
-class Net(nn.Module):
-    def __init__(self, depth: int, p_drop: float, p_mask: float, width: int = 4) -> None:
-        super().__init__()
-        self.embed = nn.Linear(5, width)
-        self.blocks = nn.Sequential(*[Chancy(width, p_drop, p_mask) for _ in range(depth)])
-        self.head = nn.Linear(width, 3)
-
-    def forward(self, x):
-        return self.head(self.blocks(self.embed(x)))
+def chancy_net(depth: int, p_drop: float, p_mask: float, width: int = 4) -> nn.Module:
+    """embed, blocks (a Sequential of ``depth`` Chancy blocks), head."""
+    return Net(
+        width=width,
+        input_layer="embed",
+        output_layer="head",
+        blocks=lambda: nn.Sequential(*[Chancy(width, p_drop, p_mask) for _ in range(depth)]),
+    )
 
 
 def step(model, batch):
@@ -50,7 +50,7 @@ def step(model, batch):
 def make(seed: int, **net) -> tuple[ct.TrainState, list[list[torch.Tensor]]]:
     """A float64 state whose optimizer records the gradients it is handed at each update."""
     torch.manual_seed(seed)
-    model = Net(**net).double()
+    model = chancy_net(**net).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     seen: list[list[torch.Tensor]] = []
     grads = lambda: [None if p.grad is None else p.grad.clone() for p in model.parameters()]  # noqa: E731

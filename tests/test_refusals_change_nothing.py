@@ -25,7 +25,7 @@ import composetrain as ct
 from composetrain.core.protocol import TrainStep
 
 
-class Net(nn.Module):
+class StatefulNet(nn.Module):
     """Buffers a forward changes in place (BatchNorm), a dropout mask (torch's generator), and a frozen buffer."""
 
     def __init__(self) -> None:
@@ -80,7 +80,7 @@ def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 def state_of(scheduler: str = "step") -> ct.TrainState:
     torch.manual_seed(0)
-    model = Net()
+    model = StatefulNet()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched: Any = {
         "step": lambda: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
@@ -407,7 +407,7 @@ def test_a_one_cycle_inside_sequential_or_chained_schedulers_is_refused_before_t
     # OneCycleLR raises in scheduler.step(), after optimizer.step() moved the parameters: the check before the
     # update must find it inside the schedulers that step it, and refuse no update torch has steps for
     torch.manual_seed(0)
-    model = Net()
+    model = StatefulNet()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     state = ct.TrainState(model, opt, _wrapped_one_cycle(kind, opt))
     train = build("plain")
@@ -442,7 +442,7 @@ def test_a_scheduler_that_raises_after_the_optimizer_stepped_leaves_the_state_un
     # nothing can know beforehand that a closure fails; once optimizer.step() has moved the weights, the state
     # is half-updated (its step count and schedule behind them) and says so, rather than training on
     torch.manual_seed(0)
-    model = Net()
+    model = StatefulNet()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     state = ct.TrainState(model, opt, _FailingSchedule(opt))
     train = build("plain")

@@ -5,18 +5,17 @@ import sys
 import time
 from pathlib import Path
 
-import distributed_workers
 import pytest
 import torch
+from helpers import process_group_threads, slurm_env, train_distributed
 from hypothesis import given
 from hypothesis import strategies as st
-from launch_train import CASE
 from processes import Job, free_port, wait_all
 
 import composetrain as ct
 
 HERE = Path(__file__).resolve().parent
-LAUNCH = str(HERE / "launch_train.py")
+LAUNCH = str(HERE / "test_rendezvous.py")  # this file, launched as a script: its main block at the end
 
 
 # -- SLURM host lists ----------------------------------------------------------------------------
@@ -85,16 +84,7 @@ def test_torchrun_environment():
 
 
 def slurm(**overrides):
-    env = {
-        "SLURM_PROCID": "5",
-        "SLURM_NTASKS": "8",
-        "SLURM_LOCALID": "1",
-        "SLURM_NNODES": "2",
-        "SLURM_JOB_NODELIST": "gpu[07-08]",
-        "SLURM_JOB_ID": "123456",
-    }
-    env.update(overrides)
-    return {k: v for k, v in env.items() if v is not None}
+    return slurm_env("5", "8", "1", **overrides)
 
 
 def test_slurm_environment_derives_master_and_port():
@@ -213,7 +203,7 @@ def clean_env(**extra):
 
 
 def assert_trained_like_one_process(out: Path, world: int, source: str):
-    reference = distributed_workers.train(CASE, rank=None)
+    reference = train_distributed(CASE, rank=None)
     results = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
     assert [r["cluster"].source for r in results] == [source] * world
     assert sorted(r["cluster"].rank for r in results) == list(range(world))
@@ -285,3 +275,27 @@ def test_transforms_that_sync_processes_learn_of_a_launch_without_a_group_from_r
     with pytest.raises(RuntimeError, match=r"\(classify\): WORLD_SIZE=3 is set but RANK is not: launch with torchrun"):
         transform(classify)(state, make_batch(4))
     assert state.step == 0 and all(torch.equal(a, p) for a, p in zip(before, state.model.parameters(), strict=True))
+
+
+# -- the launched script: trains one distributed case under whatever launched this process (torchrun, srun-like
+# environment variables, ...) and saves this rank's result to OUT/rank<r>.pt.
+#
+#     torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT \
+#         tests/test_rendezvous.py OUT
+
+CASE = {
+    "composition": "distributed(mixed_precision(dtype='bf16')(accumulate(n)(step)))",
+    "n": 2,
+    "kind": "classify",
+    "sizes": [[5, 7], [6, 6], [8, 3]],
+    "seed": 3,
+}
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    out = Path(sys.argv[1])
+    with ct.rendezvous() as proc:  # the default 300 s: on a loaded machine the ranks import torch for a minute
+        result = train_distributed(CASE, proc.rank)
+        result["cluster"] = proc.cluster
+    result["threads_left"] = process_group_threads()
+    torch.save(result, out / f"rank{proc.rank}.pt")

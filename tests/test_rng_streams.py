@@ -93,7 +93,7 @@ def test_two_real_ranks_draw_differently_and_keep_the_same_weights():
 
     pool = Pool(2)
     try:
-        rank0, rank1 = pool.run("rng_workers", "first_draws", timeout=300)
+        rank0, rank1 = pool.run(__name__, "first_draws_of_this_rank", timeout=300)
     finally:
         pool.close()
     assert all(a != b for a, b in zip(rank0[:3], rank1[:3], strict=True)), (rank0, rank1)
@@ -194,3 +194,22 @@ def test_derived_seeds_for_a_few_runs(args, value):
 def test_an_unknown_purpose_is_refused():
     with pytest.raises(ValueError, match=r"derive_seed: purpose must be one of .*'fresh start'.*got 'fresh'"):
         derive_seed(1, "fresh")
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# What a fresh ct.run's step first draws on each rank of a real pool.
+
+
+def first_draws_of_this_rank(rank: int, world: int) -> tuple[list[float], float, float, list[float]]:
+    seen = []
+
+    def step(model, batch):
+        if not seen:
+            seen.append((torch.rand(4).tolist(), random.random(), float(np.random.rand())))
+        return run_script.step(model, batch)
+
+    state = run_script.state()
+    ct.run(ct.distributed(step), state, run_script.dataset(48), batch_size=12, progress=False, max_steps=1, seed=0)
+    state.release_runtime()
+    first = next(state.model.parameters()).detach().flatten()[:4].tolist()  # the same weights on every rank
+    return (*seen[0], first)

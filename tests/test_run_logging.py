@@ -125,9 +125,7 @@ def read_lines(path):
 
 
 def test_evaluations_are_logged_and_a_resumed_run_writes_the_same_file(tmp_path):
-    from run_workers import evaluate
-
-    options = {"epochs": 3, "eval_step": evaluate, "eval_data": run_script.dataset(30), "eval_every": 5}
+    options = {"epochs": 3, "eval_step": run_script.accuracy, "eval_data": run_script.dataset(30), "eval_every": 5}
     _, straight = train(tmp_path / "a", **options)
     train(tmp_path / "b", max_steps=11, **options)  # stopped inside the second epoch
     train(tmp_path / "b", **options)
@@ -145,10 +143,9 @@ def test_evaluations_are_logged_and_a_resumed_run_writes_the_same_file(tmp_path)
 
 def test_tensorboard_gets_training_and_evaluation_scalars(tmp_path):
     pytest.importorskip("tensorboard")
-    from run_workers import evaluate
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    options = {"epochs": 2, "eval_step": evaluate, "eval_data": run_script.dataset(30), "tensorboard": True}
+    options = {"epochs": 2, "eval_step": run_script.accuracy, "eval_data": run_script.dataset(30), "tensorboard": True}
     _, result = train(tmp_path, **options)
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()

@@ -161,8 +161,6 @@ def test_eval_every_counts_updates_and_eval_runs_without_grad():
 
 def test_evaluation_restores_each_submodules_own_mode():
     """A frozen BatchNorm stays in eval mode after ct.run's evaluation, not only the model's flag."""
-    from run_workers import evaluate
-
     seen = []
 
     def step(model, batch):
@@ -181,7 +179,7 @@ def test_evaluation_restores_each_submodules_own_mode():
         run_script.dataset(),
         batch_size=12,
         epochs=2,
-        eval_step=evaluate,
+        eval_step=run_script.accuracy,
         eval_data=run_script.dataset(30),
         num_workers=0,
         progress=False,

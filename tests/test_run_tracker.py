@@ -2,13 +2,15 @@
 it, on rank 0; a resumed run sends none of its checkpoint's records again; a tracker that raises stops the run
 saved, and ct.run says which record failed."""
 
+import argparse
 import copy
+import functools
 import json
 import os
 import shutil
 import signal
 import sys
-from pathlib import Path
+import tempfile
 
 import hypothesis.strategies as st
 import pytest
@@ -16,8 +18,7 @@ import run_script
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from processes import Job
-from run_script import untimed
-from run_workers import evaluate
+from run_script import accuracy, untimed
 
 import composetrain as ct
 
@@ -27,7 +28,7 @@ OPTIONS = {
     "progress": False,
     "seed": 5,
     "log_every": 3,
-    "eval_step": evaluate,
+    "eval_step": accuracy,
     "eval_data": run_script.dataset(24),
     "eval_every": 4,
 }
@@ -165,19 +166,24 @@ def test_without_a_checkpoint_dir_the_error_says_nothing_was_saved():
 
 @pytest.mark.parametrize("bad", [42, "wandb", dict], ids=["int", "str", "class"])
 def test_a_tracker_that_is_no_function_is_refused_before_anything_runs(tmp_path, bad):
+    refused_before_anything_runs(tmp_path, bad, r"run: on_record must be a function on_record\(record\)", OPTIONS)
+
+
+def refused_before_anything_runs(tmp_path, tracker, message, options):
+    """ct.run with ``tracker`` raises a TypeError saying ``message``, before an update or a file."""
     state = run_script.state()
-    with pytest.raises(TypeError, match=r"run: on_record must be a function on_record\(record\)"):
-        ct.run(run_script.step, state, run_script.dataset(), checkpoint_dir=tmp_path, on_record=bad, **OPTIONS)
+    with pytest.raises(TypeError, match=message):
+        ct.run(run_script.step, state, run_script.dataset(), checkpoint_dir=tmp_path, on_record=tracker, **options)
     assert state.step == 0 and not any(tmp_path.iterdir())
 
 
 def test_on_rank_zero_only(pool):
-    a, b = pool.run("tracker_workers", "rank_zero_only")
+    a, b = pool.run(__name__, "rank_zero_only")
     assert untimed(a["got"]) == untimed(a["history"]) and a["got"] and b["got"] == []
 
 
 def test_a_tracker_failing_on_rank_zero_stops_every_rank_after_the_same_update_saved(pool):
-    a, b = pool.run("tracker_workers", "fails_on_rank_zero")
+    a, b = pool.run(__name__, "fails_on_rank_zero")
     assert a["error"] is not None and "on the record of update 2" in a["error"] and "step-000000002" in a["error"]
     assert "step-000000002" in a["saved"]
     assert b["error"] is None and b["steps"] == 2 and b["preempted"] and b["saved"] == "step-000000002"
@@ -195,18 +201,22 @@ def sent_once(got, straight):
 
 @pytest.mark.parametrize("kills", [(7, 2), (7, 1, 1), (10, 3), (7, 5)])
 def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again(tmp_path, kills):
-    """Real SIGKILLs (run_script's job, tracker_kill_script.py): killed in update 7 (saved at 4, 6 sent), then killed
+    """Real SIGKILLs (run_script's job, this file's main): killed in update 7 (saved at 4, 6 sent), then killed
     again before the resumed run redid 6: its rewrite of the metrics file from the checkpoint must not forget what
     was sent, or the next run sends 6 again."""
+    sent_once_across_kills(tmp_path, "--kill-at", kills)
+
+
+def sent_once_across_kills(tmp_path, where, kills):
+    """This file's killed job (its main block), killed ``where`` (--kill-at or --kill-in-tracker) at each of ``kills``
+    and then run to its end: each record reached the tracker once, and the metrics file is the straight run's."""
     straight = []
     train(tmp_path / "a", straight.append, **RESUMED)
-    script = str(Path(__file__).with_name("tracker_kill_script.py"))
     sent = tmp_path / "sent.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for kill in (*kills, 0):
-        with Job(
-            [sys.executable, script, "--dir", str(tmp_path / "b"), "--sent", str(sent), "--kill-at", str(kill)], env
-        ) as job:
+        command = [sys.executable, __file__, "--dir", str(tmp_path / "b"), "--sent", str(sent)]
+        with Job([*command, where, str(kill)], env) as job:
             code, out = job.finish(180)
         assert code == (-signal.SIGKILL if kill else 0), out
     sent_once([json.loads(line) for line in sent.read_text().splitlines()], straight)
@@ -217,18 +227,7 @@ def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again
 def test_a_run_killed_inside_the_trackers_call_sends_that_record_again_and_loses_none(tmp_path, kills):
     """SIGKILLed inside on_record's N-th call (after the save at 4 for N >= 2), before the record reached the
     tracker: the metrics file must not yet count it as sent, or the resumed run never sends it (a record lost)."""
-    straight = []
-    train(tmp_path / "a", straight.append, **RESUMED)
-    script = str(Path(__file__).with_name("tracker_kill_script.py"))
-    sent = tmp_path / "sent.jsonl"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for kill in (*kills, 0):
-        command = [sys.executable, script, "--dir", str(tmp_path / "b"), "--sent", str(sent)]
-        with Job([*command, "--kill-in-tracker", str(kill)], env) as job:
-            code, out = job.finish(180)
-        assert code == (-signal.SIGKILL if kill else 0), out
-    sent_once([json.loads(line) for line in sent.read_text().splitlines()], straight)
-    assert untimed(lines(tmp_path / "b")) == untimed(straight)
+    sent_once_across_kills(tmp_path, "--kill-in-tracker", kills)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
@@ -302,6 +301,235 @@ def test_a_tracker_raising_keyboardinterrupt_or_systemexit_stops_the_run_saved_a
 
 
 def test_a_tracker_blocking_past_the_timeout_on_two_ranks_is_named_by_both(pool, tmp_path):
-    messages = pool.run("tracker_workers", "blocks_on_rank_zero", str(tmp_path), timeout=90)
+    messages = pool.run(__name__, "blocks_on_rank_zero", str(tmp_path), timeout=90)
     assert messages[0] is not None and "on_record took 8" in messages[0] and "timeout=3s" in messages[0], messages
     assert messages[1] is not None and "rank 0 also calls on_record" in messages[1], messages
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# ct.run's on_record on every rank.
+
+
+def _run(on_record, directory=None, **options):
+    options = {"batch_size": 12, "num_workers": 0, "progress": False, "epochs": 1, "log_every": 1, **options}
+    state = run_script.state()
+    return state, ct.run(
+        ct.distributed(run_script.step),
+        state,
+        run_script.dataset(),
+        checkpoint_dir=directory,
+        on_record=on_record,
+        **options,
+    )
+
+
+def rank_zero_only(rank, world):
+    """Every rank passes a tracker: rank 0's receives each record once, the others' none."""
+    got = []
+    _, result = _run(got.append)
+    return {"got": got, "history": result.history}
+
+
+def fails_on_rank_zero(rank, world):
+    """Rank 0's tracker raises at update 2: every rank stops after it, saved there; rank 0 raises."""
+
+    def tracker(record):
+        if record["step"] == 2:
+            raise ConnectionError("tracker offline")
+
+    directory = f"{tempfile.gettempdir()}/ct-tracker-{os.getppid()}"
+    try:
+        state, result = _run(tracker, directory)
+    except RuntimeError as e:
+        return {"error": str(e), "steps": None, "saved": sorted(os.listdir(directory))}
+    return {"error": None, "steps": state.step, "preempted": result.preempted, "saved": result.checkpoint.name}
+
+
+def blocks_on_rank_zero(rank, world, directory):
+    """Rank 0's tracker blocks 8 s on the record of update 2, past the job's timeout of 3 s: both errors name it."""
+    import time
+
+    def tracker(record):
+        if record["step"] == 2:
+            time.sleep(8)
+
+    try:
+        _run(tracker, directory, timeout=3.0)
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+# -- the killed job: python tests/test_run_tracker.py --dir CKPT --sent FILE [--kill-at N] [--kill-in-tracker N] --
+# A ct.run job whose tracker appends each record it gets to a file, killed by SIGKILL (its own) at a chosen update.
+# ``--kill-at N``: the process kills itself in its N-th call of the step (counted in this process), before that
+# update; what the tracker file holds is what a real tracker would have received. ``--kill-in-tracker N``: killed
+# inside the tracker's N-th call, before it wrote the record (a network call cut short: the record never arrived).
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--sent", required=True)
+    p.add_argument("--kill-at", type=int, default=0)
+    p.add_argument("--kill-in-tracker", type=int, default=0)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    calls = []
+
+    def step(model, batch):
+        calls.append(1)
+        if len(calls) == args.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run_script.step(model, batch)
+
+    tracked = []
+
+    def tracker(record):
+        tracked.append(1)
+        if len(tracked) == args.kill_in_tracker:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with open(args.sent, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    options = {**OPTIONS, **RESUMED}
+    ct.run(step, run_script.state(), run_script.dataset(), checkpoint_dir=args.dir, on_record=tracker, **options)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+# -- odd trackers, damaged records of what was sent -------------------------------------------------------------------
+
+
+PLAIN_OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 2}
+
+
+def generator(record):
+    yield record
+
+
+async def coroutine(record):
+    return record
+
+
+async def async_generator(record):
+    yield record
+
+
+class AsyncCall:
+    async def __call__(self, record):
+        return record
+
+
+@pytest.mark.parametrize(
+    "tracker",
+    [generator, coroutine, async_generator, AsyncCall(), functools.partial(coroutine), functools.partial(AsyncCall())],
+    ids=[
+        "generator",
+        "coroutine",
+        "async generator",
+        "async __call__",
+        "partial of a coroutine",
+        "partial of an object",
+    ],
+)
+def test_a_tracker_whose_call_runs_nothing_is_refused_before_anything_runs(tmp_path, tracker):
+    message = r"run: on_record must be a plain function .* runs none of its body"
+    refused_before_anything_runs(tmp_path, tracker, message, PLAIN_OPTIONS)
+
+
+def test_a_tracker_that_returns_a_generator_stops_the_run_and_says_why(tmp_path):
+    """Not seen before the run (a lambda around a generator function): its first record stops it, saved."""
+    state = run_script.state()
+    with pytest.raises(RuntimeError, match=r"on_record returned a generator .* on the record of update 2") as e:
+        ct.run(
+            run_script.step,
+            state,
+            run_script.dataset(),
+            checkpoint_dir=tmp_path,
+            on_record=lambda r: generator(r),
+            max_steps=6,
+            **PLAIN_OPTIONS,
+        )
+    assert state.step == 2 and "step-000000002" in str(e.value)
+
+
+def _resumed_at_4_with(tmp_path, damage):
+    """Saved at 4 and 6 (records 3, 4e, 6), the 6 removed as if the run was killed before it: ``damage``, then the
+    run to 12 from 4. The tracker's records, each once, as a straight run's; and that run's."""
+    from run_script import untimed
+
+    options = {
+        **PLAIN_OPTIONS,
+        "log_every": 3,
+        "checkpoint_every": 4,
+        "eval_step": run_script.accuracy,
+        "eval_data": run_script.dataset(24),
+        "eval_every": 4,
+    }
+
+    def train(folder, got, max_steps):
+        ct.run(
+            run_script.step,
+            run_script.state(),
+            run_script.dataset(),
+            checkpoint_dir=folder,
+            on_record=got.append,
+            max_steps=max_steps,
+            **options,
+        )
+
+    straight, got = [], []
+    train(tmp_path / "a", straight, 12)
+    train(tmp_path / "b", got, 6)
+    import shutil
+
+    shutil.rmtree(tmp_path / "b" / "step-000000006")
+    damage(tmp_path / "b")
+    train(tmp_path / "b", got, 12)
+    return untimed(got), untimed(straight)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[[5, true, 1]]", "[5, 6]", '[[5, true], "x", null, [7]]', "[" * 100_000, "{}"],
+    ids=["a triple", "ints", "mixed", "nested too deep", "a dict"],
+)
+def test_a_damaged_list_of_sent_records_is_read_as_far_as_it_holds_pairs(tmp_path, text):
+    """``.metrics.jsonl.sent`` is ct.run's own, but a file on disk: entries that are no [step, evaluation?] pair
+    (or JSON nested too deep to parse) are left out, never a ValueError/TypeError/RecursionError from ct.run after
+    the checkpoint was loaded."""
+    got, straight = _resumed_at_4_with(tmp_path, lambda folder: (folder / ".metrics.jsonl.sent").write_text(text))
+    assert [(r["step"], "eval" in r) for r in got] == [(r["step"], "eval" in r) for r in straight]
+    assert got == straight
+
+
+def test_a_metrics_line_nested_too_deep_for_json_counts_as_cut_short(tmp_path):
+    def damage(folder):
+        with open(folder / "metrics.jsonl", "a") as f:
+            f.write("[" * 100_000 + "\n")
+
+    got, straight = _resumed_at_4_with(tmp_path, damage)
+    assert got == straight
+
+
+def test_a_list_of_sent_records_that_is_a_folder_is_refused_before_anything_resumes(tmp_path):
+    run_script_state = run_script.state()
+    (tmp_path / ".metrics.jsonl.sent").mkdir()
+    before = {k: v.clone() for k, v in run_script_state.model.state_dict().items()}
+    with pytest.raises(PermissionError, match=r"log_file .*\.metrics\.jsonl\.sent.* is a folder"):
+        ct.run(
+            run_script.step,
+            run_script_state,
+            run_script.dataset(),
+            checkpoint_dir=tmp_path,
+            max_steps=2,
+            on_record=print,
+            **PLAIN_OPTIONS,
+        )
+    assert all(v.equal(before[k]) for k, v in run_script_state.model.state_dict().items())

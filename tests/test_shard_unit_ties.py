@@ -28,7 +28,7 @@ class Encoder(nn.Module):
         return self.layer(self.proj(x))
 
 
-class Net(nn.Module):
+class EncoderHead(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.enc = Encoder()
@@ -44,7 +44,7 @@ def choose(model, modules):
 
 @pytest.mark.parametrize("modules", [["enc", "enc.layer"], ["enc.layer", "enc"]])
 def test_a_weight_tied_between_an_inner_and_its_outer_unit_is_refused_naming_both(modules):
-    model = Net()
+    model = EncoderHead()
     model.enc.layer.lin.weight = model.enc.proj.weight  # used by enc.layer, and by enc outside enc.layer
     with pytest.raises(
         ValueError,
@@ -55,14 +55,14 @@ def test_a_weight_tied_between_an_inner_and_its_outer_unit_is_refused_naming_bot
 
 
 def test_a_weight_tied_between_an_inner_unit_and_the_root_is_refused():
-    model = Net()
+    model = EncoderHead()
     model.head.weight = model.enc.layer.lin.weight
     with pytest.raises(ValueError, match=r"used in units \['<root>', 'enc\.layer'\]"):
         choose(model, ["enc", "enc.layer"])
 
 
 def test_untied_nested_units_and_ties_inside_one_unit_are_accepted():
-    model = Net()
+    model = EncoderHead()
     assert choose(model, ["enc", "enc.layer"]) == ["enc.layer", "enc"]  # inner units are sharded first
     model.enc.proj.weight = nn.Parameter(torch.eye(4))
     model.enc.layer.lin.weight = model.enc.proj.weight  # both uses inside the unit 'enc'

@@ -1,17 +1,23 @@
 """ct.run with ct.sharded: DCP checkpoints (each rank its shards), exact resume, resharding on load."""
 
+from __future__ import annotations
+
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-import shard_run_script
 import torch
+import torch.distributed as dist
+from helpers import Net, full, optimizer_state, process_group_threads
 from processes import Job, Pool, free_port
+from run_script import dataset, job_arguments, job_options, step, untimed
+from torch import nn
 
 import composetrain as ct
 
-SCRIPT = str(Path(__file__).resolve().parent / "shard_run_script.py")
+SCRIPT = str(Path(__file__).resolve())  # this file, as a script: its main block at the end
 
 
 def torchrun(*args, nproc=2):
@@ -35,10 +41,6 @@ def torchrun(*args, nproc=2):
 
 def result(path, rank):
     return torch.load(str(path).replace(".pt", f"-rank{rank}.pt"), weights_only=False)
-
-
-def untimed(history):
-    return [{k: v for k, v in r.items() if k not in ("updates_per_s", "data_wait")} for r in history]
 
 
 def whole(parts):
@@ -82,7 +84,7 @@ def test_the_group_outlives_the_run_and_release_then_destroy_leaves_no_thread(ru
 
 def test_a_checkpoint_of_two_ranks_loads_whole_into_one_process(runs):
     final = sorted((runs / "a").glob("step-*"))[-1]
-    state = shard_run_script.state()
+    state = run_state()
     ct.load_checkpoint(state, final)
     shards = [result(runs / "a.pt", rank) for rank in range(2)]
     assert state.step == 8
@@ -99,7 +101,7 @@ def test_a_checkpoint_of_one_process_loads_sharded_on_two_ranks(runs):
     alone = result(runs / "c.pt", 0)
     pool = Pool(2)
     try:
-        loaded = pool.run("sharded_workers", "load_on_ranks", str(final))
+        loaded = pool.run(__name__, "load_on_ranks", str(final))
     finally:
         pool.close()
     for r in loaded:
@@ -143,5 +145,76 @@ def test_loading_shards_runs_no_code(runs, tmp_path, where):
         meta.state_dict_metadata["state/model/inp.weight"] = BytesStorageMetadata()
         metadata.write_bytes(pickle.dumps(meta))
     with pytest.raises(ValueError, match=r"which is not DCP metadata|lists entries that are not tensors"):
-        ct.load_checkpoint(shard_run_script.state(), copy)
+        ct.load_checkpoint(run_state(), copy)
     assert not marker.exists()
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+# A checkpoint loaded on the ranks.
+
+
+def run_state() -> ct.TrainState:
+    """run_script's data through a ModuleList of blocks (sharded's units) with dropout, AdamW and a StepLR."""
+    torch.manual_seed(1)
+    m = Net(
+        6,
+        16,
+        2,
+        output_layer="head",
+        blocks=lambda: nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Dropout(0.2)) for _ in range(2)),
+    ).double()
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    return ct.TrainState(m, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7))
+
+
+def load_on_ranks(rank: int, world: int, checkpoint: str) -> dict[str, Any]:
+    """A checkpoint of another number of ranks, loaded into a state sharded over these: whole tensors."""
+    state = run_state()
+    ct.apply_sharding(ct.sharded(step), state)
+    ct.load_checkpoint(state, checkpoint)
+    return {
+        "params": {n: full(p) for n, p in state.model.named_parameters()},
+        "optimizer": optimizer_state(state),
+        "step": state.step,
+        "kinds": sorted({type(p).__name__ for p in state.model.parameters()}),
+        "consolidated": ct.full_state_dict(state.model),
+    }
+
+
+# -- the launched script: a sharded ct.run job, resumable, launchable by torchrun ---------------------------------
+#
+# python tests/test_sharded_run.py --dir CKPT --out OUT.pt [--epochs E] [--max-steps N]
+# Each rank saves its local shards, its step and the gloo threads left after ct.run to OUT-rank<r>.pt.
+
+
+def local(t):
+    return (t.to_local() if hasattr(t, "to_local") else t).detach().clone()
+
+
+def main():
+    args = job_arguments().parse_args()
+    torch.set_num_threads(1)
+    s = run_state()
+    result = ct.run(ct.sharded(ct.clip_grad_norm(1.0)(ct.accumulate(2)(step))), s, dataset(), **job_options(args))
+    rank = int(os.environ.get("RANK", "0"))
+    kept = dist.is_initialized()  # ct.run leaves its group to the sharded model, until the process exits
+    params = {n: local(p) for n, p in s.model.named_parameters()}
+    if kept:  # ended early, as the README says: release the state's hold on it, then destroy it
+        s.release_runtime()
+        dist.destroy_process_group()
+    torch.save(
+        {
+            "params": params,
+            "kept": kept,
+            "optimizer": {k: {n: local(v) for n, v in e.items()} for k, e in s.optimizer.state_dict()["state"].items()},
+            "step": s.step,
+            "history": result.history,
+            "threads_left": process_group_threads(),
+        },
+        args.out.replace(".pt", f"-rank{rank}.pt"),
+    )
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

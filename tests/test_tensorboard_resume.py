@@ -4,7 +4,7 @@ step once, as a straight run's do."""
 import pytest
 import run_script
 from helpers import snapshot
-from run_workers import evaluate
+from run_script import accuracy
 
 import composetrain as ct
 
@@ -33,7 +33,7 @@ def test_a_run_resumed_after_a_crash_past_its_checkpoint_has_each_step_once(tmp_
     options = {
         "max_steps": 8,
         "checkpoint_every": 4,
-        "eval_step": evaluate,
+        "eval_step": accuracy,
         "eval_data": run_script.dataset(24),
         "eval_every": 4,
     }
@@ -76,16 +76,7 @@ def test_a_tensorboard_folder_that_cannot_be_used_is_refused_before_anything_is_
     state = run_script.state()
     before = snapshot(state)
     with pytest.raises(ValueError, match=match):
-        ct.run(
-            run_script.step,
-            state,
-            run_script.dataset(),
-            batch_size=12,
-            num_workers=0,
-            progress=False,
-            checkpoint_dir=tmp_path / "ck",
-            tensorboard=board,
-        )
+        run_script.run_plain(state, checkpoint_dir=tmp_path / "ck", tensorboard=board)
     assert not (tmp_path / "ck").exists()  # refused before the checkpoint folder was made
     assert state.step == 0 and snapshot(state).keys() == before.keys()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]  # no event file anywhere

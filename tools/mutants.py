@@ -1,10 +1,13 @@
 """Replay the planted bugs of `mutants/*.py` against the test suite: each must be caught.
 
 A mutant is a plausible bug written down as data: one exact piece of source, what it becomes, and
-the tests that must fail with it. `python tools/mutants.py [NAME ...]` copies the tree once, then
-for each mutant plants it, runs its tests, and puts the code back; it prints a table and exits 1
-if any mutant survived. `nox -s mutants` runs it. `tests/test_mutants.py` (in CI) only checks that
-every mutant still applies to the current code, so that the catalogue does not rot.
+the tests that must fail with it. The catalogue holds one file per source file the bugs are planted in
+(`mutants/transforms_ema.py` for `src/composetrain/transforms/ema.py`; `tools/regroup_mutants.py` files
+new entries there), each entry naming in `from` the catalogue (the issue) it was first written for.
+`python tools/mutants.py [NAME ...]` copies the tree once, then for each mutant plants it, runs its
+tests, and puts the code back; it prints a table and exits 1 if any mutant survived. `nox -s mutants`
+runs it. `tests/test_mutants.py` (in CI) only checks that every mutant still applies to the current
+code and names tests that exist, so that the catalogue does not rot.
 
 Why a catalogue rather than random mutation alone: the bugs worth catching are the ones a careful
 engineer would write (an alias instead of a copy, a dropped fsync, a check in the wrong order).
@@ -26,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "mutants"
+KEYS = {"file", "find", "replace", "tests", "why", "from"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Mutant:
     replace: str
     tests: tuple[str, ...]
     why: str = ""
+    origin: str = ""  # the entry's `from`: the catalogue (issue) it was first written for
 
 
 def load(names: list[str] | None = None) -> list[Mutant]:
@@ -50,7 +55,10 @@ def load(names: list[str] | None = None) -> list[Mutant]:
             name = f"{path.stem}:{i + 1}"
             if not isinstance(m, dict) or not {"file", "find", "replace", "tests"} <= set(m):
                 raise ValueError(f"mutants: {name} needs file, find, replace and tests, got {m!r}")
-            mutants.append(Mutant(name, m["file"], m["find"], m["replace"], tuple(m["tests"]), m.get("why", "")))
+            if set(m) - KEYS:
+                raise ValueError(f"mutants: {name} has keys it does not know: {sorted(set(m) - KEYS)}")
+            found = (m["file"], m["find"], m["replace"], tuple(m["tests"]), m.get("why", ""), m.get("from", ""))
+            mutants.append(Mutant(name, *found))
     return mutants
 
 
@@ -91,7 +99,7 @@ def run(mutants: list[Mutant], timeout: float) -> list[tuple[Mutant, str, float]
             why = problem(m, copy)
             if why is not None:
                 results.append((m, f"NOT APPLIED: {why}", 0.0))
-                print(f"{m.name:28} {results[-1][1]}", flush=True)
+                print(f"{m.name:36} {results[-1][1]}", flush=True)
                 continue
             path = copy / m.file
             original = path.read_text()
@@ -106,7 +114,7 @@ def run(mutants: list[Mutant], timeout: float) -> list[tuple[Mutant, str, float]
             finally:
                 path.write_text(original)
             results.append((m, verdict, time.monotonic() - start))
-            print(f"{m.name:28} {verdict:20} {results[-1][2]:6.1f}s  {m.why}", flush=True)
+            print(f"{m.name:36} {verdict:20} {results[-1][2]:6.1f}s  {m.origin}: {m.why}", flush=True)
     return results
 
 

@@ -1,0 +1,134 @@
+"""The planted bugs of src/composetrain/checkpoint/files.py, replayed by tools/mutants.py.
+
+Grouped by tools/regroup_mutants.py (`from`: the catalogue each was first written in): add an entry here, or
+write a catalogue of your own and run it.
+"""
+
+MUTANTS = [
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "if failure.errno in (errno.ENOSPC, errno.EDQUOT):",
+        "replace": "if failure.errno == errno.EDQUOT:",
+        "tests": [
+            "tests/test_checkpoint_folder.py::test_a_full_disk_during_a_save_says_so_and_leaves_the_previous_checkpoint",
+        ],
+        "why": "a full disk (ENOSPC) not named as one",
+        "from": "issue19",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "                    shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint",
+        "replace": "                    pass  # nothing that looks like a checkpoint",
+        "tests": [
+            "tests/test_checkpoint_folder.py::test_a_full_disk_during_a_save_says_so_and_leaves_the_previous_checkpoint",
+        ],
+        "why": "a failed save leaves its half-written temporary folder behind on the full disk",
+        "from": "issue19",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "        if not all_true(nonfinite is None):\n",
+        "replace": "        if nonfinite is not None:\n",
+        "tests": [
+            "tests/test_checkpoint_trust.py::test_every_rank_refuses_the_save_when_one_rank_diverged",
+        ],
+        "why": (
+            "29.11: each rank decides alone: the finite ranks save (or hang in the save's collectives) while one "
+            "refuses"
+        ),
+        "from": "issue29_run",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "            problem = problem or mismatch(path, name, sums)\n",
+        "replace": "",
+        "tests": [
+            "tests/test_checkpoint_trust.py::test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint_resumes",
+        ],
+        "why": "29.12: checksums written but never verified: a flipped bit loads silently",
+        "from": "issue29_run",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "            written[rank_file(self.rank)] = digest(tmp / rank_file(self.rank))\n",
+        "replace": "",
+        "tests": [
+            "tests/test_checkpoint_trust.py::test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint_resumes",
+        ],
+        "why": "29.12: the rank files have no checksum: every checkpoint is set aside as corrupt",
+        "from": "issue29_run",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": '            if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:',
+        "replace": "            if False:",
+        "tests": [
+            "tests/test_checkpoint_trust.py::test_a_checkpoint_of_format_2_loads_without_checksums_and_one_of_format_3_needs_them",
+        ],
+        "why": "29.12: deleting checksums.json turns verification off for a new checkpoint",
+        "from": "issue29_run",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": (
+            '            names = sorted(f"{SHARDS}/{p.name}" for p in found.iterdir()) if found.is_dir() and '
+            "sums else []"
+        ),
+        "replace": (
+            '            names = sorted(f"{SHARDS}/{p.name}" for p in found.glob(".*")) if found.is_dir() and '
+            "sums else []"
+        ),
+        "tests": [
+            "tests/test_sharded_checkpoint_files.py::test_a_flipped_bit_in_a_shard_file_is_found_by_its_checksum",
+        ],
+        "why": "29.12: the shard data files left unverified (only the metadata checked)",
+        "from": "issue29_run",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": (
+            '            names = sorted(f"{SHARDS}/{p.name}" for p in found.iterdir()) if found.is_dir() and '
+            "sums else []\n"
+        ),
+        "replace": '            names = sorted(n for n in sums or {} if n.startswith(f"{SHARDS}/"))\n',
+        "tests": [
+            "tests/test_sharded_checkpoint_files.py::test_a_flipped_shard_file_whose_checksum_is_missing_from_the_list_is_corrupt_too",
+            "tests/test_sharded_checkpoint_files.py::test_a_checksum_list_naming_files_outside_the_checkpoint_reads_none_of_them",
+        ],
+        "why": (
+            "the shards checked are those checksums.json names: an entry lost lets a flipped shard load, "
+            "shards/../x is read"
+        ),
+        "from": "issue29_x_run",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "        if aside:  # every checkpoint of this run is corrupt",
+        "replace": "        if False:  # every checkpoint of this run is corrupt",
+        "tests": [
+            "tests/test_checkpoint_loading.py::test_with_every_checkpoint_corrupt_the_run_is_refused_not_started_afresh",
+        ],
+        "why": "lead's fix: every checkpoint corrupt, and the run starts over from its first update with a warning",
+        "from": "issue29_x_run",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": 'sorted(p.name for p in self.dir.glob("corrupt-step-*"))',
+        "replace": "[]",
+        "tests": [
+            "tests/test_checkpoint_loading.py::test_with_every_checkpoint_corrupt_the_run_is_refused_not_started_afresh",
+        ],
+        "why": "lead's fix: only this launch's set-aside folders count, so the next launch starts over",
+        "from": "issue29_x_run",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": '                if payload["world_size"] == self.world_size:\n',
+        "replace": '                if payload["world_size"] >= self.world_size:\n',
+        "tests": [
+            "tests/test_resume_anywhere.py::test_a_chain_of_runs_on_2_1_3_2_processes_ends_as_the_uninterrupted_run",
+        ],
+        "why": "a shrink reads the ranks' own files as if the job were the same: rank 0's streams and window alone",
+        "from": "global_batch",
+    },
+]

@@ -1,0 +1,181 @@
+"""The planted bugs of src/composetrain/driver/options.py, replayed by tools/mutants.py.
+
+Grouped by tools/regroup_mutants.py (`from`: the catalogue each was first written in): add an entry here, or
+write a catalogue of your own and run it.
+"""
+
+MUTANTS = [
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "        if isinstance(self.eval_step, TrainStep):",
+        "replace": "        if isinstance(self.eval_step, TrainStep) and self.eval_data is None:",
+        "tests": [
+            "tests/test_compile_run.py::test_a_train_step_given_as_eval_step_is_refused_before_training",
+        ],
+        "why": "23.28: a TrainStep as eval_step trains a whole epoch, then fails in the evaluation, unclearly",
+        "from": "issue23_compile",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "(not callable(self.on_record) or isinstance(self.on_record, type))",
+        "replace": "not callable(self.on_record)",
+        "tests": [
+            "tests/test_run_tracker.py::test_a_tracker_that_is_no_function_is_refused_before_anything_runs",
+        ],
+        "why": "24.5: a class (dict, a tracker class not instantiated) accepted as on_record",
+        "from": "issue24_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "if seed >= 2**32:",
+        "replace": "if seed > 2**32:",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "seed bound >= to >",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "if self.collate_fn is not None and isinstance(self.data, DataLoader):",
+        "replace": "if False:",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "collate_fn with DataLoader dropped",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "data, batch_size, True if shuffle is None else shuffle, bool(drop_last)",
+        "replace": "data, batch_size, bool(shuffle), bool(drop_last)",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "shuffle default False",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": 'return check_int(value, RUN, "num_workers", minimum=0,',
+        "replace": 'return check_int(value, RUN, "num_workers", minimum=1,',
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "num_workers minimum 1",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "if getattr(self, name) is not None and self.checkpoint_dir is None:",
+        "replace": "if False:",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "checkpoint_every without dir accepted",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": '/ "metrics.jsonl"',
+        "replace": '/ "metrics.json"',
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "default log file name",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "if (self.eval_step is None) != (self.eval_data is None):",
+        "replace": "if self.eval_step is not None and self.eval_data is None:",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "eval pair one way only",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "_set(self, seed=seed)",
+        "replace": "pass",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "seed not normalised",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "1 if self.max_steps is None else None",
+        "replace": "None if self.max_steps is None else 1",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "total_epochs swapped",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "if tensorboard is True and log_path is None:",
+        "replace": "if False:",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "tensorboard=True without log accepted",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "        check_eval_data(eval_data, data)\n",
+        "replace": "",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "eval_data vs data check dropped",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": 'check_int(value, RUN, name, example=f"{name}=10 or None")',
+        "replace": 'check_int(value, RUN, name, minimum=0, example=f"{name}=10 or None")',
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "optional ints accept 0",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": 'check_real(self.timeout, RUN, "timeout",',
+        "replace": 'check_real(self.timeout, RUN, "timeout", finite=False,',
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "timeout infinite accepted",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "            dataloader_settings(data, size, shuffle, drop_last)\n",
+        "replace": "            pass\n",
+        "tests": [
+            "tests/test_run_options.py",
+        ],
+        "why": "DataLoader settings not compared",
+        "from": "options",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "        if isinstance(self.data, DataLoader) and self.global_batch_size is not None:",
+        "replace": (
+            "        if isinstance(self.data, DataLoader) and self.batch_size is not None and "
+            "self.global_batch_size is not None:"
+        ),
+        "tests": [
+            "tests/test_global_batch.py::test_arguments_that_do_not_define_the_global_batch_are_refused_before_anything",
+        ],
+        "why": "a DataLoader with global_batch_size alone is used as given: G silently ignored",
+        "from": "global_batch",
+    },
+]

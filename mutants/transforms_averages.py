@@ -1,0 +1,148 @@
+"""The planted bugs of src/composetrain/transforms/_averages.py, replayed by tools/mutants.py.
+
+Grouped by tools/regroup_mutants.py (`from`: the catalogue each was first written in): add an entry here, or
+write a catalogue of your own and run it.
+"""
+
+MUTANTS = [
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "return cls({k: t.clone() for k, t in model_tensors(model).items()}, settings)",
+        "replace": "return cls(dict(model_tensors(model)), settings)",
+        "tests": [
+            "tests/test_ema.py::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit",
+        ],
+        "why": "24.4: the averages alias the live weights: the EMA is the model",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "torch._foreach_lerp_(averages, weights, 1 - decay)",
+        "replace": "torch._foreach_lerp_(averages, weights, decay)",
+        "tests": [
+            "tests/test_ema.py::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit",
+        ],
+        "why": "24.4: decay taken as the new weights' share",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": (
+            "                    torch._foreach_mul_(averages, decay)\n"
+            "                    torch._foreach_add_(averages, scaled)"
+        ),
+        "replace": (
+            "                    torch._foreach_mul_(averages, decay)\n"
+            "                    torch._foreach_add_(averages, weights, alpha=1 - decay)"
+        ),
+        "tests": [
+            "tests/test_ema.py::test_formula_sum_is_torchvisions_exponential_moving_average_bit_for_bit",
+        ],
+        "why": "24.4: the sum fused (a + alpha * w): not torchvision's rounding",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "    return params, {k: b.detach() for k, b in model.named_buffers()}",
+        "replace": "    return params, {}",
+        "tests": [
+            "tests/test_ema.py::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit",
+        ],
+        "why": "24.4: buffers not averaged (AveragedModel's use_buffers=True averages them)",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "        self.n_averaged = n\n",
+        "replace": "",
+        "tests": [
+            "tests/test_ema.py::test_a_checkpoint_resumes_the_average_bit_for_bit_also_before_its_first_update",
+        ],
+        "why": "24.4: the resumed average forgets how many it averaged: copies the weights again",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": (
+            "        with torch.no_grad():\n"
+            "            for k, mine in self.tensors.items():\n"
+            "                mine.copy_(_laid_out(theirs[k], mine))"
+        ),
+        "replace": "        self.tensors = dict(theirs)",
+        "tests": [
+            "tests/test_ema.py::test_a_checkpoint_resumes_the_average_bit_for_bit_also_before_its_first_update",
+        ],
+        "why": "24.4: the loaded averages alias the checkpoint's tensors (another state's live ones)",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "    if isinstance(like, DTensor) and not isinstance(value, DTensor):",
+        "replace": "    if False:",
+        "tests": [
+            "tests/test_ema_ranks.py",
+        ],
+        "why": "24.4: whole averages (a checkpoint of another world size) are not sharded as the live averages",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "            if a.shape != w.shape or a.dtype != w.dtype or type(a) is not type(w):",
+        "replace": "            if a.shape != w.shape or type(a) is not type(w):",
+        "tests": [
+            "tests/test_ema.py::test_a_model_changed_after_the_ema_began_is_refused_before_the_update",
+        ],
+        "why": "adversarial: a model cast to another dtype passes the check; the fused update fails after the step",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "                self.tensors[k] = self.tensors[k].to(w.device)",
+        "replace": "                pass",
+        "tests": [
+            "tests/test_ema.py::test_the_averages_follow_their_weights_to_another_device",
+        ],
+        "why": "adversarial: averages stay behind when the model is placed after they were made (pipeline_split)",
+        "from": "issue24_ema",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": (
+            "        if params is None or live.keys() != mine.keys() or not all(_alike(mine[k], b) for k, b in "
+            "buffers.items()):"
+        ),
+        "replace": "        if params is None or live.keys() != mine.keys():",
+        "tests": [
+            "tests/test_refusals_change_nothing.py",
+        ],
+        "why": (
+            "29.8: verify sees a buffer the forward cast but does not check it: refused late or averaged across dtypes"
+        ),
+        "from": "issue29_atomic",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": (
+            '        return {"averages": dict(self.tensors), "n_averaged": self.n_averaged, "settings": '
+            "dict(self.settings)}"
+        ),
+        "replace": '        return {"averages": dict(self.tensors), "n_averaged": self.n_averaged}',
+        "tests": [
+            "tests/test_ema.py",
+        ],
+        "why": "29: the EMA's settings not checkpointed: a resume with another decay is silent",
+        "from": "issue29_atomic",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "        if isinstance(saved_settings, Mapping) and dict(saved_settings) != self.settings:",
+        "replace": (
+            '        if isinstance(saved_settings, Mapping) and saved_settings.get("decay") != self.settings["decay"]:'
+        ),
+        "tests": [
+            "tests/test_ema.py",
+        ],
+        "why": "29: only the decay compared at a resume: another every, warmup or formula is silent",
+        "from": "issue29_atomic",
+    },
+]
