@@ -4,8 +4,9 @@ one thread while training goes on, and the I/O steps of a save, numbered, where 
 ``stage`` copies a checkpoint's payload off the live tensors: every tensor into new host memory (pinned, and
 copied without blocking, from a GPU: ``Staged.ready`` waits for those copies), every container rebuilt, so that
 the updates that follow change nothing the writer reads (torchtitan #930: a save that returned before its copy
-was done let the next update race it). The copy holds as many bytes as the tensors it copies: while a save is in
-flight the state's host memory is doubled (a GPU's state: the copy is its size in pinned host memory).
+was done let the next update race it). The copy holds as many bytes as the storages it copies (what a synchronous
+``torch.save`` writes): while a save is in flight the state's host memory is doubled (a GPU's state: the copy is its
+size in pinned host memory), and it is freed once written.
 
 ``Writer`` runs one save's writes in a thread of its own; at most one is in flight (``Checkpoints`` waits for
 the previous before it stages the next). Its outcome, the files' checksums or the exception that stopped it, is
@@ -63,26 +64,41 @@ class Staged:
 
 
 def stage(value: Any) -> Staged:
-    """``value`` (tensors and plain types, as a checkpoint holds) with every tensor copied into new host memory and
-    every container rebuilt. A tensor that appears twice (tied weights) is copied once, and appears twice in the copy.
-    From a GPU the copies go into pinned memory without blocking; the ``Staged`` waits for them before it is read.
+    """``value`` (tensors and plain types, as a checkpoint holds) with every tensor's storage copied into new host
+    memory and every container rebuilt, so that ``torch.save`` writes the copy byte for byte as it writes ``value``
+    (on the CPU): tensors that share a storage (tied weights, views) share the copy's, each storage copied once,
+    and a tensor that appears twice appears twice as one object. From a GPU the storages go into pinned memory
+    without blocking; the ``Staged`` waits for them before it is read.
     """
-    memo: dict[int, torch.Tensor] = {}
+    memo: dict[int, torch.Tensor] = {}  # id of a tensor of ``value`` (alive as long as it): its copy
+    storages: dict[int, torch.UntypedStorage] = {}  # a storage's identity, as torch.save keys it: its copy
     cuda = False
 
-    def copy(t: torch.Tensor) -> torch.Tensor:
+    def copy_storage(t: torch.Tensor) -> torch.UntypedStorage:
         nonlocal cuda
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key not in storages:
+            if t.device.type == "cuda":
+                pinned = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True).untyped_storage()
+                storages[key] = pinned.copy_(storage, non_blocking=True)
+                cuda = True
+            else:
+                storages[key] = storage.clone()
+        return storages[key]
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
         if id(t) in memo:
             return memo[id(t)]
-        t = t.detach()
-        if t.device.type == "cpu":
-            out = t.clone()
-        elif t.device.type == "cuda":
-            out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-            out.copy_(t, non_blocking=True)
-            cuda = True
-        else:  # another accelerator: a blocking copy
-            out = t.to("cpu", copy=True)
+        plain = type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided and not t.is_quantized
+        if plain and not (t.is_conj() or t.is_neg()) and t.device.type in ("cpu", "cuda"):
+            out = torch.empty(0, dtype=t.dtype).set_(copy_storage(t), t.storage_offset(), t.size(), t.stride())
+            if isinstance(t, torch.nn.Parameter):
+                out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
+            elif t.requires_grad and t.is_leaf:
+                out.requires_grad_(True)
+        else:  # another layout, a subclass, another accelerator: a blocking copy of its own
+            out = t.detach().to("cpu", copy=True)
         memo[id(t)] = out
         return out
 
@@ -104,7 +120,7 @@ def stage(value: Any) -> Staged:
 
 
 class Writer:
-    """One save's writes in a thread of their own. ``start(work)`` runs ``work()``; ``done``, ``failed`` and
+    """One save's writes in a thread of their own. ``start(work)`` runs ``work()``; ``busy``, ``wait()`` and
     ``outcome()`` (its value or the exception it raised) tell how it went. The thread is a daemon: a process that
     ends (an error elsewhere, a lost rank) is not held by a write that cannot finish."""
 
@@ -130,10 +146,6 @@ class Writer:
     @property
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
-
-    @property
-    def failed(self) -> bool:
-        return not self.busy and self._error is not None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the write in flight; whether it is over (False: still running after ``timeout`` seconds)."""
