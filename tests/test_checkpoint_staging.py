@@ -46,6 +46,7 @@ def state_like():
         "step": 12,
         "names": {"a", "b"},
         "flat": flat,
+        "module": torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)).state_dict(),  # _metadata
     }
 
 

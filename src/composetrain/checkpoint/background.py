@@ -28,7 +28,7 @@ import torch
 __all__ = ["KILL_AT", "LOG", "Staged", "Writer", "io_step", "stage"]
 
 KILL_AT = "CT_CHECKPOINT_KILL_AT"  # tests: SIGKILL this process at its k-th I/O step of a save
-LOG = "CT_CHECKPOINT_IO_LOG"  # tests: append "k name" for each I/O step to this file
+LOG = "CT_CHECKPOINT_IO_LOG"  # tests: append "k name [thread]" for each I/O step to this file
 _count = itertools.count(1)
 _lock = threading.Lock()
 
@@ -43,7 +43,7 @@ def io_step(what: str) -> None:
         k = next(_count)
         if log is not None:
             with open(log, "a") as f:
-                f.write(f"{k} {what}\n")
+                f.write(f"{k} {what} [{threading.current_thread().name}]\n")
                 f.flush()
                 os.fsync(f.fileno())
         if kill_at is not None and k == int(kill_at):
@@ -106,7 +106,10 @@ def stage(value: Any) -> Staged:
         if isinstance(v, torch.Tensor):
             return copy(v)
         if type(v) in (dict, OrderedDict):
-            return type(v)((k, walk(x)) for k, x in v.items())
+            out = type(v)((k, walk(x)) for k, x in v.items())
+            for name, attribute in getattr(v, "__dict__", {}).items():  # a state_dict's _metadata (versions)
+                setattr(out, name, walk(attribute))
+            return out
         if type(v) in (list, tuple, set):
             return type(v)(walk(x) for x in v)
         return v  # plain values (str, int, float, bool, None, dtype, device, Size) never change in place
