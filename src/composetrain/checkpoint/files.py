@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 
-from composetrain.checkpoint.background import Writer, io_step, stage
+from composetrain.checkpoint.background import Staged, Writer, io_step, stage
 from composetrain.checkpoint.checksums import CHECKSUMS, digest, mismatch, read_sums, write_sums
 from composetrain.checkpoint.folder import (
     LEFTOVER,
@@ -222,7 +222,7 @@ class Checkpoints:
         model must never prune the finite checkpoints it could resume from). A save in flight (``save_async``)
         is finished and published first."""
         self.finish()
-        flush = self._begin(step, payload, local, nonfinite, staged=False)
+        flush = self._begin(step, payload, local, nonfinite)
         self._agreed(flush, lambda: self._write_files(flush, flush.files))
         if flush.tensors and self.shards is not None:  # every rank alike: the same state is sharded everywhere
             self._agreed(flush, lambda: self._write_shards(flush))
@@ -233,17 +233,19 @@ class Checkpoints:
     ) -> None:
         """``save``, with the writing off this thread: the checks, the copy of what this rank writes (its
         tensors into new host memory: ``background.stage``) and the temporary folder now, on every rank together;
-        the files written by a thread while training goes on; published by ``finish`` (or ``poll``), once every
+        the files written by a thread while training goes on; published by ``finish``, once every
         rank's files are durable. At most one save is in flight: a save in flight is finished first (this
         waits for its writes)."""
         self.finish()
-        flush = self._begin(step, payload, local, nonfinite, staged=True)
+        flush = self._begin(step, payload, local, nonfinite)
+        copies: list[Staged] = []  # the copy made on every rank, or an error (no host memory left) on every rank
+        self._agreed(flush, lambda: copies.append(stage(flush.files)))
+        staged = copies[0]
         if flush.tensors and self.shards is not None:  # DCP stages the shards now, and writes them in its thread
             if self._group is None and dist.is_available() and dist.is_initialized():
                 # the writes' own collectives, on a group of their own: never between the training's
                 self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
             flush.shards = self._shards_async(flush)
-        staged = stage(flush.files)
 
         def work() -> dict[str, str]:
             error: BaseException | None = None
@@ -298,9 +300,7 @@ class Checkpoints:
                 self.finish()
         self._pending = None
 
-    def _begin(
-        self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None, *, staged: bool
-    ) -> Flush:
+    def _begin(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None) -> Flush:
         """Every check, on every rank alike, before anything is written; then the temporary folder."""
         if not all_true(nonfinite is None):
             told = gathered(nonfinite)

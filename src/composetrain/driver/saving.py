@@ -31,6 +31,7 @@ class Saves:
         self.blocked = 0.0  # seconds the training thread spent in saves
         self.count = 0
         self.waits, self.waited = 0, 0.0  # saves that found the previous one still being written, and how long
+        self.deferred, self.late = 0, False  # clock saves that came due while one was being written; this one
         self.skipped: list[int] = []  # clock saves given up at a step where the user's folder is in the way
 
     @property
@@ -56,6 +57,10 @@ class Saves:
             started = time.perf_counter()
             self.checkpoints.finish()
             self.blocked += time.perf_counter() - started
+        if due and busy:  # a clock save never waits for the one in flight: it comes at the first update after it
+            self.deferred += not self.late
+            self.late = True
+            return False
         if due and self.checkpoints.taken(step):  # another clock save, at the next update
             self.skipped.append(step)
             return False
@@ -66,8 +71,8 @@ class Saves:
         the save still in flight, if any, is published (at most one in flight: this waits for it)."""
         assert self.checkpoints is not None
         started = time.perf_counter()
-        self.since = time.monotonic()
-        if self.checkpoints.in_flight:  # the saves come faster than they are written: this one waits
+        self.since, self.late = time.monotonic(), False
+        if self.checkpoints.pending is not None:  # still written on some rank (agreed): this one waits for it
             self.waits += 1
             self.checkpoints.finish()
             self.waited += time.perf_counter() - started
@@ -107,6 +112,12 @@ class Saves:
                 f"{self.waits} save(s) waited {self.waited:.1f} s in all for the previous one to be written: the "
                 "interval between saves is shorter than a save takes, so each waits (at most one is in flight); "
                 "lengthen checkpoint_every or write to a faster disk; "
+            )
+        if self.deferred:
+            said += (
+                f"{self.deferred} save(s) by the clock came due while the previous one was still being written, and "
+                "waited for it (the interval is shorter than a save takes): lengthen checkpoint_every or write to a "
+                "faster disk; "
             )
         if self.skipped:
             said += (
