@@ -17,8 +17,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "                    shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint",
-        "replace": "                    pass  # nothing that looks like a checkpoint",
+        "find": (
+            "    def _discard(self, flush: Flush) -> None:\n        shutil.rmtree(flush.tmp, ignore_errors=True)\n"
+        ),
+        "replace": ("    def _discard(self, flush: Flush) -> None:\n        pass\n"),
         "tests": [
             "tests/test_checkpoint_folder.py::test_a_full_disk_during_a_save_says_so_and_leaves_the_previous_checkpoint",
         ],
@@ -40,7 +42,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "            problem = problem or mismatch(path, name, sums)\n",
+        "find": "        problem = problem or mismatch(path, name, sums)\n",
         "replace": "",
         "tests": [
             "tests/test_checkpoint_trust.py::test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint_resumes",
@@ -50,8 +52,12 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "            written[rank_file(self.rank)] = digest(tmp / rank_file(self.rank))\n",
-        "replace": "",
+        "find": "            flush.written[name] = self._write_file(flush, name, value)\n",
+        "replace": (
+            "            sum_ = self._write_file(flush, name, value)\n"
+            "            if name == STATE_FILE:\n"
+            "                flush.written[name] = sum_\n"
+        ),
         "tests": [
             "tests/test_checkpoint_trust.py::test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint_resumes",
         ],
@@ -60,8 +66,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": '            if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:',
-        "replace": "            if False:",
+        "find": '        if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:',
+        "replace": "        if False:",
         "tests": [
             "tests/test_checkpoint_trust.py::test_a_checkpoint_of_format_2_loads_without_checksums_and_one_of_format_3_needs_them",
         ],
@@ -130,5 +136,15 @@ MUTANTS = [
         ],
         "why": "a shrink reads the ranks' own files as if the job were the same: rank 0's streams and window alone",
         "from": "global_batch",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "return StepWriter(flush.tmp / SHARDS, sync_files=True)",
+        "replace": "return StepWriter(flush.tmp / SHARDS, sync_files=False)",
+        "tests": [
+            "tests/test_sharded_checkpoint_files.py::test_shard_files_and_metadata_are_fsynced_before_the_rename",
+        ],
+        "why": "20.2: the shard files are not fsynced before the folder's rename",
+        "from": "issue20",
     },
 ]

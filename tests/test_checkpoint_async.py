@@ -312,3 +312,69 @@ def test_sigterm_during_a_background_save_finishes_it_then_saves_the_final_state
     resumed, _ = train(tmp_path, max_steps=12, checkpoint_every=3, keep_checkpoints=3)
     straight, _ = train(tmp_path / "straight", max_steps=12, checkpoint_every=3)
     assert_states_equal(resumed, straight)
+
+
+def test_two_ranks_publish_a_save_only_once_both_wrote_it_and_both_stop_on_one_full_disk(pool, tmp_path):
+    """Rank 1's writes of the save of 2 are held until its update 4: rank 0, its own writes over, still sees
+    nothing published in updates 3 and 4. Then rank 1's disk fills in the save of 4: both ranks raise the
+    error (naming rank 1), step 2 stays the newest, nothing of 4 is left."""
+    a, b = pool.run(__name__, "rank_1_slow", str(tmp_path / "slow"))
+    assert a["seen"][3] == a["seen"][4] == ([], [".step-000000002.tmp"])
+    assert a["seen"][5][0] == ["step-000000002"] and a["saved"] == b["saved"] == ["step-000000004", "step-000000006"]
+    errors = pool.run(__name__, "rank_1_full", str(tmp_path / "full"))
+    assert all(e.startswith("OSError: [Errno 28] run: no space left in ") for e in errors), errors
+    assert all("for checkpoint step 4" in e and "on rank 1" in e for e in errors), errors
+    assert all("the previous checkpoint step-000000002 is intact" in e for e in errors), errors
+    assert published(tmp_path / "full") == ["step-000000002"] and not temporary(tmp_path / "full")
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+
+
+def two_ranks(directory, step, before_write):
+    """ct.run of distributed(step) on this rank, files._write wrapped by ``before_write(path)``."""
+    real = files._write
+
+    def write(obj, path):
+        before_write(path)
+        real(obj, path)
+
+    files._write = write
+    try:
+        return ct.run(
+            ct.distributed(step), run_script.state(), run_script.dataset(), checkpoint_dir=directory, max_steps=6,
+            checkpoint_every=2, **OPTIONS,
+        )  # fmt: skip
+    finally:
+        files._write = real
+
+
+def rank_1_slow(rank, world, directory):
+    folder, gate, seen = Path(directory), threading.Event(), {}
+
+    def look(n):
+        if rank == 0 and n == 3:
+            while any(t.name.startswith("checkpoint step") for t in threading.enumerate()):
+                time.sleep(0.01)  # rank 0's own writes of the save of 2 are over
+        seen[n] = (published(folder), temporary(folder))
+        if rank == 1 and n == 4:
+            gate.set()
+
+    def hold(path):
+        if rank == 1 and path.parent.name == ".step-000000002.tmp":
+            assert gate.wait(60)
+
+    result = two_ranks(directory, spying([], look), hold)
+    return {"seen": seen, "saved": published(folder), "checkpoint": result.checkpoint.name}
+
+
+def rank_1_full(rank, world, directory):
+    def full(path):
+        if rank == 1 and path.parent.name == ".step-000000004.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    try:
+        two_ranks(directory, run_script.step, full)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

@@ -145,7 +145,7 @@ class Checkpoints:
         timeout: float = 300.0,
     ) -> None:
         self.shards = shards
-        self.dir = Path(directory).expanduser()
+        self.dir: Any = self._locate(directory)
         self.rank, self.world_size, self.keep, self.timeout = rank, world_size, keep, timeout
         self.newest: Any = None  # the last checkpoint this object published
         self._lock: io.FileIO | None = None
@@ -153,6 +153,12 @@ class Checkpoints:
         self._pending: Flush | None = None  # the save whose writes are in flight (save_async)
         self._group: Any = None  # the process group of background DCP writes
         self._open()
+
+    local = True  # a folder of this machine's (a rename publishes); ObjectCheckpoints: object storage
+
+    def _locate(self, directory: Any) -> Any:
+        """Where the checkpoints live, as the other methods take it (a local folder: its Path)."""
+        return Path(directory).expanduser()
 
     def _open(self) -> None:
         """Check the folder writable, take it for this run, and remove what an interrupted save left."""
@@ -390,8 +396,8 @@ class Checkpoints:
         durable first); then the older ones beyond ``keep`` go. Every rank returns once it is published."""
         sums = {name: sum_ for part in everyone for name, sum_ in part.items()}
         self._agreed(flush, lambda: self._seal(flush, sums) if self.rank == 0 else None)
+        self._agreed(flush, lambda: self._commit(flush, sums) if self.rank == 0 else None)  # every rank learns
         if self.rank == 0:
-            self._commit(flush)
             older = [p for p in self._steps() if self._step(p) < flush.step]
             for stale in older[self.keep - 1 :]:  # the newest, just published, is never among them
                 self._remove(stale)
@@ -457,7 +463,7 @@ class Checkpoints:
         io_step(f"fsync {flush.tmp.name}/")
         _fsync_dir(flush.tmp)
 
-    def _commit(self, flush: Flush) -> None:
+    def _commit(self, flush: Flush, sums: dict[str, str]) -> None:
         """Rank 0: one rename publishes the checkpoint, made durable; a checkpoint saved at this step before (a
         skipped update) is kept under ``.step-N.old`` until the new one is in place."""
         old = self.dir / f".step-{flush.step:09d}.old"
@@ -511,10 +517,10 @@ class Checkpoints:
     def _save_failed(self, step: int, failure: OSError | None, size: int, rank: int) -> OSError:
         """The error a failed save raises: what failed, on which rank, where, and that the previous
         checkpoint is intact."""
-        previous = next(iter(self._steps()), None)
+        previous = self._previous()
         intact = "there is no previous checkpoint"
         if previous is not None:
-            intact = f"the previous checkpoint {self._name(previous)} is intact"
+            intact = f"the previous checkpoint {previous} is intact"
         if failure is None:
             return OSError(
                 f"{RUN}: checkpoint step {step} was not saved: rank {rank} could not write its part (its own "
@@ -526,14 +532,21 @@ class Checkpoints:
             return OSError(
                 failure.errno,
                 f"{RUN}: no space left in {self.dir} for checkpoint step {step} (writing about "
-                f"{human(size)}; {cause}); {intact} and nothing of step {step} was left behind; free some space, "
+                f"{human(size)}; {cause}); {intact} and {self.LEFT.format(step=step)}; free some space, "
                 "lower keep_checkpoints, or point checkpoint_dir at a larger disk",
             )
-        return OSError(
-            failure.errno,
+        said = (
             f"{RUN}: checkpoint step {step} could not be written in {self.dir} ({cause}); {intact} and "
-            f"nothing of step {step} was left behind",
+            f"{self.LEFT.format(step=step)}"
         )
+        return OSError(failure.errno, said) if failure.errno is not None else OSError(said)
+
+    LEFT = "nothing of step {step} was left behind"  # what a failed save leaves, as its error says
+
+    def _previous(self) -> str | None:
+        """The name of the newest checkpoint, for a failed save's error."""
+        previous = next(iter(self._steps()), None)
+        return None if previous is None else self._name(previous)
 
     def _steps(self) -> list[Path]:
         """This run's checkpoints, newest first: folders named as ``save`` names them, holding their state file."""
@@ -556,7 +569,7 @@ class Checkpoints:
         earlier run), every rank refuses rather than starting the run over.
         """
         if self.rank == 0:
-            for line in foreign(self.dir):
+            for line in self._foreign():
                 warnings.warn(f"{RUN}: {line}", stacklevel=2)
         for name in from_rank0([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
@@ -577,15 +590,13 @@ class Checkpoints:
                 assert payload is not None
                 return path, payload, local
             if self.rank == 0:
-                aside = _free(self.dir, f"corrupt-{name}")
+                aside = self._set_aside(path, f"corrupt-{name}")
                 warnings.warn(
-                    f"{RUN}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}; "
-                    f"moved to {aside.name}",
+                    f"{RUN}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}; moved to {aside}",
                     stacklevel=2,
                 )
-                os.replace(path, aside)
             self._barrier()
-        aside = from_rank0(sorted(p.name for p in self.dir.glob("corrupt-step-*")) if self.rank == 0 else None)
+        aside = from_rank0(self._set_aside_names() if self.rank == 0 else None)
         if aside:  # every checkpoint of this run is corrupt: starting afresh would lose its training unnoticed
             raise RuntimeError(
                 f"{RUN}: no checkpoint in {self.dir} could be read (set aside: {', '.join(aside)}), so this run "
@@ -594,17 +605,26 @@ class Checkpoints:
             )
         return None
 
-    def _read(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
+    def _foreign(self) -> list[str]:
+        """What in the folder looks like a checkpoint, is none, and is left alone: one line each."""
+        return foreign(self.dir)
+
+    def _set_aside(self, checkpoint: Any, name: str) -> str:
+        """Move a corrupt ``checkpoint`` to ``name`` (or ``name-2``...: the first free); the name it got."""
+        aside = _free(self.dir, name)
+        os.replace(checkpoint, aside)
+        return aside.name
+
+    def _set_aside_names(self) -> list[str]:
+        return sorted(p.name for p in self.dir.glob("corrupt-step-*"))
+
+    def _read(self, path: Any, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
         """``format.read`` of ``path/name``, its bytes first checked against the checksum written with it (a
         mismatch: corrupt); a file this user may not read is no corrupt file: every rank
         refuses the checkpoint, which is left as it is (setting it aside would start the run over)."""
         denied: OSError | None = None
         try:
-            sums, problem = read_sums(path)
-            problem = problem or mismatch(path, name, sums)
-            value, problem = (None, problem) if problem else read(path / name, schema, deep)
-            if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:
-                value, problem = None, f"it lacks {CHECKSUMS}, which every checkpoint of format 3 holds"
+            value, problem = self._verified(path, name, schema, deep)
         except PermissionError as e:
             value, problem, denied = None, None, e
         if not all_true(denied is None):
@@ -614,6 +634,15 @@ class Checkpoints:
                 f"{RUN}: cannot read checkpoint {path} ({why}); it is left as it is: give this run read access "
                 "to it (chmod, chown), or move it out of checkpoint_dir to resume from an older one",
             )
+        return value, problem
+
+    def _verified(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
+        """``format.read`` of ``path/name`` once its bytes matched their checksum, or why not."""
+        sums, problem = read_sums(path)
+        problem = problem or mismatch(path, name, sums)
+        value, problem = (None, problem) if problem else read(path / name, schema, deep)
+        if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:
+            value, problem = None, f"it lacks {CHECKSUMS}, which every checkpoint of format 3 holds"
         return value, problem
 
     def _with_shards(self, path: Path, payload: dict[str, Any]) -> tuple[Any, str | None]:

@@ -19,6 +19,7 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
+from composetrain.checkpoint.objects import is_remote, local_path
 from composetrain.core.protocol import TrainStep
 from composetrain.core.util import RUN, check_int, check_real, show
 from composetrain.driver.tracking import deferred_kind
@@ -430,7 +431,9 @@ class LogOptions:
     ) -> LogOptions:
         """The metrics file (default ``checkpoint_dir/metrics.jsonl``) and the TensorBoard folder resolved."""
         path = _log_path(log_file)
-        folder = None if checkpoint_dir is None else Path(checkpoint_dir).expanduser()  # checked by CheckpointOptions
+        # checked by CheckpointOptions; object storage holds no metrics file (log_file gives one)
+        local = checkpoint_dir is not None and not is_remote(checkpoint_dir)
+        folder = Path(local_path(checkpoint_dir)).expanduser() if local else None
         if path is not None and folder is not None and _within(folder, path):
             raise ValueError(
                 f"{RUN}: log_file={str(path)!r} is checkpoint_dir or a folder above it, {str(folder)!r}: it cannot "

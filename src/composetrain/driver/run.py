@@ -20,7 +20,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
-from composetrain.checkpoint.files import Checkpoints
+from composetrain.checkpoint.objects import open_checkpoints
 from composetrain.checkpoint.shards import ShardFiles
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import derive_seed, restore_rng, seed_everything
@@ -73,7 +73,7 @@ class RunResult:
         bottleneck: a sentence naming what limits throughput, and the fix; and what
             ``num_workers="auto"`` chose, from which timings, and why; first the time torch.compile
             took, when it is over a fifth of the step's.
-        checkpoint: the last checkpoint written, if any.
+        checkpoint: the last checkpoint written, if any (its URL, a str, in object storage).
     """
 
     history: list[dict[str, Any]]
@@ -83,7 +83,7 @@ class RunResult:
     preempted: bool
     data_wait: float
     bottleneck: str
-    checkpoint: Path | None
+    checkpoint: Path | str | None
 
 
 def run(
@@ -445,7 +445,7 @@ class _Driver:
         self.checkpoints = None
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
-            self.checkpoints = Checkpoints(
+            self.checkpoints = open_checkpoints(
                 saving.checkpoint_dir,
                 proc.rank,
                 proc.world_size,
@@ -456,7 +456,7 @@ class _Driver:
         self.saves = Saves(self.checkpoints, saving, proc.is_main)
         # torch's compile caches beside the checkpoints while the loop runs, for a warm restart (ct.compile)
         self.compile_cache = None
-        if self.checkpoints is not None and can.compile_cache:
+        if self.checkpoints is not None and can.compile_cache and self.checkpoints.local:
             self.compile_cache = CompileCache(self.checkpoints.dir)
         try:
             # checked writable before anything is resumed
@@ -474,6 +474,12 @@ class _Driver:
             # last, so that nothing above can fail with the model set up; before resuming: e.g. a
             # checkpoint's shards load straight into the shards
             step_fn.setup(state)
+            if self.checkpoints is not None and not self.checkpoints.local and _holds_dtensors(state):
+                raise ValueError(
+                    f"{RUN}: checkpoint_dir {saving.checkpoint_dir!r} is object storage, where ct.run does not save "
+                    f"sharded tensors ({step_fn!r} holds DTensors, which DCP writes); give a folder on a shared "
+                    "filesystem, or train without sharding"
+                )
         except BaseException:
             if self.checkpoints is not None:
                 self.checkpoints.close()  # the folder's lock goes with the failed start
@@ -589,7 +595,7 @@ class _Driver:
         return stopping, self.saves.agreed(self.stop.shared, self.state.step)
 
     @property
-    def saved_at(self) -> Path | None:
+    def saved_at(self) -> Path | str | None:
         """The last checkpoint published."""
         return self.saves.newest
 
@@ -701,6 +707,11 @@ def _warn_replaced(given: dict[str, Any], restored: dict[str, Any], path: Path) 
             "and run it in a new checkpoint_dir",
             stacklevel=4,
         )
+
+
+def _holds_dtensors(state: TrainState) -> bool:
+    """Whether the model's parameters are DTensors (ct.sharded, ct.tensor_parallel): saved through DCP."""
+    return any(isinstance(p, DTensor) for p in state.model.parameters())
 
 
 def _nonfinite(model: torch.nn.Module) -> str | None:

@@ -35,9 +35,10 @@ class Saves:
         self.skipped: list[int] = []  # clock saves given up at a step where the user's folder is in the way
 
     @property
-    def newest(self) -> Path | None:
-        """The last checkpoint this call published."""
-        return None if self.checkpoints is None else self.checkpoints.newest
+    def newest(self) -> Path | str | None:
+        """The last checkpoint this call published (in object storage: its URL)."""
+        newest = None if self.checkpoints is None else self.checkpoints.newest
+        return newest if newest is None or isinstance(newest, Path) else str(newest)
 
     def flags(self) -> list[float]:
         """This rank's share of the agreement after an update (each agreed as the largest over the ranks): whether
