@@ -72,7 +72,7 @@ def test_a_background_save_is_published_only_once_written_while_training_goes_on
         writers.append(threading.current_thread().name)
         if path.parent.name == ".step-000000002.tmp":
             assert gate.wait(60)
-        real(obj, path)
+        return real(obj, path)
 
     monkeypatch.setattr(files, "_write", held)
     seen = {}
@@ -100,8 +100,9 @@ def test_at_most_one_save_is_in_flight_and_a_save_that_finds_one_waits(tmp_path,
         most[0] = max(most[0], len(active), sum(t.name.startswith("checkpoint step") for t in threading.enumerate()))
         steps.append(path.parent.name)
         time.sleep(0.05)
-        real(obj, path)
+        written = real(obj, path)
         active.remove(path)
+        return written
 
     monkeypatch.setattr(files, "_write", slow)
     _, result = train(tmp_path, max_steps=6, checkpoint_every=1, keep_checkpoints=6)
@@ -126,7 +127,7 @@ def test_the_copy_is_taken_when_save_async_returns_and_written_as_a_synchronous_
 
     def held(obj, path):
         assert gate.wait(60)
-        real(obj, path)
+        return real(obj, path)
 
     a = files.Checkpoints(tmp_path / "a", rank=0, world_size=1, keep=2)
     a.save(2, *payload(state, 2))
@@ -192,7 +193,7 @@ def test_a_run_that_fails_resumes_from_its_background_checkpoint_as_the_uninterr
 
     def spy(obj, path):
         writers.add((path.parent.name, threading.current_thread().name))
-        real(obj, path)
+        return real(obj, path)
 
     monkeypatch.setattr(files, "_write", spy)
 
@@ -209,11 +210,12 @@ def test_a_run_that_fails_resumes_from_its_background_checkpoint_as_the_uninterr
     assert untimed(result.history) == untimed(straight_result.history)
 
 
-@pytest.mark.parametrize("where", ["rank-0.pt", "state.pt", "digest"])
+@pytest.mark.parametrize("where", ["rank-0.pt", "state.pt", "fsync"])
 def test_a_full_disk_in_the_background_stops_the_run_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch, where):
-    """The save of update 4 runs out of space in its writer thread (half a file written): the run raises the
-    error at the next update boundary, nothing of step 4 is left, step 2 is the newest, and a rerun resumes."""
-    real_write, real_digest = files._write, files.digest
+    """The save of update 4 runs out of space in its writer thread (half a file written, or its fsync refused): the
+    run raises the error at the next update boundary, nothing of step 4 is left, step 2 is the newest, and a rerun
+    resumes."""
+    real_write, real_fsync = files._write, files.os.fsync
 
     def full(path):
         with open(path, "ab") as f:
@@ -223,15 +225,16 @@ def test_a_full_disk_in_the_background_stops_the_run_and_leaves_the_previous_che
     def write(obj, path):
         if path.parent.name == ".step-000000004.tmp" and path.name == where:
             full(path)
-        real_write(obj, path)
+        return real_write(obj, path)
 
-    def digest(path):
-        if path.parent.name == ".step-000000004.tmp" and where == "digest":
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real_digest(path)
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if ".step-000000004.tmp/" in path and where == "fsync":
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real_fsync(fd)
 
     monkeypatch.setattr(files, "_write", write)
-    monkeypatch.setattr(files, "digest", digest)
+    monkeypatch.setattr(files.os, "fsync", fsync)
     calls = []
     with pytest.raises(OSError, match=r"no space left in .* for checkpoint step 4") as raised:
         train(tmp_path, spying(calls), max_steps=12, checkpoint_every=2)
@@ -258,8 +261,9 @@ def test_retention_never_leaves_the_folder_without_a_complete_checkpoint(tmp_pat
 
     def write(obj, path):
         look()
-        real(obj, path)
+        written = real(obj, path)
         look()
+        return written
 
     monkeypatch.setattr(files, "_write", write)
     train(tmp_path, spying([], look), max_steps=8, checkpoint_every=1, keep_checkpoints=1)
@@ -273,7 +277,7 @@ def test_saves_that_stall_training_are_named_in_the_bottleneck(tmp_path, monkeyp
 
     def slow(obj, path):
         time.sleep(0.1)
-        real(obj, path)
+        return real(obj, path)
 
     monkeypatch.setattr(files, "_write", slow)
     _, result = train(tmp_path / "sync", max_steps=8, checkpoint_every=1, checkpoint_async=False)
@@ -295,7 +299,7 @@ def test_sigterm_during_a_background_save_finishes_it_then_saves_the_final_state
         if path.parent.name == ".step-000000003.tmp":
             assert gate.wait(60)
         order.append(path.parent.name)
-        real(obj, path)
+        return real(obj, path)
 
     monkeypatch.setattr(files, "_write", held)
 
@@ -337,7 +341,7 @@ def two_ranks(directory, step, before_write):
 
     def write(obj, path):
         before_write(path)
-        real(obj, path)
+        return real(obj, path)
 
     files._write = write
     try:

@@ -171,7 +171,7 @@ def test_a_clock_save_due_while_another_is_written_waits_for_it_without_stalling
     def held(obj, path):
         if path.parent.name == ".step-000000003.tmp":
             assert gate.wait(60)
-        real(obj, path)
+        return real(obj, path)
 
     monkeypatch.setattr(files, "_write", held)
 

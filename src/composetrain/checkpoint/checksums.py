@@ -13,10 +13,21 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from composetrain.checkpoint.folder import not_regular
 
-__all__ = ["CHECKSUMS", "differs", "digest", "mismatch", "parse_sums", "read_sums", "sums_text", "write_sums"]
+__all__ = [
+    "CHECKSUMS",
+    "Hashing",
+    "differs",
+    "digest",
+    "mismatch",
+    "parse_sums",
+    "read_sums",
+    "sums_text",
+    "write_sums",
+]
 
 CHECKSUMS = "checksums.json"  # {"sha256": {path inside the checkpoint folder: hex digest}}
 
@@ -28,6 +39,26 @@ def digest(path: Path) -> str:
         while piece := f.read(1 << 22):
             h.update(piece)
     return h.hexdigest()
+
+
+class Hashing:
+    """A file written through this hashes what it writes: a file's checksum taken as it is written, never by reading
+    it back (``torch.save`` writes and flushes, nothing else)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha256 = f, hashlib.sha256()
+        if hasattr(f, "name"):
+            self.name = f.name  # a file object's: what it writes to
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return int(self.f.write(data))
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def hexdigest(self) -> str:
+        return self.sha256.hexdigest()
 
 
 def sums_text(sums: dict[str, str]) -> str:

@@ -34,14 +34,14 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 
 from composetrain.checkpoint.background import Staged, Writer, io_step, stage
-from composetrain.checkpoint.checksums import CHECKSUMS, digest, mismatch, read_sums, write_sums
+from composetrain.checkpoint.checksums import CHECKSUMS, Hashing, digest, mismatch, read_sums, write_sums
 from composetrain.checkpoint.folder import (
     LEFTOVER,
     SHARDS,
@@ -73,13 +73,16 @@ from composetrain.launch.agree import all_true, from_rank0, gathered
 __all__ = ["Checkpoints", "Flush", "StepWriter"]
 
 
-def _write(obj: Any, path: Path) -> None:
+def _write(obj: Any, path: Path) -> str:
+    """``obj`` saved in ``path``, durable: the SHA-256 of what was written, hashed as it went."""
     io_step(f"write {path.name}")
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        hashing = Hashing(f)
+        torch.save(obj, cast(IO[bytes], hashing))
         f.flush()
         io_step(f"fsync {path.name}")
         os.fsync(f.fileno())
+    return hashing.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -430,9 +433,7 @@ class Checkpoints:
             flush.tmp.mkdir()
 
     def _write_file(self, flush: Flush, name: str, value: Any) -> str:
-        _write(value, flush.tmp / name)
-        io_step(f"digest {name}")
-        return digest(flush.tmp / name)
+        return _write(value, flush.tmp / name)
 
     def _shard_folder(self, flush: Flush) -> Any:
         return flush.tmp

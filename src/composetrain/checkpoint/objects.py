@@ -33,7 +33,7 @@ from typing import IO, Any, cast
 import torch
 
 from composetrain.checkpoint.background import io_step
-from composetrain.checkpoint.checksums import CHECKSUMS, differs, parse_sums, sums_text
+from composetrain.checkpoint.checksums import CHECKSUMS, Hashing, differs, parse_sums, sums_text
 from composetrain.checkpoint.files import Checkpoints, Flush
 from composetrain.checkpoint.folder import SHARDS, STATE_FILE, step_of
 from composetrain.checkpoint.format import MARK, read
@@ -144,20 +144,6 @@ class Place:
 
     def __str__(self) -> str:
         return self.url
-
-
-class _Hashing:
-    """A writable file that hashes what is written through it (the checksum of an upload, computed as it goes)."""
-
-    def __init__(self, f: Any) -> None:
-        self.f, self.sha256 = f, hashlib.sha256()
-
-    def write(self, data: Any) -> int:
-        self.sha256.update(data)
-        return int(self.f.write(data))
-
-    def flush(self) -> None:
-        pass  # the store's file uploads in parts; closing it publishes the object
 
 
 class ObjectCheckpoints(Checkpoints):
@@ -302,7 +288,7 @@ class ObjectCheckpoints(Checkpoints):
         place = flush.tmp / name
         io_step(f"upload {name}")
         f = self._call("upload of", place, self.fs.open, place.path, "wb")
-        hashing = _Hashing(f)
+        hashing = Hashing(f)
         try:
             torch.save(value, cast(IO[bytes], hashing))  # torch.save writes and flushes, nothing else
         except BaseException as e:
@@ -313,7 +299,7 @@ class ObjectCheckpoints(Checkpoints):
                 raise StorageError(f"the upload of {place} failed: {described(e)}") from e
             raise
         self._call("upload of", place, f.close)  # the object appears whole, now
-        return hashing.sha256.hexdigest()
+        return hashing.hexdigest()
 
     def _write_shards(self, flush: Flush) -> None:
         raise self._no_shards()
