@@ -42,6 +42,7 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_compile.py", "--restarts", "1")
     session.run("python", "bench_parallel.py")
     session.run("python", "bench_checkpoint.py")
+    session.run("python", "bench_checkpoint_async.py")
     session.run("python", "bench_cache.py")
     session.run("python", "bench_hf.py")
 
