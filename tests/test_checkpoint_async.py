@@ -7,6 +7,7 @@ Observed from the outside: the files in the folder, seen from the step (which ru
 the writes (``files._write``, the one function that writes a checkpoint file, wrapped)."""
 
 import errno
+import json
 import os
 import signal
 import threading
@@ -150,6 +151,37 @@ def test_the_copy_is_taken_when_save_async_returns_and_written_as_a_synchronous_
         assert (tmp_path / "a" / "step-000000002" / name).read_bytes() == (
             tmp_path / "b" / "step-000000002" / name
         ).read_bytes(), name
+
+
+def test_finish_and_the_next_save_wait_for_the_writes_in_flight(tmp_path, monkeypatch):
+    """Checkpoints' own guarantees, whoever calls them: finish() returns once the writes are over and published;
+    a second save_async while one is being written finishes that one first (at most one in flight)."""
+    state, gate, real = run_script.state(), threading.Event(), files._write
+    monkeypatch.setattr(files, "_write", lambda obj, path: gate.wait(60) and real(obj, path))
+    checkpoints = files.Checkpoints(tmp_path, rank=0, world_size=1, keep=5)
+    try:
+        for finishing in (checkpoints.finish, lambda: checkpoints.save_async(4, *payload(state, 4))):
+            gate.clear()
+            checkpoints.save_async(2, *payload(state, 2))
+            threading.Timer(0.3, gate.set).start()  # the writes held a while after finish is called
+            started = time.monotonic()
+            finishing()
+            assert time.monotonic() - started >= 0.25
+            files_of_2 = sorted(p.name for p in (tmp_path / "step-000000002").iterdir())
+            assert published(tmp_path) == ["step-000000002"] and files_of_2 == [
+                "checksums.json",
+                "rank-0.pt",
+                "state.pt",
+            ]
+            sums = json.loads((tmp_path / "step-000000002" / "checksums.json").read_text())["sha256"]
+            assert sorted(sums) == ["rank-0.pt", "state.pt"]  # both written before the list
+        assert checkpoints.finish() == tmp_path / "step-000000004"
+        checkpoints.close()
+    finally:  # a writer never left running into the interpreter's exit
+        gate.set()
+        for t in threading.enumerate():
+            if t.name.startswith("checkpoint step"):
+                t.join(30)
 
 
 def test_a_run_saving_in_the_background_saves_what_a_synchronous_run_saves(tmp_path):

@@ -99,13 +99,15 @@ def test_without_fsspec_object_storage_is_refused_saying_what_to_install(monkeyp
     assert state.step == 0
 
 
-def test_a_step_saved_again_replaces_the_published_one_without_ever_leaving_none(monkeypatch):
-    """Checkpoint 3 saved, then saved again with other contents (as after a skipped update): stopped at each I/O
-    step of the second save (as a kill would: no clean-up), the next run finds a complete step 3, the old or the
-    new, and once it is put in place only the new."""
+class Killed(BaseException):
+    """A process killed there: nothing after it runs (no clean-up), unlike an error."""
 
-    class Killed(BaseException):
-        pass
+
+@pytest.mark.parametrize("stop", [Killed, OSError])
+def test_a_step_saved_again_replaces_the_published_one_without_ever_leaving_none(monkeypatch, stop):
+    """Checkpoint 3 saved, then saved again with other contents (as after a skipped update): stopped at each I/O
+    step of the second save (killed: no clean-up; or failing: the save cleans up and raises), the next run finds a
+    complete step 3, the old or the new, and once the new is put in place only the new."""
 
     train("memory://resave/run", max_steps=3)
     first = ObjectCheckpoints("memory://resave/run", 0, 1, 2)
@@ -122,7 +124,7 @@ def test_a_step_saved_again_replaces_the_published_one_without_ever_leaving_none
         def step(what):
             seen.append(what)
             if len(seen) == stop_at:
-                raise Killed(what)
+                raise stop(what)
 
         checkpoints = ObjectCheckpoints(url, 0, 1, 2)
         checkpoints.save(3, *payload(1))
@@ -136,8 +138,8 @@ def test_a_step_saved_again_replaces_the_published_one_without_ever_leaving_none
     steps = save_twice("memory://resave/straight")
     assert steps[0].startswith("prepare .step-000000003.tmp") and "upload .step-000000003.tmp/checksums.json" in steps
     for k in range(1, len(steps) + 1):
-        url = f"memory://resave/k{k}"
-        with pytest.raises(Killed):
+        url = f"memory://resave/{stop.__name__}{k}"
+        with pytest.raises(stop):
             save_twice(url, stop_at=k)
         again = ObjectCheckpoints(url, 0, 1, 2)  # the next run: finishes a replacement cut short
         found = again.latest()
@@ -403,6 +405,7 @@ def test_two_ranks_save_into_one_checkpoint_in_s3_and_sharded_states_are_refused
     refusals = pool.run(__name__, "sharded_refused", url + "-sharded", s3.env)
     assert all(r.startswith("ValueError: run: checkpoint_dir 's3://ranks/exp-sharded' is object storage, where "
                             "ct.run does not save sharded tensors") for r in refusals), refusals  # fmt: skip
+    assert all(r.endswith("(0 updates)") for r in refusals), refusals  # before training, not at the first save
 
 
 # -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
@@ -434,10 +437,15 @@ def two_ranks(rank, world, url, env, steps=6):
 
 
 def sharded_refused(rank, world, url, env):
-    state = run_script.state()
+    state, calls = run_script.state(), []
+
+    def step(model, batch):
+        calls.append(1)
+        return run_script.step(model, batch)
+
     try:
-        with_env(env, lambda: ct.run(ct.sharded(run_script.step), state, run_script.dataset(), checkpoint_dir=url,
-                                     max_steps=2, **OPTIONS))  # fmt: skip
+        with_env(env, lambda: ct.run(ct.sharded(step), state, run_script.dataset(), checkpoint_dir=url, max_steps=2,
+                                     **OPTIONS))  # fmt: skip
     except ValueError as e:
-        return f"ValueError: {e}"
+        return f"ValueError: {e} ({len(calls)} updates)"
     return "no error"
