@@ -36,6 +36,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import composetrain as ct
+from composetrain.checkpoint import background
 
 
 def rss() -> int:
@@ -105,11 +106,24 @@ def contender(args: argparse.Namespace, state: ct.TrainState, data: TensorDatase
     return {"time": entered[-1] - entered[0], "intervals": intervals, "saves": saves, "peak": peak.above}
 
 
+def normal(run: dict) -> float:
+    """The median interval of the updates two or more away from any save (interval k - 1: update k, then the
+    boundary after it; the save of update s stalls interval s - 1)."""
+    near = {k for s in run["saves"] for k in (s - 2, s - 1, s)}
+    return statistics.median(d for k, d in enumerate(run["intervals"]) if k not in near)
+
+
 def after_save(run: dict) -> float:
-    """The first update after each save against the median of the updates two or more away from any save."""
-    near = {k for s in run["saves"] for k in (s - 1, s, s + 1)}  # interval k: update k+1 and the boundary after it
-    normal = statistics.median(d for k, d in enumerate(run["intervals"]) if k not in near)
-    return statistics.median(run["intervals"][s] for s in run["saves"]) / normal
+    """The first update after each save against a normal one of the same run."""
+    return statistics.median(run["intervals"][s] for s in run["saves"]) / normal(run)
+
+
+def lost_in_run(run: dict) -> float:
+    """Per save, what its boundary and the updates up to the next save took beyond normal ones of the same run (a
+    drift of the machine between runs cancels)."""
+    base, ends = normal(run), [*run["saves"][1:], len(run["intervals"]) + 1]
+    windows = [run["intervals"][s - 1 : e - 1] for s, e in zip(run["saves"], ends, strict=True)]
+    return statistics.mean(sum(d - base for d in window) for window in windows)
 
 
 def main() -> None:
@@ -121,8 +135,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch's threads (1: a core left for the writer)")
     p.add_argument("--dir", default=None, help="where the checkpoints go (default: the temporary folder)")
+    p.add_argument("--nicer", type=int, default=None, help="the writer thread's niceness above the training's")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.nicer is not None:
+        background.NICER = args.nicer
     state = build(args.width)
     g = torch.Generator().manual_seed(1)
     samples = args.batch * args.updates
@@ -144,20 +161,23 @@ def main() -> None:
     print(f"## Checkpoint saves off the training path ({state_bytes(state) / 2**20:.0f} MB of state)\n")
     print(f"{args.rounds} rounds of {args.updates} updates, a save every {args.every} ({saves} timed per run), "
           f"torch threads {args.threads}, batch {args.batch}\n")  # fmt: skip
-    print("| contender | s per run (median) | lost per save, s | throughput vs never | first update after a save "
-          "vs a normal one | peak memory above start, MB |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|")
+    in_run = {n: [lost_in_run(run) for run in runs[n]] for n in ("sync", "async")}
+    print("| contender | s per run (median) | lost per save vs never, s | lost per save in the run, s | throughput vs "
+          "never | first update after a save vs a normal one | peak memory above start, MB |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for n in names:
         per_save = f"{median(lost[n]):.3f}" if n in lost else "-"
+        own = f"{median(in_run[n]):.3f}" if n in in_run else "-"
         first = f"{median(after_save(run) for run in runs[n]):.2f}x" if n != "never" else "-"
-        print(f"| {n} | {median(run['time'] for run in runs[n]):.2f} | {per_save} | {median(throughput[n]):.3f} | "
-              f"{first} | {median(run['peak'] for run in runs[n]) / 2**20:.0f} |")  # fmt: skip
+        peak = median(run["peak"] for run in runs[n]) / 2**20
+        print(f"| {n} | {median(run['time'] for run in runs[n]):.2f} | {per_save} | {own} | "
+              f"{median(throughput[n]):.3f} | {first} | {peak:.0f} |")  # fmt: skip
     spread = sorted(ratio)
-    print(
-        f"\nlost per save, async / sync: **{median(ratio):.3f}** (rounds {spread[0]:.3f}-{spread[-1]:.3f}; goal <= 0.2)"
-    )
-    normal = median(median(run["intervals"]) for run in runs["never"])
-    print(f"a normal update (never saving): {normal * 1000:.0f} ms")
+    own_ratio = median(a / s for a, s in zip(in_run["async"], in_run["sync"], strict=True))
+    print(f"\nlost per save, async / sync: **{median(ratio):.3f}** against the never-saving run (rounds "
+          f"{spread[0]:.3f} to {spread[-1]:.3f}), **{own_ratio:.3f}** within each run; goal <= 0.2")  # fmt: skip
+    usual = median(median(run["intervals"]) for run in runs["never"])
+    print(f"a normal update (never saving): {usual * 1000:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ read at an update boundary by the thread that trains.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -122,6 +123,17 @@ def stage(value: Any) -> Staged:
     return Staged(copied, event)
 
 
+NICER = 10  # how much less CPU time a writer thread gets than the training's, where the cores are all busy
+
+
+def yield_cpu() -> None:
+    """Lower this thread's CPU priority (Linux schedules each thread on its own): a save written in the background
+    takes the cores the training leaves idle, and slows it little where there are none (a CPU-only machine)."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: as it is
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + NICER))
+
+
 class Writer:
     """One save's writes in a thread of their own. ``start(work)`` runs ``work()``; ``busy``, ``wait()`` and
     ``outcome()`` (its value or the exception it raised) tell how it went. The thread is a daemon: a process that
@@ -138,6 +150,7 @@ class Writer:
         self._value, self._error = None, None
 
         def target() -> None:
+            yield_cpu()
             try:
                 self._value = work()
             except BaseException as e:  # reported at the next update boundary, on the thread that trains
