@@ -8,13 +8,15 @@ so the interval between two entries is one update and what ct.run did after it (
 as medians over rounds of per-round values:
 
 - training time lost per save: (the run's time from the first update to the last - the never-saving run's) / the
-  saves made in between (the run's last save, after its last update, is left out), async / sync (goal <= 0.2);
+  saves made in between (the run's last save, after its last update, is left out), async / sync (goal <= 0.2); and
+  the same within each run: what a save's boundary and the updates up to the next save took beyond the run's own
+  normal updates (a drift of the machine between runs cancels);
 - the first update after a save: its interval against the median interval of updates far from a save, in the same
   run (goal <= 1.1);
 - throughput saving every ``--every`` updates against never (goal >= 0.95);
 - peak host memory while the run trains above the memory before it (resident size sampled every 2 ms).
 
-    python benchmarks/bench_checkpoint_async.py                      # 5 rounds, 40 updates, a save every 10
+    python benchmarks/bench_checkpoint_async.py                      # 5 rounds, 60 updates, a save every 20
     python benchmarks/bench_checkpoint_async.py --threads 2 --rounds 7 --dir /scratch/ckpt
 """
 
@@ -130,8 +132,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--width", type=int, default=4096)  # 16.8M parameters: 201 MB with AdamW's moments
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--updates", type=int, default=40)
-    p.add_argument("--every", type=int, default=10)
+    p.add_argument("--updates", type=int, default=60)
+    p.add_argument("--every", type=int, default=20)  # longer than a save takes here: none waits for the previous
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch's threads (1: a core left for the writer)")
     p.add_argument("--dir", default=None, help="where the checkpoints go (default: the temporary folder)")
