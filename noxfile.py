@@ -43,6 +43,7 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_parallel.py")
     session.run("python", "-m", "torch.distributed.run", "--nproc-per-node=4", "bench_meshes.py")
     session.run("python", "bench_checkpoint.py")
+    session.run("python", "bench_checkpoint_async.py")
     session.run("python", "bench_cache.py")
     session.run("python", "bench_hf.py")
     session.run("python", "bench_resume.py")

@@ -27,8 +27,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "                    shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint",
-        "replace": "                    pass  # nothing that looks like a checkpoint",
+        "find": (
+            "    def _discard(self, flush: Flush) -> None:\n        shutil.rmtree(flush.tmp, ignore_errors=True)\n"
+        ),
+        "replace": ("    def _discard(self, flush: Flush) -> None:\n        pass\n"),
         "tests": [
             "tests/test_checkpoint_folder.py::test_a_full_disk_during_a_save_says_so_and_leaves_the_previous_checkpoint",
         ],
@@ -50,7 +52,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "            problem = problem or mismatch(path, name, sums)\n",
+        "find": "        problem = problem or mismatch(path, name, sums)\n",
         "replace": "",
         "tests": [
             "tests/test_checkpoint_trust.py::test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint_resumes",
@@ -60,8 +62,12 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "            written[rank_file(self.rank)] = digest(tmp / rank_file(self.rank))\n",
-        "replace": "",
+        "find": "            flush.written[name] = self._write_file(flush, name, value)\n",
+        "replace": (
+            "            sum_ = self._write_file(flush, name, value)\n"
+            "            if name == STATE_FILE:\n"
+            "                flush.written[name] = sum_\n"
+        ),
         "tests": [
             "tests/test_checkpoint_trust.py::test_a_flipped_bit_in_a_checkpoint_file_is_found_and_the_previous_checkpoint_resumes",
         ],
@@ -70,8 +76,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": '            if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:',
-        "replace": "            if False:",
+        "find": '        if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:',
+        "replace": "        if False:",
         "tests": [
             "tests/test_checkpoint_trust.py::test_a_checkpoint_of_format_2_loads_without_checksums_and_one_of_format_3_needs_them",
         ],
@@ -153,5 +159,57 @@ MUTANTS = [
             "shards' random streams"
         ),
         "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": ("        self._writer.wait()\n        self._pending = None\n"),
+        "replace": "        self._pending = None\n",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_finish_and_the_next_save_wait_for_the_writes_in_flight",
+        ],
+        "why": "published before durable: finish reads the writer's outcome without waiting for its writes",
+        "from": "checkpoint_async",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": ("        self._fail_if(flush, failure)\n        return self._publish(flush, gathered(written))"),
+        "replace": "        return self._publish(flush, gathered(written or {}))",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_a_full_disk_in_the_background_stops_the_run_and_leaves_the_previous_checkpoint",
+        ],
+        "why": "a background write that failed (a full disk) is published with the files it has, its error dropped",
+        "from": "checkpoint_async",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": ("        os.fsync(f.fileno())\n    return hashing.hexdigest()"),
+        "replace": "    return hashing.hexdigest()",
+        "tests": [
+            "tests/test_checkpoint.py::test_every_file_and_folder_is_fsynced_before_one_rename_creates_the_checkpoint",
+        ],
+        "why": "published before durable: a file written in the background is never fsynced before the rename",
+        "from": "checkpoint_async",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": ('waits for its writes)."""\n        self.finish()\n'),
+        "replace": 'waits for its writes)."""\n',
+        "tests": [
+            "tests/test_checkpoint_async.py::test_finish_and_the_next_save_wait_for_the_writes_in_flight",
+        ],
+        "why": "two saves in flight: save_async starts the next without finishing the one being written",
+        "from": "checkpoint_async",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "            older = [p for p in self._steps() if self._step(p) < flush.step]",
+        "replace": "            older = [p for p in self._steps() if self._step(p) <= flush.step]",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_retention_never_leaves_the_folder_without_a_complete_checkpoint",
+        ],
+        "why": (
+            "retention counts the checkpoint just published among the old ones: keep_checkpoints=1 deletes the newest"
+        ),
+        "from": "checkpoint_async",
     },
 ]

@@ -7,16 +7,6 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/checkpoint/shards.py",
-        "find": "FileSystemWriter(folder / SHARDS, sync_files=True)",
-        "replace": "FileSystemWriter(folder / SHARDS, sync_files=False)",
-        "tests": [
-            "tests/test_sharded_checkpoint_files.py::test_shard_files_and_metadata_are_fsynced_before_the_rename",
-        ],
-        "why": "20.2: the shard files are not fsynced before the folder's rename",
-        "from": "issue20",
-    },
-    {
-        "file": "src/composetrain/checkpoint/shards.py",
         "find": 'params = [p for g in self.state.optimizer.param_groups for p in g["params"]]',
         "replace": "params = list(self.state.model.parameters())",
         "tests": [

@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/options.py",
+        "find": 'DEFAULT_INTERVAL = "10min"',
+        "replace": 'DEFAULT_INTERVAL = "epoch"',
+        "tests": [
+            "tests/test_checkpoint_interval.py::test_the_default_saves_every_ten_minutes",
+        ],
+        "why": "no default interval: a kill loses up to an epoch",
+        "from": "checkpoint_async",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
         "find": "        if isinstance(self.eval_step, TrainStep):",
         "replace": "        if isinstance(self.eval_step, TrainStep) and self.eval_data is None:",
         "tests": [
@@ -69,7 +79,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/options.py",
-        "find": "if every is not None and self.checkpoint_dir is None:",
+        "find": "if getattr(self, name) is not None and self.checkpoint_dir is None:",
         "replace": "if False:",
         "tests": [
             "tests/test_run_options.py",

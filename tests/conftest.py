@@ -45,3 +45,24 @@ def fresh_dynamo():
     counters.clear()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One S3-compatible server (moto's, in a process of its own on 127.0.0.1) for the object storage tests;
+    they skip without moto or s3fs."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from processes import S3Server
+
+    server = S3Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """``s3_server`` with this process's environment pointing at it (credentials, endpoint)."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return s3_server

@@ -110,17 +110,18 @@ def main():
             if calls["save"] == at:
                 marker.write_text(f"rank {rank} at {args.kill}\n")
                 raise OSError(errno.ENOSPC, "No space left on device (injected)", str(path))
-            original_write(obj, path)
+            return original_write(obj, path)
 
         checkpoint._write = full_write
     if armed and where == "save":
         original_write = checkpoint._write
 
         def dying_write(obj, path):
-            original_write(obj, path)
+            written = original_write(obj, path)
             if path.name == "state.pt" or rank != 0:
                 calls["save"] += 1
                 die("save", calls["save"])
+            return written
 
         checkpoint._write = dying_write
 

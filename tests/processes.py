@@ -24,6 +24,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -33,7 +34,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-__all__ = ["Job", "Pool", "alive", "free_port", "kill_tree", "run", "wait_all", "wait_for"]
+__all__ = ["Job", "Pool", "S3Server", "alive", "free_port", "kill_tree", "run", "wait_all", "wait_for"]
 
 
 def _processes() -> dict[int, tuple[int, int, str]]:
@@ -176,6 +177,61 @@ def wait_for(condition: Any, timeout: float = 60) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the condition never came true")
         time.sleep(0.05)
+
+
+# -- an S3-compatible server ------------------------------------------------------------------------
+
+
+class S3Server:
+    """moto's standalone S3-compatible server on 127.0.0.1, in a process of its own (``kill()``: SIGKILL, whatever
+    it is serving). ``env``: what points s3fs and boto3 at it, with test credentials and none of this machine's AWS
+    configuration or instance metadata; ``server_env``: the server's own settings (moto's
+    ``INITIAL_NO_AUTH_ACTION_COUNT`` makes it check credentials and IAM policies after that many requests)."""
+
+    def __init__(self, **server_env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        self.job = Job(command, {**os.environ, **server_env})
+        try:
+            wait_for(self._listening, timeout=120)
+        except TimeoutError:
+            self.kill()
+            raise RuntimeError(f"moto's server did not start: {self.job.output()[-2000:]}") from None
+        self.env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_MAX_ATTEMPTS": "2",  # a server gone is said within seconds
+        }
+
+    def _listening(self) -> bool:
+        if self.job.poll() is not None:
+            raise RuntimeError(f"moto's server ended: {self.job.output()[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5):
+            return True
+        return False
+
+    def client(self, service: str = "s3", **credentials: str) -> Any:
+        import boto3
+
+        keys = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", **credentials}
+        return boto3.client(service, endpoint_url=self.url, region_name="us-east-1", **keys)
+
+    def bucket(self, name: str) -> str:
+        """A new bucket ``name``, empty: its URL."""
+        self.client().create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    def kill(self) -> None:
+        self.job.kill_all()
+
+    def close(self) -> None:
+        self.job.__exit__(None, None, None)
 
 
 # -- a pool of ranks --------------------------------------------------------------------------------

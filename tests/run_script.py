@@ -127,11 +127,12 @@ def main():
         original = checkpoint._write
 
         def slow(obj, path):
-            original(obj, path)
+            written = original(obj, path)
             saves.append(path)
             if len(saves) == args.slow_save:
                 print("SAVING", flush=True)
                 time.sleep(600)
+            return written
 
         checkpoint._write = slow
 

@@ -90,10 +90,11 @@ def latest(directory: Path) -> Path | None:
     return None if found is None else found[0]
 
 
-def test_every_file_and_folder_is_fsynced_before_one_rename_creates_the_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("background", [True, False])  # step 3 written by a writer thread, or by the training's
+def test_every_file_and_folder_is_fsynced_before_one_rename_creates_the_checkpoint(tmp_path, monkeypatch, background):
     root = tmp_path.resolve() / "run"
     syscalls = Syscalls(monkeypatch, root)
-    train(root, max_steps=6, checkpoint_every=3)
+    train(root, max_steps=6, checkpoint_every=3, checkpoint_async=background)
     monkeypatch.undo()
     calls = syscalls.calls
     finals = sorted(root.glob("step-*"))

@@ -2,10 +2,14 @@
 checkpoint, and a file changed on disk after it was written (a flipped byte) is found by its checksum and set aside,
 the run resuming from the previous checkpoint."""
 
+import math
+
 import pytest
 import run_script
 import torch
 from helpers import assert_states_equal
+from hypothesis import given
+from hypothesis import strategies as st
 
 import composetrain as ct
 
@@ -175,3 +179,21 @@ def diverges_on_rank_one(rank, world, directory):
     finally:
         driver._nonfinite = original  # the pool's ranks run the file's other cases next
     return None
+
+
+@given(
+    shape=st.lists(st.integers(0, 4), max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64]),
+    bad=st.lists(st.tuples(st.integers(0, 63), st.sampled_from([math.nan, math.inf, -math.inf])), max_size=2),
+    imaginary=st.booleans(),
+)
+def test_the_save_time_finiteness_check_is_isfinite_all(shape, dtype, bad, imaginary):
+    """The check a save makes of every parameter (its smallest and largest values) says what isfinite().all() says."""
+    from composetrain.driver.run import _finite
+
+    t = torch.randn(shape, generator=torch.Generator().manual_seed(len(bad))).to(dtype)
+    flat = t.view(-1)
+    for at, value in bad:
+        if flat.numel():
+            flat[at % flat.numel()] = complex(0, value) if imaginary and dtype.is_complex else value
+    assert bool(_finite(t)) == bool(torch.isfinite(t).all())

@@ -23,6 +23,7 @@ from torch import nn
 import composetrain as ct
 from composetrain.core.protocol import StepOutput
 from composetrain.core.util import show
+from composetrain.driver.options import CheckpointOptions
 
 
 # -- numeric and flag arguments: one rule ----------------------------------------------------------
@@ -118,6 +119,10 @@ ARGS = [
     Arg("cache", "timeout", lambda v: _cache(timeout=v), "real", finite=False),
     *[Arg("cache", f, lambda v, f=f: _cache(**{f: v}), "bool") for f in ("rebuild", "verify", "progress")],
     Arg("ct.hdf5", "seed", lambda v: ct.hdf5(_h5(), "x", seed=v), "int", **_INT64),
+    # ct.run's options, as it builds them before anything runs (checkpoint_every takes updates or a duration: its
+    # forms and refusals are tests/test_checkpoint_interval.py's)
+    Arg("run", "checkpoint_async", lambda v: CheckpointOptions("runs/a", checkpoint_async=v), "bool", unset=True),
+    Arg("run", "keep_checkpoints", lambda v: CheckpointOptions("runs/a", keep_checkpoints=v), "int"),
 ]
 
 _OTHER = st.one_of(

@@ -184,7 +184,10 @@ def run_args(draw):
         "requeue": draw(st.booleans()),
         "timeout": draw(st.one_of(st.floats(1e-3, 1e6), st.integers(1, 10**4))),
     }
-    args["checkpoint_every"] = draw(_maybe(_COUNT)) if args["checkpoint_dir"] is not None else None
+    duration = st.builds(lambda n, unit: f"{n}{unit}", st.integers(1, 10**4), st.sampled_from(["s", "min", "h"]))
+    every = st.one_of(_COUNT, duration, st.tuples(_COUNT, duration), st.just("epoch"))
+    args["checkpoint_every"] = draw(_maybe(every)) if args["checkpoint_dir"] is not None else None
+    args["checkpoint_async"] = draw(_maybe(st.booleans())) if args["checkpoint_dir"] is not None else None
     evaluating = draw(st.booleans())
     args["eval_step"], args["eval_data"] = (evaluate, DATA) if evaluating else (None, None)
     args["eval_every"] = draw(_maybe(_COUNT)) if evaluating else None
@@ -204,7 +207,17 @@ def test_valid_options_build_resolve_their_defaults_and_round_trip(args):
     options = build(**args)
     loader, saving, log, evaluation = options.loader, options.checkpoint, options.log, options.eval
     numbers = (options.epochs, options.max_steps, options.timeout, loader.batch_size, loader.seed, log.log_every)
-    assert all(_plain(v) for v in (*numbers, saving.keep_checkpoints, saving.checkpoint_every, evaluation.eval_every))
+    every = saving.checkpoint_every
+    assert all(_plain(v) for v in (*numbers, saving.keep_checkpoints, evaluation.eval_every))
+    assert all(_plain(v) for v in (every if isinstance(every, tuple) else (every,)))
+    if args["checkpoint_dir"] is not None:  # the defaults resolved: every 10 minutes, in the background
+        given = args["checkpoint_every"]
+        expected = (
+            "10min" if given is None else given if isinstance(given, str)
+            else (int(given[0]), given[1]) if isinstance(given, tuple) else int(given)
+        )  # fmt: skip
+        assert every == expected
+        assert saving.checkpoint_async is (args["checkpoint_async"] is not False)
     assert (
         loader.seed == args["seed"] and loader.batch_size == args["batch_size"] and options.timeout == args["timeout"]
     )

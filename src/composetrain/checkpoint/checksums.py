@@ -13,10 +13,21 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from composetrain.checkpoint.folder import not_regular
 
-__all__ = ["CHECKSUMS", "digest", "mismatch", "read_sums", "write_sums"]
+__all__ = [
+    "CHECKSUMS",
+    "Hashing",
+    "differs",
+    "digest",
+    "mismatch",
+    "parse_sums",
+    "read_sums",
+    "sums_text",
+    "write_sums",
+]
 
 CHECKSUMS = "checksums.json"  # {"sha256": {path inside the checkpoint folder: hex digest}}
 
@@ -30,9 +41,34 @@ def digest(path: Path) -> str:
     return h.hexdigest()
 
 
+class Hashing:
+    """A file written through this hashes what it writes: a file's checksum taken as it is written, never by reading
+    it back (``torch.save`` writes and flushes, nothing else)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha256 = f, hashlib.sha256()
+        if hasattr(f, "name"):
+            self.name = f.name  # a file object's: what it writes to
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return int(self.f.write(data))
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def hexdigest(self) -> str:
+        return self.sha256.hexdigest()
+
+
+def sums_text(sums: dict[str, str]) -> str:
+    """``checksums.json``'s text: ``sums`` by file name, sorted."""
+    return json.dumps({"sha256": dict(sorted(sums.items()))}, indent=0)
+
+
 def write_sums(folder: Path, sums: dict[str, str]) -> None:
     with open(folder / CHECKSUMS, "w") as f:
-        json.dump({"sha256": dict(sorted(sums.items()))}, f, indent=0)
+        f.write(sums_text(sums))
         f.flush()
         os.fsync(f.fileno())
 
@@ -47,12 +83,33 @@ def read_sums(folder: Path) -> tuple[dict[str, str] | None, str | None]:
     if problem:
         return None, problem
     try:
-        sums = json.loads(path.read_text())["sha256"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: [[[[...
+        text = path.read_text()
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8
+        return None, f"its {CHECKSUMS} is unreadable ({type(e).__name__})"
+    return parse_sums(text)
+
+
+def parse_sums(text: str | bytes) -> tuple[dict[str, str] | None, str | None]:
+    """The checksums ``checksums.json``'s ``text`` records, or why they are unreadable."""
+    try:
+        sums = json.loads(text)["sha256"]
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: [[[[...
         return None, f"its {CHECKSUMS} is unreadable ({type(e).__name__})"
     if not isinstance(sums, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sums.items()):
         return None, f"its {CHECKSUMS} is unreadable (not a dict of file names to digests)"
     return sums, None
+
+
+def differs(name: str, got: str, want: str | None) -> str | None:
+    """Why a file of digest ``got`` does not match ``want``, its recorded checksum (None: none recorded)."""
+    if want is None:
+        return f"{name} has no checksum in its {CHECKSUMS}"
+    if got != want:
+        return (
+            f"{name} does not match the checksum written with it (SHA-256 {got[:16]}..., recorded {want[:16]}...): "
+            "it changed on disk after it was written"
+        )
+    return None
 
 
 def mismatch(folder: Path, name: str, sums: dict[str, str] | None) -> str | None:
@@ -60,13 +117,6 @@ def mismatch(folder: Path, name: str, sums: dict[str, str] | None) -> str | None
     ``sums`` is None (a checkpoint written before checksums), or the file cannot be read (its reader says why)."""
     if sums is None or not_regular(folder / name):
         return None
-    want = sums.get(name)
-    if want is None:
-        return f"{name} has no checksum in its {CHECKSUMS}"
-    got = digest(folder / name)
-    if got != want:
-        return (
-            f"{name} does not match the checksum written with it (SHA-256 {got[:16]}..., recorded {want[:16]}...): "
-            "it changed on disk after it was written"
-        )
-    return None
+    if sums.get(name) is None:
+        return differs(name, "", None)
+    return differs(name, digest(folder / name), sums[name])

@@ -1,4 +1,4 @@
-"""Checkpoints for ct.run: atomic, per-rank random state, the latest valid one wins.
+"""Checkpoints for ct.run: atomic, per-rank random state, the latest valid one wins; written in the background.
 
 A checkpoint is a folder ``step-000001234/`` holding ``state.pt`` (written by rank
 0: the TrainState and the loop's position) and ``rank-<rank>.pt`` (every rank's
@@ -7,6 +7,12 @@ It is written under a hidden temporary name in the same folder, every file
 fsynced, then renamed into place and the folder fsynced: a crash mid-save leaves
 the previous checkpoint as the latest valid one. Files hold tensors and plain types
 only and load with ``weights_only=True``: resuming never runs code from the folder.
+
+A save happens in three parts: ``_begin`` (every check, on every rank alike, and the temporary folder), the writes
+(each rank its own files, each fsynced, its checksum kept), and ``_publish`` (rank 0 lists every checksum, makes
+the folder durable, renames it into place; only then are older checkpoints pruned). ``save`` runs them in turn;
+``save_async`` stages what this rank writes (a copy off the live tensors), hands the writes to a thread and
+returns; ``finish`` waits for them and publishes, on every rank together, at an update boundary.
 
 One run at a time: every process that writes holds ``.lock-rank-<rank>`` in the folder
 (``fcntl.flock``, released by the kernel when its holder ends, even by SIGKILL), so a
@@ -17,19 +23,25 @@ is left where it is, with a warning. Files that are not regular files are never 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import datetime
 import errno
 import functools
 import io
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemWriter
 
-from composetrain.checkpoint.checksums import CHECKSUMS, digest, mismatch, read_sums, write_sums
+from composetrain.checkpoint.background import Staged, Writer, io_step, stage
+from composetrain.checkpoint.checksums import CHECKSUMS, Hashing, digest, mismatch, read_sums, write_sums
 from composetrain.checkpoint.folder import (
     LEFTOVER,
     SHARDS,
@@ -60,14 +72,19 @@ from composetrain.checkpoint.shards import ShardFiles, split
 from composetrain.core.util import RUN
 from composetrain.launch.agree import all_true, from_rank0, gathered
 
-__all__ = ["Checkpoints"]
+__all__ = ["Checkpoints", "Flush", "StepWriter"]
 
 
-def _write(obj: Any, path: Path) -> None:
+def _write(obj: Any, path: Path) -> str:
+    """``obj`` saved in ``path``, durable: the SHA-256 of what was written, hashed as it went."""
+    io_step(f"write {path.name}")
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        hashing = Hashing(f)
+        torch.save(obj, cast(IO[bytes], hashing))
         f.flush()
+        io_step(f"fsync {path.name}")
         os.fsync(f.fileno())
+    return hashing.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -76,6 +93,34 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class StepWriter(FileSystemWriter):
+    """DCP's FileSystemWriter, its two I/O steps (this rank's shard files; rank 0's metadata) marked."""
+
+    def write_data(self, *args: Any, **kwargs: Any) -> Any:
+        io_step(f"write {SHARDS}/")
+        return super().write_data(*args, **kwargs)
+
+    def finish(self, *args: Any, **kwargs: Any) -> Any:
+        io_step(f"write {SHARDS}/.metadata")
+        return super().finish(*args, **kwargs)
+
+
+@dataclasses.dataclass
+class Flush:
+    """One save from its checks to its publication: where it goes (``final``) and is written first (``tmp``),
+    what this rank writes (``files``: file name to value; emptied once staged), the sharded tensors (DCP's), the
+    checksums of the files written so far, and DCP's writes in flight (``save_async``)."""
+
+    step: int
+    final: Any
+    tmp: Any
+    files: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    size: int  # bytes of tensor data, for the messages
+    written: dict[str, str] = dataclasses.field(default_factory=dict)
+    shards: Any = None
 
 
 class Checkpoints:
@@ -93,6 +138,8 @@ class Checkpoints:
             rank's own file continues only on processes laid out alike.
         shards: where a sharded TrainState's tensors go (``ct.sharded``): each rank writes its own
             through torch.distributed.checkpoint, into ``shards/``.
+        timeout: seconds a background save's own collectives (DCP's, sharded) wait for the other ranks, and
+            ``abandon`` for this rank's writes.
     """
 
     def __init__(
@@ -103,12 +150,28 @@ class Checkpoints:
         keep: int,
         shards: ShardFiles | None = None,
         data_shards: list[int] | None = None,
+        timeout: float = 300.0,
     ) -> None:
         self.shards = shards
         self.data_shards = list(range(world_size)) if data_shards is None else list(data_shards)
-        self.dir = Path(directory).expanduser()
-        self.rank, self.world_size, self.keep = rank, world_size, keep
+        self.dir: Any = self._locate(directory)
+        self.rank, self.world_size, self.keep, self.timeout = rank, world_size, keep, timeout
+        self.newest: Any = None  # the last checkpoint this object published
         self._lock: io.FileIO | None = None
+        self._writer = Writer()
+        self._pending: Flush | None = None  # the save whose writes are in flight (save_async)
+        self._group: Any = None  # the process group of background DCP writes
+        self._open()
+
+    local = True  # a folder of this machine's (a rename publishes); ObjectCheckpoints: object storage
+
+    def _locate(self, directory: Any) -> Any:
+        """Where the checkpoints live, as the other methods take it (a local folder: its Path)."""
+        return Path(directory).expanduser()
+
+    def _open(self) -> None:
+        """Check the folder writable, take it for this run, and remove what an interrupted save left."""
+        rank = self.rank
         problem = None
         if rank == 0:
             try:
@@ -150,25 +213,115 @@ class Checkpoints:
         self._barrier()
 
     def close(self) -> None:
-        """Let the folder go (the kernel does it too when this process ends, however it ends)."""
-        if self._lock is not None:
-            lock, self._lock = self._lock, None
-            lock.close()  # closing the only descriptor releases the flock
+        """Let the folder go (the kernel does it too when this process ends, however it ends); a save still in
+        flight is abandoned first, never published."""
+        try:
+            self.abandon()
+        finally:
+            if self._group is not None:
+                group, self._group = self._group, None
+                dist.destroy_process_group(group)
+            if self._lock is not None:
+                lock, self._lock = self._lock, None
+                lock.close()  # closing the only descriptor releases the flock
 
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
 
+    # -- saving: begin (checks, staging, the temporary folder), write, publish -------------------------------------
     def save(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None = None) -> Path:
         """Write ``payload`` (rank 0's), and ``local`` with this rank's RNG states, as checkpoint
         ``step``, atomically; then drop all but the ``keep`` newest older ones. ``nonfinite``: the name of a
         parameter holding NaN or inf on this rank: then nothing is written or dropped, on any rank (a diverged
-        model must never prune the finite checkpoints it could resume from)."""
+        model must never prune the finite checkpoints it could resume from). A save in flight (``save_async``)
+        is finished and published first."""
+        self.finish()
+        flush = self._begin(step, payload, local, nonfinite)
+        self._agreed(flush, lambda: self._write_files(flush, flush.files))
+        if flush.tensors and self.shards is not None:  # every rank alike: the same state is sharded everywhere
+            self._agreed(flush, lambda: self._write_shards(flush))
+        return self._publish(flush, gathered(flush.written))
+
+    def save_async(
+        self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None = None
+    ) -> None:
+        """``save``, with the writing off this thread: the checks, the copy of what this rank writes (its
+        tensors into new host memory: ``background.stage``) and the temporary folder now, on every rank together;
+        the files written by a thread while training goes on; published by ``finish``, once every
+        rank's files are durable. At most one save is in flight: a save in flight is finished first (this
+        waits for its writes)."""
+        self.finish()
+        flush = self._begin(step, payload, local, nonfinite)
+        copies: list[Staged] = []  # the copy made on every rank, or an error (no host memory left) on every rank
+        self._agreed(flush, lambda: copies.append(stage(flush.files)))
+        staged = copies[0]
+        if flush.tensors and self.shards is not None:  # DCP stages the shards now, and writes them in its thread
+            if self._group is None and dist.is_available() and dist.is_initialized():
+                # the writes' own collectives, on a group of their own: never between the training's
+                self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
+            flush.shards = self._shards_async(flush)
+
+        def work() -> dict[str, str]:
+            error: BaseException | None = None
+            try:
+                self._write_files(flush, staged.ready())
+            except BaseException as e:
+                error = e
+            if flush.shards is not None:  # DCP's thread done with the folder before it is published or removed
+                shards, flush.shards = flush.shards, None
+                error = error or shards.exception()
+                if error is None:
+                    flush.written.update(self._shard_sums(flush))
+            if error is not None:
+                raise error
+            return flush.written
+
+        flush.files = {}  # the live values: only the staged copy is read from here on
+        self._pending = flush
+        self._writer.start(work, name=f"checkpoint step {step}")
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether this rank's writes of a save are still going on."""
+        return self._writer.busy
+
+    @property
+    def pending(self) -> int | None:
+        """The step of the save started by ``save_async`` and not yet published, or None."""
+        return None if self._pending is None else self._pending.step
+
+    def finish(self) -> Path | None:
+        """Wait for the save in flight, if any, and publish it: on every rank together (a collective). Its error
+        (a full disk) is raised on every rank alike, nothing of it left behind, the previous checkpoint the
+        newest. Returns the checkpoint published, or None when none was in flight."""
+        flush = self._pending
+        if flush is None:
+            return None
+        self._writer.wait()
+        self._pending = None
+        written, failure = self._writer.outcome()
+        self._fail_if(flush, failure)
+        return self._publish(flush, gathered(written))
+
+    def abandon(self) -> None:
+        """The run failed with a save in flight: alone, this process waits for its writes (``timeout`` seconds
+        at most) and publishes it if they went well, as no other rank has to agree; with several, the save is given
+        up (the ranks may be anywhere): never published, what it left removed by the next run."""
+        if self._pending is None:
+            return
+        if self._writer.wait(self.timeout) and self.world_size == 1:
+            with contextlib.suppress(Exception):  # a failed write: removed, the run's own error goes on
+                self.finish()
+        self._pending = None
+
+    def _begin(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None) -> Flush:
+        """Every check, on every rank alike, before anything is written; then the temporary folder."""
         if not all_true(nonfinite is None):
             told = gathered(nonfinite)
             rank = next(r for r, name in enumerate(told) if name is not None)
             previous = next(iter(self._steps()), None) if self.rank == 0 else None
-            previous = from_rank0(previous.name if previous is not None else None)
+            previous = from_rank0(self._name(previous) if previous is not None else None)
             kept = f"the last checkpoint {previous} is kept, unchanged" if previous else "there is no checkpoint yet"
             where = f" on rank {rank}" if self.world_size > 1 else ""
             raise FloatingPointError(
@@ -186,102 +339,166 @@ class Checkpoints:
                 "a checkpoint holds tensors and plain types only (dict, list, tuple, str, int, float, bool, None), "
                 "which load without running code: convert that value in its state_dict()"
             )
-        final = self.dir / f"step-{step:09d}"
-        tmp = self.dir / f".step-{step:09d}.tmp"
-        taken = self.rank == 0 and os.path.lexists(final) and not is_checkpoint(final)
-        if not all_true(not taken):  # before anything is written: the user's folder stays as it is
-            what = (
-                (
-                    "it is a link"
-                    if final.is_symlink()
-                    else f"it holds no {STATE_FILE}"
-                    if final.is_dir()
-                    else "it is a file"
-                )
-                if self.rank == 0
-                else "seen by rank 0"
-            )
+        final, tmp = self._places(step)
+        what = self._taken(final) if self.rank == 0 else None
+        if not all_true(what is None):  # before anything is written: the user's folder stays as it is
             raise FileExistsError(
-                f"{RUN}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint ({what}), "
-                "so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
+                f"{RUN}: cannot save checkpoint step {step}: {final} exists and is not a checkpoint "
+                f"({what or 'seen by rank 0'}), so ct.run leaves it alone; move it out of checkpoint_dir and rerun"
             )
-
-        def agreed(phase: Any) -> None:
-            """``phase`` on this rank, then whether it went well everywhere (the collective that also
-            orders the phases); a failure (a full disk) raises on every rank, nothing left behind."""
-            failure: Exception | None = None
-            try:
-                phase()
-            except Exception as e:  # torch.save reports a full disk as a RuntimeError caused by the OSError
-                failure = e
-            if not all_true(failure is None):
-                if self.rank == 0:
-                    shutil.rmtree(tmp, ignore_errors=True)  # nothing that looks like a checkpoint, the space back
-                cause = os_error(failure)
-                mine = None if cause is None else (cause.errno, cause.strerror, cause.filename)
-                # every rank learns which rank failed and why (a full disk is ENOSPC on all of them alike)
-                told = gathered((failure is not None, mine))
-                if failure is not None and cause is None:
-                    raise failure  # not the disk: as it came (every other rank says the step was not saved)
-                rank = self.rank if failure is not None else next(r for r, (failed, _) in enumerate(told) if failed)
-                if cause is None:
-                    rank = next((r for r, (_, info) in enumerate(told) if info is not None), rank)
-                    info = told[rank][1]
-                    cause = None if info is None else OSError(info[0], info[1], info[2])
-                size = size_of(payload) + size_of(local) + size_of(tensors)  # only for the message
-                raise self._save_failed(step, cause, size, rank) from failure
-
-        def prepare() -> None:
-            if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir()
-
-        written: dict[str, str] = {}  # this rank's files, by their path in the folder: their checksums
-
-        def write() -> None:
-            _write(local, tmp / rank_file(self.rank))
-            written[rank_file(self.rank)] = digest(tmp / rank_file(self.rank))
-            if self.rank == 0:
-                _write(stamp_shared(payload, self.world_size, self.data_shards), tmp / STATE_FILE)
-                written[STATE_FILE] = digest(tmp / STATE_FILE)
-
-        def write_shards() -> None:  # every rank alike: the same state is sharded everywhere
-            if tensors and self.shards is not None:
-                self.shards.save(tensors, tmp)
-                # DCP names each rank's files __<rank>_<n>.distcp; the coordinator (rank 0) writes .metadata
-                mine = [
-                    *(tmp / SHARDS).glob(f"__{self.rank}_*"),
-                    *((tmp / SHARDS).glob(".metadata") if self.rank == 0 else []),
-                ]
-                written.update({f"{SHARDS}/{p.name}": digest(p) for p in mine if p.is_file()})
-
-        def seal() -> None:  # rank 0 lists every rank's checksums, before the fsync and the rename
-            if self.rank == 0:
-                write_sums(tmp, {name: sum_ for part in everyone for name, sum_ in part.items()})
-
-        def sync() -> None:
-            if self.rank == 0:
-                if tensors:
-                    _fsync_dir(tmp / SHARDS)
-                _fsync_dir(tmp)
-
-        for phase in (prepare, write, write_shards):
-            agreed(phase)
-        everyone = gathered(written)  # every rank is here: each phase above ended in the same collective
-        for phase in (seal, sync):
-            agreed(phase)
+        files = {rank_file(self.rank): local}
         if self.rank == 0:
-            old = self.dir / f".step-{step:09d}.old"
-            if final.exists():  # saved at this step before (a skipped update): keep it until replaced
-                os.replace(final, old)
-            os.replace(tmp, final)
-            _fsync_dir(self.dir)
-            shutil.rmtree(old, ignore_errors=True)
-            older = [p for p in self._steps() if step_of(p.name) < step]  # type: ignore[operator]
-            for stale in older[self.keep - 1 :]:
-                shutil.rmtree(stale, ignore_errors=True)
+            files[STATE_FILE] = stamp_shared(payload, self.world_size, self.data_shards)
+        size = size_of(payload) + size_of(local) + size_of(tensors)  # only for the messages
+        flush = Flush(step, final, tmp, files, tensors, size)
+        self._agreed(flush, lambda: self._prepare(flush))
+        return flush
+
+    def _agreed(self, flush: Flush, phase: Callable[[], Any]) -> None:
+        """``phase`` on this rank, then whether it went well everywhere (the collective that also orders the
+        phases); a failure (a full disk) raises on every rank, nothing left behind."""
+        failure: BaseException | None = None
+        try:
+            phase()
+        except Exception as e:  # torch.save reports a full disk as a RuntimeError caused by the OSError
+            failure = e
+        self._fail_if(flush, failure)
+
+    def _fail_if(self, flush: Flush, failure: BaseException | None) -> None:
+        """Raise, on every rank, the error of a save that failed on any (``failure``: this rank's, or None),
+        once rank 0 removed what it wrote; each rank learns which rank failed and why."""
+        if all_true(failure is None):
+            return
+        if self.rank == 0:
+            self._discard(flush)  # nothing that looks like a checkpoint, the space back
+        cause = os_error(failure)
+        mine = None if cause is None else (cause.errno, cause.strerror, cause.filename)
+        # every rank learns which rank failed and why (a full disk is ENOSPC on all of them alike)
+        told = gathered((failure is not None, mine))
+        if failure is not None and cause is None:
+            raise failure  # not the disk: as it came (every other rank says the step was not saved)
+        rank = self.rank if failure is not None else next(r for r, (failed, _) in enumerate(told) if failed)
+        if cause is None:
+            rank = next((r for r, (_, info) in enumerate(told) if info is not None), rank)
+            info = told[rank][1]
+            cause = None if info is None else OSError(info[0], info[1], info[2])
+        raise self._save_failed(flush.step, cause, flush.size, rank) from failure
+
+    def _write_files(self, flush: Flush, files: dict[str, Any]) -> None:
+        """This rank's files (its own, and rank 0 ``state.pt``), each durable, its checksum kept."""
+        for name, value in files.items():
+            flush.written[name] = self._write_file(flush, name, value)
+
+    def _write_shards(self, flush: Flush) -> None:  # every rank alike: the same state is sharded everywhere
+        assert self.shards is not None
+        self.shards.save(flush.tensors, self._shard_folder(flush), writer=self._shard_writer(flush))
+        flush.written.update(self._shard_sums(flush))
+
+    def _shards_async(self, flush: Flush) -> Any:
+        assert self.shards is not None
+        return self.shards.save_async(
+            flush.tensors, self._shard_folder(flush), self._group, writer=self._shard_writer(flush)
+        )
+
+    def _publish(self, flush: Flush, everyone: list[dict[str, str]]) -> Path:
+        """Rank 0 lists every rank's checksums and makes the checkpoint what ``latest`` finds (all of it
+        durable first); then the older ones beyond ``keep`` go. Every rank returns once it is published."""
+        sums = {name: sum_ for part in everyone for name, sum_ in part.items()}
+        self._agreed(flush, lambda: self._seal(flush, sums) if self.rank == 0 else None)
+        self._agreed(flush, lambda: self._commit(flush, sums) if self.rank == 0 else None)  # every rank learns
+        if self.rank == 0:
+            older = [p for p in self._steps() if self._step(p) < flush.step]
+            for stale in older[self.keep - 1 :]:  # the newest, just published, is never among them
+                self._remove(stale)
         self._barrier()
-        return final
+        self.newest = flush.final
+        return flush.final
+
+    def taken(self, step: int) -> bool:
+        """Whether something that is no checkpoint sits where checkpoint ``step`` would be published (a save there
+        is refused): rank 0 looks, every rank learns."""
+        return bool(from_rank0(self._taken(self._places(step)[0]) is not None if self.rank == 0 else None))
+
+    # -- the local folder: a temporary folder, each file and folder fsynced, one rename ---------------------------
+    def _places(self, step: int) -> tuple[Any, Any]:
+        """Where checkpoint ``step`` is published, and where it is written first."""
+        return self.dir / f"step-{step:09d}", self.dir / f".step-{step:09d}.tmp"
+
+    def _taken(self, final: Any) -> str | None:
+        """What sits at ``final`` that is no checkpoint (a save there is refused), or None."""
+        if not os.path.lexists(final) or is_checkpoint(final):
+            return None
+        if final.is_symlink():
+            return "it is a link"
+        return f"it holds no {STATE_FILE}" if final.is_dir() else "it is a file"
+
+    def _prepare(self, flush: Flush) -> None:
+        if self.rank == 0:
+            io_step(f"mkdir {flush.tmp.name}")
+            shutil.rmtree(flush.tmp, ignore_errors=True)
+            flush.tmp.mkdir()
+
+    def _write_file(self, flush: Flush, name: str, value: Any) -> str:
+        return _write(value, flush.tmp / name)
+
+    def _shard_folder(self, flush: Flush) -> Any:
+        return flush.tmp
+
+    def _shard_writer(self, flush: Flush) -> Any:
+        return StepWriter(flush.tmp / SHARDS, sync_files=True)
+
+    def _shard_sums(self, flush: Flush) -> dict[str, str]:
+        # DCP names each rank's files __<rank>_<n>.distcp; the coordinator (rank 0) writes .metadata
+        mine = [
+            *(flush.tmp / SHARDS).glob(f"__{self.rank}_*"),
+            *((flush.tmp / SHARDS).glob(".metadata") if self.rank == 0 else []),
+        ]
+        found = {}
+        for p in mine:
+            if p.is_file():
+                io_step(f"digest {SHARDS}/{p.name}")
+                found[f"{SHARDS}/{p.name}"] = digest(p)
+        return found
+
+    def _seal(self, flush: Flush, sums: dict[str, str]) -> None:
+        """Rank 0: the checksums listed, then every entry of the temporary folder durable."""
+        io_step(f"write {CHECKSUMS}")
+        write_sums(flush.tmp, sums)
+        if (flush.tmp / SHARDS).is_dir():
+            io_step(f"fsync {SHARDS}/")
+            _fsync_dir(flush.tmp / SHARDS)
+        io_step(f"fsync {flush.tmp.name}/")
+        _fsync_dir(flush.tmp)
+
+    def _commit(self, flush: Flush, sums: dict[str, str]) -> None:
+        """Rank 0: one rename publishes the checkpoint, made durable; a checkpoint saved at this step before (a
+        skipped update) is kept under ``.step-N.old`` until the new one is in place."""
+        old = self.dir / f".step-{flush.step:09d}.old"
+        if flush.final.exists():
+            io_step(f"rename {flush.final.name} {old.name}")
+            os.replace(flush.final, old)
+        io_step(f"rename {flush.tmp.name} {flush.final.name}")  # the checkpoint is published by this rename
+        os.replace(flush.tmp, flush.final)
+        io_step("fsync checkpoint_dir")
+        _fsync_dir(self.dir)
+        if old.exists():
+            io_step(f"remove {old.name}")
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _discard(self, flush: Flush) -> None:
+        shutil.rmtree(flush.tmp, ignore_errors=True)
+
+    def _remove(self, checkpoint: Any) -> None:
+        io_step(f"remove {checkpoint.name}")
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+    def _name(self, checkpoint: Any) -> str:
+        return checkpoint.name
+
+    def _step(self, checkpoint: Any) -> int:
+        step = step_of(checkpoint.name)
+        assert step is not None  # _steps lists checkpoints only
+        return step
 
     def refuse_in_the_way(self, saves: Any) -> None:
         """Refuse, on every rank and before any training, what sits where a save this run makes would go:
@@ -307,8 +524,10 @@ class Checkpoints:
     def _save_failed(self, step: int, failure: OSError | None, size: int, rank: int) -> OSError:
         """The error a failed save raises: what failed, on which rank, where, and that the previous
         checkpoint is intact."""
-        previous = next(iter(self._steps()), None)
-        intact = f"the previous checkpoint {previous.name} is intact" if previous else "there is no previous checkpoint"
+        previous = self._previous()
+        intact = "there is no previous checkpoint"
+        if previous is not None:
+            intact = f"the previous checkpoint {previous} is intact"
         if failure is None:
             return OSError(
                 f"{RUN}: checkpoint step {step} was not saved: rank {rank} could not write its part (its own "
@@ -320,14 +539,21 @@ class Checkpoints:
             return OSError(
                 failure.errno,
                 f"{RUN}: no space left in {self.dir} for checkpoint step {step} (writing about "
-                f"{human(size)}; {cause}); {intact} and nothing of step {step} was left behind; free some space, "
+                f"{human(size)}; {cause}); {intact} and {self.LEFT.format(step=step)}; free some space, "
                 "lower keep_checkpoints, or point checkpoint_dir at a larger disk",
             )
-        return OSError(
-            failure.errno,
+        said = (
             f"{RUN}: checkpoint step {step} could not be written in {self.dir} ({cause}); {intact} and "
-            f"nothing of step {step} was left behind",
+            f"{self.LEFT.format(step=step)}"
         )
+        return OSError(failure.errno, said) if failure.errno is not None else OSError(said)
+
+    LEFT = "nothing of step {step} was left behind"  # what a failed save leaves, as its error says
+
+    def _previous(self) -> str | None:
+        """The name of the newest checkpoint, for a failed save's error."""
+        previous = next(iter(self._steps()), None)
+        return None if previous is None else self._name(previous)
 
     def _steps(self) -> list[Path]:
         """This run's checkpoints, newest first: folders named as ``save`` names them, holding their state file."""
@@ -351,7 +577,7 @@ class Checkpoints:
         earlier run), every rank refuses rather than starting the run over.
         """
         if self.rank == 0:
-            for line in foreign(self.dir):
+            for line in self._foreign():
                 warnings.warn(f"{RUN}: {line}", stacklevel=2)
         for name in from_rank0([p.name for p in self._steps()] if self.rank == 0 else None):
             path = self.dir / name
@@ -375,15 +601,13 @@ class Checkpoints:
                 assert payload is not None
                 return path, payload, local
             if self.rank == 0:
-                aside = _free(self.dir, f"corrupt-{name}")
+                aside = self._set_aside(path, f"corrupt-{name}")
                 warnings.warn(
-                    f"{RUN}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}; "
-                    f"moved to {aside.name}",
+                    f"{RUN}: skipping unreadable checkpoint {path}: {problem or 'on another rank'}; moved to {aside}",
                     stacklevel=2,
                 )
-                os.replace(path, aside)
             self._barrier()
-        aside = from_rank0(sorted(p.name for p in self.dir.glob("corrupt-step-*")) if self.rank == 0 else None)
+        aside = from_rank0(self._set_aside_names() if self.rank == 0 else None)
         if aside:  # every checkpoint of this run is corrupt: starting afresh would lose its training unnoticed
             raise RuntimeError(
                 f"{RUN}: no checkpoint in {self.dir} could be read (set aside: {', '.join(aside)}), so this run "
@@ -392,17 +616,26 @@ class Checkpoints:
             )
         return None
 
-    def _read(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
+    def _foreign(self) -> list[str]:
+        """What in the folder looks like a checkpoint, is none, and is left alone: one line each."""
+        return foreign(self.dir)
+
+    def _set_aside(self, checkpoint: Any, name: str) -> str:
+        """Move a corrupt ``checkpoint`` to ``name`` (or ``name-2``...: the first free); the name it got."""
+        aside = _free(self.dir, name)
+        os.replace(checkpoint, aside)
+        return aside.name
+
+    def _set_aside_names(self) -> list[str]:
+        return sorted(p.name for p in self.dir.glob("corrupt-step-*"))
+
+    def _read(self, path: Any, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
         """``format.read`` of ``path/name``, its bytes first checked against the checksum written with it (a
         mismatch: corrupt); a file this user may not read is no corrupt file: every rank
         refuses the checkpoint, which is left as it is (setting it aside would start the run over)."""
         denied: OSError | None = None
         try:
-            sums, problem = read_sums(path)
-            problem = problem or mismatch(path, name, sums)
-            value, problem = (None, problem) if problem else read(path / name, schema, deep)
-            if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:
-                value, problem = None, f"it lacks {CHECKSUMS}, which every checkpoint of format 3 holds"
+            value, problem = self._verified(path, name, schema, deep)
         except PermissionError as e:
             value, problem, denied = None, None, e
         if not all_true(denied is None):
@@ -412,6 +645,15 @@ class Checkpoints:
                 f"{RUN}: cannot read checkpoint {path} ({why}); it is left as it is: give this run read access "
                 "to it (chmod, chown), or move it out of checkpoint_dir to resume from an older one",
             )
+        return value, problem
+
+    def _verified(self, path: Path, name: str, schema: dict[str, Any], deep: Any) -> tuple[Any, str | None]:
+        """``format.read`` of ``path/name`` once its bytes matched their checksum, or why not."""
+        sums, problem = read_sums(path)
+        problem = problem or mismatch(path, name, sums)
+        value, problem = (None, problem) if problem else read(path / name, schema, deep)
+        if value is not None and name == STATE_FILE and sums is None and value["format"] >= 3:
+            value, problem = None, f"it lacks {CHECKSUMS}, which every checkpoint of format 3 holds"
         return value, problem
 
     def _with_shards(self, path: Path, payload: dict[str, Any]) -> tuple[Any, str | None]:

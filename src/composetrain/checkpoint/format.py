@@ -10,6 +10,7 @@ them, and the TrainState inside comes with the keys ``TrainState.state_dict`` de
 """
 
 import dataclasses
+import io
 import pickle
 from collections import OrderedDict
 from collections.abc import Callable
@@ -175,13 +176,15 @@ def check_fits(payload: dict[str, Any], world_size: int, path: Path, data_shards
         )
 
 
-def read(path: Path, schema: dict[str, Any], deep: Callable[[Any], str | None]) -> tuple[Any, str | None]:
-    """The dict in ``path`` if it loads without running code and has the ``schema``; else why not."""
-    problem = not_regular(path)
-    if problem:  # a FIFO would block the open forever, a device would be read without end
-        return None, problem
+def read(path: Path | bytes, schema: dict[str, Any], deep: Callable[[Any], str | None]) -> tuple[Any, str | None]:
+    """The dict in ``path`` (or in these bytes: an object's, from object storage) if it loads without running code
+    and has the ``schema``; else why not."""
+    if not isinstance(path, bytes):
+        problem = not_regular(path)
+        if problem:  # a FIFO would block the open forever, a device would be read without end
+            return None, problem
     try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
+        value = torch.load(io.BytesIO(path) if isinstance(path, bytes) else path, map_location="cpu", weights_only=True)
         if schema is SHARED and isinstance(value, dict):
             value = {**{k: kind() for k, kind in ADDED.items()}, **value}
     except PermissionError:

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 from composetrain.checkpoint.checksums import mismatch, read_sums
 from composetrain.checkpoint.folder import STATE_FILE, step_of
 from composetrain.checkpoint.format import SHARED, read, shared_problem
+from composetrain.checkpoint.objects import is_remote, local_path, read_remote
 from composetrain.checkpoint.shards import ShardFiles
 from composetrain.core.state import TrainState
 
@@ -19,6 +20,8 @@ __all__ = ["full_state_dict", "load_checkpoint"]
 
 def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
     """Load the TrainState saved in a ``ct.run`` checkpoint folder into ``state``, on any number of ranks.
+    ``checkpoint`` may be in object storage (``"s3://bucket/runs/a/step-000000800"``: a URL, as ``result.checkpoint``
+    gives it), where it must hold its marker.
 
     Model, optimizer, scheduler, step and transform state; not the loop's position or random
     states, which are per rank (``ct.run`` itself resumes those, with the same number of
@@ -33,7 +36,15 @@ def load_checkpoint(state: TrainState, checkpoint: str | Path) -> None:
         >>> ct.load_checkpoint(state, "runs/a/step-000000800")
         >>> torch.save(state.model.state_dict(), "model.pt")
     """
-    folder = Path(checkpoint).expanduser()
+    if is_remote(checkpoint):  # object storage: state.pt checked against its marker
+        url = str(checkpoint).rstrip("/")
+        step = step_of(url.rsplit("/", 1)[-1])
+        payload, problem = read_remote(url, SHARED, lambda v: shared_problem(v, step))
+        if payload is None:
+            raise ValueError(f"load_checkpoint: {url} is not a readable ct.run checkpoint: {problem}")
+        state.load_state_dict(ShardFiles(state).load(Path(), payload)["state"])  # no shards: nothing read there
+        return
+    folder = Path(local_path(checkpoint)).expanduser()
     step = step_of(folder.name)  # a folder renamed by hand: its name says nothing
     sums, problem = read_sums(folder)  # a flipped byte loads silently: its checksum says so (state.pt's)
     problem = problem or mismatch(folder, STATE_FILE, sums)

@@ -19,15 +19,19 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import async_save as dcp_async_save
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint import save as dcp_save
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.storage import StorageWriter
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from composetrain.checkpoint.folder import SHARDS, not_regular
@@ -83,19 +87,48 @@ class ShardFiles:
     def __init__(self, state: TrainState) -> None:
         self.state = state
 
-    def save(self, tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    def save(self, tensors: dict[str, torch.Tensor], folder: Any, writer: StorageWriter | None = None) -> None:
         """Every rank writes its own shards (a collective); files are fsynced. A failure on any rank
-        (a full disk) raises an ``OSError`` on every rank, with the first failing rank's cause."""
+        (a full disk) raises an ``OSError`` on every rank, with the first failing rank's cause. ``writer``:
+        DCP's storage writer (default: a FileSystemWriter of ``folder/shards``)."""
         try:
-            dcp_save(tensors, storage_writer=FileSystemWriter(folder / SHARDS, sync_files=True))
+            dcp_save(tensors, storage_writer=writer or FileSystemWriter(Path(folder) / SHARDS, sync_files=True))
         except CheckpointException as e:  # a BaseException: made an ordinary error, with its cause
-            rank, cause = _first_failure(e)
-            error = cause if isinstance(cause, OSError) else None
-            raise OSError(
-                error.errno if error else None,
-                f"DCP could not write the shards (rank {rank}: {cause})",
-                error.filename if error else str(folder / SHARDS),
-            ) from (cause if isinstance(cause, BaseException) else None)
+            raise _write_error(e, folder)  # noqa: B904 - its cause set inside: the rank's own error
+
+    def save_async(
+        self, tensors: dict[str, torch.Tensor], folder: Any, group: Any, writer: StorageWriter | None = None
+    ) -> Future[None]:
+        """``save`` in DCP's own thread (``torch.distributed.checkpoint.async_save``), its collectives on
+        ``group`` (one with a CPU backend, used by nothing else meanwhile): the shards are copied to host memory
+        now (pinned, from a GPU), written while training goes on. The future's exception is ``save``'s error."""
+        pinned = any(t.device.type == "cuda" for t in tensors.values())
+        stager = DefaultStager(StagingOptions(pinned, False, False, False))
+        try:
+            upload = dcp_async_save(
+                tensors,
+                storage_writer=writer or FileSystemWriter(Path(folder) / SHARDS, sync_files=True),
+                process_group=group,
+                async_stager=stager,
+            )
+        except CheckpointException as e:  # the planning's collective, which runs now
+            stager.close()
+            raise _write_error(e, folder)  # noqa: B904 - its cause set inside: the rank's own error
+        except BaseException:
+            stager.close()
+            raise
+        done: Future[None] = Future()
+
+        def finished(f: Any) -> None:
+            stager.close()  # its copies freed once written
+            error = f.exception()
+            if isinstance(error, CheckpointException):
+                error = _write_error(error, folder)
+            done.set_exception(error) if error is not None else done.set_result(None)
+
+        assert isinstance(upload, Future)  # a stager that stages at once: the upload's future alone
+        upload.add_done_callback(finished)
+        return done
 
     def load(self, folder: Path, payload: dict[str, Any], at: Path_ = ("state",)) -> dict[str, Any]:
         """``payload`` with its placeholders filled from ``folder``'s shards, and its whole tensors
@@ -154,6 +187,19 @@ class ShardFiles:
             return value
 
         return _replace(payload, at, walk(state, ()))
+
+
+def _write_error(e: CheckpointException, folder: Any) -> OSError:
+    """DCP's failure to write (a BaseException) as an ordinary error, with the first failing rank's cause."""
+    rank, cause = _first_failure(e)
+    error = cause if isinstance(cause, OSError) else None
+    made = OSError(
+        error.errno if error else None,
+        f"DCP could not write the shards (rank {rank}: {cause})",
+        error.filename if error else f"{folder}/{SHARDS}",
+    )
+    made.__cause__ = cause if isinstance(cause, BaseException) else None
+    return made
 
 
 def _first_failure(e: CheckpointException) -> tuple[int, Any]:

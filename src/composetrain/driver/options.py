@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping, Sized
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
+from composetrain.checkpoint.objects import is_remote, local_path
 from composetrain.core.protocol import TrainStep
 from composetrain.core.util import RUN, check_int, check_real, show
 from composetrain.driver.throughput import PRECISIONS
@@ -305,16 +307,56 @@ class LoaderOptions:
         )
 
 
+# A run with a checkpoint_dir saves at least this often (wall-clock; its epoch ends too), unless told otherwise:
+# a kill loses minutes, not an epoch. What it costs is measured in benchmarks/README.md (Checkpoints).
+DEFAULT_INTERVAL = "10min"
+# Whether saves are written in the background unless told (checkpoint_async=None).
+ASYNC_DEFAULT = True
+_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(s|min|h)")
+_EVERY = (
+    "a number of updates (checkpoint_every=500), a wall-clock interval ('90s', '30min', '2h'), both "
+    "((500, '30min'): whichever comes first), or 'epoch' (epoch ends only)"
+)
+
+
+def seconds_of(value: str) -> float | None:
+    """The seconds a duration such as ``"90s"``, ``"30min"``, ``"1.5h"`` means, or None if it is none."""
+    match = _DURATION.fullmatch(value)
+    return None if match is None else float(match[1]) * _UNITS[match[2]]
+
+
+def _every(value: Any) -> tuple[int | None, float | None]:
+    """checkpoint_every checked: (a number of updates or None, a wall-clock interval in seconds or None)."""
+    if isinstance(value, tuple) and len(value) == 2:
+        counts = [v for v in value if not isinstance(v, str)]
+        texts = [v for v in value if isinstance(v, str)]
+        if len(counts) == 1 and len(texts) == 1 and texts[0] != "epoch":
+            return _every(counts[0])[0], _every(texts[0])[1]
+    elif isinstance(value, str):
+        seconds = seconds_of(value)
+        if value == "epoch" or (seconds is not None and seconds > 0):
+            return None, seconds
+        raise ValueError(f"{RUN}: checkpoint_every must be {_EVERY}, got {show(value)}; units are s, min and h")
+    elif value is None or not isinstance(value, (tuple, list)):
+        return _optional_int(value, "checkpoint_every"), None
+    raise TypeError(f"{RUN}: checkpoint_every must be {_EVERY}, got {show(value)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointOptions:
-    """Where and how often ct.run saves (checkpoint_dir None: never), and how many saves it keeps."""
+    """Where and how often ct.run saves (checkpoint_dir None: never), how many saves it keeps, and whether it writes
+    them in the background. ``checkpoint_every``: updates (int), a wall-clock interval (``"30min"``), both as a
+    tuple (``(500, "30min")``: each applies), or ``"epoch"``; resolved to ``DEFAULT_INTERVAL`` for a run with a
+    checkpoint_dir and none given. ``checkpoint_async`` resolved to ``ASYNC_DEFAULT`` when None."""
 
     checkpoint_dir: str | os.PathLike[str] | None = None
-    checkpoint_every: int | None = None
+    checkpoint_every: int | str | tuple[Any, ...] | None = None
     keep_checkpoints: int = 2
+    checkpoint_async: bool | None = None
 
     def __post_init__(self) -> None:
-        every = _optional_int(self.checkpoint_every, "checkpoint_every")
+        every = _every(self.checkpoint_every)[0]  # and its interval, checked
         keep = check_int(self.keep_checkpoints, RUN, "keep_checkpoints", example="keep_checkpoints=10")
         folder = self.checkpoint_dir
         if folder is not None and (not isinstance(folder, (str, os.PathLike)) or os.fspath(folder) in ("", b"")):
@@ -325,12 +367,32 @@ class CheckpointOptions:
             )
         if folder is not None:
             _no_nul(folder, "checkpoint_dir")
-        if every is not None and self.checkpoint_dir is None:
-            raise ValueError(
-                f"{RUN}: checkpoint_every={self.checkpoint_every} but no checkpoint_dir to save in; give "
-                "checkpoint_dir, or leave checkpoint_every out"
-            )
-        _set(self, checkpoint_every=every, keep_checkpoints=keep)
+        check_flag(self.checkpoint_async, "checkpoint_async", optional=True)
+        for name in ("checkpoint_every", "checkpoint_async"):
+            if getattr(self, name) is not None and self.checkpoint_dir is None:
+                raise ValueError(
+                    f"{RUN}: {name}={getattr(self, name)!r} but no checkpoint_dir to save in; give "
+                    f"checkpoint_dir, or leave {name} out"
+                )
+        given = self.checkpoint_every
+        if isinstance(given, tuple):  # a NumPy count as an int: the options keep plain types
+            given = tuple(v if isinstance(v, str) else every for v in given)
+        elif every is not None:
+            given = every
+        elif given is None and folder is not None:
+            given = DEFAULT_INTERVAL
+        on = ASYNC_DEFAULT if self.checkpoint_async is None and folder is not None else self.checkpoint_async
+        _set(self, checkpoint_every=given, keep_checkpoints=keep, checkpoint_async=on)
+
+    @property
+    def every_updates(self) -> int | None:
+        """Save every this many updates (None: by no count)."""
+        return _every(self.checkpoint_every)[0]
+
+    @property
+    def every_seconds(self) -> float | None:
+        """Save once this many seconds passed since the last save began, by rank 0's clock (None: by no clock)."""
+        return _every(self.checkpoint_every)[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,7 +440,9 @@ class LogOptions:
     ) -> LogOptions:
         """The metrics file (default ``checkpoint_dir/metrics.jsonl``) and the TensorBoard folder resolved."""
         path = _log_path(log_file)
-        folder = None if checkpoint_dir is None else Path(checkpoint_dir).expanduser()  # checked by CheckpointOptions
+        # checked by CheckpointOptions; object storage holds no metrics file (log_file gives one)
+        local = checkpoint_dir is not None and not is_remote(checkpoint_dir)
+        folder = Path(local_path(checkpoint_dir)).expanduser() if local else None
         if path is not None and folder is not None and _within(folder, path):
             raise ValueError(
                 f"{RUN}: log_file={str(path)!r} is checkpoint_dir or a folder above it, {str(folder)!r}: it cannot "
@@ -632,7 +696,9 @@ class RunOptions:
         a = args
         for name in ("epochs", "max_steps"):  # first, as the loop is what a reader reads first
             _optional_int(a[name], name)
-        checkpoint = CheckpointOptions(a["checkpoint_dir"], a["checkpoint_every"], a["keep_checkpoints"])
+        checkpoint = CheckpointOptions(
+            a["checkpoint_dir"], a["checkpoint_every"], a["keep_checkpoints"], a.get("checkpoint_async")
+        )
         log = LogOptions.from_run_args(
             log_every=a["log_every"],
             log_file=a["log_file"],

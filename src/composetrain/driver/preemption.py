@@ -7,12 +7,13 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
 
 from composetrain.core.util import RUN
-from composetrain.launch.agree import any_true
+from composetrain.launch.agree import largest
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["StopSignal", "requeue"]
@@ -22,11 +23,12 @@ class StopSignal:
     """SIGTERM (``scancel``, torchrun's shutdown) or SIGUSR1 (SLURM's ``--signal=SIGUSR1@90``
     pre-emption warning) ask to stop. Ranks stop after the same update: each update they agree
     in one tiny all-reduce on a gloo group of its own, so the flag stays on the CPU and checking
-    it never waits for a GPU."""
+    it never waits for a GPU; what else the ranks must decide alike after every update rides along."""
 
     def __init__(self, proc: Process) -> None:
         self.received: set[str] = set()
         self.agreed = False
+        self.shared: list[float] = []  # the extra numbers of the last check, agreed
         self.previous: dict[int, Any] = {}
         # under the job's timeout: a new group's default is 30 minutes, a hang when a rank stops answering
         timeout = datetime.timedelta(seconds=proc.timeout)
@@ -40,10 +42,13 @@ class StopSignal:
     def _handle(self, signum: int, frame: Any) -> None:
         self.received.add(signal.Signals(signum).name)
 
-    def check(self, also: bool = False) -> bool:
-        """After each update: has any rank been asked to stop (or, with ``also``, does this rank want to)?"""
+    def check(self, also: bool = False, extra: Sequence[float] = ()) -> bool:
+        """After each update: has any rank been asked to stop (or, with ``also``, does this rank want to)?
+        ``extra``: more numbers the ranks agree on in the same all-reduce, each the largest over the ranks
+        (``ct.run``'s saves: writes still in flight anywhere, rank 0's clock), left in ``self.shared``."""
         wanted = bool(self.received) or also
-        self.agreed = wanted if self.group is None else any_true(wanted, self.group)
+        values = largest([float(wanted), *extra], self.group)
+        self.agreed, self.shared = values[0] > 0, values[1:]
         return self.agreed
 
     def restore(self) -> None:

@@ -21,7 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
-from composetrain.checkpoint.files import Checkpoints
+from composetrain.checkpoint.objects import open_checkpoints
 from composetrain.checkpoint.shards import ShardFiles
 from composetrain.core.protocol import TrainStep
 from composetrain.core.rng import derive_seed, restore_rng, seed_everything
@@ -46,6 +46,7 @@ from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.profiling import Watch
 from composetrain.driver.progress import Progress, Schedule
 from composetrain.driver.reader import Reader
+from composetrain.driver.saving import Saves
 from composetrain.driver.schedules import horizon_problem, steps_left_problem
 from composetrain.driver.stragglers import DEFAULT_THRESHOLD
 from composetrain.driver.throughput import resolve_peak
@@ -77,7 +78,7 @@ class RunResult:
         bottleneck: a sentence naming what limits throughput, and the fix; and what
             ``num_workers="auto"`` chose, from which timings, and why; first the time torch.compile
             took, when it is over a fifth of the step's.
-        checkpoint: the last checkpoint written, if any.
+        checkpoint: the last checkpoint written, if any (its URL, a str, in object storage).
     """
 
     history: list[dict[str, Any]]
@@ -87,7 +88,7 @@ class RunResult:
     preempted: bool
     data_wait: float
     bottleneck: str
-    checkpoint: Path | None
+    checkpoint: Path | str | None
 
 
 def run(
@@ -110,8 +111,9 @@ def run(
     log_file: str | os.PathLike[str] | None = None,
     progress: bool = True,
     checkpoint_dir: str | os.PathLike[str] | None = None,
-    checkpoint_every: int | None = None,
+    checkpoint_every: int | str | tuple[int, str] | None = None,
     keep_checkpoints: int = 2,
+    checkpoint_async: bool | None = None,
     seed: int = 0,
     requeue: bool = True,
     timeout: float = 300.0,
@@ -187,10 +189,21 @@ def run(
         checkpoint_dir: save and resume here; None disables checkpoints. A composition with ``ct.compile``
             keeps torch's compile caches in ``checkpoint_dir/compile_cache/`` while it trains, for warm
             restarts (``ct.compile(cache=False)``: in torch's own folder).
-        checkpoint_every: also save every this many updates (always at each epoch's
-            end, at the end, and on SIGTERM/SIGUSR1); needs checkpoint_dir. A save comes before
-            the evaluation due at the same update, and a run resumed there evaluates first.
-        keep_checkpoints: how many of the newest checkpoints to keep.
+        checkpoint_every: also save every this many updates (an int), once a wall-clock interval has passed
+            since the last save began (``"90s"``, ``"30min"``, ``"2h"``: rank 0's clock, agreed by every rank after
+            an update), both (``(500, "30min")``: each applies), or ``"epoch"`` (no more than the rest); always at
+            each epoch's end, at the end, and on SIGTERM/SIGUSR1. Default: every 10 minutes (a kill loses minutes,
+            not an epoch). Needs checkpoint_dir. A save comes before the evaluation due at the same update, and a
+            run resumed there evaluates first.
+        keep_checkpoints: how many of the newest checkpoints to keep (at least one: the newest complete
+            checkpoint is never pruned).
+        checkpoint_async: write saves in the background (default True): at the update boundary each rank copies
+            what it saves into new host memory (doubling the state's host memory while the save is in flight) and
+            a thread writes it while training goes on; the save is published (counted as the newest, resumable,
+            allowed to prune older ones) only once every rank's files are durable, at a later update boundary. At
+            most one save is in flight: the next waits for it. A write error (a full disk) stops the run at the
+            next update boundary, the previous checkpoint the newest; the run's last save (its end, SIGTERM,
+            SIGUSR1) is written before ct.run returns. False: each save blocks training until it is published.
         seed: a non-negative int below 2**32; seeds the data order, the workers and (on a fresh start) Python, NumPy and
             torch generators, with each rank's own stream.
         requeue: on SIGUSR1 (SLURM's pre-emption warning) under SLURM, requeue the job after
@@ -264,6 +277,7 @@ def run(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints,
+        checkpoint_async=checkpoint_async,
         seed=seed,
         requeue=requeue,
         timeout=timeout,
@@ -285,7 +299,7 @@ def run(
                 options.max_steps,
                 log.log_every,
                 options.eval.eval_every,
-                options.checkpoint.checkpoint_every,
+                options.checkpoint.every_updates,
             )
             at = d.resume(schedule, options.loader.seed)
             d.refuse_in_the_way(schedule, state.step)  # before training, not after it
@@ -310,18 +324,21 @@ def run(
                 due = at.after_update(state.step)
                 if due.log:
                     d.write_log(at)
-                stopping = d.agree_on_stop()  # every rank stops after the same update
+                # every rank stops after the same update, and saves when rank 0's clock says; a save in flight
+                # is published once written on every rank
+                stopping, clock = d.agree_on_stop()
                 if due.epoch_end:  # a per-epoch scheduler steps here, with the epoch the checkpoint records
                     state.end_epoch()
                     at.next_epoch()
                     batches = None
-                if due.save or stopping:  # save, then evaluate: an evaluation that fails must not cost the checkpoint
-                    d.save(at)
+                if due.save or stopping or clock:  # save, then evaluate: a failed evaluation must not cost the save
+                    d.save(at, last=stopping or at.finished(state.step))
                 if due.evaluate and not stopping:  # a stopping run leaves it to the resumed one
                     d.evaluate(at)
                 done = stopping or at.finished(state.step)
             if at.window:  # stopped inside a logging window (max_steps, a signal): log what it holds
                 d.write_log(at)
+            d.saves.finish()  # the last save in flight written and published before ct.run returns
         except RuntimeError as e:  # a rank stopped answering or died: say what this one waited for
             lost = d.waiting.lost(e) if d.stop is not None else None
             if lost is None:
@@ -352,8 +369,8 @@ def run(
             epochs=at.epoch,
             preempted=d.stop.agreed,
             data_wait=d.meter.data_wait,
-            bottleneck=d.meter.bottleneck(d.loader),
             checkpoint=d.saved_at,
+            bottleneck=d.saves.explain(d.meter.bottleneck(d.loader), d.meter.waited + d.meter.computed),
         )
         if proc.is_main and log.progress:
             print(f"{RUN}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
@@ -499,7 +516,7 @@ class _Driver:
         self.checkpoints = None
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
-            self.checkpoints = Checkpoints(
+            self.checkpoints = open_checkpoints(
                 saving.checkpoint_dir,
                 proc.rank,
                 proc.world_size,
@@ -507,15 +524,16 @@ class _Driver:
                 shards=ShardFiles(state),
                 # a rank's own file continues only where it reads the same shard: another mesh maps ranks otherwise
                 data_shards=[can.data_shard(r, proc.world_size)[0] for r in range(proc.world_size)],
+                timeout=options.timeout,
             )
+        self.saves = Saves(self.checkpoints, saving, proc.is_main)
         # torch's compile caches beside the checkpoints while the loop runs, for a warm restart (ct.compile)
         self.compile_cache = None
-        if self.checkpoints is not None and can.compile_cache:
+        if self.checkpoints is not None and can.compile_cache and self.checkpoints.local:
             self.compile_cache = CompileCache(self.checkpoints.dir)
         try:
             # checked writable before anything is resumed
             self.log = MetricsLog(options.log.log_file, proc, options.log.tensorboard, options.log.on_record)
-            self.saved_at: Path | None = None  # the last checkpoint written
             self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
             # every rank composes the same transforms, or a setup's collective (ct.ema's agreement on its
             # settings, ct.sharded's plan) would meet another rank's next one: a timeout, unclear errors
@@ -529,6 +547,12 @@ class _Driver:
             # last, so that nothing above can fail with the model set up; before resuming: e.g. a
             # checkpoint's shards load straight into the shards
             step_fn.setup(state)
+            if self.checkpoints is not None and not self.checkpoints.local and _holds_dtensors(state):
+                raise ValueError(
+                    f"{RUN}: checkpoint_dir {saving.checkpoint_dir!r} is object storage, where ct.run does not save "
+                    f"sharded tensors ({step_fn!r} holds DTensors, which DCP writes); give a folder on a shared "
+                    "filesystem, or train without sharding"
+                )
         except BaseException:
             if self.checkpoints is not None:
                 self.checkpoints.close()  # the folder's lock goes with the failed start
@@ -641,14 +665,22 @@ class _Driver:
         self.bar.update(state.step - self.bar.n)
         self.bar.set_postfix(loss=f"{record['loss']:.4g}", ups=f"{record['updates_per_s']:.1f}")
 
-    def agree_on_stop(self) -> bool:
-        """Whether any rank was asked to stop (SIGTERM, SIGUSR1): agreed by all ranks."""
+    def agree_on_stop(self) -> tuple[bool, bool]:
+        """Whether any rank was asked to stop (SIGTERM, SIGUSR1), and whether rank 0's clock makes a save due:
+        agreed by all ranks (in one all-reduce, with whether any rank's background save is still writing)."""
         self.waiting.now(f"the agreement on whether to stop after update {self.state.step}")
         assert self.stop is not None  # for the type checker: start() ran
-        return self.stop.check(also=self.log.records.failed is not None)  # a failed tracker stops the run, saved
+        # a failed tracker stops the run, saved; the saves' flags ride along
+        stopping = self.stop.check(also=self.log.records.failed is not None, extra=self.saves.flags())
+        return stopping, self.saves.agreed(self.stop.shared, self.state.step)
+
+    @property
+    def saved_at(self) -> Path | str | None:
+        """The last checkpoint published."""
+        return self.saves.newest
 
     @_marked("checkpoint")
-    def save(self, at: Progress) -> None:
+    def save(self, at: Progress, last: bool) -> None:
         if self.checkpoints is None:
             return
         self.waiting.now(f"the save of checkpoint step {self.state.step}")
@@ -657,12 +689,14 @@ class _Driver:
         # a run defined by its global batch: the window's means over ranks too, which any world size continues
         over_ranks = self.meter.over_ranks(at.window) if self.options.loader.global_batch_size else []
         shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators, over_ranks)
-        self.saved_at = self.checkpoints.save(self.state.step, shared, local, nonfinite=nonfinite)
+        self.saves.save(self.state.step, shared, local, nonfinite, last)
 
     @_marked("evaluation")
     def evaluate(self, at: Progress) -> None:
         if self.evaluator is None:
             return
+        if self.proc.world_size > 1:  # a failing evaluation must not cost the save before it: published first
+            self.saves.finish()
         self.waiting.now(f"the evaluation after update {self.state.step}")
         entry: dict[str, Any] = {"step": self.state.step, "epoch": at.epoch, **self.evaluator(self.state.model)}
         for kind, weights in self.step_fn.eval_weights(self.state).items():  # ct.ema's: under "eval_ema"
@@ -758,6 +792,11 @@ def _warn_replaced(given: dict[str, Any], restored: dict[str, Any], path: Path) 
         )
 
 
+def _holds_dtensors(state: TrainState) -> bool:
+    """Whether the model's parameters are DTensors (ct.sharded, ct.tensor_parallel): saved through DCP."""
+    return any(isinstance(p, DTensor) for p in state.model.parameters())
+
+
 def _nonfinite(model: torch.nn.Module) -> str | None:
     """The name of the model's first parameter holding NaN or inf (this rank's shard of a sharded one), or None:
     one pass over the parameters and one host sync, at a save only. Buffers may hold inf by design (a mask)."""
@@ -766,8 +805,18 @@ def _nonfinite(model: torch.nn.Module) -> str | None:
     if not named:
         return None
     device = named[0][1].device  # a model split over devices (pipeline_split): the flags gathered on one
-    finite = torch.stack([torch.isfinite(p.detach()).all().to(device) for _, p in named])
+    finite = torch.stack([_finite(p.detach()).to(device) for _, p in named])
     return next((n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok), None)
+
+
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    """Whether ``t`` holds no NaN or inf, as a 0-dim bool tensor on its device: its smallest and largest values
+    (NaN propagates to both, an inf is one of them), one pass and no tensor of flags its size (16 times faster
+    than ``isfinite(t).all()`` on a CPU: it runs at every save, at the update boundary)."""
+    if t.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=t.device)
+    low, high = torch.aminmax(torch.view_as_real(t) if t.is_complex() else t)
+    return torch.isfinite(low) & torch.isfinite(high)
 
 
 def _rate_used(optimizer: Any) -> Any:

@@ -132,7 +132,7 @@ class Records:
             "raise ct.run's timeout"
         )
 
-    def error(self, saved: Path | None) -> BaseException:
+    def error(self, saved: Path | str | None) -> BaseException:
         """What to raise once the run stopped and saved (at ``saved``, None: no checkpoint) for ``failed``: a
         RuntimeError naming the record; a KeyboardInterrupt or SystemExit itself, with that as its note (a stop
         asked for stays one)."""
