@@ -44,6 +44,7 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_checkpoint.py")
     session.run("python", "bench_cache.py")
     session.run("python", "bench_hf.py")
+    session.run("python", "bench_tokens.py")
 
 
 @nox.session

@@ -178,3 +178,9 @@ def test_document_ids_that_are_not_an_integer_row_or_batch_are_refused(ids):
         ct.document_mask(ids)
     with pytest.raises(TypeError, match=r"^ct\.document_block_mask: document_ids must be an integer tensor"):
         ct.document_block_mask(ids)
+
+
+@pytest.mark.parametrize(("value", "error"), [(0, ValueError), (-4, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_block_size_follows_the_rule_for_ints(value, error):
+    with pytest.raises(error, match=r"^ct\.document_block_mask: block_size must be a positive int, got "):
+        ct.document_block_mask(torch.zeros(8, dtype=torch.int64), block_size=value)
