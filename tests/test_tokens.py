@@ -253,3 +253,14 @@ def test_ct_run_reads_token_windows_whole_in_this_process(shard_files, monkeypat
     monkeypatch.setattr(type(data), "__getitems__", lambda self, i: reads.append(i))  # never item by item
     seen, _ = run_recording(data, batch_size=4, max_steps=3, num_workers="auto")
     assert len(seen) == 3 and reads == [] and all(x.shape == (4, 8) for x, _ in seen)
+
+
+def test_the_bottleneck_advice_names_token_files_as_what_they_are(shard_files):
+    from composetrain.driver.monitor import _cheaper
+    from composetrain.driver.reader import Reader
+
+    data = ct.tokens(shard_files, 8, dtype=np.uint16)
+    reader = Reader(data, range(len(data)), 4, False, None, 0, lambda n: None, 1)
+    assert _cheaper(reader) == (
+        "the data is ct.tokens' memory-mapped token files already, read a whole batch at a time: give the job more CPUs"
+    )

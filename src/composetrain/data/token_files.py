@@ -200,6 +200,8 @@ class TokenDataset(MappedDataset):
         windows: each file's window count; the dataset's length is their sum.
     """
 
+    described = "ct.tokens' memory-mapped token files"
+
     def __init__(self, files: Sequence[TokenFile], seq_len: int) -> None:
         self.files, self.seq_len = list(files), seq_len
         self.windows = [(f.count - 1) // seq_len for f in self.files]
