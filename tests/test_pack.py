@@ -96,6 +96,12 @@ def test_a_document_longer_than_seq_len_is_refused_unless_split_and_split_keeps_
     assert row["position_ids"].tolist() == [0, 1, 2, 3]
 
 
+def test_a_document_of_exactly_seq_len_tokens_fills_a_row_unsplit():
+    packed = ct.pack([[1, 2], [3, 4, 5, 6], [7]], 4)
+    assert packed.pieces.tolist() == [[0, 0, 2, 0, 0], [1, 0, 4, 1, 0], [2, 0, 1, 0, 2]]
+    assert packed[1]["labels"].tolist() == [4, 5, 6, -100] and packed[1]["position_ids"].tolist() == [0, 1, 2, 3]
+
+
 def test_empty_documents_are_left_out_and_no_tokens_at_all_is_refused():
     packed = ct.pack([[], [5, 6], []], 4)
     assert len(packed) == 1 and packed.pieces[:, 0].tolist() == [1]

@@ -264,3 +264,31 @@ def test_the_bottleneck_advice_names_token_files_as_what_they_are(shard_files):
     assert _cheaper(reader) == (
         "the data is ct.tokens' memory-mapped token files already, read a whole batch at a time: give the job more CPUs"
     )
+
+
+def test_two_ranks_read_their_share_of_each_update_and_train_as_one_process(pool, shard_files):
+    data = ct.tokens(shard_files, 8, dtype=np.uint16)
+    alone, state = run_recording(data, epochs=1, global_batch_size=4, seed=2)
+    ranks = pool.run(__name__, "train_on_tokens", [str(p) for p in shard_files])
+    assert [len(r["batches"]) for r in ranks] == [len(alone)] * 2
+    for k, whole in enumerate(alone):  # update k: rank 0's rows, then rank 1's
+        for field in range(2):
+            joined = torch.cat([r["batches"][k][field] for r in ranks])
+            assert torch.equal(joined, whole[field])
+    for r in ranks:
+        torch.testing.assert_close(r["weight"], state.model.table.weight, rtol=1e-12, atol=1e-12)
+
+
+# -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
+def train_on_tokens(rank: int, world: int, paths: list[str]) -> dict:
+    data = ct.tokens(paths, 8, dtype=np.uint16)  # each rank maps the files itself
+    seen = []
+
+    def step(model, batch):
+        seen.append([t.clone() for t in batch])
+        return lm_step(model, batch)
+
+    model = Bigram()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.5))
+    ct.run(ct.distributed(step), state, data, epochs=1, global_batch_size=4, seed=2, progress=False)
+    return {"batches": seen, "weight": state.model.table.weight.detach().clone()}
