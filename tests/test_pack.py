@@ -190,3 +190,11 @@ def test_document_ids_that_are_not_an_integer_row_or_batch_are_refused(ids):
 def test_block_size_follows_the_rule_for_ints(value, error):
     with pytest.raises(error, match=r"^ct\.document_block_mask: block_size must be a positive int, got "):
         ct.document_block_mask(torch.zeros(8, dtype=torch.int64), block_size=value)
+
+
+def test_packed_rows_cache_into_a_memory_mapped_store_read_a_batch_at_a_time(tmp_path):
+    packed = ct.pack([[1, 2, 3], [4, 5], [6, 7, 8, 9], [3]], 4)
+    cached = ct.cache(packed, tmp_path / "store", progress=False)
+    batch = cached.read_batch([2, 0])
+    for name in packed.rows:
+        assert torch.equal(batch[name], packed.rows[name][[2, 0]])
