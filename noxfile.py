@@ -48,6 +48,7 @@ def benchmarks(session: nox.Session) -> None:
     session.run("python", "bench_hf.py")
     session.run("python", "bench_resume.py")
     session.run("python", "bench_observe.py")
+    session.run("python", "bench_tokens.py")
 
 
 @nox.session

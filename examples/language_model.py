@@ -21,6 +21,7 @@ import argparse
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import sklearn.datasets
 import torch
@@ -78,12 +79,23 @@ class Block(nn.Module):
         self.out = nn.Linear(width, width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
         q, k, v = rearrange(self.qkv(self.norm1(x)), "b t (three h d) -> three b h t d", three=3, h=self.heads)
-        # right padding and a causal mask: real tokens never attend to the padding after them
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.out(rearrange(attended, "b h t d -> b t (h d)"))
+        x = x + self.out(rearrange(attend(q, k, v, mask), "b h t d -> b t (h d)"))
         return x + self.mlp(self.norm2(x))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
+    """Causal attention (right padding: real tokens never attend to the padding after them), or, for packed rows,
+    attention inside each document: a boolean mask (``ct.document_mask``) or a flex_attention ``BlockMask``
+    (``ct.document_block_mask``)."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if isinstance(mask, torch.Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=mask)
 
 
 class GPT(nn.Module):
@@ -96,10 +108,13 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None, mask: Any = None) -> torch.Tensor:
+        """Logits for ``ids``; packed rows (``ct.pack``) give their ``position_ids`` and a mask that keeps attention
+        inside each document (``ct.document_mask(document_ids)``), else positions count from 0, causally."""
+        positions = torch.arange(ids.shape[1], device=ids.device) if position_ids is None else position_ids
+        x = self.tokens(ids) + self.positions(positions)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)
         return self.head(self.norm(x))
 
     @torch.no_grad()

@@ -65,6 +65,14 @@ def _h5() -> Path:
     return path
 
 
+@functools.cache
+def _token_file() -> Path:
+    """A raw uint16 token file of zeros, long enough for a window of any seq_len drawn here (up to 10**6)."""
+    path = Path(_SCRATCH.name) / "tokens.bin"
+    np.zeros(10**6 + 1, np.uint16).tofile(path)
+    return path
+
+
 def _cache(**options: Any) -> Any:
     return ct.cache(_ITEMS, _store(), **{"progress": False, **options})
 
@@ -123,6 +131,17 @@ ARGS = [
     # forms and refusals are tests/test_checkpoint_interval.py's)
     Arg("run", "checkpoint_async", lambda v: CheckpointOptions("runs/a", checkpoint_async=v), "bool", unset=True),
     Arg("run", "keep_checkpoints", lambda v: CheckpointOptions("runs/a", keep_checkpoints=v), "int"),
+    Arg("ct.tokens", "seq_len", lambda v: ct.tokens(_token_file(), v, dtype=np.uint16), "int"),
+    Arg(
+        "ct.tokens",
+        "vocab_size",
+        lambda v: ct.tokens(_token_file(), 8, dtype="uint16", vocab_size=v),
+        "int",
+        unset=True,
+    ),
+    Arg("ct.pack", "seq_len", lambda v: ct.pack([[1]], v), "int"),
+    Arg("ct.pack", "pad_id", lambda v: ct.pack([[1]], 2, pad_id=v), "int", minimum=0),
+    Arg("ct.pack", "split", lambda v: ct.pack([[1]], 2, split=v), "bool"),
 ]
 
 _OTHER = st.one_of(

@@ -39,6 +39,9 @@ def load(name):
         ("cached_images", ["--workers", "-1"], r"--workers: must be at least 0, got -1"),
         ("cached_images", ["--workers", "many"], r"--workers: 'many' is not an integer"),
         ("cached_images", ["--size", "0"], r"--size: must be at least 1, got 0"),
+        ("pretrain_tokens", ["--seq-len", "4"], r"--seq-len: must be at least 8, got 4"),
+        ("pretrain_tokens", ["--width", "30"], r"--width 30 must be a multiple of the 4 attention heads"),
+        ("pretrain_tokens", ["--batch-size", "0"], r"--batch-size: must be at least 1, got 0"),
         ("run_digits", ["--batch-size", "0"], r"--batch-size: must be at least 1, got 0"),
         ("run_digits", ["--accumulate", "0"], r"--accumulate: must be at least 1, got 0"),
         ("train_digits", ["--batch-size", "0"], r"--batch-size: must be at least 1, got 0"),
@@ -50,7 +53,7 @@ def test_a_bad_argument_is_a_usage_error(name, args, said, monkeypatch, capsys, 
     monkeypatch.setattr(sys, "argv", [f"{name}.py", *args])  # run_digits and train_digits read sys.argv
     monkeypatch.chdir(tmp_path)  # nothing written where the tests run, should a check be missing
     with pytest.raises(SystemExit) as stopped:
-        module.main(*([args] if name in ("language_model", "image_classifier") else []))
+        module.main(*([args] if name in ("language_model", "image_classifier", "pretrain_tokens") else []))
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert "error: " in err.splitlines()[-1] and "Traceback" not in err

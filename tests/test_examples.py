@@ -102,6 +102,28 @@ def test_the_language_model_trains_on_real_tokens_and_samples_text():
     assert sample.startswith("The data") and len(sample) >= 40
 
 
+def test_the_pretraining_example_writes_shards_trains_on_windows_resumes_and_trains_packed(tmp_path):
+    short = ["--seq-len", "32", "--width", "16", "--batch-size", "8", "--eval-every", "2", "--sample-length", "20"]
+    first = run_example("pretrain_tokens.py", "--run-dir", str(tmp_path / "windows"), *short, "--max-steps", "2")
+    assert re.search(r"ct\.tokens\(.*train_000\.bin.*train_001\.bin'\], seq_len=32\): \d+ windows", first)
+    assert sorted(p.name for p in (tmp_path / "windows" / "data").iterdir()) == [
+        "train_000.bin",
+        "train_001.bin",
+        "val_000.bin",
+    ]
+    assert "resuming" not in first and "accumulate(2)(window_step))): step 2," in first
+    again = run_example("pretrain_tokens.py", "--run-dir", str(tmp_path / "windows"), *short, "--max-steps", "4")
+    assert "resuming from the checkpoint" in again and "step 4, final train loss" in again
+    assert len(re.findall(r"held-out loss \d", again)) == 2  # step 2's, kept from the first run, and step 4's
+    packed = run_example(
+        "pretrain_tokens.py", "--run-dir", str(tmp_path / "packed"), *short, "--pack", "--max-steps", "2"
+    )
+    padding = re.search(r"rows of 32 positions, \d+ tokens, ([\d.]+)% padding; padded rows would be ([\d.]+)%", packed)
+    assert float(padding.group(1)) < float(padding.group(2)) / 5
+    assert "accumulate(2, weight=labelled)(packed_step))): step 2," in packed
+    assert packed.split("sample:\n", 1)[1].startswith("The ")
+
+
 def test_the_ema_schedule_example_warms_up_and_anneals_per_epoch_and_evaluates_both_models():
     pytest.importorskip("sklearn")
     import torch

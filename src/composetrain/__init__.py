@@ -20,7 +20,11 @@ if TYPE_CHECKING:
     from composetrain.core.steps import PlainStep, Transform, compose, train_step
     from composetrain.core.tokens import shifted_tokens
     from composetrain.data.cache import CachedDataset, cache
+    from composetrain.data.document_masks import document_block_mask, document_mask
     from composetrain.data.hdf5 import HDF5Dataset, hdf5
+    from composetrain.data.packing import PackedDataset, pack
+    from composetrain.data.token_files import TokenDataset, tokens
+    from composetrain.data.token_writer import write_tokens
     from composetrain.driver.run import RunResult, run
     from composetrain.launch.hostlist import parse_nodelist
     from composetrain.launch.rendezvous import Cluster, Process, detect, rendezvous
@@ -88,6 +92,13 @@ _WHERE = {
     "cache": "composetrain.data.cache",
     "HDF5Dataset": "composetrain.data.hdf5",
     "hdf5": "composetrain.data.hdf5",
+    "TokenDataset": "composetrain.data.token_files",
+    "tokens": "composetrain.data.token_files",
+    "write_tokens": "composetrain.data.token_writer",
+    "PackedDataset": "composetrain.data.packing",
+    "pack": "composetrain.data.packing",
+    "document_mask": "composetrain.data.document_masks",
+    "document_block_mask": "composetrain.data.document_masks",
 }
 
 
@@ -117,12 +128,14 @@ __all__ = [
     "Cluster",
     "Context",
     "HDF5Dataset",
+    "PackedDataset",
     "Pass",
     "PlainStep",
     "Process",
     "RunResult",
     "RuntimeState",
     "StepOutput",
+    "TokenDataset",
     "TrainState",
     "TrainStep",
     "Transform",
@@ -138,6 +151,8 @@ __all__ = [
     "data_parallel",
     "detect",
     "distributed",
+    "document_block_mask",
+    "document_mask",
     "ema",
     "ema_model",
     "full_state_dict",
@@ -145,6 +160,7 @@ __all__ = [
     "leading_size",
     "load_checkpoint",
     "mixed_precision",
+    "pack",
     "parse_nodelist",
     "pipeline",
     "pipeline_split",
@@ -157,8 +173,10 @@ __all__ = [
     "skip_spikes",
     "split_batch",
     "tensor_parallel",
+    "tokens",
     "train_step",
     "warmup",
+    "write_tokens",
 ]
 
 __version__ = "0.1.0"

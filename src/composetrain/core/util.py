@@ -15,11 +15,13 @@ __all__ = [
     "COMPILE",
     "DATA_PARALLEL",
     "DISTRIBUTED",
+    "DOCUMENT_MASK",
     "EMA",
     "EMA_MODEL",
     "HDF5",
     "LOAD_STATE",
     "MIXED_PRECISION",
+    "PACK",
     "PIPELINE",
     "PIPELINE_SPLIT",
     "RUN",
@@ -27,7 +29,9 @@ __all__ = [
     "SHARDED",
     "SKIP_SPIKES",
     "TENSOR_PARALLEL",
+    "TOKENS",
     "WARMUP",
+    "WRITE_TOKENS",
     "check_bool",
     "check_int",
     "check_real",
@@ -40,6 +44,10 @@ RUN = "run"  # ct.run: its options, loop, checkpoint files
 LOAD_STATE = "TrainState.load_state_dict"  # its checks and its rollback
 CACHE = "cache"  # ct.cache: its store's files, lock, writer and reader
 HDF5 = "ct.hdf5"  # ct.hdf5: its file checks and readers
+TOKENS = "ct.tokens"  # ct.tokens: its file checks and reader
+WRITE_TOKENS = "ct.write_tokens"
+PACK = "ct.pack"
+DOCUMENT_MASK = "ct.document_mask"  # and ct.document_block_mask
 # the transforms (and ct.ema_model, ct.scaled_lr, ct.warmup): their argument checks, messages and reprs
 ACCUMULATE = "accumulate"
 CHECKPOINT_ACTIVATIONS = "checkpoint_activations"

@@ -47,6 +47,8 @@ class HDF5Dataset(MappedDataset):
         mapped: the names read through a memory map; the others are read by h5py.
     """
 
+    described = "an HDF5 file's memory maps"
+
     def __init__(self, path: str, keys: Any, columns: Mapping[str, Any], augment: Augment | None, seed: int) -> None:
         offsets = {name: flat_offset(dset) if dset.shape[0] else None for name, dset in columns.items()}
         regions = {  # an external link's dataset lies in the file the link leads to

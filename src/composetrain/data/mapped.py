@@ -58,6 +58,8 @@ class MappedDataset(Dataset[Any]):
         >>> batch = data.read_batch([4, 2, 7])  # a (3, 3) float32 tensor  # doctest: +SKIP
     """
 
+    described = "a ct.cache store"  # what the data is, in ct.run's advice on a slow data path
+
     def __init__(
         self, regions: Mapping[str, Region], item: Any, length: int, *, augment: Augment | None = None, seed: int = 0
     ) -> None:

@@ -299,7 +299,7 @@ def _cheaper(loader: Any) -> str:
         )
     data = as_mapped(dataset)
     if data is not None:
-        what = "an HDF5 file's memory maps" if h5 is not None else "a ct.cache store"
+        what = data.described
         if data.augment is not None:
             return f"the data is {what} already: make its augment cheaper or give the job more CPUs"
         return f"the data is {what} already, read a whole batch at a time: give the job more CPUs"
