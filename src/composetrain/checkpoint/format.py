@@ -24,6 +24,7 @@ from composetrain.core.util import RUN, show
 
 __all__ = [
     "ADDED",
+    "ADDED_LOCAL",
     "FORMAT",
     "LOCAL",
     "MARK",
@@ -78,6 +79,7 @@ class Shared(_Part):
     history: list
     evals: list
     window: list = dataclasses.field(default_factory=list)
+    stream: dict | None = None  # a stream's state that is the whole job's (the same on every rank), else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,11 +94,13 @@ class UnloggedStep(_Part):
 @dataclasses.dataclass(frozen=True)
 class Local(_Part):
     """One rank's own part: its unlogged step outputs, the epoch's data order (None when it needs no
-    replay), and a given DataLoader's generators."""
+    replay), a given DataLoader's generators, and a stream's ``state_dict()`` (None: no stream, or one resumed by
+    replay)."""
 
     window: list
     order: dict | None
     generators: list
+    stream: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +114,9 @@ class Order(_Part):
 
 # The schemas a loadable file has: anything else is corrupt.
 SHARED = {"format": int, "world_size": int, **_schema(Shared)}
-ADDED = {"window": list}  # state.pt's keys that older checkpoints lack: read as empty there
+# state.pt's keys that older checkpoints lack, and a rank file's: read as empty there
+ADDED: dict[str, Callable[[], Any]] = {"window": list, "stream": type(None)}
+ADDED_LOCAL: dict[str, Callable[[], Any]] = {"stream": type(None)}
 LOCAL = {"rng": dict, **_schema(Local)}
 ORDER = _schema(Order)
 WINDOW = _schema(UnloggedStep)
@@ -136,7 +142,16 @@ def check_fits(payload: dict[str, Any], world_size: int, path: Path) -> None:
             "that run with the "
             "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
         )
-    if payload["world_size"] != world_size and payload["settings"].get("global_batch_size") is None:
+    settings = payload["settings"]
+    if payload["world_size"] != world_size and settings.get("stream") not in (None, "global state"):
+        raise ValueError(
+            f"{RUN}: checkpoint {path} was saved by {payload['world_size']} process(es), this run has {world_size}; "
+            "a stream's state is each rank's own (where that rank stands in its share of the stream), so resume "
+            f"with {payload['world_size']} process(es); a dataset whose state_dict() is the whole job's position "
+            "(the same on every rank, e.g. the items the job has read in all) says so with a class attribute "
+            "state_is_global = True, and then resumes on any number (read with num_workers=0)"
+        )
+    if payload["world_size"] != world_size and settings.get("global_batch_size") is None and not settings.get("stream"):
         raise ValueError(
             f"{RUN}: checkpoint {path} was saved by {payload['world_size']} process(es), this "
             f"run has {world_size}; resume with the same number of processes: its batch_size is per process, "
@@ -152,8 +167,9 @@ def read(path: Path, schema: dict[str, Any], deep: Callable[[Any], str | None]) 
         return None, problem
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
-        if schema is SHARED and isinstance(value, dict):
-            value = {**{k: kind() for k, kind in ADDED.items()}, **value}
+        added: dict[str, Callable[[], Any]] = ADDED if schema is SHARED else ADDED_LOCAL if schema is LOCAL else {}
+        if isinstance(value, dict):
+            value = {**{k: kind() for k, kind in added.items()}, **value}
     except PermissionError:
         raise  # not the file's fault: Checkpoints._read refuses it on every rank
     except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
@@ -180,6 +196,8 @@ def shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
 def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | None:
     """What is wrong with a ``state.pt`` payload, or None; ``step``: its folder's, when known."""
     per_epoch = payload["settings"].get("updates_per_epoch")
+    if payload["settings"].get("stream"):  # a pass of a stream holds as many updates as the stream gives
+        per_epoch = float("inf")
     if payload["world_size"] < 1 or payload["epoch"] < 0 or not 0 <= payload["position"] < (per_epoch or 1):
         return (
             f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']} "

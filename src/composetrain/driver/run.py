@@ -8,6 +8,7 @@ loop stands and what is due; ``_Driver`` below holds what was set up and does ea
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -29,7 +30,9 @@ from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
 from composetrain.driver.evaluation import EvalStep, evaluator
+from composetrain.driver.global_batches import GlobalBatches
 from composetrain.driver.loader import (
+    ResumableSampler,
     build_loader,
     epoch_batches,
     epoch_order,
@@ -41,9 +44,10 @@ from composetrain.driver.monitor import Meter, MetricsLog, progress_bar
 from composetrain.driver.options import RunOptions
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
-from composetrain.driver.progress import Progress, Schedule
+from composetrain.driver.progress import Due, Progress, Schedule
 from composetrain.driver.reader import Reader
 from composetrain.driver.schedules import horizon_problem, steps_left_problem
+from composetrain.driver.streams import Stream, agree_on, build_stream, pass_batches, state_digest, state_problem
 from composetrain.driver.tracking import Tracker
 from composetrain.driver.waiting import Waiting
 from composetrain.launch.rendezvous import Process, rendezvous
@@ -73,6 +77,8 @@ class RunResult:
             ``num_workers="auto"`` chose, from which timings, and why; first the time torch.compile
             took, when it is over a fifth of the step's.
         checkpoint: the last checkpoint written, if any.
+        exhausted: a stream ran out before ``max_steps``: the run ended with its last pass (``epochs``, default
+            one), or at a pass that gave no batch (a stream that does not start over).
     """
 
     history: list[dict[str, Any]]
@@ -83,6 +89,7 @@ class RunResult:
     data_wait: float
     bottleneck: str
     checkpoint: Path | None
+    exhausted: bool = False
 
 
 def run(
@@ -98,6 +105,7 @@ def run(
     drop_last: bool | None = None,
     num_workers: int | str = "auto",
     collate_fn: Callable[[list[Any]], Any] | None = None,
+    stream_resume: str | None = None,
     eval_step: EvalStep | None = None,
     eval_data: Any = None,
     eval_every: int | None = None,
@@ -135,8 +143,11 @@ def run(
         train_step: a plain step or a composition; it must contain ``ct.distributed``
             when several processes run.
         state: the TrainState; its model moves to this process's device.
-        data: a Dataset (``ct.run`` builds the loader) or a DataLoader (used as given).
-        epochs: passes over the data (default 1, or as many as ``max_steps`` needs).
+        data: a Dataset (``ct.run`` builds the loader) or a DataLoader (used as given); or a stream: an
+            IterableDataset, or a DataLoader over one (torchdata's ``StatefulDataLoader``), read in passes, its
+            ``state_dict()`` checkpointed per rank (``driver/streams.py`` says what ct.run tells it, and when).
+        epochs: passes over the data (default 1, or as many as ``max_steps`` needs; a stream's: ``epochs``, or one,
+            each until the stream ends on some rank).
         max_steps: stop after this many optimizer updates in total.
         batch_size: samples per update per process (a Dataset needs it or ``global_batch_size``; a DataLoader
             batches by its own, and a differing batch_size is refused). The run changes with the number of
@@ -161,6 +172,10 @@ def run(
             timing, and on CUDA the next batch is read ahead. A DataLoader reads with its own: a differing
             int is refused.
         collate_fn: the loader's collate function.
+        stream_resume: how a stream resumes (streams only): "state" (the default: its ``state_dict()``, or its
+            StatefulDataLoader's, saved per rank and loaded with ``load_state_dict``; a stream without them is refused
+            when checkpoint_dir is given), or "replay": its pass is read again from its start and the batches
+            already trained on are dropped (exact for a stream that yields the same batches every time).
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
             ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks. Names are ``str``
             other than step, epoch and eval (the record's own fields), as the train step's metrics are
@@ -224,6 +239,7 @@ def run(
         global_batch_size=global_batch_size,
         num_workers=num_workers,
         collate_fn=collate_fn,
+        stream_resume=stream_resume,
         eval_step=eval_step,
         eval_data=eval_data,
         eval_every=eval_every,
@@ -254,6 +270,7 @@ def run(
             )
             at = d.resume(schedule, options.loader.seed)
             d.refuse_in_the_way(schedule, state.step)  # before training, not after it
+            d.check_stream_state()  # a stream's state no checkpoint could hold: refused before training
             _check_horizon(state, schedule, at.resumed)  # the scheduler that trains: a checkpoint's, resumed
             _check_epochs_left(state, schedule, at)
             d.log.start(at.history, at.evals, at.resumed, state.step)
@@ -267,12 +284,18 @@ def run(
                 if batches is None:  # an epoch begins, or resumes part-way
                     batches = d.epoch(at)
                 got = next(batches, None)  # at most per_epoch: ranks stop at the fewest
-                if got is None:  # the loader held fewer batches than its length said: end here, as today
+                if got is None and d.stream is None:  # the loader held fewer batches than its length said: end here
                     done = True
                     continue
-                at.position, batch, waited = got
-                d.update(at, batch, waited)
-                due = at.after_update(state.step)
+                if got is None:  # a stream's pass ended, on the first rank it ended on: every rank agreed
+                    due = d.end_pass(at)
+                    if due is None:  # a new pass gave no batch: the stream does not start over
+                        done = True
+                        continue
+                else:
+                    at.position, batch, waited = got
+                    d.update(at, batch, waited)
+                    due = at.after_update(state.step)
                 if due.log:
                     d.write_log(at)
                 stopping = d.agree_on_stop()  # every rank stops after the same update
@@ -310,6 +333,21 @@ def run(
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
         requeue_job(options.requeue, d.stop, proc)
+        short = options.max_steps is not None and not at.reached_max(state.step)
+        exhausted = d.stream is not None and not d.stop.agreed and (d.spent or short)
+        if exhausted and proc.is_main:
+            asked = f"max_steps={options.max_steps}" if short else f"epochs={options.total_epochs}"
+            spent = (
+                f"; its pass {at.epoch + 1} gave no batch: it does not start over on a new iter() (reset it where it "
+                "ends, or in set_epoch)"
+                if d.spent
+                else ""
+            )
+            warnings.warn(
+                f"{RUN}: the stream ended after {state.step} updates in {at.epoch} pass(es), before {asked}{spent}; "
+                "the run ends here (RunResult.exhausted)",
+                stacklevel=2,
+            )
         result = RunResult(
             history=at.history,
             evals=at.evals,
@@ -319,6 +357,7 @@ def run(
             data_wait=d.meter.data_wait,
             bottleneck=d.meter.bottleneck(d.loader),
             checkpoint=d.saved_at,
+            exhausted=exhausted,
         )
         if proc.is_main and log.progress:
             print(f"{RUN}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
@@ -335,9 +374,10 @@ def check_state(state: Any) -> None:
 def _check_horizon(state: TrainState, schedule: Schedule, resumed: bool) -> None:
     """Warn when the scheduler's horizon is far shorter than the run (built in epochs, stepped per update; a
     finished run continued for more epochs): checked after the resume, on the scheduler the checkpoint restored."""
-    if state.scheduler is None:
+    if state.scheduler is None or schedule.per_epoch is None:  # a stream: its length is not known
         return
     updates = schedule.total_updates
+    assert updates is not None  # for the type checker: known without a stream
     if schedule.epochs is not None:
         updates = min(updates, schedule.epochs * schedule.per_epoch)
     epoch = state.scheduler_interval == "epoch"
@@ -362,7 +402,7 @@ def _check_epochs_left(state: TrainState, schedule: Schedule, at: Progress) -> N
     if state.scheduler is None or state.scheduler_interval != "epoch":
         return
     ends = schedule.epochs - at.epoch if schedule.epochs is not None else None
-    if schedule.max_steps is not None:  # each update takes a batch at least: this many epoch ends at least
+    if schedule.max_steps is not None and schedule.per_epoch:  # an update takes a batch: this many epoch ends at least
         by_steps = (schedule.max_steps - state.step + at.position) // schedule.per_epoch
         ends = by_steps if ends is None else min(ends, by_steps)
     problem = steps_left_problem(state.scheduler, ends) if ends is not None else None
@@ -391,14 +431,34 @@ class _Driver:
         if not can.places_model:  # data_parallel, pipeline_split place the model themselves
             state.model.to(proc.device)
         chosen = options.loader
-        self.loader, self.sampler = loader, _ = build_loader(
-            chosen,
-            pin_memory=proc.device.type == "cuda",
-            rank=proc.rank,
-            world_size=proc.world_size,
-            local_world_size=proc.local_world_size,
-            equal_shares=can.forward_needs_every_rank,
+        self.stream = (  # read in passes, its state per rank
+            build_stream(
+                chosen.data,
+                batch_size=chosen.batch_size,
+                drop_last=chosen.drop_last,
+                collate_fn=chosen.collate_fn,
+                num_workers=chosen.num_workers,
+                resume=chosen.stream_resume,
+                proc=proc,
+                seed=chosen.seed,
+            )
+            if chosen.stream
+            else None
         )
+        self.loader: DataLoader[Any] | Reader | Stream = self.stream  # type: ignore[assignment]
+        self.sampler: ResumableSampler | GlobalBatches | None = None
+        if self.stream is None:
+            self.loader, self.sampler = build_loader(
+                chosen,
+                pin_memory=proc.device.type == "cuda",
+                rank=proc.rank,
+                world_size=proc.world_size,
+                local_world_size=proc.local_world_size,
+                equal_shares=can.forward_needs_every_rank,
+            )
+        loader = self.loader
+        self.first_read = True  # a stream's first batch in this call: compared across ranks
+        self.spent = False  # a stream's new pass gave no batch: the run ended there
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
         self.evaluator = evaluator(
@@ -408,23 +468,26 @@ class _Driver:
             num_workers=lambda: loader.num_workers,
             proc=proc,
         )
-        # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
-        self.per_epoch = proc.fewest(len(self.loader))
+        # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11); a stream's ranks
+        # agree before each update instead
+        self.per_epoch = None if isinstance(self.loader, Stream) else proc.fewest(len(self.loader))
         if self.per_epoch == 0:
             raise ValueError(f"{RUN}: some process has no batch in an epoch: use a smaller batch_size")
         dataset = self.loader.dataset
         # what a resumed run must share with the checkpoint's; in a run defined by its global batch, nothing that
         # depends on the number of processes (updates_per_epoch does not: global updates)
         global_batch = chosen.global_batch_size
-        self.settings = {
+        self.settings: dict[str, Any] = {
             "batch_size": self.loader.batch_size if global_batch is None else None,
             "global_batch_size": global_batch,
-            "samples": len(dataset) if isinstance(dataset, Sized) else None,
+            "samples": len(dataset) if isinstance(dataset, Sized) and self.stream is None else None,
             "updates_per_epoch": self.per_epoch,
             "shuffle": chosen.shuffle,
             "drop_last": chosen.drop_last,
             "seed": chosen.seed,
         }
+        if self.stream is not None:  # how it resumes ("global state": on any number of processes)
+            self.settings["stream"] = "global state" if self.stream.global_state else self.stream.mode
         self.checkpoints = None
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
@@ -492,6 +555,8 @@ class _Driver:
         problem = order_problem(given, saved["position"], order, generators)
         if problem:
             raise ValueError(f"{RUN}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
+        if self.stream is not None:  # first: a load_state_dict that raises leaves the TrainState as it was
+            self._restore_stream(path, saved, local)
         given_settings = _hyperparameters(state)
         try:
             state.load_state_dict(saved["state"])
@@ -509,19 +574,91 @@ class _Driver:
             set_generator_states(given, generators)
         return Progress.from_checkpoint(saved, local, schedule, start=state.step)
 
+    def _restore_stream(self, path: Path, saved: dict[str, Any], local: dict[str, Any] | None) -> None:
+        """The stream's state as the checkpoint saved it (this rank's, or the whole job's), loaded where the
+        uninterrupted run stood: inside a pass after its ``set_epoch``, at a pass's end before the next one's."""
+        stream = self.stream
+        assert stream is not None  # for the type checker: called for a stream only
+        if stream.mode == "replay":  # the pass is read again from its start (epoch())
+            return
+        state = local["stream"] if local is not None else saved["stream"]
+        problem = None
+        if state is None:
+            problem = "it holds no state of the stream (saved by a run that did not keep it)"
+        else:
+            try:
+                if saved["position"]:
+                    stream.set_epoch(saved["epoch"])
+                stream.load_state_dict(state)
+            except Exception as e:
+                problem = f"its load_state_dict() raised {type(e).__name__}: {e}"
+        if problem is not None and self.proc.world_size > 1:
+            problem = f"on rank {self.proc.rank}, {problem}"
+        problem = agree_on(problem, self.proc)
+        if problem is not None:
+            raise ValueError(
+                f"{RUN}: cannot resume the stream {type(stream.dataset).__name__} from checkpoint {path}: {problem}; "
+                "nothing was trained or changed: make its load_state_dict take what its state_dict() returns, or "
+                "point checkpoint_dir elsewhere to start afresh"
+            )
+
+    def check_stream_state(self) -> None:
+        """Refuse, before the first update, a stream whose ``state_dict()`` no checkpoint could hold."""
+        if self.stream is not None and self.stream.mode == "state" and self.checkpoints is not None:
+            self._stream_state(None)
+
+    def _stream_state(self, at: Progress | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The stream's state for a checkpoint, checked on every rank: this rank's, and the whole job's (the same on
+        every rank, checked so inside a pass: at a pass's end the ranks that had one more batch read it) or None."""
+        stream = self.stream
+        assert stream is not None  # for the type checker: called for a stream only
+        state: Any = None
+        try:
+            state = stream.state_dict()
+            problem = state_problem(state, "the stream's state_dict()")
+        except Exception as e:
+            problem = f"the stream's state_dict() raised {type(e).__name__}: {e}"
+        if problem is not None and self.proc.world_size > 1:
+            problem = f"on rank {self.proc.rank}, {problem}"
+        problem = agree_on(problem, self.proc)
+        when = "to checkpoint it" if at is None else f"at step {self.state.step}"
+        if problem is not None:
+            raise TypeError(
+                f"{RUN}: cannot save the stream {type(stream.dataset).__name__}'s state {when}: {problem}; a "
+                "checkpoint holds tensors and plain types only (dict, list, tuple, str, int, float, bool, None), "
+                "loaded with torch.load(weights_only=True), which runs no code: return only those from its "
+                "state_dict() (a NumPy array as a tensor or a list, a generator's state as its get_state()); nothing "
+                "was saved"
+            )
+        if not stream.global_state:
+            return state, None
+        if at is not None and at.position and (everyone := self.proc.differing(state_digest(state))) is not None:
+            raise ValueError(
+                f"{RUN}: the stream {type(stream.dataset).__name__} says state_is_global = True, but its "
+                f"state_dict() differs between ranks at step {self.state.step} (digests {everyone}): a global state "
+                "is the whole job's position, the same on every rank; keep each rank's own position out of it, or "
+                "drop state_is_global (the run then resumes on the same number of processes only)"
+            )
+        return state, state
+
     def refuse_in_the_way(self, schedule: Schedule, start: int) -> None:
         """Refuse a non-checkpoint named like one at a step where this run saves (epoch ends, multiples of
         checkpoint_every, its last update), found now rather than at that save."""
         if self.checkpoints is None:
             return
-        ends = [n for n in (schedule.max_steps, schedule.epochs and schedule.epochs * schedule.per_epoch) if n]
+        per_epoch = schedule.per_epoch  # None: a stream, whose epochs end where it does
+        ends = [n for n in (schedule.max_steps, schedule.epochs and per_epoch and schedule.epochs * per_epoch) if n]
         last = min(ends) if ends else schedule.total_updates
         every = schedule.checkpoint_every
         self.checkpoints.refuse_in_the_way(
-            lambda n: start < n <= last and (n == last or n % schedule.per_epoch == 0 or bool(every and n % every == 0))
+            lambda n: (
+                start < n
+                and (last is None or n <= last)
+                and (n == last or bool(per_epoch and n % per_epoch == 0) or bool(every and n % every == 0))
+            )
         )
 
-    def start(self, show_bar: bool, total: int) -> None:
+    def start(self, show_bar: bool, total: int | None) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
         self.meter = Meter(self.proc, self.state)
         self.used_lr: Any = None  # the learning rate of the last update this process made
@@ -532,11 +669,59 @@ class _Driver:
 
     def epoch(self, at: Progress) -> Iterator[tuple[int, Any, float]]:
         """The current epoch's batches from where ``at`` stands: (batches done after this one, batch, wait)."""
+        loader = self.loader
+        if isinstance(loader, Stream):
+            return self._stream_pass(at)
+        assert self.per_epoch is not None  # for the type checker: known but for a stream
         if at.position == 0:
-            at.order = epoch_order(self.loader, self.sampler)  # to replay a given loader's shuffle on resume
-        return epoch_batches(
-            self.loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch
-        )
+            at.order = epoch_order(loader, self.sampler)  # to replay a given loader's shuffle on resume
+        return epoch_batches(loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch)
+
+    def _stream_pass(self, at: Progress) -> Iterator[tuple[int, Any, float]]:
+        """A stream's pass from where ``at`` stands: a new one after ``set_epoch``; one resumed from its state; or,
+        under ``stream_resume="replay"``, the pass read again from its start, the batches already trained dropped."""
+        stream = self.stream
+        assert stream is not None  # for the type checker: called for a stream only
+        replay = stream.mode == "replay" and at.position > 0
+        if at.position == 0 or replay:
+            stream.set_epoch(at.epoch)
+        batches = stream.iterate()
+        if replay:
+            warnings.warn(
+                f"{RUN}: resuming the stream {type(stream.dataset).__name__} by replay (stream_resume='replay'): "
+                f"reading pass {at.epoch + 1} again from its start and dropping its first {at.position} batches, "
+                "already trained on",
+                stacklevel=4,
+            )
+            read = sum(1 for _ in itertools.islice(batches, at.position))
+            problem = agree_on(
+                None if read == at.position else f"rank {self.proc.rank}'s stream gave {read} batches", self.proc
+            )
+            if problem is not None:
+                raise ValueError(
+                    f"{RUN}: cannot replay the stream {type(stream.dataset).__name__}: {problem} of the "
+                    f"{at.position} its pass {at.epoch + 1} had given before the checkpoint, so it does not yield "
+                    "the same batches again; give it state_dict() and load_state_dict() (stream_resume='state')"
+                )
+        check, self.first_read = self.first_read, False
+        return pass_batches(batches, at.position, self.proc.device, self.proc, check_shards=check, waiting=self.waiting)
+
+    def end_pass(self, at: Progress) -> Due | None:
+        """What is due at the end of a stream's pass, or None when a new pass gave no batch (the stream does not
+        start over: the run ends). A stream that gave no batch at all is refused, before anything was trained."""
+        if at.position:
+            return at.after_pass()
+        if at.epoch == 0:
+            stream = self.stream
+            assert stream is not None  # for the type checker: called for a stream only
+            where = " on some rank" if self.proc.world_size > 1 else ""
+            raise ValueError(
+                f"{RUN}: the stream {type(stream.dataset).__name__} gave no batch{where}: there is nothing to train "
+                f"on (batch_size={stream.batch_size}, drop_last={stream.drop_last}); check that its __iter__ yields "
+                "items for every rank and loader worker"
+            )
+        self.spent = True
+        return None
 
     def update(self, at: Progress, batch: Any, waited: float) -> None:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
@@ -551,7 +736,7 @@ class _Driver:
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
         # the rate the window's last update used (None: that update was made by an earlier process)
         # "epoch": the epochs completed at the record's step, as in an evaluation record (1 at the first one's end)
-        done = at.epoch + (at.position == self.per_epoch)
+        done = at.epoch + (at.position == self.per_epoch or at.ended)
         record = self.meter.read(at.window, done, None if self.used_lr is None else float(self.used_lr))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
@@ -574,8 +759,11 @@ class _Driver:
         generators = generator_states(self.given) if self.given is not None else []
         nonfinite = _nonfinite(self.state.model)  # refused by every rank alike: the finite checkpoints stay
         # a run defined by its global batch: the window's means over ranks too, which any world size continues
-        over_ranks = self.meter.over_ranks(at.window) if self.options.loader.global_batch_size else []
-        shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators, over_ranks)
+        stream = self.stream
+        elastic = self.options.loader.global_batch_size or (stream is not None and stream.global_state)
+        over_ranks = self.meter.over_ranks(at.window) if elastic else []
+        mine, everyone = self._stream_state(at) if stream is not None and stream.mode == "state" else (None, None)
+        shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators, over_ranks, mine, everyone)
         self.saved_at = self.checkpoints.save(self.state.step, shared, local, nonfinite=nonfinite)
 
     def evaluate(self, at: Progress) -> None:
@@ -607,9 +795,7 @@ class _Driver:
         finally:
             if self.checkpoints is not None:
                 self.checkpoints.close()  # the folder is free for the next run, whatever failed above
-        if isinstance(
-            self.loader, Reader
-        ):  # ct.run's own loaders: their workers end with the run (a given one is yours)
+        if isinstance(self.loader, Reader | Stream):  # ct.run's own loaders: their workers end with the run
             self.loader.close()
         if self.evaluator is not None:
             self.evaluator.close()
