@@ -18,7 +18,8 @@ def _place() -> tuple[int, int]:
 class Counting(IterableDataset):
     """Items ``i = 0, 1, ...`` (``length`` of them, or without end), each ``(x, y)`` drawn from a generator seeded
     by (seed, epoch, i); rank r of W keeps the items ``i % W == r`` and its worker w of K those of its share at
-    ``(i // W) % K == w``. State: the next item and the epoch. A pass that ends starts the next one over."""
+    ``(i // W) % K == w``. State: the next item and the epoch. Spent at its end (an iter() then gives nothing: a
+    torchdata worker restored there is asked for one more batch), it starts over when told a new epoch."""
 
     def __init__(self, length: int | None = 30, seed: int = 0, features: int = 6) -> None:
         self.length, self.seed, self.features = length, seed, features
@@ -30,6 +31,8 @@ class Counting(IterableDataset):
         self.rank, self.world = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.next = 0
         self.epoch = epoch
         self.epochs_set.append(epoch)
 
@@ -54,6 +57,18 @@ class Counting(IterableDataset):
             self.next += 1  # before the yield: the state after it says where the next item comes from
             if self.mine(i):
                 yield self.item(i)
+
+
+class Restarting(Counting):
+    """A Counting stream that starts over by itself at its end (not in set_epoch): read in this process, ct.run
+    resumes it exactly too (the next pass's iter() follows the state loaded at the pass's end)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.epochs_set.append(epoch)
+
+    def __iter__(self) -> Any:
+        yield from super().__iter__()
         self.next = 0
 
 
@@ -132,7 +147,6 @@ class Global(Counting):
             i = self.next + self.rank
             self.next += self.world
             yield self.item(i)
-        self.next = 0
 
 
 class Unsplit(Counting):

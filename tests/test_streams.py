@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from run_script import untimed
-from stream_data import BadLoad, Counting, Drawing, Failing, NumpyState, Stateless
+from stream_data import BadLoad, Counting, Drawing, Failing, NumpyState, Restarting, Stateless
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 import composetrain as ct
@@ -35,6 +35,15 @@ def run(data, tmp=None, **options):
     options = {"batch_size": 4, "num_workers": 0, "progress": False, "log_every": 3, **options}
     result = ct.run(step, state, data, checkpoint_dir=tmp, **options)
     return result, state, list(SEEN)
+
+
+def records(resumed, straight):
+    """Whether a resumed run's records are the straight run's; but a pass's end found first thing after a resume
+    logs updates an earlier process made, whose rate this one does not know: null, as a finished run run again."""
+    if len(resumed) != len(straight):
+        return False
+    pairs = zip(resumed, straight, strict=True)
+    return all(untimed([r if r["lr"] is not None else {**r, "lr": s["lr"]}]) == untimed([s]) for r, s in pairs)
 
 
 def same(a, b):
@@ -80,7 +89,7 @@ def test_drop_last_drops_the_passes_short_batch():
 @st.composite
 def chains(draw):
     """A stream run and the points where it is interrupted: (stream, options, stops)."""
-    kind = draw(st.sampled_from([Counting, Drawing]))
+    kind = draw(st.sampled_from([Counting, Restarting, Drawing]))
     length = draw(st.one_of(st.none(), st.integers(1, 24)))
     batch_size = draw(st.integers(1, 5))
     options = {
@@ -121,7 +130,7 @@ def test_k_resumes_at_random_points_train_on_the_uninterrupted_runs_batches_bit_
     assert same(seen, straight_seen)
     assert all(torch.equal(p, q) for p, q in zip(params(state), params(straight_state), strict=True))
     assert last.steps == straight.steps and last.epochs == straight.epochs
-    assert untimed(last.history) == untimed(straight.history) and last.exhausted == straight.exhausted
+    assert records(last.history, straight.history) and last.exhausted == straight.exhausted
 
 
 def test_checkpoints_hold_each_ranks_stream_state_and_load_with_weights_only(tmp_path):
@@ -130,7 +139,8 @@ def test_checkpoints_hold_each_ranks_stream_state_and_load_with_weights_only(tmp
     folder = tmp_path / "step-000000005"
     local = torch.load(folder / "rank-0.pt", weights_only=True)
     shared = torch.load(folder / "state.pt", weights_only=True)
-    assert local["stream"]["next"] == 20 and torch.equal(local["stream"]["g"], data.g.get_state())
+    assert local["stream"]["ended"] is False and local["stream"]["state"]["next"] == 20
+    assert torch.equal(local["stream"]["state"]["g"], data.g.get_state())
     assert shared["stream"] is None and shared["settings"]["stream"] == "state"
     assert shared["settings"]["updates_per_epoch"] is None and shared["position"] == 5
 

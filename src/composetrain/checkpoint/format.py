@@ -43,6 +43,7 @@ __all__ = [
     "shared_problem",
     "stamp_local",
     "stamp_shared",
+    "stream_problem",
     "unplain",
     "window_problem",
 ]
@@ -211,7 +212,7 @@ def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | No
         return f"its TrainState's step {state['step']!r} is not the step of its folder ({step})"
     if not all(isinstance(r, dict) for r in payload["history"] + payload["evals"]):
         return "its history and evals must be lists of dicts"
-    return next(filter(None, map(window_problem, payload["window"])), None)
+    return next(filter(None, map(window_problem, payload["window"])), None) or stream_problem(payload["stream"])
 
 
 def local_problem(local: dict[str, Any]) -> str | None:
@@ -224,7 +225,21 @@ def local_problem(local: dict[str, Any]) -> str | None:
         or generators_problem(local["generators"])
         or (order and (rng_problem(order["rng"]) or generators_problem(order["generators"])))
         or next(filter(None, map(window_problem, local["window"])), None)
+        or stream_problem(local["stream"])
     )
+
+
+def stream_problem(record: Any) -> str | None:
+    """What is wrong with a checkpoint's record of a stream (``{"state": its state_dict(), "ended": bool}``), or
+    None."""
+    if record is None or (
+        type(record) is dict
+        and record.keys() == {"state", "ended"}
+        and type(record["state"]) is dict
+        and type(record["ended"]) is bool
+    ):
+        return None
+    return "its stream record must be None or a dict of the stream's state (a dict) and whether it ended"
 
 
 def window_problem(entry: Any) -> str | None:

@@ -581,15 +581,15 @@ class _Driver:
         assert stream is not None  # for the type checker: called for a stream only
         if stream.mode == "replay":  # the pass is read again from its start (epoch())
             return
-        state = local["stream"] if local is not None else saved["stream"]
+        record = local["stream"] if local is not None else saved["stream"]
         problem = None
-        if state is None:
+        if record is None:
             problem = "it holds no state of the stream (saved by a run that did not keep it)"
         else:
             try:
                 if saved["position"]:
                     stream.set_epoch(saved["epoch"])
-                stream.load_state_dict(state)
+                stream.restore(record)
             except Exception as e:
                 problem = f"its load_state_dict() raised {type(e).__name__}: {e}"
         if problem is not None and self.proc.world_size > 1:
@@ -631,7 +631,7 @@ class _Driver:
                 "was saved"
             )
         if not stream.global_state:
-            return state, None
+            return stream.record(state), None
         if at is not None and at.position and (everyone := self.proc.differing(state_digest(state))) is not None:
             raise ValueError(
                 f"{RUN}: the stream {type(stream.dataset).__name__} says state_is_global = True, but its "
@@ -639,7 +639,7 @@ class _Driver:
                 "is the whole job's position, the same on every rank; keep each rank's own position out of it, or "
                 "drop state_is_global (the run then resumes on the same number of processes only)"
             )
-        return state, state
+        return stream.record(state), {"state": state, "ended": False}  # the job's: another world size reads anew
 
     def refuse_in_the_way(self, schedule: Schedule, start: int) -> None:
         """Refuse a non-checkpoint named like one at a step where this run saves (epoch ends, multiples of

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from composetrain.checkpoint.format import unplain
 from composetrain.core.batching import leaves, to_device
-from composetrain.core.rng import derive_seed
+from composetrain.core.rng import capture_rng, derive_seed, restore_rng
 from composetrain.core.util import RUN, show
 from composetrain.launch.agree import all_true, gathered, largest
 from composetrain.launch.rendezvous import Process
@@ -177,6 +178,7 @@ class Stream:
         self.batch_size = self.loader.batch_size if self.loader is not None else batch_size
         self.num_workers = self.loader.num_workers if self.loader is not None else 0
         self.drop_last, self.collate_fn = drop_last, collate_fn or default_collate
+        self.ended = False  # ct.run's reader saw the stream end in this pass (while reading its last, short batch)
         # global: the state is the whole job's (the same on every rank), read from the dataset itself
         self.global_state = mode == "state" and self.loader is None and getattr(data, "state_is_global", False) is True
         if callable(getattr(self.dataset, "set_rank", None)):
@@ -189,39 +191,64 @@ class Stream:
 
     def set_epoch(self, epoch: int) -> None:
         """A new pass is about to begin (``set_epoch`` of the dataset, where it has one)."""
+        self.ended = False
         if callable(getattr(self.dataset, "set_epoch", None)):
             self.dataset.set_epoch(epoch)
 
     def iterate(self) -> Iterator[Any]:
-        """The batches of the pass, from where the stream stands."""
-        return iter(self.loader) if self.loader is not None else self._read(iter(self.dataset))
+        """The batches of the pass, from where the stream stands (none when it was seen to end)."""
+        loader = self.loader
+        if loader is None:
+            return iter(()) if self.ended else self._read(iter(self.dataset))
+        return _untouched(lambda: iter(loader))
 
     def _read(self, items: Iterator[Any]) -> Iterator[Any]:
-        """``batch_size`` items at a time, collated; the pass's last, short batch unless ``drop_last``."""
+        """``batch_size`` items at a time, collated; the pass's last, short batch unless ``drop_last``. A stream
+        that ends while a batch is read is ``ended`` after it: its state may already be the next pass's (a stream
+        that starts over at its end), so a resume must not read it again in this pass."""
         assert self.batch_size is not None  # for the type checker: a dataset is batched by ct.run's batch_size
         while True:
-            batch = []
-            for item in items:
-                batch.append(item)
-                if len(batch) == self.batch_size:
-                    break
-            if not batch or (len(batch) < self.batch_size and self.drop_last):
+            batch = list(itertools.islice(items, self.batch_size))
+            self.ended = len(batch) < self.batch_size
+            if not batch or (self.ended and self.drop_last):
                 return
             yield self.collate_fn(batch)
-            if len(batch) < self.batch_size:
+            if self.ended:
                 return
 
     def state_dict(self) -> Any:
-        return self.source.state_dict()
+        """The stream's own state: its dataset's, or its loader's (which holds its workers' datasets')."""
+        if self.loader is None:
+            return self.dataset.state_dict()
+        return _untouched(self.source.state_dict)  # before the first iter(), it makes the iterator
 
     def load_state_dict(self, state: Any) -> None:
         self.source.load_state_dict(state)
+
+    def record(self, state: dict[str, Any]) -> dict[str, Any]:
+        """What a checkpoint keeps of this rank's stream: its ``state`` and whether ct.run saw it end in this pass."""
+        return {"state": state, "ended": self.ended}
+
+    def restore(self, record: dict[str, Any]) -> None:
+        self.load_state_dict(record["state"])
+        self.ended = record["ended"]
 
     def close(self) -> None:
         """Stop the workers of a loader ct.run built (a given one is yours)."""
         iterator = getattr(self.loader, "_iterator", None) if self.built else None
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+
+
+def _untouched(make: Callable[[], Any]) -> Any:
+    """``make()`` with the process's random states put back after it: a DataLoader's new iterator draws its workers'
+    base seed from the global generator (one given without ``generator=``), which a resumed run makes at another
+    update than the uninterrupted run did; the dropout masks after it would differ."""
+    states = capture_rng()
+    try:
+        return make()
+    finally:
+        restore_rng(states)
 
 
 def _stateful_loader(
