@@ -17,8 +17,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/format.py",
-        "find": 'payload["settings"].get("global_batch_size") is None:',
-        "replace": 'payload["settings"].get("batch_size") is None:',
+        "find": 'and settings.get("global_batch_size") is None and not settings.get("stream"):',
+        "replace": 'and settings.get("batch_size") is None and not settings.get("stream"):',
         "tests": [
             "tests/test_resume_anywhere.py::test_what_cannot_be_exact_is_refused_before_anything_changes",
         ],
@@ -27,8 +27,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/format.py",
-        "find": 'if payload["world_size"] != world_size and',
-        "replace": 'if payload["world_size"] < world_size and',
+        "find": 'if payload["world_size"] != world_size and settings.get("global_batch_size")',
+        "replace": 'if payload["world_size"] < world_size and settings.get("global_batch_size")',
         "tests": [
             "tests/test_checkpoint_folder.py::test_a_checkpoint_of_two_processes_is_refused_in_one_and_kept",
         ],

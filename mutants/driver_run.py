@@ -251,11 +251,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": (
-            "lambda n: start < n <= last and (n == last or n % schedule.per_epoch == 0 or bool(every and n % "
-            "every == 0))"
-        ),
-        "replace": "lambda n: start < n <= last and (n == last or bool(every and n % every == 0))",
+        "find": "and (n == last or bool(per_epoch and n % per_epoch == 0) or bool(every and n % every == 0))",
+        "replace": "and (n == last or bool(every and n % every == 0))",
         "tests": [
             "tests/test_checkpoint_folder.py::test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_training",
         ],
@@ -264,7 +261,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "        done = at.epoch + (at.position == self.per_epoch)",
+        "find": "        done = at.epoch + (at.position == self.per_epoch or at.ended)",
         "replace": "        done = at.epoch",
         "tests": [
             "tests/test_run_loop.py::test_log_and_evaluation_records_number_the_epoch_alike",
@@ -310,9 +307,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": (
-            "        over_ranks = self.meter.over_ranks(at.window) if self.options.loader.global_batch_size else []"
-        ),
+        "find": "        over_ranks = self.meter.over_ranks(at.window) if elastic else []",
         "replace": "        over_ranks = []",
         "tests": [
             "tests/test_resume_anywhere.py::test_a_chain_of_runs_on_2_1_3_2_processes_ends_as_the_uninterrupted_run",

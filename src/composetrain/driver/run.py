@@ -270,9 +270,9 @@ def run(
             )
             at = d.resume(schedule, options.loader.seed)
             d.refuse_in_the_way(schedule, state.step)  # before training, not after it
-            d.check_stream_state()  # a stream's state no checkpoint could hold: refused before training
             _check_horizon(state, schedule, at.resumed)  # the scheduler that trains: a checkpoint's, resumed
             _check_epochs_left(state, schedule, at)
+            d.check_stream_state()  # a stream's state no checkpoint could hold: refused before training
             d.log.start(at.history, at.evals, at.resumed, state.step)
             d.start(log.progress and proc.is_main, schedule.total_updates)  # bar, stop signal, phases
             if at.evaluation_missed(state.step):
