@@ -65,12 +65,24 @@ def test_a_stream_is_batched_per_process_and_trains_as_its_items_in_a_list():
     assert all(torch.equal(p, q) for p, q in zip(params(state), params(listed_state), strict=True))
 
 
-def test_each_pass_is_an_epoch_begun_with_set_epoch():
+def test_each_pass_is_an_epoch_begun_with_set_epoch_and_ended_saved(tmp_path):
     data = Counting(length=10)  # 3 updates a pass: 4, 4 and 2 items
-    result, _, seen = run(data, epochs=3, log_every=50)
+    result, _, seen = run(data, tmp_path, epochs=3, log_every=50, keep_checkpoints=3)
     assert data.epochs_set == [0, 1, 2] and result.steps == 9 and result.epochs == 3
     assert [r["epoch"] for r in result.history] == [1, 2, 3] and [r["step"] for r in result.history] == [3, 6, 9]
     assert not same(seen[:3], seen[3:6])  # each pass its own items: set_epoch reached the dataset
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == [f"step-00000000{n}" for n in (3, 6, 9)]
+    saved = torch.load(tmp_path / "step-000000009" / "state.pt", weights_only=True)
+    assert (saved["epoch"], saved["position"]) == (3, 0)  # the run's end: its last pass over, saved
+
+
+def test_a_stream_that_starts_over_at_its_end_resumes_after_its_short_last_batch(tmp_path):
+    """Its state after the short batch is already the next pass's start: ct.run records that it saw the end, and the
+    resumed run ends the pass instead of reading it again."""
+    straight, _, straight_seen = run(Restarting(length=10), tmp_path / "straight", epochs=2)
+    run(Restarting(length=10), tmp_path / "chain", epochs=2, max_steps=3)  # stopped after the short batch
+    last, _, seen = run(Restarting(length=10), tmp_path / "chain", epochs=2)
+    assert same(seen, straight_seen[3:]) and last.steps == straight.steps == 6 and last.epochs == 2
 
 
 def test_max_steps_ends_an_endless_stream_and_a_stream_that_ends_first_says_so():
@@ -157,8 +169,10 @@ def test_a_stream_without_state_is_refused_with_checkpoints_and_resumed_by_repla
     straight, straight_state, straight_seen = run(Stateless(), tmp_path / "straight", epochs=2, stream_resume="replay")
     run(Stateless(), tmp_path / "replayed", epochs=2, max_steps=3, stream_resume="replay")
     with pytest.warns(UserWarning, match=r"by replay \(stream_resume='replay'\): reading pass 1 again from its start"):
+        run(Stateless(), tmp_path / "replayed", epochs=2, max_steps=11, stream_resume="replay")
+    with pytest.warns(UserWarning, match=r"reading pass 2 again from its start and dropping its first 3 batches"):
         last, state, seen = run(Stateless(), tmp_path / "replayed", epochs=2, stream_resume="replay")
-    assert same(seen, straight_seen[3:]) and last.steps == straight.steps == 16
+    assert same(seen, straight_seen[11:]) and last.steps == straight.steps == 16
     assert all(torch.equal(p, q) for p, q in zip(params(state), params(straight_state), strict=True))
 
 

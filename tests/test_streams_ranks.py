@@ -27,7 +27,8 @@ def run(data, folder=None, *, ranks=True, **options):
     """``ct.run`` of ``step`` (``distributed`` on the pool's ranks) from a fresh state: result, state, batches."""
     SEEN.clear()
     state = run_script.state()
-    options = {"batch_size": 3, "num_workers": 0, "progress": False, "log_every": 2, **options}
+    # a rank that waits for another past 30 s fails (a hang would fail the pool's call only after 120 s)
+    options = {"batch_size": 3, "num_workers": 0, "progress": False, "log_every": 2, "timeout": 30, **options}
     result = ct.run(ct.distributed(step) if ranks else step, state, data, checkpoint_dir=folder, **options)
     return result, state, list(SEEN)
 
