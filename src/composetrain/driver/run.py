@@ -8,7 +8,6 @@ loop stands and what is due; ``_Driver`` below holds what was set up and does ea
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import sys
 import time
@@ -47,7 +46,8 @@ from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.progress import Due, Progress, Schedule
 from composetrain.driver.reader import Reader
 from composetrain.driver.schedules import horizon_problem, steps_left_problem
-from composetrain.driver.streams import Stream, agree_on, build_stream, pass_batches, state_digest, state_problem
+from composetrain.driver.stream_passes import open_pass, restore_stream, stream_record
+from composetrain.driver.streams import Stream, build_stream
 from composetrain.driver.tracking import Tracker
 from composetrain.driver.waiting import Waiting
 from composetrain.launch.rendezvous import Process, rendezvous
@@ -556,7 +556,8 @@ class _Driver:
         if problem:
             raise ValueError(f"{RUN}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
         if self.stream is not None:  # first: a load_state_dict that raises leaves the TrainState as it was
-            self._restore_stream(path, saved, local)
+            record = local["stream"] if local is not None else saved["stream"]
+            restore_stream(self.stream, record, saved["epoch"], saved["position"], self.proc, path)
         given_settings = _hyperparameters(state)
         try:
             state.load_state_dict(saved["state"])
@@ -574,72 +575,10 @@ class _Driver:
             set_generator_states(given, generators)
         return Progress.from_checkpoint(saved, local, schedule, start=state.step)
 
-    def _restore_stream(self, path: Path, saved: dict[str, Any], local: dict[str, Any] | None) -> None:
-        """The stream's state as the checkpoint saved it (this rank's, or the whole job's), loaded where the
-        uninterrupted run stood: inside a pass after its ``set_epoch``, at a pass's end before the next one's."""
-        stream = self.stream
-        assert stream is not None  # for the type checker: called for a stream only
-        if stream.mode == "replay":  # the pass is read again from its start (epoch())
-            return
-        record = local["stream"] if local is not None else saved["stream"]
-        problem = None
-        if record is None:
-            problem = "it holds no state of the stream (saved by a run that did not keep it)"
-        else:
-            try:
-                if saved["position"]:
-                    stream.set_epoch(saved["epoch"])
-                stream.restore(record)
-            except Exception as e:
-                problem = f"its load_state_dict() raised {type(e).__name__}: {e}"
-        if problem is not None and self.proc.world_size > 1:
-            problem = f"on rank {self.proc.rank}, {problem}"
-        problem = agree_on(problem, self.proc)
-        if problem is not None:
-            raise ValueError(
-                f"{RUN}: cannot resume the stream {type(stream.dataset).__name__} from checkpoint {path}: {problem}; "
-                "nothing was trained or changed: make its load_state_dict take what its state_dict() returns, or "
-                "point checkpoint_dir elsewhere to start afresh"
-            )
-
     def check_stream_state(self) -> None:
         """Refuse, before the first update, a stream whose ``state_dict()`` no checkpoint could hold."""
         if self.stream is not None and self.stream.mode == "state" and self.checkpoints is not None:
-            self._stream_state(None)
-
-    def _stream_state(self, at: Progress | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """The stream's state for a checkpoint, checked on every rank: this rank's, and the whole job's (the same on
-        every rank, checked so inside a pass: at a pass's end the ranks that had one more batch read it) or None."""
-        stream = self.stream
-        assert stream is not None  # for the type checker: called for a stream only
-        state: Any = None
-        try:
-            state = stream.state_dict()
-            problem = state_problem(state, "the stream's state_dict()")
-        except Exception as e:
-            problem = f"the stream's state_dict() raised {type(e).__name__}: {e}"
-        if problem is not None and self.proc.world_size > 1:
-            problem = f"on rank {self.proc.rank}, {problem}"
-        problem = agree_on(problem, self.proc)
-        when = "to checkpoint it" if at is None else f"at step {self.state.step}"
-        if problem is not None:
-            raise TypeError(
-                f"{RUN}: cannot save the stream {type(stream.dataset).__name__}'s state {when}: {problem}; a "
-                "checkpoint holds tensors and plain types only (dict, list, tuple, str, int, float, bool, None), "
-                "loaded with torch.load(weights_only=True), which runs no code: return only those from its "
-                "state_dict() (a NumPy array as a tensor or a list, a generator's state as its get_state()); nothing "
-                "was saved"
-            )
-        if not stream.global_state:
-            return stream.record(state), None
-        if at is not None and at.position and (everyone := self.proc.differing(state_digest(state))) is not None:
-            raise ValueError(
-                f"{RUN}: the stream {type(stream.dataset).__name__} says state_is_global = True, but its "
-                f"state_dict() differs between ranks at step {self.state.step} (digests {everyone}): a global state "
-                "is the whole job's position, the same on every rank; keep each rank's own position out of it, or "
-                "drop state_is_global (the run then resumes on the same number of processes only)"
-            )
-        return stream.record(state), {"state": state, "ended": False}  # the job's: another world size reads anew
+            stream_record(self.stream, self.proc, self.state.step, inside=None)
 
     def refuse_in_the_way(self, schedule: Schedule, start: int) -> None:
         """Refuse a non-checkpoint named like one at a step where this run saves (epoch ends, multiples of
@@ -671,40 +610,12 @@ class _Driver:
         """The current epoch's batches from where ``at`` stands: (batches done after this one, batch, wait)."""
         loader = self.loader
         if isinstance(loader, Stream):
-            return self._stream_pass(at)
+            first, self.first_read = self.first_read, False
+            return open_pass(loader, at.epoch, at.position, self.proc, first=first, waiting=self.waiting)
         assert self.per_epoch is not None  # for the type checker: known but for a stream
         if at.position == 0:
             at.order = epoch_order(loader, self.sampler)  # to replay a given loader's shuffle on resume
         return epoch_batches(loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch)
-
-    def _stream_pass(self, at: Progress) -> Iterator[tuple[int, Any, float]]:
-        """A stream's pass from where ``at`` stands: a new one after ``set_epoch``; one resumed from its state; or,
-        under ``stream_resume="replay"``, the pass read again from its start, the batches already trained dropped."""
-        stream = self.stream
-        assert stream is not None  # for the type checker: called for a stream only
-        replay = stream.mode == "replay" and at.position > 0
-        if at.position == 0 or replay:
-            stream.set_epoch(at.epoch)
-        batches = stream.iterate()
-        if replay:
-            warnings.warn(
-                f"{RUN}: resuming the stream {type(stream.dataset).__name__} by replay (stream_resume='replay'): "
-                f"reading pass {at.epoch + 1} again from its start and dropping its first {at.position} batches, "
-                "already trained on",
-                stacklevel=4,
-            )
-            read = sum(1 for _ in itertools.islice(batches, at.position))
-            problem = agree_on(
-                None if read == at.position else f"rank {self.proc.rank}'s stream gave {read} batches", self.proc
-            )
-            if problem is not None:
-                raise ValueError(
-                    f"{RUN}: cannot replay the stream {type(stream.dataset).__name__}: {problem} of the "
-                    f"{at.position} its pass {at.epoch + 1} had given before the checkpoint, so it does not yield "
-                    "the same batches again; give it state_dict() and load_state_dict() (stream_resume='state')"
-                )
-        check, self.first_read = self.first_read, False
-        return pass_batches(batches, at.position, self.proc.device, self.proc, check_shards=check, waiting=self.waiting)
 
     def end_pass(self, at: Progress) -> Due | None:
         """What is due at the end of a stream's pass, or None when a new pass gave no batch (the stream does not
@@ -762,7 +673,11 @@ class _Driver:
         stream = self.stream
         elastic = self.options.loader.global_batch_size or (stream is not None and stream.global_state)
         over_ranks = self.meter.over_ranks(at.window) if elastic else []
-        mine, everyone = self._stream_state(at) if stream is not None and stream.mode == "state" else (None, None)
+        mine, everyone = (
+            stream_record(stream, self.proc, self.state.step, inside=at.position > 0)
+            if stream is not None and stream.mode == "state"
+            else (None, None)
+        )
         shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators, over_ranks, mine, everyone)
         self.saved_at = self.checkpoints.save(self.state.step, shared, local, nonfinite=nonfinite)
 

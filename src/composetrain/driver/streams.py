@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,27 +34,22 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from composetrain.checkpoint.format import unplain
-from composetrain.core.batching import leaves, to_device
 from composetrain.core.rng import capture_rng, derive_seed, restore_rng
 from composetrain.core.util import RUN, show
-from composetrain.launch.agree import all_true, gathered, largest
 from composetrain.launch.rendezvous import Process
 
 __all__ = [
     "MODES",
     "Stream",
-    "agree_on",
     "build_stream",
     "has_state",
     "is_stream",
-    "pass_batches",
     "resume_problem",
     "state_digest",
     "state_problem",
 ]
 
 MODES = ("state", "replay")  # stream_resume: the stream's own state (the default), or reading the pass again
-_BATCH, _END, _ERROR = 0, 1, 2  # what a rank says before each update; the largest wins
 
 
 def is_stream(data: Any) -> bool:
@@ -281,73 +275,6 @@ def _stateful_loader(
         )
 
 
-def pass_batches(
-    batches: Iterator[Any], start: int, device: torch.device, proc: Process, *, check_shards: bool, waiting: Any
-) -> Iterator[tuple[int, Any, float]]:
-    """A pass's batches, agreed by every rank: (batches of the pass done with this one, batch on ``device``, wait).
-
-    Before each update every rank says whether it has a batch: the pass ends on every rank at the first update some
-    rank has none, and a stream that raised on one rank raises on every rank (its own error there, naming it on the
-    others). ``check_shards``: the first batch is compared across ranks, and two ranks reading the same one are
-    refused before it is trained on."""
-    position = start
-    while True:
-        tick = time.perf_counter()
-        status, batch, error = _BATCH, None, None
-        try:
-            batch = next(batches)
-        except StopIteration:
-            status = _END
-        except Exception as e:  # the stream's own error: raised on this rank, named on the others
-            status, error = _ERROR, e
-        waiting.now(f"the agreement on the batches of update {position + 1} of the pass")
-        agreed = int(largest([float(status)])[0]) if proc.world_size > 1 else status
-        if agreed == _ERROR:
-            if error is not None:
-                gathered(f"{type(error).__name__}: {error}")
-                raise error
-            told = gathered(None)
-            rank, what = next((r, w) for r, w in enumerate(told) if w is not None)
-            raise RuntimeError(
-                f"{RUN}: the stream raised on rank {rank} while reading the batch of update {position + 1} of its "
-                f"pass ({what}); every rank stops with it, and the last checkpoint is left as it was"
-            )
-        if agreed == _END:
-            return
-        if check_shards:
-            _refuse_shared_shards(batch, proc)
-            check_shards = False
-        position += 1
-        yield position, to_device(batch, device), time.perf_counter() - tick
-
-
-def _digest(batch: Any) -> str:
-    """A digest of a batch's tensors (dtype, shape, bytes) and of its other values' reprs."""
-    h = hashlib.blake2b(digest_size=16)
-    for t in leaves(batch):
-        t = t.detach().cpu().contiguous()
-        h.update(repr((t.dtype, tuple(t.shape))).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    if not leaves(batch):
-        h.update(repr(batch).encode())
-    return h.hexdigest()
-
-
-def _refuse_shared_shards(batch: Any, proc: Process) -> None:
-    """Two ranks whose first batch is the same read the same share of the stream: refused on every rank."""
-    if proc.world_size == 1:
-        return
-    digests = gathered(_digest(batch))
-    same = [r for r, d in enumerate(digests) if digests.count(d) > 1]
-    if same:
-        raise ValueError(
-            f"{RUN}: ranks {', '.join(map(str, same))} read the same first batch: the stream is not split among the "
-            f"{proc.world_size} processes, which would train on the same data; split it by rank in the dataset "
-            "(ct.run calls its set_rank(rank, world_size) before reading; torch.distributed.get_rank() works in "
-            "__iter__ too), e.g. keep item i where i % world_size == rank"
-        )
-
-
 def state_digest(state: Any) -> str:
     """A digest of a stream state as a checkpoint writes it (tensors by their bytes)."""
     buffer = io.BytesIO()
@@ -360,10 +287,3 @@ def state_problem(state: Any, where: str) -> str | None:
     if type(state) is not dict:
         return f"{where} returned {show(state)}, not a dict"
     return unplain(state, where)
-
-
-def agree_on(problem: str | None, proc: Process) -> str | None:
-    """Any rank's problem, on every rank (the first by rank), or None."""
-    if all_true(problem is None):
-        return None
-    return next(p for p in gathered(problem) if p is not None)  # every rank gathers, also the one that knows
