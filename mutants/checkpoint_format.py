@@ -35,4 +35,14 @@ MUTANTS = [
         "why": "20.10: a checkpoint of more processes than the run has is resumed",
         "from": "issue20",
     },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": 'settings.get("stream") not in (None, "global state"):',
+        "replace": 'settings.get("stream") not in (None, "global state", "state"):',
+        "tests": [
+            "tests/test_streams_ranks.py::test_a_stream_resumes_on_another_number_of_processes_only_where_its_state_is_the_jobs",
+        ],
+        "why": "a stream's per-rank state resumes on another world size: rank 0's state read by every rank",
+        "from": "streams",
+    },
 ]

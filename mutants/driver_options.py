@@ -178,4 +178,14 @@ MUTANTS = [
         "why": "a DataLoader with global_batch_size alone is used as given: G silently ignored",
         "from": "global_batch",
     },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "        if self.shuffle:\n",
+        "replace": "        if False:\n",
+        "tests": [
+            "tests/test_streams.py::test_what_a_stream_cannot_take_is_refused_with_the_fix",
+        ],
+        "why": "shuffle=True with a stream is ignored, not refused",
+        "from": "streams",
+    },
 ]

@@ -368,4 +368,44 @@ MUTANTS = [
         "why": "20.12: every rank seeded alike: the ranks draw the same random numbers",
         "from": "issue20",
     },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": ('            if stream is not None and stream.mode == "state"\n            else (None, None)'),
+        "replace": ("            if False\n            else (None, None)"),
+        "tests": [
+            "tests/test_streams.py::test_checkpoints_hold_each_ranks_stream_state_and_load_with_weights_only",
+        ],
+        "why": "the stream's state is not saved: a resume cannot continue it",
+        "from": "streams",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": ("        if at.epoch == 0:\n            stream = self.stream"),
+        "replace": ("        if False:\n            stream = self.stream"),
+        "tests": [
+            "tests/test_streams.py::test_a_stream_that_gives_nothing_is_refused_before_training",
+        ],
+        "why": "a stream that gives no batch at all ends the run silently, nothing trained",
+        "from": "streams",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        short = options.max_steps is not None and not at.reached_max(state.step)",
+        "replace": "        short = False",
+        "tests": [
+            "tests/test_streams.py::test_max_steps_ends_an_endless_stream_and_a_stream_that_ends_first_says_so",
+        ],
+        "why": "a stream that ends before max_steps ends the run without saying so",
+        "from": "streams",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        done = at.epoch + (at.position == self.per_epoch or at.ended)",
+        "replace": "        done = at.epoch + (at.position == self.per_epoch)",
+        "tests": [
+            "tests/test_streams.py::test_each_pass_is_an_epoch_begun_with_set_epoch_and_ended_saved",
+        ],
+        "why": "the record at a pass's end numbers the epoch before it",
+        "from": "streams",
+    },
 ]
