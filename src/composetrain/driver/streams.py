@@ -14,7 +14,11 @@ What ct.run does with a stream, in order:
   update some rank's stream has none, the pass ends on every rank (the others' batch of that update is dropped),
   and a stream that raises on one rank raises on every rank;
 - a save keeps ``state_dict()`` (the dataset's, or the loader's, which holds its workers' datasets'), checked to
-  hold tensors and plain types only; a resume hands it to ``load_state_dict`` before the next ``iter()``.
+  hold tensors and plain types only; a resume hands it to ``load_state_dict`` before the next ``iter()`` (inside a
+  pass after that pass's ``set_epoch``, at a pass's end before the next one's). Read in this process, ct.run also
+  records that it saw the stream end inside the last, short batch; read by torchdata's workers, a stream must be
+  spent at its end (an ``iter()`` from that state yields nothing: a restored worker is asked for one more batch)
+  and begin its next pass in ``set_epoch``.
 
 Where a stream keeps no state, ``stream_resume="replay"`` resumes it by reading the pass from its start again and
 dropping the batches already trained on. A dataset whose class says ``state_is_global = True`` keeps the whole
