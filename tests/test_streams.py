@@ -265,6 +265,7 @@ def test_a_stream_that_does_not_start_over_ends_the_run_saying_so():
         ({"shuffle": True}, ValueError, r"shuffle=True but data is a stream \(Counting\), which orders its items"),
         ({"batch_size": None}, ValueError, r"batch_size is required when data is a stream \(Counting\)"),
         ({"stream_resume": "skip"}, ValueError, r"stream_resume must be one of 'state', 'replay' .*got 'skip'"),
+        ({"stream_resume": "replay"}, ValueError, r"stream_resume='replay' but no checkpoint_dir: a run that saves"),
     ],
 )
 def test_what_a_stream_cannot_take_is_refused_with_the_fix(options, error, says):

@@ -544,6 +544,11 @@ class RunOptions:
         check_flag(self.requeue, "requeue")
         _set(self, timeout=check_real(self.timeout, RUN, "timeout", example="timeout=300 (seconds)"))
         loader = self.loader
+        if loader.stream_resume is not None and self.checkpoint.checkpoint_dir is None:
+            raise ValueError(
+                f"{RUN}: stream_resume={loader.stream_resume!r} but no checkpoint_dir: a run that saves nothing never "
+                "resumes; give checkpoint_dir, or leave stream_resume out"
+            )
         if loader.stream and self.checkpoint.checkpoint_dir is not None and loader.stream_resume != "replay":
             problem = resume_problem(loader.data)
             if problem is not None:
