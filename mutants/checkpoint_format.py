@@ -50,8 +50,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/format.py",
-        "find": 'if payload["settings"].get("global_batch_size") is not None:',
-        "replace": 'if payload["settings"].get("batch_size") is not None:',
+        "find": '    if settings.get("global_batch_size") is not None or (',
+        "replace": '    if settings.get("batch_size") is not None or (',
         "tests": [
             "tests/test_resume_anywhere.py::test_what_cannot_be_exact_is_refused_before_anything_changes",
         ],
@@ -91,5 +91,15 @@ MUTANTS = [
         ],
         "why": "a checkpoint written before the stamp (no data_shards) never continues its ranks' own files",
         "from": "meshes",
+    },
+    {
+        "file": "src/composetrain/checkpoint/format.py",
+        "find": 'settings.get("stream") not in (None, "global state"):',
+        "replace": 'settings.get("stream") not in (None, "global state", "state"):',
+        "tests": [
+            "tests/test_streams_ranks.py::test_a_stream_resumes_on_another_number_of_processes_only_where_its_state_is_the_jobs",
+        ],
+        "why": "a stream's per-rank state resumes on another world size: rank 0's state read by every rank",
+        "from": "streams",
     },
 ]

@@ -57,10 +57,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/options.py",
-        "find": (
-            "            batch_size,\n            True if shuffle is None else shuffle,\n            bool(drop_last),\n"
-        ),
-        "replace": ("            batch_size,\n            bool(shuffle),\n            bool(drop_last),\n"),
+        "find": "            not is_stream(data) if shuffle is None else shuffle,\n",
+        "replace": "            bool(shuffle),\n",
         "tests": [
             "tests/test_run_options.py",
         ],
@@ -189,5 +187,15 @@ MUTANTS = [
         ],
         "why": "a DataLoader with global_batch_size alone is used as given: G silently ignored",
         "from": "global_batch",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "        if self.shuffle:\n",
+        "replace": "        if False:\n",
+        "tests": [
+            "tests/test_streams.py::test_what_a_stream_cannot_take_is_refused_with_the_fix",
+        ],
+        "why": "shuffle=True with a stream is ignored, not refused",
+        "from": "streams",
     },
 ]

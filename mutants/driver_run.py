@@ -285,11 +285,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": (
-            "lambda n: start < n <= last and (n == last or n % schedule.per_epoch == 0 or bool(every and n % "
-            "every == 0))"
-        ),
-        "replace": "lambda n: start < n <= last and (n == last or bool(every and n % every == 0))",
+        "find": "and (n == last or bool(per_epoch and n % per_epoch == 0) or bool(every and n % every == 0))",
+        "replace": "and (n == last or bool(every and n % every == 0))",
         "tests": [
             "tests/test_checkpoint_folder.py::test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_training",
         ],
@@ -298,7 +295,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "        done = at.epoch + (at.position == self.per_epoch)",
+        "find": "        done = at.epoch + (at.position == self.per_epoch or at.ended)",
         "replace": "        done = at.epoch",
         "tests": [
             "tests/test_run_loop.py::test_log_and_evaluation_records_number_the_epoch_alike",
@@ -344,9 +341,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": (
-            "        over_ranks = self.meter.over_ranks(at.window) if self.options.loader.global_batch_size else []"
-        ),
+        "find": "        over_ranks = self.meter.over_ranks(at.window) if elastic else []",
         "replace": "        over_ranks = []",
         "tests": [
             "tests/test_resume_anywhere.py::test_a_chain_of_runs_on_2_1_3_2_processes_ends_as_the_uninterrupted_run",
@@ -390,10 +385,10 @@ MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
         "find": (
-            "            local_world_size=proc.local_world_size,\n"
-            "            equal_shares=can.forward_needs_every_rank,\n"
+            "                local_world_size=proc.local_world_size,\n"
+            "                equal_shares=can.forward_needs_every_rank,\n"
         ),
-        "replace": ("            local_world_size=proc.local_world_size,\n            equal_shares=False,\n"),
+        "replace": ("                local_world_size=proc.local_world_size,\n                equal_shares=False,\n"),
         "tests": [
             "tests/test_resume_anywhere.py::test_what_cannot_be_exact_is_refused_before_anything_changes",
         ],
@@ -412,8 +407,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": ("            rank=self.shard,\n            world_size=self.shards,\n"),
-        "replace": ("            rank=proc.rank,\n            world_size=proc.world_size,\n"),
+        "find": ("                rank=self.shard,\n                world_size=self.shards,\n"),
+        "replace": ("                rank=proc.rank,\n                world_size=proc.world_size,\n"),
         "tests": [
             "tests/test_meshes.py::test_tensor_parallel_checkpoints_load_at_another_degree_and_in_one_process",
         ],
@@ -465,5 +460,45 @@ MUTANTS = [
         ],
         "why": "a sharded state with object storage is refused only at its first save, after training up to it",
         "from": "checkpoint_async",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": ('            if stream is not None and stream.mode == "state"\n            else (None, None)'),
+        "replace": ("            if False\n            else (None, None)"),
+        "tests": [
+            "tests/test_streams.py::test_checkpoints_hold_each_ranks_stream_state_and_load_with_weights_only",
+        ],
+        "why": "the stream's state is not saved: a resume cannot continue it",
+        "from": "streams",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": ("        if at.epoch == 0:\n            stream = self.stream"),
+        "replace": ("        if False:\n            stream = self.stream"),
+        "tests": [
+            "tests/test_streams.py::test_a_stream_that_gives_nothing_is_refused_before_training",
+        ],
+        "why": "a stream that gives no batch at all ends the run silently, nothing trained",
+        "from": "streams",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        short = options.max_steps is not None and not at.reached_max(state.step)",
+        "replace": "        short = False",
+        "tests": [
+            "tests/test_streams.py::test_max_steps_ends_an_endless_stream_and_a_stream_that_ends_first_says_so",
+        ],
+        "why": "a stream that ends before max_steps ends the run without saying so",
+        "from": "streams",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        done = at.epoch + (at.position == self.per_epoch or at.ended)",
+        "replace": "        done = at.epoch + (at.position == self.per_epoch)",
+        "tests": [
+            "tests/test_streams.py::test_each_pass_is_an_epoch_begun_with_set_epoch_and_ended_saved",
+        ],
+        "why": "the record at a pass's end numbers the epoch before it",
+        "from": "streams",
     },
 ]

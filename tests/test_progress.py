@@ -32,9 +32,10 @@ def test_the_checkpoint_payload_keeps_format_2s_keys_and_round_trips():
     at = Progress(schedule(), 0, 1, 3, [{"step": 6}], [{"step": 5, "epoch": 1, "acc": 0.5}], [out], order)
     shared, local = at.to_checkpoint({"model": 1}, {"seed": 0}, ["g"])
     # as ct.run saved them, and the window's means over ranks (empty unless given: a global batch's run)
-    assert list(shared) == ["state", "settings", "epoch", "position", "history", "evals", "window"]
-    assert shared["window"] == []
-    assert list(local) == ["window", "order", "generators"]  # Checkpoints.save adds the rng
+    assert list(shared) == ["state", "settings", "epoch", "position", "history", "evals", "window", "stream"]
+    assert shared["window"] == [] and shared["stream"] is None  # a stream's state only where it is the job's
+    assert list(local) == ["window", "order", "generators", "stream"]  # Checkpoints.save adds the rng
+    assert local["stream"] is None  # no stream: nothing of one
     assert (shared["state"], shared["settings"], shared["epoch"], shared["position"]) == (
         {"model": 1},
         {"seed": 0},

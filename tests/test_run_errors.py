@@ -11,15 +11,17 @@ from torch.utils.data import TensorDataset
 import composetrain as ct
 
 
-def test_a_loader_without_length_is_refused():
+def test_a_loader_without_length_or_state_is_refused_where_it_would_be_resumed(tmp_path):
     from torch.utils.data import DataLoader, IterableDataset
 
     class Stream(IterableDataset):
         def __iter__(self):
             return iter(run_script.dataset())
 
-    with pytest.raises(TypeError, match="a DataLoader over an IterableDataset has no length"):
-        ct.run(run_script.step, run_script.state(), DataLoader(Stream(), batch_size=4), progress=False)
+    loader = DataLoader(Stream(), batch_size=4)
+    with pytest.raises(TypeError, match=r"checkpoint_dir is given, but the DataLoader given has no state_dict\(\)"):
+        ct.run(run_script.step, run_script.state(), loader, progress=False, checkpoint_dir=tmp_path)
+    assert ct.run(run_script.step, run_script.state(), loader, progress=False).steps == 24  # read once: 96 / 4
 
 
 def quick(**options):

@@ -26,6 +26,7 @@ from composetrain.core.util import RUN, show
 
 __all__ = [
     "ADDED",
+    "ADDED_LOCAL",
     "FORMAT",
     "LOCAL",
     "MARK",
@@ -45,6 +46,7 @@ __all__ = [
     "shared_problem",
     "stamp_local",
     "stamp_shared",
+    "stream_problem",
     "unlogged_problem",
     "unplain",
     "window_problem",
@@ -82,6 +84,7 @@ class Shared(_Part):
     history: list
     evals: list
     window: list = dataclasses.field(default_factory=list)
+    stream: dict | None = None  # a stream's state that is the whole job's (the same on every rank), else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,11 +99,13 @@ class UnloggedStep(_Part):
 @dataclasses.dataclass(frozen=True)
 class Local(_Part):
     """One rank's own part: its unlogged step outputs, the epoch's data order (None when it needs no
-    replay), and a given DataLoader's generators."""
+    replay), a given DataLoader's generators, and a stream's ``state_dict()`` (None: no stream, or one resumed by
+    replay)."""
 
     window: list
     order: dict | None
     generators: list
+    stream: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +119,9 @@ class Order(_Part):
 
 # The schemas a loadable file has: anything else is corrupt.
 SHARED = {"format": int, "world_size": int, "data_shards": list, **_schema(Shared)}
-ADDED = {"window": list, "data_shards": list}  # state.pt's keys that older checkpoints lack: read as empty there
+# state.pt's keys that older checkpoints lack, and a rank file's: read as empty there
+ADDED: dict[str, Callable[[], Any]] = {"window": list, "data_shards": list, "stream": type(None)}
+ADDED_LOCAL: dict[str, Callable[[], Any]] = {"stream": type(None)}
 LOCAL = {"rng": dict, **_schema(Local)}
 ORDER = _schema(Order)
 WINDOW = _schema(UnloggedStep)
@@ -156,7 +163,19 @@ def check_fits(payload: dict[str, Any], world_size: int, path: Path, data_shards
             "that run with the "
             "composetrain that wrote it, or point checkpoint_dir elsewhere to start afresh"
         )
-    if payload["settings"].get("global_batch_size") is not None:
+    settings = payload["settings"]
+    if payload["world_size"] != world_size and settings.get("stream") not in (None, "global state"):
+        raise ValueError(
+            f"{RUN}: checkpoint {path} was saved by {payload['world_size']} process(es), this run has {world_size}; "
+            "a stream's state is each rank's own (where that rank stands in its share of the stream), so resume "
+            f"with {payload['world_size']} process(es); a dataset whose state_dict() is the whole job's position "
+            "(the same on every rank, e.g. the items the job has read in all) says so with a class attribute "
+            "state_is_global = True, and then resumes on any number (read with num_workers=0)"
+        )
+    # a global batch's run, or a stream whose state is the whole job's, continues on any number of processes
+    if settings.get("global_batch_size") is not None or (
+        settings.get("stream") and payload["world_size"] != world_size
+    ):
         return
     if payload["world_size"] != world_size:
         raise ValueError(
@@ -185,8 +204,9 @@ def read(path: Path | bytes, schema: dict[str, Any], deep: Callable[[Any], str |
             return None, problem
     try:
         value = torch.load(io.BytesIO(path) if isinstance(path, bytes) else path, map_location="cpu", weights_only=True)
-        if schema is SHARED and isinstance(value, dict):
-            value = {**{k: kind() for k, kind in ADDED.items()}, **value}
+        added: dict[str, Callable[[], Any]] = ADDED if schema is SHARED else ADDED_LOCAL if schema is LOCAL else {}
+        if isinstance(value, dict):
+            value = {**{k: kind() for k, kind in added.items()}, **value}
     except PermissionError:
         raise  # not the file's fault: Checkpoints._read refuses it on every rank
     except pickle.UnpicklingError as e:  # weights_only refused a global: the file asks to run code
@@ -213,6 +233,8 @@ def shape_problem(value: Any, schema: dict[str, Any]) -> str | None:
 def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | None:
     """What is wrong with a ``state.pt`` payload, or None; ``step``: its folder's, when known."""
     per_epoch = payload["settings"].get("updates_per_epoch")
+    if payload["settings"].get("stream"):  # a pass of a stream holds as many updates as the stream gives
+        per_epoch = float("inf")
     if payload["world_size"] < 1 or payload["epoch"] < 0 or not 0 <= payload["position"] < (per_epoch or 1):
         return (
             f"world_size {payload['world_size']}, epoch {payload['epoch']}, position {payload['position']} "
@@ -232,7 +254,7 @@ def shared_problem(payload: dict[str, Any], step: int | None = None) -> str | No
     problem = next(filter(None, map(window_problem, payload["window"])), None)
     if problem is None and payload["settings"].get("global_batch_size") is not None:  # its window: ranks' means
         problem = unlogged_problem(payload, payload["window"])
-    return problem
+    return problem or stream_problem(payload["stream"])
 
 
 def unlogged_problem(payload: dict[str, Any], window: list[dict[str, Any]]) -> str | None:
@@ -260,7 +282,21 @@ def local_problem(local: dict[str, Any]) -> str | None:
         or generators_problem(local["generators"])
         or (order and (rng_problem(order["rng"]) or generators_problem(order["generators"])))
         or next(filter(None, map(window_problem, local["window"])), None)
+        or stream_problem(local["stream"])
     )
+
+
+def stream_problem(record: Any) -> str | None:
+    """What is wrong with a checkpoint's record of a stream (``{"state": its state_dict(), "ended": bool}``), or
+    None."""
+    if record is None or (
+        type(record) is dict
+        and record.keys() == {"state", "ended"}
+        and type(record["state"]) is dict
+        and type(record["ended"]) is bool
+    ):
+        return None
+    return "its stream record must be None or a dict of the stream's state (a dict) and whether it ended"
 
 
 def window_problem(entry: Any) -> str | None:

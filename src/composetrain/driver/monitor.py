@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import IterableDataset
 
 from composetrain.core.batching import samples
 from composetrain.core.metric_names import EVAL_FIELDS, MEASURED, TRAIN_FIELDS, metric_names
@@ -291,6 +292,11 @@ def _cheaper(loader: Any) -> str:
     """How to make reading cheaper: cache the items once with ct.cache, unless the data is memory-mapped already
     (a ct.cache store, an HDF5 file's contiguous datasets); datasets of an HDF5 file that h5py reads, contiguous."""
     dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, IterableDataset):  # a stream: ct.cache stores map-style datasets only
+        return (
+            "make the stream's reading cheaper (its __iter__), or read it with loader workers (num_workers=N: it "
+            "splits itself among them by get_worker_info), or give the job more CPUs"
+        )
     h5 = as_hdf5(dataset)
     if h5 is not None and not h5.memory_mapped:
         return (

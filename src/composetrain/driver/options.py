@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from composetrain.checkpoint.objects import is_remote, local_path
 from composetrain.core.protocol import TrainStep
 from composetrain.core.util import RUN, check_int, check_real, show
+from composetrain.driver.streams import MODES, is_stream, resume_problem
 from composetrain.driver.throughput import PRECISIONS
 from composetrain.driver.tracking import deferred_kind
 
@@ -201,6 +202,7 @@ class LoaderOptions:
     collate_fn: Callable[[list[Any]], Any] | None
     seed: int
     global_batch_size: int | None = None
+    stream_resume: str | None = None
 
     def __post_init__(self) -> None:
         seed = check_int(self.seed, RUN, "seed", minimum=0, example="seed=0")
@@ -224,21 +226,24 @@ class LoaderOptions:
                 "the Dataset (with collate_fn= and num_workers= as needed) and ct.run builds the loader, or give "
                 "batch_size= with the DataLoader"
             )
+        if self.stream_resume is not None and self.stream_resume not in MODES:
+            raise ValueError(
+                f"{RUN}: stream_resume must be one of {', '.join(map(repr, MODES))} (or None: 'state'), got "
+                f"{show(self.stream_resume)}; e.g. stream_resume='replay'"
+            )
+        if self.stream:
+            self._check_stream()
+            return
+        if self.stream_resume is not None:
+            raise ValueError(
+                f"{RUN}: stream_resume={self.stream_resume!r} but data is {show(self.data)}, not a stream (an "
+                "IterableDataset, or a DataLoader over one): a map-style dataset resumes by its sample order; leave "
+                "stream_resume out"
+            )
         if isinstance(self.data, DataLoader):
-            if isinstance(self.data.dataset, IterableDataset):
-                raise TypeError(
-                    f"{RUN}: a DataLoader over an IterableDataset has no length, so epochs cannot hold the same "
-                    "number of updates on every rank nor be resumed part-way; use a map-style Dataset"
-                )
             return  # batches, orders and reads by its own (checked against these by from_run_args)
         if not isinstance(self.data, Dataset) and not hasattr(self.data, "__getitem__"):
             raise TypeError(f"{RUN}: data must be a torch Dataset or DataLoader, got {show(self.data)}")
-        if isinstance(self.data, IterableDataset):
-            raise TypeError(
-                f"{RUN}: an IterableDataset cannot be sharded or resumed by ct.run, nor a DataLoader over one (no "
-                "length: epochs could not hold the same updates on every rank); give a map-style Dataset (__len__ "
-                "and __getitem__), e.g. its items in a list, which ct.cache can store"
-            )
         if self.batch_size is not None and self.global_batch_size is not None:
             raise ValueError(
                 f"{RUN}: batch_size={self.batch_size!r} and global_batch_size={self.global_batch_size!r} "
@@ -263,6 +268,37 @@ class LoaderOptions:
         batch_size = check_int(self.batch_size, RUN, "batch_size", example="batch_size=64")
         _set(self, batch_size=batch_size, num_workers=_workers(self.num_workers))
 
+    def _check_stream(self) -> None:
+        """A stream (an IterableDataset, or a DataLoader over one): it orders and splits itself, so ct.run batches it
+        by ``batch_size`` per process and nothing decides a global order."""
+        if self.global_batch_size is not None:
+            raise ValueError(
+                f"{RUN}: global_batch_size={self.global_batch_size!r} but data is a stream "
+                f"({type(self.data).__name__}), which decides itself which items each process reads: ct.run could not "
+                "make each update the same samples on any number of processes; give batch_size= (per process), or a "
+                "map-style dataset (ct.tokens, ct.cache) with global_batch_size"
+            )
+        if self.shuffle:
+            raise ValueError(
+                f"{RUN}: shuffle=True but data is a stream ({type(self.data).__name__}), which orders its items "
+                "itself; shuffle inside it (a shuffle buffer, or shards in a seeded order: set_epoch(epoch) is called "
+                "before each pass), and leave shuffle out"
+            )
+        if isinstance(self.data, DataLoader):
+            return  # batches and reads by its own (checked against batch_size, drop_last by from_run_args)
+        if self.batch_size is None:
+            raise ValueError(
+                f"{RUN}: batch_size is required when data is a stream ({type(self.data).__name__}): items per update "
+                "per process, e.g. batch_size=64"
+            )
+        batch_size = check_int(self.batch_size, RUN, "batch_size", example="batch_size=64")
+        _set(self, batch_size=batch_size, num_workers=_workers(self.num_workers))
+
+    @property
+    def stream(self) -> bool:
+        """Whether ``data`` is read as a stream: an IterableDataset, or a DataLoader over one."""
+        return is_stream(self.data)
+
     @property
     def auto_workers(self) -> bool:
         """Whether the number of workers is chosen by measurement (``num_workers="auto"``)."""
@@ -280,9 +316,10 @@ class LoaderOptions:
         collate_fn: Any,
         seed: Any,
         global_batch_size: Any = None,
+        stream_resume: Any = None,
     ) -> LoaderOptions:
-        """shuffle (default True) and drop_last (default False) resolved; for a DataLoader given as is,
-        any of batch_size, shuffle and drop_last that says otherwise than it is refused, never ignored."""
+        """shuffle (default True, False for a stream) and drop_last (default False) resolved; for a DataLoader given
+        as is, any of batch_size, shuffle and drop_last that says otherwise than it is refused, never ignored."""
         check_flag(shuffle, "shuffle", optional=True)
         check_flag(drop_last, "drop_last", optional=True)
         if isinstance(data, DataLoader) and global_batch_size is None:
@@ -298,12 +335,13 @@ class LoaderOptions:
         return cls(
             data,
             batch_size,
-            True if shuffle is None else shuffle,
+            not is_stream(data) if shuffle is None else shuffle,
             bool(drop_last),
             num_workers,
             collate_fn,
             seed,
             global_batch_size,
+            stream_resume,
         )
 
 
@@ -684,10 +722,26 @@ class RunOptions:
         _set(self, epochs=_optional_int(self.epochs, "epochs"), max_steps=_optional_int(self.max_steps, "max_steps"))
         check_flag(self.requeue, "requeue")
         _set(self, timeout=check_real(self.timeout, RUN, "timeout", example="timeout=300 (seconds)"))
+        loader = self.loader
+        if loader.stream_resume is not None and self.checkpoint.checkpoint_dir is None:
+            raise ValueError(
+                f"{RUN}: stream_resume={loader.stream_resume!r} but no checkpoint_dir: a run that saves nothing never "
+                "resumes; give checkpoint_dir, or leave stream_resume out"
+            )
+        if loader.stream and self.checkpoint.checkpoint_dir is not None and loader.stream_resume != "replay":
+            problem = resume_problem(loader.data)
+            if problem is not None:
+                raise TypeError(
+                    f"{RUN}: checkpoint_dir is given, but {problem}. (Without checkpoint_dir a run of it never "
+                    "resumes, and needs neither.)"
+                )
 
     @property
     def total_epochs(self) -> int | None:
-        """The epochs to run: 1 by default, None when ``max_steps`` alone decides."""
+        """The epochs to run: 1 by default, None when ``max_steps`` alone decides; a stream's passes: ``epochs``,
+        else one (``max_steps`` then ends the run earlier, or the stream does)."""
+        if self.loader.stream:
+            return self.epochs or 1
         return self.epochs if self.epochs is not None else 1 if self.max_steps is None else None
 
     @classmethod
@@ -719,6 +773,7 @@ class RunOptions:
             collate_fn=a["collate_fn"],
             seed=a["seed"],
             global_batch_size=a.get("global_batch_size"),
+            stream_resume=a.get("stream_resume"),
         )
         run_folder = Path(a["checkpoint_dir"]).expanduser() if a["checkpoint_dir"] is not None else None
         if run_folder is None and log.log_file is not None:

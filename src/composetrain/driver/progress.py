@@ -23,7 +23,8 @@ class Schedule:
     """How long the run goes and how often it logs, evaluates and saves, in optimizer updates.
 
     Attributes:
-        per_epoch: updates in one epoch (the fewest over the ranks).
+        per_epoch: updates in one epoch (the fewest over the ranks); None for a stream, whose pass (its epoch)
+            ends where the stream does.
         epochs: epochs in total, or None: until ``max_steps``.
         max_steps: updates in total, or None.
         log_every: log every this many updates (and at each epoch's last one).
@@ -31,7 +32,7 @@ class Schedule:
         checkpoint_every: save every this many updates too (always at each epoch's end), or None.
     """
 
-    per_epoch: int
+    per_epoch: int | None
     epochs: int | None
     max_steps: int | None
     log_every: int
@@ -39,9 +40,11 @@ class Schedule:
     checkpoint_every: int | None
 
     @property
-    def total_updates(self) -> int:
-        """The updates the whole run makes (the progress bar's length)."""
-        return self.max_steps or (self.epochs or 1) * self.per_epoch
+    def total_updates(self) -> int | None:
+        """The updates the whole run makes (the progress bar's length); None: a stream's, unknown."""
+        if self.max_steps or self.per_epoch is None:
+            return self.max_steps
+        return (self.epochs or 1) * self.per_epoch
 
 
 class Due(NamedTuple):
@@ -71,6 +74,7 @@ class Progress:
         evals: the evaluation records so far.
         window: the outputs since the last log record (per rank, on their devices).
         order: what a given DataLoader drew this epoch's order from (per rank; ``data.epoch_order``).
+        ended: a stream's pass ended after the last update (the epoch is over, ``next_epoch`` not yet called).
     """
 
     schedule: Schedule
@@ -82,6 +86,7 @@ class Progress:
     window: list[StepOutput] = dataclasses.field(default_factory=list)
     order: dict[str, Any] | None = None
     marks: dict[str, int] = dataclasses.field(default_factory=dict)  # the multiple each cadence was last due at
+    ended: bool = False
 
     # -- in the checkpoint's format (checkpoint/format.py) ----------------------------------------------------------
     def to_checkpoint(
@@ -90,18 +95,29 @@ class Progress:
         settings: dict[str, Any],
         generators: list[Any],
         over_ranks: list[StepOutput] | None = None,
+        stream: dict[str, Any] | None = None,
+        shared_stream: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The payload every rank shares (rank 0 writes it) and this rank's own part, as ``Checkpoints.save``
         takes them: the window goes to the CPU (any device can resume) as plain dicts of tensors; ``over_ranks``:
-        the window's means over the ranks, for a resume on another number of processes (the shared part's)."""
+        the window's means over the ranks, for a resume on another number of processes (the shared part's);
+        ``stream``: this rank's stream state, ``shared_stream``: one that is the whole job's (the shared part's)."""
         shared = Shared(
-            state_dict, settings, self.epoch, self.position, self.history, self.evals, _plain(over_ranks or [])
+            state_dict,
+            settings,
+            self.epoch,
+            self.position,
+            self.history,
+            self.evals,
+            _plain(over_ranks or []),
+            shared_stream,
         )
         window = _plain(self.window)
         local = Local(
             window,
             self.order if self.position else None,  # replays the epoch's start on resume
             generators,  # a given DataLoader's: its next epoch draws from them
+            stream,
         )
         return shared.to_file(), local.to_file()
 
@@ -136,14 +152,20 @@ class Progress:
         logs, and saves; the epoch's end evaluates when no ``eval_every`` is given; the last update
         (``max_steps``) saves."""
         s = self.schedule
-        epoch_end = self.position == s.per_epoch
+        epoch_end = s.per_epoch is not None and self.position == s.per_epoch
         log = self._due("log", s.log_every, step) or epoch_end
         evaluate = self._due("eval", s.eval_every, step) or (epoch_end and not s.eval_every)
         save = self._due("save", s.checkpoint_every, step) or epoch_end or self.reached_max(step)
         return Due(log, save, evaluate, epoch_end)
 
+    def after_pass(self) -> Due:
+        """What is due when a stream's pass ended after the last update (the epoch's end, found when reading on): the
+        log of what the window holds, a save, the evaluation due at an epoch's end."""
+        self.ended = True
+        return Due(bool(self.window), True, not self.schedule.eval_every, True)
+
     def next_epoch(self) -> None:
-        self.epoch, self.position = self.epoch + 1, 0
+        self.epoch, self.position, self.ended = self.epoch + 1, 0, False
 
     def evaluation_missed(self, step: int) -> bool:
         """Whether a resumed run starts where an evaluation was due but is not recorded: checkpoints are

@@ -30,8 +30,9 @@ from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
 from composetrain.driver.evaluation import EvalStep, evaluator
-from composetrain.driver.global_batches import batchnorm_problem
+from composetrain.driver.global_batches import GlobalBatches, batchnorm_problem
 from composetrain.driver.loader import (
+    ResumableSampler,
     build_loader,
     epoch_batches,
     epoch_order,
@@ -44,11 +45,13 @@ from composetrain.driver.options import RunOptions
 from composetrain.driver.preemption import StopSignal
 from composetrain.driver.preemption import requeue as requeue_job
 from composetrain.driver.profiling import Watch
-from composetrain.driver.progress import Progress, Schedule
+from composetrain.driver.progress import Due, Progress, Schedule
 from composetrain.driver.reader import Reader
 from composetrain.driver.saving import Saves
 from composetrain.driver.schedules import horizon_problem, steps_left_problem
 from composetrain.driver.stragglers import DEFAULT_THRESHOLD
+from composetrain.driver.stream_passes import open_pass, restore_stream, stream_record
+from composetrain.driver.streams import Stream, build_stream
 from composetrain.driver.throughput import resolve_peak
 from composetrain.driver.tracking import Tracker
 from composetrain.driver.waiting import Waiting
@@ -79,6 +82,8 @@ class RunResult:
             ``num_workers="auto"`` chose, from which timings, and why; first the time torch.compile
             took, when it is over a fifth of the step's.
         checkpoint: the last checkpoint written, if any (its URL, a str, in object storage).
+        exhausted: a stream ran out before ``max_steps``: the run ended with its last pass (``epochs``, default
+            one), or at a pass that gave no batch (a stream that does not start over).
     """
 
     history: list[dict[str, Any]]
@@ -89,6 +94,7 @@ class RunResult:
     data_wait: float
     bottleneck: str
     checkpoint: Path | str | None
+    exhausted: bool = False
 
 
 def run(
@@ -104,6 +110,7 @@ def run(
     drop_last: bool | None = None,
     num_workers: int | str = "auto",
     collate_fn: Callable[[list[Any]], Any] | None = None,
+    stream_resume: str | None = None,
     eval_step: EvalStep | None = None,
     eval_data: Any = None,
     eval_every: int | None = None,
@@ -146,8 +153,11 @@ def run(
         train_step: a plain step or a composition; it must contain ``ct.distributed``
             when several processes run.
         state: the TrainState; its model moves to this process's device.
-        data: a Dataset (``ct.run`` builds the loader) or a DataLoader (used as given).
-        epochs: passes over the data (default 1, or as many as ``max_steps`` needs).
+        data: a Dataset (``ct.run`` builds the loader) or a DataLoader (used as given); or a stream: an
+            IterableDataset, or a DataLoader over one (torchdata's ``StatefulDataLoader``), read in passes, its
+            ``state_dict()`` checkpointed per rank (``driver/streams.py`` says what ct.run tells it, and when).
+        epochs: passes over the data (default 1, or as many as ``max_steps`` needs; a stream's: ``epochs``, or one,
+            each until the stream ends on some rank).
         max_steps: stop after this many optimizer updates in total.
         batch_size: samples per update per process (a Dataset needs it or ``global_batch_size``; a DataLoader
             batches by its own, and a differing batch_size is refused). The run changes with the number of
@@ -174,6 +184,10 @@ def run(
             timing, and on CUDA the next batch is read ahead. A DataLoader reads with its own: a differing
             int is refused.
         collate_fn: the loader's collate function.
+        stream_resume: how a stream resumes (streams only): "state" (the default: its ``state_dict()``, or its
+            StatefulDataLoader's, saved per rank and loaded with ``load_state_dict``; a stream without them is refused
+            when checkpoint_dir is given), or "replay": its pass is read again from its start and the batches
+            already trained on are dropped (exact for a stream that yields the same batches every time).
         eval_step: ``eval_step(model, batch) -> {name: scalar}``, batch means; run under
             ``torch.no_grad()`` in eval mode, averaged over ``eval_data`` and over ranks. Names are ``str``
             other than step, epoch and eval (the record's own fields), as the train step's metrics are
@@ -268,6 +282,7 @@ def run(
         global_batch_size=global_batch_size,
         num_workers=num_workers,
         collate_fn=collate_fn,
+        stream_resume=stream_resume,
         eval_step=eval_step,
         eval_data=eval_data,
         eval_every=eval_every,
@@ -305,6 +320,7 @@ def run(
             d.refuse_in_the_way(schedule, state.step)  # before training, not after it
             _check_horizon(state, schedule, at.resumed)  # the scheduler that trains: a checkpoint's, resumed
             _check_epochs_left(state, schedule, at)
+            d.check_stream_state()  # a stream's state no checkpoint could hold: refused before training
             d.log.start(at.history, at.evals, at.resumed, state.step)
             d.start(log.progress and proc.is_main, schedule.total_updates)  # bar, stop signal, phases
             if at.evaluation_missed(state.step):
@@ -316,12 +332,18 @@ def run(
                 if batches is None:  # an epoch begins, or resumes part-way
                     batches = d.epoch(at)
                 got = next(batches, None)  # at most per_epoch: ranks stop at the fewest
-                if got is None:  # the loader held fewer batches than its length said: end here, as today
+                if got is None and d.stream is None:  # the loader held fewer batches than its length said: end here
                     done = True
                     continue
-                at.position, batch, waited = got
-                d.update(at, batch, waited)
-                due = at.after_update(state.step)
+                if got is None:  # a stream's pass ended, on the first rank it ended on: every rank agreed
+                    due = d.end_pass(at)
+                    if due is None:  # a new pass gave no batch: the stream does not start over
+                        done = True
+                        continue
+                else:
+                    at.position, batch, waited = got
+                    d.update(at, batch, waited)
+                    due = at.after_update(state.step)
                 if due.log:
                     d.write_log(at)
                 # every rank stops after the same update, and saves when rank 0's clock says; a save in flight
@@ -362,6 +384,21 @@ def run(
         # -- finish: requeue on pre-emption, and say what limited the run
         assert d.stop is not None  # for the type checker: start() ran
         requeue_job(options.requeue, d.stop, proc)
+        short = options.max_steps is not None and not at.reached_max(state.step)
+        exhausted = d.stream is not None and not d.stop.agreed and (d.spent or short)
+        if exhausted and proc.is_main:
+            asked = f"max_steps={options.max_steps}" if short else f"epochs={options.total_epochs}"
+            spent = (
+                f"; its pass {at.epoch + 1} gave no batch: it does not start over on a new iter() (reset it where it "
+                "ends, or in set_epoch)"
+                if d.spent
+                else ""
+            )
+            warnings.warn(
+                f"{RUN}: the stream ended after {state.step} updates in {at.epoch} pass(es), before {asked}{spent}; "
+                "the run ends here (RunResult.exhausted)",
+                stacklevel=2,
+            )
         result = RunResult(
             history=at.history,
             evals=at.evals,
@@ -371,6 +408,7 @@ def run(
             data_wait=d.meter.data_wait,
             checkpoint=d.saved_at,
             bottleneck=d.saves.explain(d.meter.bottleneck(d.loader), d.meter.waited + d.meter.computed),
+            exhausted=exhausted,
         )
         if proc.is_main and log.progress:
             print(f"{RUN}: {result.steps} updates, {result.epochs} epoch(s); {result.bottleneck}", file=sys.stderr)
@@ -387,9 +425,10 @@ def check_state(state: Any) -> None:
 def _check_horizon(state: TrainState, schedule: Schedule, resumed: bool) -> None:
     """Warn when the scheduler's horizon is far shorter than the run (built in epochs, stepped per update; a
     finished run continued for more epochs): checked after the resume, on the scheduler the checkpoint restored."""
-    if state.scheduler is None:
+    if state.scheduler is None or schedule.per_epoch is None:  # a stream: its length is not known
         return
     updates = schedule.total_updates
+    assert updates is not None  # for the type checker: known without a stream
     if schedule.epochs is not None:
         updates = min(updates, schedule.epochs * schedule.per_epoch)
     epoch = state.scheduler_interval == "epoch"
@@ -414,7 +453,7 @@ def _check_epochs_left(state: TrainState, schedule: Schedule, at: Progress) -> N
     if state.scheduler is None or state.scheduler_interval != "epoch":
         return
     ends = schedule.epochs - at.epoch if schedule.epochs is not None else None
-    if schedule.max_steps is not None:  # each update takes a batch at least: this many epoch ends at least
+    if schedule.max_steps is not None and schedule.per_epoch:  # an update takes a batch: this many epoch ends at least
         by_steps = (schedule.max_steps - state.step + at.position) // schedule.per_epoch
         ends = by_steps if ends is None else min(ends, by_steps)
     problem = steps_left_problem(state.scheduler, ends) if ends is not None else None
@@ -465,16 +504,36 @@ class _Driver:
             self.shard, self.shards = can.data_shard(proc.rank, proc.world_size)
         except ValueError as e:
             raise ValueError(f"{RUN}: {step_fn!r}: {e}") from None
-        self.loader, self.sampler = loader, _ = build_loader(
-            chosen,
-            pin_memory=proc.device.type == "cuda",
-            rank=self.shard,
-            world_size=self.shards,
-            local_world_size=proc.local_world_size,
-            equal_shares=can.forward_needs_every_rank,
-            started=lambda: self.started_at,
-            per_shard=proc.world_size // self.shards,
+        self.stream = (  # read in passes, its state per rank
+            build_stream(
+                chosen.data,
+                batch_size=chosen.batch_size,
+                drop_last=chosen.drop_last,
+                collate_fn=chosen.collate_fn,
+                num_workers=chosen.num_workers,
+                resume=chosen.stream_resume,
+                proc=proc,
+                seed=chosen.seed,
+            )
+            if chosen.stream
+            else None
         )
+        self.loader: DataLoader[Any] | Reader | Stream = self.stream  # type: ignore[assignment]
+        self.sampler: ResumableSampler | GlobalBatches | None = None
+        if self.stream is None:
+            self.loader, self.sampler = build_loader(
+                chosen,
+                pin_memory=proc.device.type == "cuda",
+                rank=self.shard,
+                world_size=self.shards,
+                local_world_size=proc.local_world_size,
+                equal_shares=can.forward_needs_every_rank,
+                started=lambda: self.started_at,
+                per_shard=proc.world_size // self.shards,
+            )
+        loader = self.loader
+        self.first_read = True  # a stream's first batch in this call: compared across ranks
+        self.spent = False  # a stream's new pass gave no batch: the run ended there
         # a DataLoader given as is (ct.run's own is a Reader): its generators are checkpointed and restored
         self.given = self.loader if isinstance(self.loader, DataLoader) else None
         dataset = self.loader.dataset
@@ -497,22 +556,25 @@ class _Driver:
             num_workers=lambda: loader.num_workers,
             proc=proc,
         )
-        # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11)
-        self.per_epoch = proc.fewest(len(self.loader))
+        # every rank runs the same number of updates per epoch, or DDP would hang (pitfall 11); a stream's ranks
+        # agree before each update instead
+        self.per_epoch = None if isinstance(self.loader, Stream) else proc.fewest(len(self.loader))
         if self.per_epoch == 0:
             raise ValueError(f"{RUN}: some process has no batch in an epoch: use a smaller batch_size")
         # what a resumed run must share with the checkpoint's; in a run defined by its global batch, nothing that
         # depends on the number of processes (updates_per_epoch does not: global updates)
         global_batch = chosen.global_batch_size
-        self.settings = {
+        self.settings: dict[str, Any] = {
             "batch_size": self.loader.batch_size if global_batch is None else None,
             "global_batch_size": global_batch,
-            "samples": len(dataset) if isinstance(dataset, Sized) else None,
+            "samples": len(dataset) if isinstance(dataset, Sized) and self.stream is None else None,
             "updates_per_epoch": self.per_epoch,
             "shuffle": chosen.shuffle,
             "drop_last": chosen.drop_last,
             "seed": chosen.seed,
         }
+        if self.stream is not None:  # how it resumes ("global state": on any number of processes)
+            self.settings["stream"] = "global state" if self.stream.global_state else self.stream.mode
         self.checkpoints = None
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
@@ -589,6 +651,9 @@ class _Driver:
         problem = order_problem(given, saved["position"], order, generators)
         if problem:
             raise ValueError(f"{RUN}: checkpoint {path} {problem}, or point checkpoint_dir elsewhere to start afresh")
+        if self.stream is not None:  # first: a load_state_dict that raises leaves the TrainState as it was
+            record = local["stream"] if local is not None else saved["stream"]
+            restore_stream(self.stream, record, saved["epoch"], saved["position"], self.proc, path)
         given_settings = _hyperparameters(state)
         try:
             state.load_state_dict(saved["state"])
@@ -607,19 +672,29 @@ class _Driver:
         self.started_at = state.step
         return Progress.from_checkpoint(saved, local, schedule, start=state.step)
 
+    def check_stream_state(self) -> None:
+        """Refuse, before the first update, a stream whose ``state_dict()`` no checkpoint could hold."""
+        if self.stream is not None and self.stream.mode == "state" and self.checkpoints is not None:
+            stream_record(self.stream, self.proc, self.state.step, inside=None)
+
     def refuse_in_the_way(self, schedule: Schedule, start: int) -> None:
         """Refuse a non-checkpoint named like one at a step where this run saves (epoch ends, multiples of
         checkpoint_every, its last update), found now rather than at that save."""
         if self.checkpoints is None:
             return
-        ends = [n for n in (schedule.max_steps, schedule.epochs and schedule.epochs * schedule.per_epoch) if n]
+        per_epoch = schedule.per_epoch  # None: a stream, whose epochs end where it does
+        ends = [n for n in (schedule.max_steps, schedule.epochs and per_epoch and schedule.epochs * per_epoch) if n]
         last = min(ends) if ends else schedule.total_updates
         every = schedule.checkpoint_every
         self.checkpoints.refuse_in_the_way(
-            lambda n: start < n <= last and (n == last or n % schedule.per_epoch == 0 or bool(every and n % every == 0))
+            lambda n: (
+                start < n
+                and (last is None or n <= last)
+                and (n == last or bool(per_epoch and n % per_epoch == 0) or bool(every and n % every == 0))
+            )
         )
 
-    def start(self, show_bar: bool, total: int) -> None:
+    def start(self, show_bar: bool, total: int | None) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
         watching = self.options.watch
         # the profiler window, the FLOP count, the OOM snapshot
@@ -634,11 +709,33 @@ class _Driver:
 
     def epoch(self, at: Progress) -> Iterator[tuple[int, Any, float]]:
         """The current epoch's batches from where ``at`` stands: (batches done after this one, batch, wait)."""
+        loader = self.loader
+        if isinstance(loader, Stream):
+            first, self.first_read = self.first_read, False
+            return open_pass(loader, at.epoch, at.position, self.proc, first=first, waiting=self.waiting)
+        assert self.per_epoch is not None  # for the type checker: known but for a stream
         if at.position == 0:
-            at.order = epoch_order(self.loader, self.sampler)  # to replay a given loader's shuffle on resume
+            at.order = epoch_order(loader, self.sampler)  # to replay a given loader's shuffle on resume
         return self.watch.batches(  # each wait for a batch marked "data" in a profiler's window
-            epoch_batches(self.loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch)
+            epoch_batches(loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch)
         )
+
+    def end_pass(self, at: Progress) -> Due | None:
+        """What is due at the end of a stream's pass, or None when a new pass gave no batch (the stream does not
+        start over: the run ends). A stream that gave no batch at all is refused, before anything was trained."""
+        if at.position:
+            return at.after_pass()
+        if at.epoch == 0:
+            stream = self.stream
+            assert stream is not None  # for the type checker: called for a stream only
+            where = " on some rank" if self.proc.world_size > 1 else ""
+            raise ValueError(
+                f"{RUN}: the stream {type(stream.dataset).__name__} gave no batch{where}: there is nothing to train "
+                f"on (batch_size={stream.batch_size}, drop_last={stream.drop_last}); check that its __iter__ yields "
+                "items for every rank and loader worker"
+            )
+        self.spent = True
+        return None
 
     def update(self, at: Progress, batch: Any, waited: float) -> None:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
@@ -655,7 +752,7 @@ class _Driver:
         self.waiting.now(f"the logging after update {state.step} (the metrics' mean over ranks)")
         # the rate the window's last update used (None: that update was made by an earlier process)
         # "epoch": the epochs completed at the record's step, as in an evaluation record (1 at the first one's end)
-        done = at.epoch + (at.position == self.per_epoch)
+        done = at.epoch + (at.position == self.per_epoch or at.ended)
         record = self.meter.read(at.window, done, None if self.used_lr is None else float(self.used_lr))
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
@@ -687,8 +784,15 @@ class _Driver:
         generators = generator_states(self.given) if self.given is not None else []
         nonfinite = _nonfinite(self.state.model)  # refused by every rank alike: the finite checkpoints stay
         # a run defined by its global batch: the window's means over ranks too, which any world size continues
-        over_ranks = self.meter.over_ranks(at.window) if self.options.loader.global_batch_size else []
-        shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators, over_ranks)
+        stream = self.stream
+        elastic = self.options.loader.global_batch_size or (stream is not None and stream.global_state)
+        over_ranks = self.meter.over_ranks(at.window) if elastic else []
+        mine, everyone = (
+            stream_record(stream, self.proc, self.state.step, inside=at.position > 0)
+            if stream is not None and stream.mode == "state"
+            else (None, None)
+        )
+        shared, local = at.to_checkpoint(self.state.state_dict(), self.settings, generators, over_ranks, mine, everyone)
         self.saves.save(self.state.step, shared, local, nonfinite, last)
 
     @_marked("evaluation")
@@ -724,9 +828,7 @@ class _Driver:
         finally:
             if self.checkpoints is not None:
                 self.checkpoints.close()  # the folder is free for the next run, whatever failed above
-        if isinstance(
-            self.loader, Reader
-        ):  # ct.run's own loaders: their workers end with the run (a given one is yours)
+        if isinstance(self.loader, Reader | Stream):  # ct.run's own loaders: their workers end with the run
             self.loader.close()
         if self.evaluator is not None:
             self.evaluator.close()

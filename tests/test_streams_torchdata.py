@@ -1,0 +1,61 @@
+"""Streams read through torchdata's StatefulDataLoader (the optional extra ``composetrain[streams]``): one given
+by the user, or the one ct.run builds for ``num_workers > 0``; its state (its workers' streams' states inside) is
+checkpointed per rank and resumed several times, across a pass's end, to the uninterrupted run's batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from stream_data import Counting, Stateless
+from test_streams import params, run, same
+
+pytest.importorskip("torchdata")
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 under newer torch
+
+
+def loader(workers, data=None):
+    return StatefulDataLoader(data if data is not None else Counting(length=30), batch_size=4, num_workers=workers)
+
+
+def resumed(make, folder, stops, **options):
+    """The run interrupted at each of ``stops`` (each part a new process's: a fresh stream and state) and finished:
+    its last result and state, and every batch it trained on."""
+    seen = []
+    for stop in stops:
+        part, _, part_seen = run(make(), folder, **{**options, "max_steps": stop})
+        assert part.steps == stop
+        seen += part_seen
+    last, state, last_seen = run(make(), folder, **options)
+    return last, state, seen + last_seen
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_given_stateful_dataloader_resumes_three_times_across_a_pass_end(tmp_path, workers):
+    options = {"batch_size": None, "num_workers": workers, "epochs": 2, "checkpoint_every": 3}
+    straight, straight_state, straight_seen = run(loader(workers), tmp_path / "straight", **options)
+    assert straight.steps == 16 and straight.epochs == 2  # 8 updates a pass: 7 of 4, one of 2
+    last, state, seen = resumed(lambda: loader(workers), tmp_path / "chain", [3, 8, 11], **options)
+    assert same(seen, straight_seen) and last.steps == 16 and last.epochs == 2
+    assert all(torch.equal(p, q) for p, q in zip(params(state), params(straight_state), strict=True))
+
+
+def test_workers_read_a_stream_through_a_stateful_dataloader_ct_run_builds(tmp_path):
+    options = {"num_workers": 2, "max_steps": 12, "epochs": 2}
+    straight, straight_state, straight_seen = run(Counting(length=30), tmp_path / "straight", **options)
+    assert straight.steps == 12 and straight.epochs == 1
+    assert sorted(len(x) for x in straight_seen[:8]) == [3] * 2 + [4] * 6  # each worker's share ends short
+    last, state, seen = resumed(lambda: Counting(length=30), tmp_path / "chain", [5, 9], **options)
+    assert same(seen, straight_seen) and last.steps == 12
+    assert all(torch.equal(p, q) for p, q in zip(params(state), params(straight_state), strict=True))
+    saved = torch.load(tmp_path / "chain" / "step-000000012" / "rank-0.pt", weights_only=True)
+    assert set(saved["stream"]["state"]["_snapshot"]["_worker_snapshots"]) == {"worker_0", "worker_1"}
+
+
+def test_a_stateful_dataloader_over_a_stream_without_state_is_refused_with_checkpoints(tmp_path):
+    with pytest.raises(TypeError, match=r"the StatefulDataLoader's dataset Stateless has no state_dict\(\)") as e:
+        run(loader(0, Stateless()), tmp_path, batch_size=None)
+    assert "stream_resume='replay'" in str(e.value)
+    result, _, _ = run(loader(0, Stateless()), tmp_path, batch_size=None, stream_resume="replay", max_steps=3)
+    assert result.steps == 3
