@@ -17,10 +17,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/core/steps.py",
-        "find": (
-            'if state.scheduler is not None and state.scheduler_interval == "update":  # "epoch": state.end_epoch()'
-        ),
-        "replace": "if state.scheduler is not None:",
+        "find": 'if scheduler is not None and (kind == "both" or state.scheduler_interval == "update"):',
+        "replace": "if scheduler is not None:",
         "tests": [
             "tests/test_epoch_schedules.py::test_the_train_step_leaves_an_epoch_scheduler_alone_and_end_epoch_steps_it_once",
         ],
