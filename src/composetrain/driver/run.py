@@ -28,6 +28,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
+from composetrain.driver.epoch_ends import check_scheduler_metric, metric_of
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.loader import (
     build_loader,
@@ -112,6 +113,9 @@ def run(
     timeout: float = 300.0,
     tensorboard: bool | str | os.PathLike[str] = False,
     on_record: Tracker | None = None,
+    scheduler_metric: str | None = None,
+    on_epoch_start: Callable[[TrainState, int], Any] | None = None,
+    on_epoch_end: Callable[[TrainState, int], Any] | None = None,
 ) -> RunResult:
     """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
 
@@ -198,6 +202,26 @@ def run(
             the record (which counts as sent; a KeyboardInterrupt or SystemExit comes out as itself, with a
             note); the other ranks return, ``preempted``. Every rank waits while it runs.
 
+        scheduler_metric: the evaluation metric a scheduler that steps on one is fed (``ReduceLROnPlateau``,
+            timm's schedulers, which ``lr_scheduler.step(epoch + 1, metric)`` in timm's ``train.py``):
+            ``"eval.NAME"``, a metric of ``eval_step``'s, or ``"eval_ema.NAME"``, the same of ``ct.ema``'s weights
+            (timm feeds its EMA's when it keeps one). After each epoch's evaluation (at its end: ``eval_every``
+            is refused with it) the scheduler steps with it, ``state.end_epoch(metric=...)``; a run resumed
+            from the checkpoint of an epoch's end, saved before its evaluation, evaluates and steps then, once.
+            A scheduler that needs a metric without it is refused before the run starts, and so is a metric for
+            a scheduler that takes none.
+        on_epoch_start: ``on_epoch_start(state, epoch)``, called on every rank before the first update of each
+            epoch this call trains (``epoch`` counts from 0), also of the epoch a resumed run continues part-way:
+            for settings outside the TrainState that follow the epoch (timm's ``--mixup-off-epoch``:
+            ``mixup.mixup_enabled = epoch < off``; a dataset's ``set_epoch`` that ct.run does not call). It runs
+            again in a resumed run, so make it a function of the epoch: what it changes in the state would be done
+            twice.
+        on_epoch_end: ``on_epoch_end(state, epoch)``, called on every rank after the last update of epoch
+            ``epoch``, before the epoch scheduler step, the epoch's checkpoint and its evaluation (timm's
+            ``--dist-bn``: ``timm.utils.distribute_bn(state.model, world_size, reduce=True)``). Once per epoch
+            end, also across a resume: its changes to the state are in that checkpoint, and a run stopped before
+            the checkpoint was written redoes the epoch's last updates and it.
+
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record.
 
@@ -238,7 +262,11 @@ def run(
         timeout=timeout,
         tensorboard=tensorboard,
         on_record=on_record,
+        scheduler_metric=scheduler_metric,
+        on_epoch_start=on_epoch_start,
+        on_epoch_end=on_epoch_end,
     )
+    check_scheduler_metric(state, options.eval.scheduler_metric)
     log = options.log
     with rendezvous(timeout=options.timeout) as proc:
         d = _Driver(step_fn, state, proc, options)
@@ -265,6 +293,7 @@ def run(
             done = at.finished(state.step)
             while not done:
                 if batches is None:  # an epoch begins, or resumes part-way
+                    d.begin_epoch(at)
                     batches = d.epoch(at)
                 got = next(batches, None)  # at most per_epoch: ranks stop at the fewest
                 if got is None:  # the loader held fewer batches than its length said: end here, as today
@@ -276,8 +305,8 @@ def run(
                 if due.log:
                     d.write_log(at)
                 stopping = d.agree_on_stop()  # every rank stops after the same update
-                if due.epoch_end:  # a per-epoch scheduler steps here, with the epoch the checkpoint records
-                    state.end_epoch()
+                if due.epoch_end:  # the hook, then a per-epoch scheduler steps, with the epoch the checkpoint records
+                    d.end_epoch(at)
                     at.next_epoch()
                     batches = None
                 if due.save or stopping:  # save, then evaluate: an evaluation that fails must not cost the checkpoint
@@ -538,6 +567,21 @@ class _Driver:
             self.loader, self.sampler, at.epoch, at.position, at.order, self.proc.device, self.per_epoch
         )
 
+    def begin_epoch(self, at: Progress) -> None:
+        """``on_epoch_start`` of the epoch that begins, or resumes part-way, in this call."""
+        if self.options.on_epoch_start is not None:
+            self.waiting.now(f"on_epoch_start of epoch {at.epoch}")
+            self.options.on_epoch_start(self.state, at.epoch)
+
+    def end_epoch(self, at: Progress) -> None:
+        """After the epoch's last update: ``on_epoch_end``, then the epoch's scheduler step, but for a scheduler
+        fed a metric, which steps after the evaluation (``evaluate``)."""
+        if self.options.on_epoch_end is not None:
+            self.waiting.now(f"on_epoch_end of epoch {at.epoch}")
+            self.options.on_epoch_end(self.state, at.epoch)
+        if self.options.eval.scheduler_metric is None:
+            self.state.end_epoch()
+
     def update(self, at: Progress, batch: Any, waited: float) -> None:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
         started = time.perf_counter()
@@ -588,6 +632,9 @@ class _Driver:
                 entry[f"eval_{kind}"] = self.evaluator(self.state.model)
         at.evals.append(entry)
         self.log.write_eval(at.evals[-1])
+        name = self.options.eval.scheduler_metric
+        if name is not None:  # an evaluation at an epoch's end: eval_every is refused with it
+            self.state.end_epoch(metric=metric_of(entry, name))
 
     def close(self) -> None:
         """Undo what was set up, whatever happened, and however far ``start`` got."""
