@@ -28,8 +28,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "                    state.end_epoch()\n",
-        "replace": "",
+        "find": ("        if self.options.eval.scheduler_metric is None:\n            self.state.end_epoch()\n"),
+        "replace": ("        if self.options.eval.scheduler_metric is None:\n            pass\n"),
         "tests": [
             "tests/test_epoch_schedules.py::test_ct_run_steps_the_recipe_schedule_per_epoch_and_uses_its_rates_exactly",
         ],
@@ -38,11 +38,11 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": ("                    state.end_epoch()\n                    at.next_epoch()"),
+        "find": ("                    d.end_epoch(at)\n                    at.next_epoch()"),
         "replace": (
             "                    at.next_epoch()\n"
             "                if due.save or stopping:\n"
-            "                    state.end_epoch()"
+            "                    d.end_epoch(at)"
         ),
         "tests": [
             "tests/test_epoch_schedules.py::test_a_resume_steps_the_epoch_scheduler_neither_twice_nor_never",

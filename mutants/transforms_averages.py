@@ -7,8 +7,10 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "return cls({k: t.clone() for k, t in model_tensors(model).items()}, settings)",
-        "replace": "return cls(dict(model_tensors(model)), settings)",
+        "find": (
+            "made = {k: t.to(device=rule.device, dtype=_dtype_for(rule, t), copy=True) for k, t in tensors.items()}"
+        ),
+        "replace": "made = dict(tensors)",
         "tests": [
             "tests/test_ema.py::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit",
         ],
@@ -17,7 +19,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "torch._foreach_lerp_(averages, weights, 1 - decay)",
+        "find": "torch._foreach_lerp_(averages, weights, weight)",
         "replace": "torch._foreach_lerp_(averages, weights, decay)",
         "tests": [
             "tests/test_ema.py::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit",
@@ -27,13 +29,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": (
-            "                    torch._foreach_mul_(averages, decay)\n"
-            "                    torch._foreach_add_(averages, scaled)"
-        ),
+        "find": ("            torch._foreach_mul_(averages, decay)\n            torch._foreach_add_(averages, scaled)"),
         "replace": (
-            "                    torch._foreach_mul_(averages, decay)\n"
-            "                    torch._foreach_add_(averages, weights, alpha=1 - decay)"
+            "            torch._foreach_mul_(averages, decay)\n"
+            "            torch._foreach_add_(averages, weights, alpha=1 - decay)"
         ),
         "tests": [
             "tests/test_ema.py::test_formula_sum_is_torchvisions_exponential_moving_average_bit_for_bit",
@@ -87,8 +86,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "            if a.shape != w.shape or a.dtype != w.dtype or type(a) is not type(w):",
-        "replace": "            if a.shape != w.shape or type(a) is not type(w):",
+        "find": "    return a.shape == w.shape and a.dtype == _dtype_for(rule, w) and type(a) is type(w)",
+        "replace": "    return a.shape == w.shape and type(a) is type(w)",
         "tests": [
             "tests/test_ema.py::test_a_model_changed_after_the_ema_began_is_refused_before_the_update",
         ],
@@ -108,8 +107,8 @@ MUTANTS = [
     {
         "file": "src/composetrain/transforms/_averages.py",
         "find": (
-            "        if params is None or live.keys() != mine.keys() or not all(_alike(mine[k], b) for k, b in "
-            "buffers.items()):"
+            "        if params is None or live.keys() != mine.keys() or not all(self._alike(mine[k], b) for k, b "
+            "in buffers.items()):"
         ),
         "replace": "        if params is None or live.keys() != mine.keys():",
         "tests": [
@@ -135,7 +134,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "        if isinstance(saved_settings, Mapping) and dict(saved_settings) != self.settings:",
+        "find": (
+            "        if isinstance(saved_settings, Mapping) and Rule.complete(saved_settings) != "
+            "Rule.complete(self.settings):"
+        ),
         "replace": (
             '        if isinstance(saved_settings, Mapping) and saved_settings.get("decay") != self.settings["decay"]:'
         ),
