@@ -78,8 +78,8 @@ class Rule:
                     )
         elif min_decay > decay:
             raise ValueError(
-                f"{EMA}: min_decay must be at most decay ({decay!r}), got {min_decay!r}: the warmup would hold the "
-                "decay at min_decay throughout; give a min_decay below decay"
+                f"{EMA}: min_decay must be at most decay ({decay!r}), got {show(o['min_decay'])}: the warmup would "
+                "hold the decay at min_decay throughout; give a min_decay below decay"
             )
         device, dtype = _device(o["device"]), _dtype(o["dtype"])
         if formula == "sum" and (device is not None or dtype is not None):
