@@ -153,4 +153,14 @@ MUTANTS = [
         "why": "a file h5py reads called 'a ct.cache store already: make its augment cheaper'",
         "from": "issue22_hdf5",
     },
+    {
+        "file": "src/composetrain/driver/monitor.py",
+        "find": '            "lr": rates[0] if rates else None,',
+        "replace": '            "lr": rates[-1] if rates else None,',
+        "tests": [
+            "tests/test_run_lr.py::test_with_several_groups_the_first_groups_rate_is_logged",
+        ],
+        "why": "24.2: the last group's rate logged, not the first's as documented",
+        "from": "issue24_recipes",
+    },
 ]

@@ -107,12 +107,12 @@ MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
         "find": (
-            "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
+            "        lr = _rates_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
             "        out = self.step_fn(self.state, batch)\n"
         ),
         "replace": (
             "        out = self.step_fn(self.state, batch)\n"
-            "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
+            "        lr = _rates_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
         ),
         "tests": [
             "tests/test_run_lr.py::test_the_logged_rate_is_the_one_each_update_used_from_the_warmups_first",
@@ -122,8 +122,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "    return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr",
-        "replace": "    return lr.detach() if isinstance(lr, torch.Tensor) else lr",
+        "find": "    return [lr.detach().clone() if isinstance(lr, torch.Tensor) else lr for lr in rates]",
+        "replace": "    return [lr.detach() if isinstance(lr, torch.Tensor) else lr for lr in rates]",
         "tests": [
             "tests/test_run_lr.py::test_a_tensor_rate_is_logged_as_it_was_used",
         ],
@@ -132,22 +132,14 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "None if self.used_lr is None else float(self.used_lr)",
-        "replace": 'float(state.optimizer.param_groups[0]["lr"]) if self.used_lr is None else float(self.used_lr)',
+        "find": "        used = [None] * groups if self.used_lr is None else self.used_lr",
+        "replace": (
+            '        used = [g["lr"] for g in state.optimizer.param_groups] if self.used_lr is None else self.used_lr'
+        ),
         "tests": [
             "tests/test_run_lr.py::test_a_window_no_update_of_this_process_made_logs_no_rate",
         ],
         "why": "24.2: a window made by an earlier process logged with the optimizer's current (next) rate",
-        "from": "issue24_recipes",
-    },
-    {
-        "file": "src/composetrain/driver/run.py",
-        "find": '    lr = optimizer.param_groups[0].get("lr")',
-        "replace": '    lr = optimizer.param_groups[-1].get("lr")',
-        "tests": [
-            "tests/test_run_lr.py::test_with_several_groups_the_first_groups_rate_is_logged",
-        ],
-        "why": "24.2: the last group's rate logged, not the first's as documented",
         "from": "issue24_recipes",
     },
     {
@@ -162,8 +154,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": '    lr = optimizer.param_groups[0].get("lr")',
-        "replace": '    lr = optimizer.param_groups[0]["lr"]',
+        "find": '    rates = [g.get("lr") for g in optimizer.param_groups]',
+        "replace": '    rates = [g["lr"] for g in optimizer.param_groups]',
         "tests": [
             "tests/test_run_lr.py::test_an_optimizer_without_a_rate_trains_and_logs_none",
         ],

@@ -15,7 +15,8 @@ import composetrain as ct
 # every field ct.run writes in a record of metrics.jsonl (and RunResult): no metric may take one's name
 TRAIN_FIELDS = {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
 COMPILE_FIELDS = {"compiles", "compile_s"}  # in the records of a run that compiles (test_compile_run.py)
-TRAIN_FIELDS |= COMPILE_FIELDS
+GROUP_FIELDS = {"lr_groups"}  # in the records of a run with several parameter groups (test_run_lr.py)
+TRAIN_FIELDS |= COMPILE_FIELDS | GROUP_FIELDS
 EVAL_FIELDS = {"step", "epoch", "eval", "eval_ema"}  # eval_ema: ct.ema's weights evaluated (test_ema)
 
 OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5}
@@ -118,7 +119,7 @@ def test_the_reserved_names_are_every_field_the_driver_writes():
         eval_step=evaluated({}),
         eval_data=run_script.dataset(24),
     )
-    assert set(result.history[0]) - {"acc"} | {"eval"} | COMPILE_FIELDS == TRAIN_FIELDS
+    assert set(result.history[0]) - {"acc"} | {"eval"} | COMPILE_FIELDS | GROUP_FIELDS == TRAIN_FIELDS
     assert set(result.evals[0]) - {"acc"} | {"eval", "eval_ema"} == EVAL_FIELDS
     from composetrain.driver import monitor
 

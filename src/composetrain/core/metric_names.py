@@ -13,7 +13,7 @@ __all__ = ["EVAL_FIELDS", "TRAIN_FIELDS", "metric_names"]
 # The fields ct.run writes in its records besides the metrics: a metric of the same name would overwrite one.
 # "eval" is the key that tells an evaluation record from a training one in the metrics file.
 TRAIN_FIELDS = frozenset(
-    {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
+    {"step", "epoch", "loss", "lr", "lr_groups", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
     | {"compiles", "compile_s"}  # torch.compile's compilations in the window and their seconds, once there are any
 )
 # an evaluation's metrics are nested under "eval" in the file, those of ct.ema's weights under "eval_ema"

@@ -61,7 +61,8 @@ class RunResult:
             a record at the first epoch's end says 1, those before it 0), loss, metrics (averaged over
             the updates since the last record and over ranks), lr, updates/s, data wait.
             ``lr`` is the rate the record's last update used (read before its scheduler step;
-            the first parameter group's), None for a window that an earlier process made
+            the first parameter group's; with several groups ``lr_groups`` holds each group's, in group
+            order: timm's layer decay), None for a window that an earlier process made
             entirely (a finished run run again); in a run that
             compiles (``ct.compile``), also ``compiles`` and ``compile_s``: torch.compile's compilations
             since the last record, and their seconds.
@@ -553,7 +554,7 @@ class _Driver:
     def start(self, show_bar: bool, total: int) -> None:
         """What the loop needs from here on; ``close`` undoes it, whatever happens."""
         self.meter = Meter(self.proc, self.state)
-        self.used_lr: Any = None  # the learning rate of the last update this process made
+        self.used_lr: list[Any] | None = None  # each group's learning rate in the last update this process made
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)
         # names what a rank waited for when another stops
@@ -585,7 +586,7 @@ class _Driver:
     def update(self, at: Progress, batch: Any, waited: float) -> None:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
         started = time.perf_counter()
-        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it
+        lr = _rates_used(self.state.optimizer)  # before the step: the scheduler steps inside it
         out = self.step_fn(self.state, batch)
         self.used_lr = lr
         self.meter.add(at.window, out, waited, time.perf_counter() - started)
@@ -596,7 +597,9 @@ class _Driver:
         # the rate the window's last update used (None: that update was made by an earlier process)
         # "epoch": the epochs completed at the record's step, as in an evaluation record (1 at the first one's end)
         done = at.epoch + (at.position == self.per_epoch)
-        record = self.meter.read(at.window, done, None if self.used_lr is None else float(self.used_lr))
+        groups = len(state.optimizer.param_groups)
+        used = [None] * groups if self.used_lr is None else self.used_lr
+        record = self.meter.read(at.window, done, [None if lr is None else float(lr) for lr in used])
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
         record["global_batch"] = None if batch is None else batch * self.proc.world_size
@@ -734,10 +737,10 @@ def _nonfinite(model: torch.nn.Module) -> str | None:
     return next((n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok), None)
 
 
-def _rate_used(optimizer: Any) -> Any:
-    """The first parameter group's learning rate, as the next ``optimizer.step()`` uses it: read before the
+def _rates_used(optimizer: Any) -> list[Any]:
+    """Each parameter group's learning rate, as the next ``optimizer.step()`` uses it: read before the
     update (the scheduler steps inside it), a tensor rate copied on its device (schedulers fill it in place;
     reading it is the log point's host sync), a NumPy one as it is (``float`` at the log point: JSON takes
     neither)."""
-    lr = optimizer.param_groups[0].get("lr")  # None: an optimizer with no rate (a custom one), logged as null
-    return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
+    rates = [g.get("lr") for g in optimizer.param_groups]  # None: a group with no rate (a custom one): null
+    return [lr.detach().clone() if isinstance(lr, torch.Tensor) else lr for lr in rates]
