@@ -295,3 +295,13 @@ def run_dist_bn(rank: int, world: int, folder: str, reduce: bool) -> dict[str, d
     saved = plain_state(3)
     ct.load_checkpoint(saved, result.checkpoint)
     return {"live": dict(state.model.state_dict()), "saved": dict(saved.model.state_dict())}
+
+
+def test_a_metric_of_weights_the_composition_does_not_evaluate_is_refused_before_training(tmp_path):
+    state = plateau_state()
+    with pytest.raises(ValueError) as e:
+        ct.run(step, state, data(), epochs=1, **QUICK, **{**EVAL, "scheduler_metric": "eval_ema.loss"})
+    said = str(e.value)
+    assert said.startswith("run: scheduler_metric='eval_ema.loss' names the evaluation of weights 'ema'")
+    assert "['eval']" in said and "ct.ema" in said
+    assert state.step == 0 and state.epoch == 0

@@ -12,6 +12,7 @@ epoch's end holds the hook's changes and not yet the metric's step: the resumed 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from typing import Any
 
 from composetrain.core.scheduling import needs_metric, takes_metric
@@ -19,7 +20,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
 from composetrain.driver.tracking import deferred_kind
 
-__all__ = ["check_hook", "check_scheduler_metric", "metric_of", "parse_metric"]
+__all__ = ["check_hook", "check_metric_kind", "check_scheduler_metric", "metric_of", "parse_metric"]
 
 _FORM = (
     "'eval.NAME' (NAME a metric of eval_step's) or 'eval_ema.NAME' (the same metric of ct.ema's weights), e.g. "
@@ -79,6 +80,22 @@ def check_scheduler_metric(state: TrainState, name: str | None) -> None:
             f"{RUN}: scheduler_metric={name!r} is given, but {which}: the metric would be dropped; leave "
             "scheduler_metric out, or build the TrainState with a scheduler that steps on a metric "
             "(ReduceLROnPlateau with scheduler_interval='epoch', or timm's)"
+        )
+
+
+def check_metric_kind(name: str | None, kinds: Iterable[str]) -> None:
+    """Refuse ``scheduler_metric`` naming the evaluation of weights the composition does not evaluate (``kinds``:
+    ``TrainStep.eval_weights``'s names, ``"ema"`` for ``ct.ema``), before the first update: found at the first
+    evaluation, it would cost an epoch."""
+    parsed = parse_metric(name)
+    if parsed is None or parsed[0] == "eval":
+        return
+    held = ["eval", *(f"eval_{k}" for k in kinds)]
+    if parsed[0] not in held:
+        raise ValueError(
+            f"{RUN}: scheduler_metric={name!r} names the evaluation of weights {parsed[0][5:]!r}, which this "
+            f"composition does not evaluate (its evaluations: {held}); name one of those, e.g. 'eval.loss' (the "
+            "evaluation of ct.ema's weights is 'eval_ema': compose ct.ema for it)"
         )
 
 

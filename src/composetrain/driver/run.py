@@ -28,7 +28,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
-from composetrain.driver.epoch_ends import check_scheduler_metric, metric_of
+from composetrain.driver.epoch_ends import check_metric_kind, check_scheduler_metric, metric_of
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.loader import (
     build_loader,
@@ -272,6 +272,7 @@ def run(
     with rendezvous(timeout=options.timeout) as proc:
         d = _Driver(step_fn, state, proc, options)
         try:
+            check_metric_kind(options.eval.scheduler_metric, step_fn.eval_weights(state))  # after its setup
             # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
             schedule = Schedule(
                 d.per_epoch,
