@@ -15,13 +15,12 @@ Each check raises before the TrainState exists: a scheduler that failed only whe
 from __future__ import annotations
 
 import inspect
-import numbers
 from typing import Any
 
 import torch
 
 from composetrain.core._state_checks import step_needs
-from composetrain.core.util import show
+from composetrain.core.util import check_real, show
 
 __all__ = ["KINDS", "as_metric", "needs_metric", "scheduler_kind", "takes_metric"]
 
@@ -101,14 +100,9 @@ def as_metric(metric: Any, scheduler: Any, kind: str) -> float | None:
                 "would never decay; " + _FEED
             )
         return None
-    value = metric
-    if isinstance(metric, torch.Tensor) and metric.numel() == 1 and (metric.is_floating_point() or _integer(metric)):
-        value = metric.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{END_EPOCH}: metric must be a real number (a float, or a one-element tensor), got {show(metric)}; e.g. "
-            "state.end_epoch(metric=val_loss)"
-        )
+    value = check_real(
+        metric, END_EPOCH, "metric", positive=False, finite=False, example="state.end_epoch(metric=val_loss.item())"
+    )
     if scheduler is None or not takes_metric(scheduler, kind):
         which = "there is no scheduler" if scheduler is None else f"the scheduler {kind_name} steps without one"
         raise ValueError(
@@ -116,11 +110,7 @@ def as_metric(metric: Any, scheduler: Any, kind: str) -> float | None:
             "without it, or build the TrainState with a scheduler that steps on a metric (ReduceLROnPlateau, with "
             "scheduler_interval='epoch')"
         )
-    return float(value)
-
-
-def _integer(t: torch.Tensor) -> bool:
-    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+    return value
 
 
 def _binds(method: Any, *args: Any) -> bool:

@@ -216,7 +216,8 @@ class TrainState:
         timm's ``PlateauLRScheduler``) needs ``metric``. Every refusal comes before anything changed.
 
         Args:
-            metric: the metric a scheduler steps on (a validation loss: a float or a one-element tensor), or None.
+            metric: the metric a scheduler steps on (a validation loss, a Python or NumPy number: ``loss.item()``), or
+                None.
         """
         value = as_metric(metric, self.scheduler, self.scheduler_kind)
         scheduler, kind = self.scheduler, self.scheduler_kind

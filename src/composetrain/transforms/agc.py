@@ -49,7 +49,7 @@ def adaptive_clip_grad(
     refuse_step(clip_factor, ADAPTIVE_CLIP_GRAD, "clip_factor", "adaptive_clip_grad(0.01)")
     clip_factor = check_real(clip_factor, ADAPTIVE_CLIP_GRAD, "clip_factor", example="adaptive_clip_grad(0.01)")
     eps = check_real(eps, ADAPTIVE_CLIP_GRAD, "eps", example="eps=1e-3")
-    norm_type = check_real(norm_type, ADAPTIVE_CLIP_GRAD, "norm_type", example="norm_type=2.0")
+    norm_type = check_real(norm_type, ADAPTIVE_CLIP_GRAD, "norm_type", finite=False, example="norm_type=2.0")
     excluded: Callable[[str], bool] | tuple[str, ...] = ()
     if callable(exclude):
         excluded = exclude
