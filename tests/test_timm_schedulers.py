@@ -329,3 +329,26 @@ def test_a_timm_scheduler_takes_the_metric_as_timms_loop_gives_it():
     state.end_epoch(metric=np.float64(0.5))
     assert state.scheduler.epochs == [(1, 0.25), (2, 0.5)]
     assert all(type(m) is float for _, m in state.scheduler.epochs)
+
+
+@pytest.mark.parametrize("stop", [4, PER_EPOCH * 2])
+def test_ct_run_resumes_a_timm_scheduler_exactly_mid_epoch_and_at_an_epoch_end(tmp_path, stop):
+    from torch.utils.data import TensorDataset
+
+    x, y = make_batch(6 * PER_EPOCH, seed=11)
+    options = {"batch_size": 6, "num_workers": 0, "progress": False, "shuffle": False, "epochs": EPOCHS}
+
+    def fresh(seed=0):
+        model, opt = parts(seed)
+        return ct.TrainState(model, opt, timm_cosine(opt, per_update=True))
+
+    straight = fresh()
+    ct.run(classify, straight, TensorDataset(x, y), **options)
+    ct.run(classify, fresh(), TensorDataset(x, y), checkpoint_dir=tmp_path, **{**options, "max_steps": stop})
+    resumed = fresh(seed=4)
+    ct.run(classify, resumed, TensorDataset(x, y), checkpoint_dir=tmp_path, **options)
+    assert resumed.epoch == straight.epoch == EPOCHS
+    assert resumed.scheduler.state_dict() == straight.scheduler.state_dict()
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == [g["lr"] for g in straight.optimizer.param_groups]
+    for a, b in zip(resumed.model.parameters(), straight.model.parameters(), strict=True):
+        assert torch.equal(a, b)
