@@ -47,4 +47,34 @@ MUTANTS = [
         ),
         "from": "global_batch",
     },
+    {
+        "file": "src/composetrain/core/state.py",
+        "find": "scheduler.step(self.epoch + 1) if value is None else scheduler.step(self.epoch + 1, value)",
+        "replace": "scheduler.step(self.epoch) if value is None else scheduler.step(self.epoch, value)",
+        "tests": [
+            "tests/test_timm_schedulers.py::test_any_object_with_step_update_and_step_epoch_is_driven_alike",
+        ],
+        "why": "37.1: step(epoch) given the epoch that ended, not timm's epoch + 1 (the epochs ended)",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/core/state.py",
+        "find": '            "epoch": self.epoch,\n',
+        "replace": "",
+        "tests": [
+            "tests/test_timm_schedulers.py::test_a_timm_scheduler_resumes_from_a_checkpoint_exactly",
+        ],
+        "why": "37.1: the epochs ended not checkpointed: a resumed timm scheduler steps from epoch 1 again",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/core/state.py",
+        "find": "else scheduler.step(self.epoch + 1, value)",
+        "replace": "else scheduler.step(self.epoch + 1, metric)",
+        "tests": [
+            "tests/test_timm_schedulers.py::test_a_timm_scheduler_takes_the_metric_as_timms_loop_gives_it",
+        ],
+        "why": "37.2: the metric passed on as given (a NumPy float in the scheduler's checkpointed state)",
+        "from": "timm_recipes",
+    },
 ]

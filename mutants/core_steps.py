@@ -104,4 +104,14 @@ MUTANTS = [
         "why": "a scheduler that fails after optimizer.step() leaves a half-updated state that trains on silently",
         "from": "issue29_x_atomic",
     },
+    {
+        "file": "src/composetrain/core/steps.py",
+        "find": 'scheduler.step_update(state.step + 1) if kind == "both" else scheduler.step()',
+        "replace": 'scheduler.step_update(state.step) if kind == "both" else scheduler.step()',
+        "tests": [
+            "tests/test_timm_schedulers.py::test_any_object_with_step_update_and_step_epoch_is_driven_alike",
+        ],
+        "why": "37.1: step_update told the updates before this one (timm's num_updates is counted after it)",
+        "from": "timm_recipes",
+    },
 ]

@@ -365,4 +365,72 @@ MUTANTS = [
         "why": "20.12: every rank seeded alike: the ranks draw the same random numbers",
         "from": "issue20",
     },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": ("        if self.options.eval.scheduler_metric is None:\n            self.state.end_epoch()\n"),
+        "replace": "        self.state.end_epoch()\n",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_plateau_scheduler_is_fed_each_epochs_evaluation_as_by_hand",
+        ],
+        "why": "37.2: a scheduler fed a metric also stepped at the epoch's end without it (refused mid-run)",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        if self.options.on_epoch_start is not None:\n",
+        "replace": "        if self.options.on_epoch_start is not None and at.position == 0:\n",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_resumed_run_runs_each_epoch_end_once_and_restarts_the_epoch_it_resumes",
+        ],
+        "why": "37.5: on_epoch_start skipped for the epoch a run resumes part-way: mixup stays on after its epoch",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "            self.options.on_epoch_end(self.state, at.epoch)",
+        "replace": "            self.options.on_epoch_end(self.state, at.epoch + 1)",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_the_hooks_run_at_each_epochs_start_and_end_in_order",
+        ],
+        "why": "37.5: on_epoch_end told the next epoch, not the one that ended",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": (
+            "                    d.end_epoch(at)\n"
+            "                    at.next_epoch()\n"
+            "                    batches = None\n"
+            "                if due.save or stopping:  # save, then evaluate: an evaluation that fails must not "
+            "cost the checkpoint\n"
+            "                    d.save(at)\n"
+        ),
+        "replace": (
+            "                    at.next_epoch()\n"
+            "                    batches = None\n"
+            "                if due.save or stopping:  # save, then evaluate: an evaluation that fails must not "
+            "cost the checkpoint\n"
+            "                    d.save(at)\n"
+            "                if due.epoch_end:\n"
+            "                    d.end_epoch(at)\n"
+        ),
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_resumed_run_runs_each_epoch_end_once_and_restarts_the_epoch_it_resumes",
+        ],
+        "why": "37.5: the epoch end's hook after its checkpoint: a resume there never runs it",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": (
+            "            check_metric_kind(options.eval.scheduler_metric, step_fn.eval_weights(state))  # after "
+            "its setup\n"
+        ),
+        "replace": "",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_metric_of_weights_the_composition_does_not_evaluate_is_refused_before_training",
+        ],
+        "why": "37.2: 'eval_ema.*' without ct.ema found at the first evaluation, after an epoch's training",
+        "from": "timm_recipes",
+    },
 ]

@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/_ema_rule.py",
+        "find": "        decay = 1 - (1 + n / self.warmup_gamma) ** -self.warmup_power",
+        "replace": "        decay = 1 - (n / self.warmup_gamma) ** -self.warmup_power",
+        "tests": [
+            "tests/test_ema_timm.py::test_the_decay_warmup_ramps_as_timms_get_decay",
+        ],
+        "why": "37.3: the decay warmup without timm's 1 +: decay 0 at the first average",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/transforms/_ema_rule.py",
         "find": "got {show(given)}; e.g. ema(0.999)",
         "replace": "got {decay}; e.g. ema(0.999)",
         "tests": [

@@ -184,18 +184,36 @@ def test_ema_model_and_the_evaluation_hold_the_float32_averages():
     assert all(torch.equal(v, weights[k]) for k, v in state.model.state_dict().items())
 
 
-def test_an_older_checkpoint_without_the_new_settings_resumes_without_a_warning():
+def test_a_checkpoint_listing_options_at_their_defaults_resumes_without_a_warning():
+    """A checkpoint records the options that differ from their defaults; one that lists some at their defaults
+    (written by another version) holds the same settings: no warning."""
     state = state_of(net())
-    train = ct.ema(0.9)(step)
+    train = ct.ema(0.9, decay_warmup=True)(step)
     train(state, batches(1)[0])
     saved = copy.deepcopy(state.state_dict())
-    settings_ = saved["transforms"]["ema"]["settings"]
-    saved["transforms"]["ema"]["settings"] = {k: settings_[k] for k in ("decay", "every", "warmup", "formula")}
+    assert saved["transforms"]["ema"]["settings"] == {
+        "decay": 0.9,
+        "every": 1,
+        "warmup": 0,
+        "formula": "lerp",
+        "decay_warmup": True,
+    }
+    saved["transforms"]["ema"]["settings"] |= {"integers": "average", "dtype": None, "min_decay": 0.0}
     resumed = state_of(net())
     resumed.load_state_dict(saved)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         train(resumed, batches(1)[0])
+
+
+def test_a_float64_average_of_a_float32_model_is_model_ema_v3s():
+    """In float64 timm's old-average weight 1 - (1 - decay) differs from decay (0.3: in the last bit): kept."""
+    data = batches(5)
+    for timm, ours in (({"decay": 0.3}, {"decay": 0.3}), ({"decay": 0.9, "use_warmup": True}, {"decay": 0.9})):
+        _, ema = timm_run(data, torch.float32, dtype=torch.float64, **timm)
+        ours |= {"decay_warmup": True} if "use_warmup" in timm else {}
+        assert_same(ct_run(data, torch.float32, dtype=torch.float64, integers="copy", **ours), ema, dtype=torch.float64)
+    assert 1 - (1 - 0.3) != 0.3
 
 
 # -- how it prints, and what is refused ----------------------------------------------------------------------
