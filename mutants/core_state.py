@@ -27,16 +27,6 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/core/state.py",
-        "find": '                    if scheduler_interval == "epoch"',
-        "replace": '                    if scheduler_interval == "update"',
-        "tests": [
-            "tests/test_epoch_schedules.py::test_reduce_lr_on_plateau_is_refused_for_the_interval_asked",
-        ],
-        "why": "adversarial: ReduceLROnPlateau refused with the other interval's reason",
-        "from": "issue24_ema",
-    },
-    {
-        "file": "src/composetrain/core/state.py",
         "find": "        self.scheduler_interval = INTERVALS[INTERVALS.index(scheduler_interval)]",
         "replace": "        self.scheduler_interval = scheduler_interval",
         "tests": [
@@ -44,16 +34,6 @@ MUTANTS = [
         ],
         "why": "adversarial: a NumPy string kept as given: ct.run's first checkpoint refuses the state",
         "from": "issue24_ema",
-    },
-    {
-        "file": "src/composetrain/core/state.py",
-        "find": "            needed = step_needs(scheduler)\n",
-        "replace": "            needed = []\n",
-        "tests": [
-            "tests/test_scheduler_kinds.py",
-        ],
-        "why": "29.8: a timm scheduler accepted; its step() raises TypeError after the first optimizer.step()",
-        "from": "issue29_atomic",
     },
     {
         "file": "src/composetrain/core/state.py",
@@ -66,5 +46,35 @@ MUTANTS = [
             "a checkpoint of one process drops the live sharding on two: the resumed sharded run refuses its model"
         ),
         "from": "global_batch",
+    },
+    {
+        "file": "src/composetrain/core/state.py",
+        "find": "scheduler.step(self.epoch + 1) if value is None else scheduler.step(self.epoch + 1, value)",
+        "replace": "scheduler.step(self.epoch) if value is None else scheduler.step(self.epoch, value)",
+        "tests": [
+            "tests/test_timm_schedulers.py::test_any_object_with_step_update_and_step_epoch_is_driven_alike",
+        ],
+        "why": "37.1: step(epoch) given the epoch that ended, not timm's epoch + 1 (the epochs ended)",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/core/state.py",
+        "find": '            "epoch": self.epoch,\n',
+        "replace": "",
+        "tests": [
+            "tests/test_timm_schedulers.py::test_a_timm_scheduler_resumes_from_a_checkpoint_exactly",
+        ],
+        "why": "37.1: the epochs ended not checkpointed: a resumed timm scheduler steps from epoch 1 again",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/core/state.py",
+        "find": "else scheduler.step(self.epoch + 1, value)",
+        "replace": "else scheduler.step(self.epoch + 1, metric)",
+        "tests": [
+            "tests/test_timm_schedulers.py::test_a_timm_scheduler_takes_the_metric_as_timms_loop_gives_it",
+        ],
+        "why": "37.2: the metric passed on as given (a NumPy float in the scheduler's checkpointed state)",
+        "from": "timm_recipes",
     },
 ]

@@ -17,10 +17,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/core/steps.py",
-        "find": (
-            'if state.scheduler is not None and state.scheduler_interval == "update":  # "epoch": state.end_epoch()'
-        ),
-        "replace": "if state.scheduler is not None:",
+        "find": 'if scheduler is not None and (kind == "both" or state.scheduler_interval == "update"):',
+        "replace": "if scheduler is not None:",
         "tests": [
             "tests/test_epoch_schedules.py::test_the_train_step_leaves_an_epoch_scheduler_alone_and_end_epoch_steps_it_once",
         ],
@@ -135,5 +133,15 @@ MUTANTS = [
         ],
         "why": "a subclass's names kept as checked: the next pass's comparison runs its __eq__ and skips the rule",
         "from": "observability_speed",
+    },
+    {
+        "file": "src/composetrain/core/steps.py",
+        "find": 'scheduler.step_update(state.step + 1) if kind == "both" else scheduler.step()',
+        "replace": 'scheduler.step_update(state.step) if kind == "both" else scheduler.step()',
+        "tests": [
+            "tests/test_timm_schedulers.py::test_any_object_with_step_update_and_step_epoch_is_driven_alike",
+        ],
+        "why": "37.1: step_update told the updates before this one (timm's num_updates is counted after it)",
+        "from": "timm_recipes",
     },
 ]

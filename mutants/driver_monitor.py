@@ -183,4 +183,24 @@ MUTANTS = [
         "why": "MFU against one device's peak while every rank's FLOPs are counted",
         "from": "observability",
     },
+    {
+        "file": "src/composetrain/driver/monitor.py",
+        "find": '            "lr": rates[0] if rates else None,',
+        "replace": '            "lr": rates[-1] if rates else None,',
+        "tests": [
+            "tests/test_run_lr.py::test_with_several_groups_the_first_groups_rate_is_logged",
+        ],
+        "why": "24.2: the last group's rate logged, not the first's as documented",
+        "from": "issue24_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/monitor.py",
+        "find": '            **({"lr_groups": rates} if len(rates) > 1 else {}),',
+        "replace": '            **({"lr_groups": rates[1:]} if len(rates) > 1 else {}),',
+        "tests": [
+            "tests/test_run_lr.py::test_with_several_groups_every_groups_rate_is_logged_in_the_file_tensorboard_and_the_plot",
+        ],
+        "why": "37.6: lr_groups without the first group's rate",
+        "from": "timm_recipes",
+    },
 ]

@@ -58,8 +58,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "                    state.end_epoch()\n",
-        "replace": "",
+        "find": ("        if self.options.eval.scheduler_metric is None:\n            self.state.end_epoch()\n"),
+        "replace": ("        if self.options.eval.scheduler_metric is None:\n            pass\n"),
         "tests": [
             "tests/test_epoch_schedules.py::test_ct_run_steps_the_recipe_schedule_per_epoch_and_uses_its_rates_exactly",
         ],
@@ -68,11 +68,11 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": ("                    state.end_epoch()\n                    at.next_epoch()"),
+        "find": ("                    d.end_epoch(at)\n                    at.next_epoch()"),
         "replace": (
             "                    at.next_epoch()\n"
             "                if due.save or stopping:\n"
-            "                    state.end_epoch()"
+            "                    d.end_epoch(at)"
         ),
         "tests": [
             "tests/test_epoch_schedules.py::test_a_resume_steps_the_epoch_scheduler_neither_twice_nor_never",
@@ -137,7 +137,7 @@ MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
         "find": (
-            "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
+            "        lr = _rates_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
             "        with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the "
             "profiler's window\n"
             "            out = self.step_fn(self.state, batch)\n"
@@ -146,7 +146,7 @@ MUTANTS = [
             "        with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the "
             "profiler's window\n"
             "            out = self.step_fn(self.state, batch)\n"
-            "        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
+            "        lr = _rates_used(self.state.optimizer)  # before the step: the scheduler steps inside it\n"
         ),
         "tests": [
             "tests/test_run_lr.py::test_the_logged_rate_is_the_one_each_update_used_from_the_warmups_first",
@@ -156,8 +156,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "    return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr",
-        "replace": "    return lr.detach() if isinstance(lr, torch.Tensor) else lr",
+        "find": "    return [lr.detach().clone() if isinstance(lr, torch.Tensor) else lr for lr in rates]",
+        "replace": "    return [lr.detach() if isinstance(lr, torch.Tensor) else lr for lr in rates]",
         "tests": [
             "tests/test_run_lr.py::test_a_tensor_rate_is_logged_as_it_was_used",
         ],
@@ -166,22 +166,14 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "None if self.used_lr is None else float(self.used_lr)",
-        "replace": 'float(state.optimizer.param_groups[0]["lr"]) if self.used_lr is None else float(self.used_lr)',
+        "find": "        used = [None] * groups if self.used_lr is None else self.used_lr",
+        "replace": (
+            '        used = [g["lr"] for g in state.optimizer.param_groups] if self.used_lr is None else self.used_lr'
+        ),
         "tests": [
             "tests/test_run_lr.py::test_a_window_no_update_of_this_process_made_logs_no_rate",
         ],
         "why": "24.2: a window made by an earlier process logged with the optimizer's current (next) rate",
-        "from": "issue24_recipes",
-    },
-    {
-        "file": "src/composetrain/driver/run.py",
-        "find": '    lr = optimizer.param_groups[0].get("lr")',
-        "replace": '    lr = optimizer.param_groups[-1].get("lr")',
-        "tests": [
-            "tests/test_run_lr.py::test_with_several_groups_the_first_groups_rate_is_logged",
-        ],
-        "why": "24.2: the last group's rate logged, not the first's as documented",
         "from": "issue24_recipes",
     },
     {
@@ -196,8 +188,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": '    lr = optimizer.param_groups[0].get("lr")',
-        "replace": '    lr = optimizer.param_groups[0]["lr"]',
+        "find": '    rates = [g.get("lr") for g in optimizer.param_groups]',
+        "replace": '    rates = [g["lr"] for g in optimizer.param_groups]',
         "tests": [
             "tests/test_run_lr.py::test_an_optimizer_without_a_rate_trains_and_logs_none",
         ],
@@ -500,5 +492,73 @@ MUTANTS = [
         ],
         "why": "the record at a pass's end numbers the epoch before it",
         "from": "streams",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": ("        if self.options.eval.scheduler_metric is None:\n            self.state.end_epoch()\n"),
+        "replace": "        self.state.end_epoch()\n",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_plateau_scheduler_is_fed_each_epochs_evaluation_as_by_hand",
+        ],
+        "why": "37.2: a scheduler fed a metric also stepped at the epoch's end without it (refused mid-run)",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        if self.options.on_epoch_start is not None:\n",
+        "replace": "        if self.options.on_epoch_start is not None and at.position == 0:\n",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_resumed_run_runs_each_epoch_end_once_and_restarts_the_epoch_it_resumes",
+        ],
+        "why": "37.5: on_epoch_start skipped for the epoch a run resumes part-way: mixup stays on after its epoch",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "            self.options.on_epoch_end(self.state, at.epoch)",
+        "replace": "            self.options.on_epoch_end(self.state, at.epoch + 1)",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_the_hooks_run_at_each_epochs_start_and_end_in_order",
+        ],
+        "why": "37.5: on_epoch_end told the next epoch, not the one that ended",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": (
+            "                    d.end_epoch(at)\n"
+            "                    at.next_epoch()\n"
+            "                    batches = None\n"
+            "                if due.save or stopping or clock:  # save, then evaluate: a failed evaluation must "
+            "not cost the save\n"
+            "                    d.save(at, last=stopping or at.finished(state.step))\n"
+        ),
+        "replace": (
+            "                    at.next_epoch()\n"
+            "                    batches = None\n"
+            "                if due.save or stopping or clock:  # save, then evaluate: a failed evaluation must "
+            "not cost the save\n"
+            "                    d.save(at, last=stopping or at.finished(state.step))\n"
+            "                if due.epoch_end:\n"
+            "                    d.end_epoch(at)\n"
+        ),
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_resumed_run_runs_each_epoch_end_once_and_restarts_the_epoch_it_resumes",
+        ],
+        "why": "37.5: the epoch end's hook after its checkpoint: a resume there never runs it",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": (
+            "            check_metric_kind(options.eval.scheduler_metric, step_fn.eval_weights(state))  # after "
+            "its setup\n"
+        ),
+        "replace": "",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_metric_of_weights_the_composition_does_not_evaluate_is_refused_before_training",
+        ],
+        "why": "37.2: 'eval_ema.*' without ct.ema found at the first evaluation, after an epoch's training",
+        "from": "timm_recipes",
     },
 ]

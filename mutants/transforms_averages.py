@@ -7,8 +7,70 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "return cls({k: t.clone() for k, t in model_tensors(model).items()}, settings)",
-        "replace": "return cls(dict(model_tensors(model)), settings)",
+        "find": "    if per_tensor:\n",
+        "replace": "    if False:\n",
+        "tests": [
+            "tests/test_ema_timm.py::test_a_float32_average_of_a_bf16_model_is_model_ema_v3s",
+        ],
+        "why": "37.3: device= averaged with the fused mul and add: not ModelEmaV3(device=)'s cast then lerp",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "    return rule.dtype if rule.dtype is not None and w.is_floating_point() else w.dtype",
+        "replace": "    return w.dtype",
+        "tests": [
+            "tests/test_ema_timm.py::test_ema_model_and_the_evaluation_hold_the_float32_averages",
+        ],
+        "why": "37.3: dtype= ignored: a bf16 model's average kept in bf16",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": 'or (not floating and rule.integers == "copy"):',
+        "replace": 'or (not floating and rule.integers == "average"):',
+        "tests": [
+            "tests/test_ema_timm.py::test_integer_buffers_are_copied_with_integers_copy_and_averaged_by_default",
+        ],
+        "why": "37.3: integers='copy' averages num_batches_tracked, the default copies it",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "if (rule.exclude_buffers and k not in self.params)",
+        "replace": "if (rule.exclude_buffers and k in self.params)",
+        "tests": [
+            "tests/test_ema_timm.py::test_a_float32_average_of_a_bf16_model_is_model_ema_v3s",
+        ],
+        "why": "37.3: exclude_buffers copies the parameters and averages the buffers",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "        torch._foreach_mul_(averages, 1.0 - weight)",
+        "replace": "        torch._foreach_mul_(averages, decay)",
+        "tests": [
+            "tests/test_ema_timm.py::test_a_float64_average_of_a_float32_model_is_model_ema_v3s",
+        ],
+        "why": "37.3: the old average's weight as decay, not timm's 1 - (1 - decay) (they differ in the last bit)",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": "Rule.complete(saved_settings) != Rule.complete(self.settings)",
+        "replace": "dict(saved_settings) != self.settings",
+        "tests": [
+            "tests/test_ema_timm.py::test_a_checkpoint_listing_options_at_their_defaults_resumes_without_a_warning",
+        ],
+        "why": "37.3: a checkpoint listing options at their defaults warns of other settings that are the same",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": (
+            "made = {k: t.to(device=rule.device, dtype=_dtype_for(rule, t), copy=True) for k, t in tensors.items()}"
+        ),
+        "replace": "made = dict(tensors)",
         "tests": [
             "tests/test_ema.py::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit",
         ],
@@ -17,7 +79,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "torch._foreach_lerp_(averages, weights, 1 - decay)",
+        "find": "torch._foreach_lerp_(averages, weights, weight)",
         "replace": "torch._foreach_lerp_(averages, weights, decay)",
         "tests": [
             "tests/test_ema.py::test_ema_is_averaged_model_with_get_ema_multi_avg_fn_bit_for_bit",
@@ -27,13 +89,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": (
-            "                    torch._foreach_mul_(averages, decay)\n"
-            "                    torch._foreach_add_(averages, scaled)"
-        ),
+        "find": ("            torch._foreach_mul_(averages, decay)\n            torch._foreach_add_(averages, scaled)"),
         "replace": (
-            "                    torch._foreach_mul_(averages, decay)\n"
-            "                    torch._foreach_add_(averages, weights, alpha=1 - decay)"
+            "            torch._foreach_mul_(averages, decay)\n"
+            "            torch._foreach_add_(averages, weights, alpha=1 - decay)"
         ),
         "tests": [
             "tests/test_ema.py::test_formula_sum_is_torchvisions_exponential_moving_average_bit_for_bit",
@@ -87,8 +146,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "            if a.shape != w.shape or a.dtype != w.dtype or type(a) is not type(w):",
-        "replace": "            if a.shape != w.shape or type(a) is not type(w):",
+        "find": "    return a.shape == w.shape and a.dtype == _dtype_for(rule, w) and type(a) is type(w)",
+        "replace": "    return a.shape == w.shape and type(a) is type(w)",
         "tests": [
             "tests/test_ema.py::test_a_model_changed_after_the_ema_began_is_refused_before_the_update",
         ],
@@ -108,8 +167,8 @@ MUTANTS = [
     {
         "file": "src/composetrain/transforms/_averages.py",
         "find": (
-            "        if params is None or live.keys() != mine.keys() or not all(_alike(mine[k], b) for k, b in "
-            "buffers.items()):"
+            "        if params is None or live.keys() != mine.keys() or not all(self._alike(mine[k], b) for k, b "
+            "in buffers.items()):"
         ),
         "replace": "        if params is None or live.keys() != mine.keys():",
         "tests": [
@@ -135,7 +194,10 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/_averages.py",
-        "find": "        if isinstance(saved_settings, Mapping) and dict(saved_settings) != self.settings:",
+        "find": (
+            "        if isinstance(saved_settings, Mapping) and Rule.complete(saved_settings) != "
+            "Rule.complete(self.settings):"
+        ),
         "replace": (
             '        if isinstance(saved_settings, Mapping) and saved_settings.get("decay") != self.settings["decay"]:'
         ),

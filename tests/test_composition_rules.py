@@ -22,6 +22,8 @@ TRANSFORMS = {  # each transform by its name in the table: a fresh one
     "accumulate_auto": lambda: ct.accumulate("auto"),
     "mixed_precision": lambda: ct.mixed_precision(),
     "clip_grad_norm": lambda: ct.clip_grad_norm(0.05),
+    "clip_grad_value": lambda: ct.clip_grad_value(0.01),
+    "adaptive_clip_grad": lambda: ct.adaptive_clip_grad(0.02),
     "distributed": lambda: ct.distributed(),
     "sharded": lambda: ct.sharded(),
     "data_parallel": lambda: ct.data_parallel(["cpu", "cpu"]),

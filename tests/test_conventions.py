@@ -41,6 +41,7 @@ class Arg(NamedTuple):
     maximum: int | None = None  # ints: the inclusive upper bound
     at_most: float = math.inf  # reals: the inclusive upper bound
     unset: bool = False  # None is its default, "not given": not a value of the wrong kind
+    signed: bool = False  # reals: a negative value is in range too (a metric)
 
 
 _SAVED = make_state().state_dict()
@@ -77,6 +78,13 @@ def _cache(**options: Any) -> Any:
     return ct.cache(_ITEMS, _store(), **{"progress": False, **options})
 
 
+def _plateau() -> ct.TrainState:
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+    return ct.TrainState(model, optimizer, plateau, scheduler_interval="epoch")
+
+
 def _rendezvous(timeout: Any) -> None:
     with ct.rendezvous(env={}, timeout=timeout):  # a single process: no group, so nothing to wait for
         pass
@@ -96,6 +104,20 @@ ARGS = [
     Arg("accumulate", "micro_batch", lambda v: ct.accumulate(micro_batch=v), "int", unset=True),
     Arg("clip_grad_norm", "max_norm", lambda v: ct.clip_grad_norm(v), "real"),
     Arg("clip_grad_norm", "norm_type", lambda v: ct.clip_grad_norm(1.0, norm_type=v), "real", finite=False),
+    Arg("clip_grad_value", "clip_value", lambda v: ct.clip_grad_value(v), "real"),
+    Arg("adaptive_clip_grad", "clip_factor", lambda v: ct.adaptive_clip_grad(v), "real"),
+    Arg("adaptive_clip_grad", "eps", lambda v: ct.adaptive_clip_grad(0.01, eps=v), "real"),
+    Arg("adaptive_clip_grad", "norm_type", lambda v: ct.adaptive_clip_grad(0.01, norm_type=v), "real", finite=False),
+    Arg(
+        "TrainState.end_epoch",
+        "metric",
+        lambda v: _plateau().end_epoch(metric=v),
+        "real",
+        positive=False,
+        finite=False,
+        unset=True,
+        signed=True,
+    ),
     Arg("mixed_precision", "loss_scale", lambda v: ct.mixed_precision(dtype="fp16", loss_scale=v), "real"),
     Arg("mixed_precision", "max_consecutive_skips", lambda v: ct.mixed_precision(max_consecutive_skips=v), "int"),
     Arg("mixed_precision", "check_finite", lambda v: ct.mixed_precision(check_finite=v), "bool"),
@@ -121,6 +143,11 @@ ARGS = [
     Arg("ema", "decay", lambda v: ct.ema(v), "real", positive=False, at_most=1.0),
     Arg("ema", "every", lambda v: ct.ema(0.9, every=v), "int"),
     Arg("ema", "warmup", lambda v: ct.ema(0.9, warmup=v), "int", minimum=0),
+    Arg("ema", "decay_warmup", lambda v: ct.ema(0.9, decay_warmup=v), "bool"),
+    Arg("ema", "warmup_gamma", lambda v: ct.ema(0.9, decay_warmup=True, warmup_gamma=v), "real"),
+    Arg("ema", "warmup_power", lambda v: ct.ema(0.9, decay_warmup=True, warmup_power=v), "real"),
+    Arg("ema", "min_decay", lambda v: ct.ema(1.0, decay_warmup=True, min_decay=v), "real", positive=False, at_most=1.0),
+    Arg("ema", "exclude_buffers", lambda v: ct.ema(0.9, exclude_buffers=v), "bool"),
     Arg("rendezvous", "timeout", _rendezvous, "real"),
     Arg("cache", "seed", lambda v: _cache(seed=v), "int", **_INT64),
     Arg("cache", "num_workers", lambda v: _cache(num_workers=v), "int", minimum=0),  # or "auto"
@@ -170,11 +197,14 @@ def _out_of_range(a: Arg) -> st.SearchStrategy[Any]:
         return st.one_of(*bad)
 
     def bad_real(x: float) -> bool:
-        low = x <= 0 if a.positive else x < 0
+        low = x <= 0 if a.positive else x < 0 and not a.signed
         high = (a.below < math.inf and x >= a.below) or x > a.at_most
         return math.isnan(x) or (a.finite and math.isinf(x)) or low or high
 
-    bad = st.floats(allow_nan=True, allow_infinity=True).filter(bad_real)
+    floats = st.floats(allow_nan=True, allow_infinity=True)
+    if a.signed and not a.finite and a.below == a.at_most == math.inf:
+        floats = st.just(math.nan)  # the one real out of range: drawn, not filtered out of all the others
+    bad = floats.filter(bad_real)
     return st.one_of(bad, bad.filter(lambda x: not math.isnan(x)).map(np.float64))
 
 
@@ -185,7 +215,7 @@ def _in_range(a: Arg) -> st.SearchStrategy[Any]:
     if a.kind == "bool":
         return st.booleans()
     top = min(a.below, a.at_most, 1e6)
-    good = st.floats(0.0 if not a.positive else 1e-6, top, exclude_max=top == a.below)
+    good = st.floats(-1e6 if a.signed else 0.0 if not a.positive else 1e-6, top, exclude_max=top == a.below)
     extra = [st.just(math.inf)] if not a.finite else []
     return st.one_of(good, good.map(np.float64), *extra)
 
@@ -223,9 +253,11 @@ def _edges(a: Arg) -> tuple[list[Any], list[Any], list[Any]]:
         out: list[Any] = [a.minimum - 1] + ([] if a.maximum is None else [a.maximum + 1])
         return wrong, out, [a.minimum] + ([] if a.maximum is None else [a.maximum])
     bounded = a.finite or a.below < math.inf or a.at_most < math.inf
-    out = [math.nan, -math.inf] + ([math.inf] if bounded else []) + ([0.0] if a.positive else [-1e-300])
+    out = [math.nan] + ([] if a.signed else [-math.inf]) + ([math.inf] if bounded else [])
+    out += [0.0] if a.positive else [] if a.signed else [-1e-300]
     out += ([a.below] if a.below < math.inf else []) + ([math.nextafter(a.at_most, 2.0)] if a.at_most < 1e300 else [])
     inside = ([] if a.positive else [0.0]) + ([a.at_most] if a.at_most < math.inf else [])
+    inside += [-1.5] + ([] if a.finite else [-math.inf]) if a.signed else []
     return wrong, out, inside + ([] if a.finite else [math.inf])
 
 
@@ -295,6 +327,14 @@ REQUIRED = {
         r"^clip_grad_norm: max_norm is required, got a step instead: .*clip_grad_norm\(1\.0\)\(step\)$",
     ),
     "ema": (ct.ema, r"^ema: decay is required, got a step instead: .*ema\(0\.999\)\(step\)$"),
+    "clip_grad_value": (
+        ct.clip_grad_value,
+        r"^clip_grad_value: clip_value is required, got a step instead: .*clip_grad_value\(0\.5\)\(step\)$",
+    ),
+    "adaptive_clip_grad": (
+        ct.adaptive_clip_grad,
+        r"^adaptive_clip_grad: clip_factor is required, got a step instead: .*adaptive_clip_grad\(0\.01\)\(step\)$",
+    ),
     "data_parallel": (
         ct.data_parallel,
         r'^data_parallel: devices is required, got a step instead: .*data_parallel\(\["cuda:0", "cuda:1"\]\)\(step\)$',
@@ -387,6 +427,9 @@ def _built() -> list[ct.TrainStep]:
         ct.distributed(classify),
         ct.sharded(classify),
         ct.clip_grad_norm(1.0)(classify),
+        ct.clip_grad_value(0.5)(classify),
+        ct.adaptive_clip_grad(0.01, exclude=["2.bias"])(classify),
+        ct.ema(0.9, decay_warmup=True, dtype=torch.float32)(classify),
         ct.data_parallel(["cpu", "cpu"])(classify),
         ct.pipeline_split({"0": "cpu", "1": "cpu", "2": "cpu"}, chunks=2)(classify),
         ct.checkpoint_activations("0")(classify),

@@ -523,7 +523,7 @@ def test_the_averages_follow_their_weights_to_another_device():
     averages = state.transform_state("ema", lambda: None)
     assert {str(a.device) for a in averages.tensors.values()} == {"cpu"}  # prepare only checks: nothing moved
     averages.verify(state.model)
-    averages.update(state.model, 0.5, "lerp", follow=False)  # what ct.ema's update phase does after the update
+    averages.update(state.model, follow=False)  # what ct.ema's update phase does after the update
     found = state.state_dict()["transforms"]["ema"]["averages"]
     assert {str(a.device) for a in found.values()} == {"meta"}
 

@@ -282,11 +282,13 @@ def test_a_per_epoch_one_cycle_too_short_for_the_run_is_refused_before_the_first
         assert stops.step == 7 and stops.scheduler.last_epoch == 2
 
 
-def test_reduce_lr_on_plateau_is_refused_for_the_interval_asked():
+def test_reduce_lr_on_plateau_is_refused_per_update_and_driven_per_epoch_with_a_metric():
     model = bn_net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
-    with pytest.raises(TypeError, match=r"cannot step once per update;"):
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+    with pytest.raises(TypeError, match=r"cannot step once per update; build the TrainState with scheduler_interval"):
         ct.TrainState(model, opt, plateau)
-    with pytest.raises(TypeError, match=r"which end_epoch\(\) does not have; keep it out"):
-        ct.TrainState(model, opt, plateau, scheduler_interval="epoch")  # was: 'cannot step once per update'
+    state = ct.TrainState(model, opt, plateau, scheduler_interval="epoch")  # was: refused, end_epoch had no metric
+    state.end_epoch(metric=1.0)
+    state.end_epoch(metric=2.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01) and state.epoch == 2

@@ -16,8 +16,9 @@ import composetrain as ct
 TRAIN_FIELDS = {"step", "epoch", "loss", "lr", "skipped", "updates_per_s", "data_wait", "global_batch", "eval"}
 TRAIN_FIELDS |= {"samples_per_s", "flops_per_update", "peak_memory_mib"}  # throughput (test_flops.py)
 COMPILE_FIELDS = {"compiles", "compile_s"}  # in the records of a run that compiles (test_compile_run.py)
-# in the records of a run with peak_flops, of a composition with a weight, of ranks where one straggled
-SOMETIMES = {"mfu", "tokens_per_s", "stragglers"}
+# in the records of a run with peak_flops, of a composition with a weight, of ranks where one straggled, of several
+# parameter groups (test_run_lr.py)
+SOMETIMES = {"mfu", "tokens_per_s", "stragglers", "lr_groups"}
 TRAIN_FIELDS |= COMPILE_FIELDS | SOMETIMES
 EVAL_FIELDS = {"step", "epoch", "eval", "eval_ema"}  # eval_ema: ct.ema's weights evaluated (test_ema)
 

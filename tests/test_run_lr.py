@@ -76,6 +76,39 @@ def test_with_several_groups_the_first_groups_rate_is_logged(tmp_path):
     assert [r["lr"] for r in result.history] == [first for first, _ in used]
 
 
+def test_with_several_groups_every_groups_rate_is_logged_in_the_file_tensorboard_and_the_plot(tmp_path):
+    """timm's --layer-decay gives each group its own rate: lr_groups holds them all, in group order."""
+    pytest.importorskip("tensorboard")
+    from test_tensorboard_resume import scalars
+
+    result = run(tmp_path, groups=True, max_steps=6, tensorboard=True)
+    used = rates_used(6, groups=True)
+    assert [r["lr_groups"] for r in result.history] == used
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr_groups"] for r in lines] == used
+    for i in range(2):
+        board = scalars(tmp_path / "tensorboard", f"train/lr_groups/{i}")
+        torch.testing.assert_close([v for _, v in board], [u[i] for u in used])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a list is no panel of its own, and no bad data
+        assert "lr_groups" not in curves(tmp_path)
+
+
+def test_with_one_group_no_lr_groups_is_logged_and_a_window_of_an_earlier_process_logs_nulls(tmp_path):
+    assert all("lr_groups" not in r for r in run(tmp_path / "one", max_steps=3).history)
+    run(tmp_path / "two", groups=True, max_steps=5, log_every=3)
+    again = run(tmp_path / "two", groups=True, max_steps=5, log_every=3)  # finished inside a window: made again
+    assert again.history[-1]["lr"] is None and again.history[-1]["lr_groups"] == [None, None]
+
+
+def test_a_metric_named_lr_groups_is_refused():
+    def named(model, batch):
+        return run_script.step(model, batch)[0], {"lr_groups": 1.0}
+
+    with pytest.raises(ValueError, match=r"metric 'lr_groups', a name ct.run's training records use"):
+        ct.train_step(named)(state(), next(iter(torch.utils.data.DataLoader(run_script.dataset(), batch_size=4))))
+
+
 def test_a_resumed_run_logs_the_rates_of_a_straight_one(tmp_path):
     """Interrupted inside a logging window (its checkpoint holds updates not yet logged), then resumed: the
     records, rates included, are the straight run's."""

@@ -1,6 +1,6 @@
-"""The schedulers a TrainState accepts are those it can drive: one whose step() needs an argument (timm's
-step(epoch), ReduceLROnPlateau's metric) is refused when the TrainState is built, not after the first
-optimizer.step()."""
+"""The schedulers a TrainState accepts are those it can drive: one whose step() needs an argument it cannot give is
+refused when the TrainState is built, not after the first optimizer.step(); timm's step(epoch) and step_update(n),
+and ReduceLROnPlateau's metric, are driven (tests/test_timm_schedulers.py)."""
 
 import pytest
 import torch
@@ -58,14 +58,15 @@ def step(model, batch):
     return model(batch).pow(2).mean()
 
 
-@pytest.mark.parametrize("interval", ["update", "epoch"])
-def test_a_timm_style_scheduler_is_refused_when_the_state_is_built_with_the_kinds_accepted(interval):
+def test_a_timm_style_scheduler_is_driven_both_ways_and_refuses_an_epoch_interval():
     model, opt = parts()
-    with pytest.raises(TypeError, match=r"TrainState: scheduler TimmLike's step\(\) needs \['epoch'\]") as e:
-        ct.TrainState(model, opt, TimmLike(opt), scheduler_interval=interval)
-    message = str(e.value)
-    assert "timm's schedulers step with step(epoch) and step_update(num_updates)" in message
-    assert "use a torch.optim.lr_scheduler.LRScheduler" in message and "step() takes no argument" in message
+    state = ct.TrainState(model, opt, TimmLike(opt))
+    assert state.scheduler_kind == "both"
+    state.end_epoch()
+    assert opt.param_groups[0]["lr"] == 0.1 * (1 - 1 / 10)  # was: refused for its step(epoch)
+    with pytest.raises(ValueError, match=r"TrainState: scheduler TimmLike steps both by update and by epoch") as e:
+        ct.TrainState(model, opt, TimmLike(opt), scheduler_interval="epoch")
+    assert "leave scheduler_interval at 'update'" in str(e.value)
 
 
 def test_a_scheduler_whose_step_needs_an_argument_is_refused_without_the_timm_note():
@@ -74,7 +75,7 @@ def test_a_scheduler_whose_step_needs_an_argument_is_refused_without_the_timm_no
     sched.step = lambda when: None  # an instance's own step, with no self
     with pytest.raises(TypeError, match=r"scheduler Counting's step\(\) needs \['when'\], but a TrainState") as e:
         ct.TrainState(model, opt, sched)
-    assert "timm" not in str(e.value)
+    assert "give yours a step_update(num_updates)" in str(e.value)
 
 
 def test_a_scheduler_without_load_state_dict_is_refused_for_it_could_not_resume():
@@ -93,9 +94,9 @@ def test_a_scheduler_without_load_state_dict_is_refused_for_it_could_not_resume(
         ct.TrainState(model, opt, NoLoad())
 
 
-def test_reduce_lr_on_plateau_is_still_refused_with_its_own_fix():
+def test_reduce_lr_on_plateau_per_update_is_refused_with_its_own_fix():
     model, opt = parts()
-    with pytest.raises(TypeError, match=r"ReduceLROnPlateau needs a metric at every step.*step\(metric\) yourself"):
+    with pytest.raises(TypeError, match=r"ReduceLROnPlateau steps on a metric.*scheduler_interval='epoch'"):
         ct.TrainState(model, opt, lr_scheduler.ReduceLROnPlateau(opt))
 
 

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from composetrain.launch.rendezvous import Cluster, Process, detect, rendezvous
     from composetrain.transforms.accumulate import accumulate
     from composetrain.transforms.activation_checkpointing import checkpoint_activations
+    from composetrain.transforms.agc import adaptive_clip_grad
     from composetrain.transforms.clip import clip_grad_norm
+    from composetrain.transforms.clip_value import clip_grad_value
     from composetrain.transforms.compile import compile
     from composetrain.transforms.data_parallel import data_parallel
     from composetrain.transforms.distributed import distributed
@@ -55,6 +57,8 @@ _WHERE = {
     "split_batch": "composetrain.core.batching",
     "shifted_tokens": "composetrain.core.tokens",
     "clip_grad_norm": "composetrain.transforms.clip",
+    "clip_grad_value": "composetrain.transforms.clip_value",
+    "adaptive_clip_grad": "composetrain.transforms.agc",
     "compile": "composetrain.transforms.compile",
     "Capabilities": "composetrain.core.protocol",
     "Context": "composetrain.core.protocol",
@@ -141,11 +145,13 @@ __all__ = [
     "Transform",
     "Update",
     "accumulate",
+    "adaptive_clip_grad",
     "apply_sharding",
     "cache",
     "check",
     "checkpoint_activations",
     "clip_grad_norm",
+    "clip_grad_value",
     "compile",
     "compose",
     "data_parallel",

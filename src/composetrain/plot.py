@@ -23,7 +23,7 @@ COLORS = {"train": "#1f77b4", "eval": "#ff7f0e"}  # matplotlib's tab:blue and ta
 
 MAX_PANELS = 24  # the loss, 20 metrics, the learning rate, the throughput, the data wait: 8 rows of 3
 
-_LOOP_KEYS = {"step", "epoch", "skipped", "lr", "updates_per_s", "data_wait", "loss", "global_batch"}
+_LOOP_KEYS = {"step", "epoch", "skipped", "lr", "lr_groups", "updates_per_s", "data_wait", "loss", "global_batch"}
 
 
 def read_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -19,7 +19,7 @@ MEASURED = frozenset(
     | {"stragglers"}  # the ranks the others waited for, in a window where one was
 )
 TRAIN_FIELDS = frozenset(
-    {"step", "epoch", "loss", "lr", "skipped", "global_batch", "eval"}
+    {"step", "epoch", "loss", "lr", "lr_groups", "skipped", "global_batch", "eval"}
     | MEASURED
     | {"compiles", "compile_s"}  # torch.compile's compilations in the window and their seconds, once there are any
 )

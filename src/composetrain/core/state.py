@@ -18,8 +18,8 @@ from composetrain.core._state_checks import (
     hyperparameters,
     needs_closure,
     qualified,
-    step_needs,
 )
+from composetrain.core.scheduling import as_metric, scheduler_kind
 from composetrain.core.util import LOAD_STATE, check_int, show
 
 __all__ = ["INTERVALS", "KEYS", "RuntimeState", "TrainState"]
@@ -56,16 +56,22 @@ class TrainState:
     Args:
         model: the module being trained.
         optimizer: a ``torch.optim.Optimizer`` over (some of) the model's parameters.
-        scheduler: an optional ``torch.optim.lr_scheduler.LRScheduler`` of that
-            optimizer; it steps once per applied optimizer update, or once per epoch.
+        scheduler: an optional scheduler of that optimizer (``core/scheduling.py`` says how each kind steps):
+            a ``torch.optim.lr_scheduler.LRScheduler`` (or any scheduler whose ``step()`` takes no argument),
+            stepped once per applied optimizer update, or once per epoch; one that steps both by update and
+            by epoch, as timm's do (``step_update(num_updates)`` after each applied update, ``step(epoch)`` at
+            each epoch's end, as timm's ``train.py`` calls them); or ``ReduceLROnPlateau`` (with
+            ``scheduler_interval="epoch"``), stepped with a metric at each epoch's end.
         scheduler_interval: ``"update"`` (default): the scheduler steps after each applied
             update, inside the TrainStep; ``"epoch"``: it steps at each epoch's end only, when
             ``end_epoch()`` is called (``ct.run`` calls it), for schedules whose numbers count
             epochs (torchvision's recipes: ``CosineAnnealingLR(T_max=epochs)``). Lightning's
-            ``lr_scheduler_config["interval"]``, whose ``"step"`` is ``"update"`` here.
+            ``lr_scheduler_config["interval"]``, whose ``"step"`` is ``"update"`` here. A scheduler that
+            steps both ways takes the default.
 
     Attributes:
         step: optimizer updates applied so far (skipped updates do not count).
+        epoch: epochs ended so far (``end_epoch()`` calls), checkpointed with the state.
         unusable: None, or why this state cannot train any more (a transform that failed half-way
             through changing it, which torch cannot undo, says so here; every step then refuses it).
 
@@ -80,13 +86,16 @@ class TrainState:
         ...     for batch in loader:
         ...         train(epochs, batch)           # the scheduler does not step here
         ...     epochs.end_epoch()                 # it steps here, once per epoch
+        >>> timm = ct.TrainState(model, opt, timm.scheduler.CosineLRScheduler(opt, t_initial=90))
+        >>> plateau = ct.TrainState(model, opt, ReduceLROnPlateau(opt), scheduler_interval="epoch")
+        >>> plateau.end_epoch(metric=val_loss)      # ct.run(..., scheduler_metric="eval.loss") does it
     """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        scheduler: Any = None,  # an LRScheduler, ReduceLROnPlateau, a timm Scheduler, or None: see Args
         *,
         scheduler_interval: str = "update",
     ) -> None:
@@ -124,37 +133,14 @@ class TrainState:
                 "TrainState: none of the optimizer's parameters belong to the model, so training would change "
                 "nothing; build the optimizer over this model: torch.optim.SGD(model.parameters(), ...)"
             )
+        kind = "torch"
         if scheduler is not None:
-            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                why = (
-                    "which end_epoch() does not have; keep it out of the TrainState and"
-                    if scheduler_interval == "epoch"
-                    else "so it cannot step once per update;"
-                )
-                raise TypeError(
-                    f"TrainState: scheduler ReduceLROnPlateau needs a metric at every step, {why} call its "
-                    "step(metric) yourself after evaluation"
-                )
             if not all(callable(getattr(scheduler, m, None)) for m in ("step", "state_dict", "load_state_dict")):
                 raise TypeError(
                     f"TrainState: scheduler must be a torch.optim.lr_scheduler.LRScheduler or None, "
                     f"got {show(scheduler)}; e.g. torch.optim.lr_scheduler.StepLR(optimizer, 1000)"
                 )
-            needed = step_needs(scheduler)
-            if needed:  # refused here: scheduler.step() would raise in the first update, after optimizer.step()
-                timm = (
-                    " (timm's schedulers step with step(epoch) and step_update(num_updates), which ct does not "
-                    "call yet)"
-                    if callable(getattr(scheduler, "step_update", None))
-                    else ""
-                )
-                raise TypeError(
-                    f"TrainState: scheduler {type(scheduler).__name__}'s step() needs {needed}{timm}, but a "
-                    "TrainState steps its scheduler with step() alone, once per update (or per epoch, "
-                    "scheduler_interval='epoch'); use a torch.optim.lr_scheduler.LRScheduler (StepLR, OneCycleLR, "
-                    "LambdaLR, SequentialLR, ...) or any scheduler whose step() takes no argument, e.g. "
-                    "LambdaLR(optimizer, lambda update: factor(update))"
-                )
+            kind = scheduler_kind(scheduler, scheduler_interval)
             if getattr(scheduler, "optimizer", optimizer) is not optimizer:
                 raise ValueError(
                     "TrainState: scheduler was built for a different optimizer than the one given; "
@@ -162,9 +148,11 @@ class TrainState:
                 )
         self.model = model
         self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.scheduler: Any = scheduler
         self.scheduler_interval = INTERVALS[INTERVALS.index(scheduler_interval)]  # a plain str, as a checkpoint holds
+        self.scheduler_kind = kind  # how it steps: core/scheduling.py
         self.step = 0
+        self.epoch = 0
         # parameters the optimizer does not hold: their gradients are cleared too. Found once, not per update,
         # and frozen ones included: a parameter unfrozen later would otherwise keep a growing .grad
         held_ids = {id(p) for p in held}
@@ -220,26 +208,39 @@ class TrainState:
             if isinstance(value, RuntimeState):
                 value.release()
 
-    def end_epoch(self) -> None:
-        """The end of an epoch: a per-epoch scheduler (``scheduler_interval="epoch"``) steps, once.
+    def end_epoch(self, metric: float | None = None) -> None:
+        """The end of an epoch: ``state.epoch`` counts it, and a scheduler that steps per epoch steps, once.
 
-        ``ct.run`` calls it after each epoch's last update, before that epoch's checkpoint and
-        evaluation, as torchvision's recipe calls ``lr_scheduler.step()`` after ``train_one_epoch``;
-        a plain loop calls it after each epoch. A per-update scheduler (the default) steps in the
-        TrainStep instead: for it this does nothing, so a loop may always call it.
+        ``ct.run`` calls it after each epoch's last update, before that epoch's checkpoint and evaluation, as
+        torchvision's recipe calls ``lr_scheduler.step()`` after ``train_one_epoch`` (for a scheduler fed a metric:
+        after the evaluation, with its metric); a plain loop calls it after each epoch. A per-update scheduler
+        (the default) steps in the TrainStep instead: for it only the count moves, so a loop may always call it.
+        A scheduler that steps both ways (timm's) gets ``step(epoch)`` with the epochs ended, as timm's
+        ``train.py`` calls ``lr_scheduler.step(epoch + 1, metric)``; one fed a metric (``ReduceLROnPlateau``,
+        timm's ``PlateauLRScheduler``) needs ``metric``. Every refusal comes before anything changed.
+
+        Args:
+            metric: the metric a scheduler steps on (a validation loss, a Python or NumPy number: ``loss.item()``), or
+                None.
         """
-        if self.scheduler is None or self.scheduler_interval != "epoch":
-            return
-        found = exhausted(self.scheduler)
-        if found is not None:  # before step() changes it
-            stepped, total, taken = found
-            inside = "" if stepped is self.scheduler else f" (inside {type(self.scheduler).__name__})"
-            raise ValueError(
-                f"TrainState.end_epoch: the scheduler {type(stepped).__name__}{inside} is exhausted: it was built "
-                f"for total_steps={total} epochs and has taken {taken}; build it with total_steps of at least the "
-                "number of epochs you train for"
-            )
-        self.scheduler.step()
+        value = as_metric(metric, self.scheduler, self.scheduler_kind)
+        scheduler, kind = self.scheduler, self.scheduler_kind
+        if scheduler is not None and kind == "torch" and self.scheduler_interval == "epoch":
+            found = exhausted(scheduler)
+            if found is not None:  # before step() changes it
+                stepped, total, taken = found
+                inside = "" if stepped is scheduler else f" (inside {type(scheduler).__name__})"
+                raise ValueError(
+                    f"TrainState.end_epoch: the scheduler {type(stepped).__name__}{inside} is exhausted: it was "
+                    f"built for total_steps={total} epochs and has taken {taken}; build it with total_steps of at "
+                    "least the number of epochs you train for"
+                )
+            scheduler.step()
+        elif kind == "metric":
+            scheduler.step(value)
+        elif kind == "both":
+            scheduler.step(self.epoch + 1) if value is None else scheduler.step(self.epoch + 1, value)
+        self.epoch += 1
 
     def zero_grad(self) -> None:
         """Set every gradient of the optimizer, and of the model's other parameters, to None."""
@@ -266,6 +267,7 @@ class TrainState:
             "scheduler_class": None if self.scheduler is None else qualified(self.scheduler),
             "scheduler_interval": self.scheduler_interval,
             "step": self.step,
+            "epoch": self.epoch,
             "transforms": {**self._pending, **saved},
         }
         return here if self.view is None else self.view.whole(here)
@@ -279,7 +281,7 @@ class TrainState:
         """
         if self.view is not None and isinstance(state_dict, Mapping) and set(state_dict) >= KEYS:
             state_dict = self.view.own(state_dict)  # the whole model's state: this process's part of it
-        step, transforms = self._check(state_dict)
+        step, epoch, transforms = self._check(state_dict)
         before = [hyperparameters(g) for g in self.optimizer.param_groups]
         undo: list[Callable[[], None]] = []  # restores what each write changed, should a later one fail
         try:
@@ -307,10 +309,10 @@ class TrainState:
         except BaseException as error:
             undo_all(undo, error)
             raise
-        self.step = step
+        self.step, self.epoch = step, epoch
 
-    def _check(self, state_dict: Any) -> tuple[int, Mapping[str, Any]]:
-        """Everything that can be checked before writing; returns the step and the transform state."""
+    def _check(self, state_dict: Any) -> tuple[int, int, Mapping[str, Any]]:
+        """Everything that can be checked before writing; returns the step, the epochs and the transform state."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(
                 f"{LOAD_STATE}: state_dict must be a mapping from TrainState.state_dict(), got {show(state_dict)}"
@@ -337,13 +339,15 @@ class TrainState:
         step = check_int(
             state_dict["step"], LOAD_STATE, "step", minimum=0, example="the step TrainState.state_dict() saved"
         )
+        saved_epoch = state_dict.get("epoch", 0)  # older checkpoints lack it: 0, read by a scheduler stepping both ways
+        epoch = check_int(saved_epoch, LOAD_STATE, "epoch", minimum=0, example="the epoch state_dict() saved")
         transforms = state_dict["transforms"]
         if not isinstance(transforms, Mapping) or not all(isinstance(k, str) for k in transforms):
             raise TypeError(
                 f"{LOAD_STATE}: state_dict['transforms'] must map transform names (str) to their state, got "
                 f"{show(transforms)}; pass what TrainState.state_dict() returned"
             )
-        return step, transforms
+        return step, epoch, transforms
 
     def _keep_transforms(self) -> Callable[[], None]:
         live, pending = dict(self._transforms), dict(self._pending)

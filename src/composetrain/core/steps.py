@@ -60,7 +60,7 @@ class _Lifted(TrainStep):
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         # refused before the forward: scheduler.step() itself would raise after optimizer.step(), and
         # an outer transform's update (the loss scale's) would already have run
-        if state.scheduler is not None and state.scheduler_interval == "update":
+        if state.scheduler is not None and state.scheduler_kind == "torch" and state.scheduler_interval == "update":
             check_schedule_left(state.scheduler, state.step, self)
         return ctx
 
@@ -95,15 +95,18 @@ class _Lifted(TrainStep):
         if ctx.skip_update:
             return Update(True, {})
         state.optimizer.step()
-        if state.scheduler is not None and state.scheduler_interval == "update":  # "epoch": state.end_epoch()
+        scheduler, kind = state.scheduler, state.scheduler_kind
+        # per epoch (a metric scheduler too): state.end_epoch(); one stepping both ways: step_update(updates applied)
+        if scheduler is not None and (kind == "both" or state.scheduler_interval == "update"):
+            method = "step_update" if kind == "both" else "step"
             try:
-                state.scheduler.step()
+                scheduler.step_update(state.step + 1) if kind == "both" else scheduler.step()
             except BaseException as e:  # after optimizer.step(): the parameters moved, state.step did not
                 state.unusable = (
-                    f"the scheduler {type(state.scheduler).__name__}'s step() raised ({type(e).__name__}: {e}) after "
+                    f"the scheduler {type(scheduler).__name__}'s {method}() raised ({type(e).__name__}: {e}) after "
                     "optimizer.step() had changed the parameters, which cannot be undone: this TrainState is "
                     "half-updated (its step count and schedule behind its weights); load a checkpoint into a new "
-                    "one, and give a scheduler whose step() does not fail there"
+                    f"one, and give a scheduler whose {method}() does not fail there"
                 )
                 raise
         state.step += 1

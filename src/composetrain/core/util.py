@@ -9,9 +9,11 @@ from typing import Any
 
 __all__ = [
     "ACCUMULATE",
+    "ADAPTIVE_CLIP_GRAD",
     "CACHE",
     "CHECKPOINT_ACTIVATIONS",
     "CLIP_GRAD_NORM",
+    "CLIP_GRAD_VALUE",
     "COMPILE",
     "DATA_PARALLEL",
     "DISTRIBUTED",
@@ -50,8 +52,10 @@ PACK = "ct.pack"
 DOCUMENT_MASK = "ct.document_mask"  # and ct.document_block_mask
 # the transforms (and ct.ema_model, ct.scaled_lr, ct.warmup): their argument checks, messages and reprs
 ACCUMULATE = "accumulate"
+ADAPTIVE_CLIP_GRAD = "adaptive_clip_grad"
 CHECKPOINT_ACTIVATIONS = "checkpoint_activations"
 CLIP_GRAD_NORM = "clip_grad_norm"
+CLIP_GRAD_VALUE = "clip_grad_value"
 COMPILE = "compile"
 DATA_PARALLEL = "data_parallel"
 DISTRIBUTED = "distributed"

@@ -119,9 +119,10 @@ class Meter:
         self.window_samples += count
         self.window_units += units
 
-    def read(self, window: list[StepOutput], epoch: int, lr: float | None) -> dict[str, Any]:
+    def read(self, window: list[StepOutput], epoch: int, rates: list[float | None]) -> dict[str, Any]:
         """The record of the updates in ``window`` (those since the last log point), which it empties; on
-        every rank (a collective when several)."""
+        every rank (a collective when several). ``rates``: each parameter group's rate in the window's last
+        update: ``lr`` is the first group's, ``lr_groups`` all of them where there are several (layer decay)."""
         device = window[-1].loss.device
         names = self._agreed_names(window)
         rows = [
@@ -156,7 +157,8 @@ class Meter:
             "epoch": epoch,
             "loss": values[0],
             **dict(zip(names, values[1:], strict=True)),
-            "lr": lr,
+            "lr": rates[0] if rates else None,
+            **({"lr_groups": rates} if len(rates) > 1 else {}),
             "skipped": sum(bool(o.skipped) for o in window),
             "updates_per_s": len(window) / elapsed if elapsed > 0 else float("nan"),
             "data_wait": self.window_wait / elapsed if elapsed > 0 else 0.0,
@@ -426,6 +428,10 @@ class MetricsLog:
         for key, value in record.items():
             if key not in ("step", "epoch") and isinstance(value, (int, float)):
                 self.board.add_scalar(f"train/{key}", value, record["step"])
+            elif key == "lr_groups":
+                for i, rate in enumerate(value):
+                    if rate is not None:
+                        self.board.add_scalar(f"train/lr_groups/{i}", rate, record["step"])
 
     def _board_eval(self, record: dict[str, Any]) -> None:
         for kind in ("eval", "eval_ema"):

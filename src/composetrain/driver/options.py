@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from composetrain.checkpoint.objects import is_remote, local_path
 from composetrain.core.protocol import TrainStep
 from composetrain.core.util import RUN, check_int, check_real, show
+from composetrain.driver.epoch_ends import check_hook, parse_metric
 from composetrain.driver.streams import MODES, is_stream, resume_problem
 from composetrain.driver.throughput import PRECISIONS
 from composetrain.driver.tracking import deferred_kind
@@ -540,15 +541,29 @@ def _tensorboard_dir(tensorboard: Any, log_path: Path | None) -> Path | None:
 
 @dataclasses.dataclass(frozen=True)
 class EvalOptions:
-    """What ct.run evaluates with and on, and how often (eval_every None: at each epoch's end);
-    ``enabled`` is False without an eval_step."""
+    """What ct.run evaluates with and on, how often (eval_every None: at each epoch's end), and which of its
+    metrics a scheduler steps on (``scheduler_metric``, ``driver/epoch_ends.py``); ``enabled`` is False without
+    an eval_step."""
 
     eval_step: Callable[..., Any] | None = None
     eval_data: Any = None
     eval_every: int | None = None
+    scheduler_metric: str | None = None
 
     def __post_init__(self) -> None:
         every = _optional_int(self.eval_every, "eval_every")
+        if parse_metric(self.scheduler_metric) is not None:
+            named = f"scheduler_metric={self.scheduler_metric!r}"
+            if self.eval_step is None:
+                raise ValueError(
+                    f"{RUN}: {named} but no eval_step to evaluate with; give eval_step and eval_data: the scheduler "
+                    "steps with the metric after each epoch's evaluation"
+                )
+            if every is not None:
+                raise ValueError(
+                    f"{RUN}: {named} with eval_every={self.eval_every}: the scheduler steps once per epoch, with the "
+                    "evaluation at the epoch's end; leave eval_every out (an evaluation at each epoch's end)"
+                )
         if self.eval_step is not None and not callable(self.eval_step):
             raise TypeError(
                 f"{RUN}: eval_step must be a function, got {show(self.eval_step)}; "
@@ -591,9 +606,11 @@ class EvalOptions:
         return self.eval_step is not None
 
     @classmethod
-    def from_run_args(cls, data: Any, *, eval_step: Any, eval_data: Any, eval_every: Any) -> EvalOptions:
+    def from_run_args(
+        cls, data: Any, *, eval_step: Any, eval_data: Any, eval_every: Any, scheduler_metric: Any = None
+    ) -> EvalOptions:
         """Also refused: a Dataset for eval_data where the training DataLoader gives no batch size to batch it by."""
-        options = cls(eval_step, eval_data, eval_every)
+        options = cls(eval_step, eval_data, eval_every, scheduler_metric)
         check_eval_data(eval_data, data)
         return options
 
@@ -706,7 +723,8 @@ class WatchOptions:
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     """All of ct.run's options: how long it runs (epochs None: as many as max_steps needs), what it
-    does on pre-emption, how long it waits for other processes, and the four parts' own."""
+    does on pre-emption, how long it waits for other processes, what it calls at each epoch's start and end,
+    and the four parts' own."""
 
     epochs: int | None
     max_steps: int | None
@@ -717,9 +735,13 @@ class RunOptions:
     log: LogOptions
     eval: EvalOptions
     watch: WatchOptions = WatchOptions()
+    on_epoch_start: Callable[[Any, int], Any] | None = None
+    on_epoch_end: Callable[[Any, int], Any] | None = None
 
     def __post_init__(self) -> None:
         _set(self, epochs=_optional_int(self.epochs, "epochs"), max_steps=_optional_int(self.max_steps, "max_steps"))
+        check_hook(self.on_epoch_start, "on_epoch_start")
+        check_hook(self.on_epoch_end, "on_epoch_end")
         check_flag(self.requeue, "requeue")
         _set(self, timeout=check_real(self.timeout, RUN, "timeout", example="timeout=300 (seconds)"))
         loader = self.loader
@@ -762,7 +784,11 @@ class RunOptions:
             on_record=a.get("on_record"),
         )
         evaluation = EvalOptions.from_run_args(
-            data, eval_step=a["eval_step"], eval_data=a["eval_data"], eval_every=a["eval_every"]
+            data,
+            eval_step=a["eval_step"],
+            eval_data=a["eval_data"],
+            eval_every=a["eval_every"],
+            scheduler_metric=a.get("scheduler_metric"),
         )
         loader = LoaderOptions.from_run_args(
             data,
@@ -786,5 +812,15 @@ class RunOptions:
             run_folder=run_folder,
         )
         return cls(
-            a["epochs"], a["max_steps"], a["requeue"], a["timeout"], loader, checkpoint, log, evaluation, watch=watch
+            a["epochs"],
+            a["max_steps"],
+            a["requeue"],
+            a["timeout"],
+            loader,
+            checkpoint,
+            log,
+            evaluation,
+            watch=watch,
+            on_epoch_start=a.get("on_epoch_start"),
+            on_epoch_end=a.get("on_epoch_end"),
         )

@@ -29,6 +29,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
+from composetrain.driver.epoch_ends import check_metric_kind, check_scheduler_metric, metric_of
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.global_batches import GlobalBatches, batchnorm_problem
 from composetrain.driver.loader import (
@@ -69,7 +70,8 @@ class RunResult:
             a record at the first epoch's end says 1, those before it 0), loss, metrics (averaged over
             the updates since the last record and over ranks), lr, updates/s, data wait.
             ``lr`` is the rate the record's last update used (read before its scheduler step;
-            the first parameter group's), None for a window that an earlier process made
+            the first parameter group's; with several groups ``lr_groups`` holds each group's, in group
+            order: timm's layer decay), None for a window that an earlier process made
             entirely (a finished run run again); in a run that
             compiles (``ct.compile``), also ``compiles`` and ``compile_s``: torch.compile's compilations
             since the last record, and their seconds.
@@ -130,6 +132,9 @@ def run(
     peak_flops: float | str | None = None,
     straggler_threshold: float = DEFAULT_THRESHOLD,
     oom_snapshot: bool = False,
+    scheduler_metric: str | None = None,
+    on_epoch_start: Callable[[TrainState, int], Any] | None = None,
+    on_epoch_end: Callable[[TrainState, int], Any] | None = None,
 ) -> RunResult:
     """Train ``state`` with ``train_step`` over ``data``: one call per batch, one update per call.
 
@@ -252,6 +257,26 @@ def run(
             of memory, write ``memory/oom-rank<r>-update<n>.pickle`` in the run's folder before raising (open it at
             https://pytorch.org/memory_viz); needs checkpoint_dir or log_file.
 
+        scheduler_metric: the evaluation metric a scheduler that steps on one is fed (``ReduceLROnPlateau``,
+            timm's schedulers, which ``lr_scheduler.step(epoch + 1, metric)`` in timm's ``train.py``):
+            ``"eval.NAME"``, a metric of ``eval_step``'s, or ``"eval_ema.NAME"``, the same of ``ct.ema``'s weights
+            (timm feeds its EMA's when it keeps one). After each epoch's evaluation (at its end: ``eval_every``
+            is refused with it) the scheduler steps with it, ``state.end_epoch(metric=...)``; a run resumed
+            from the checkpoint of an epoch's end, saved before its evaluation, evaluates and steps then, once.
+            A scheduler that needs a metric without it is refused before the run starts, and so is a metric for
+            a scheduler that takes none.
+        on_epoch_start: ``on_epoch_start(state, epoch)``, called on every rank before the first update of each
+            epoch this call trains (``epoch`` counts from 0), also of the epoch a resumed run continues part-way:
+            for settings outside the TrainState that follow the epoch (timm's ``--mixup-off-epoch``:
+            ``mixup.mixup_enabled = epoch < off``; a dataset's ``set_epoch`` that ct.run does not call). It runs
+            again in a resumed run, so make it a function of the epoch: what it changes in the state would be done
+            twice.
+        on_epoch_end: ``on_epoch_end(state, epoch)``, called on every rank after the last update of epoch
+            ``epoch``, before the epoch scheduler step, the epoch's checkpoint and its evaluation (timm's
+            ``--dist-bn``: ``timm.utils.distribute_bn(state.model, world_size, reduce=True)``). Once per epoch
+            end, also across a resume: its changes to the state are in that checkpoint, and a run stopped before
+            the checkpoint was written redoes the epoch's last updates and it.
+
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record. Each record also says ``samples_per_s`` (all processes together), ``tokens_per_s`` (when
     ``accumulate``'s ``weight`` counts the units: what it counts per second), ``flops_per_update`` (all processes;
@@ -302,11 +327,16 @@ def run(
         peak_flops=peak_flops,
         straggler_threshold=straggler_threshold,
         oom_snapshot=oom_snapshot,
+        scheduler_metric=scheduler_metric,
+        on_epoch_start=on_epoch_start,
+        on_epoch_end=on_epoch_end,
     )
+    check_scheduler_metric(state, options.eval.scheduler_metric)
     log = options.log
     with rendezvous(timeout=options.timeout) as proc:
         d = _Driver(step_fn, state, proc, options)
         try:
+            check_metric_kind(options.eval.scheduler_metric, step_fn.eval_weights(state))  # after its setup
             # -- resume: the latest valid checkpoint, or a fresh start with each rank's own random stream
             schedule = Schedule(
                 d.per_epoch,
@@ -330,6 +360,7 @@ def run(
             done = at.finished(state.step)
             while not done:
                 if batches is None:  # an epoch begins, or resumes part-way
+                    d.begin_epoch(at)
                     batches = d.epoch(at)
                 got = next(batches, None)  # at most per_epoch: ranks stop at the fewest
                 if got is None and d.stream is None:  # the loader held fewer batches than its length said: end here
@@ -349,8 +380,8 @@ def run(
                 # every rank stops after the same update, and saves when rank 0's clock says; a save in flight
                 # is published once written on every rank
                 stopping, clock = d.agree_on_stop()
-                if due.epoch_end:  # a per-epoch scheduler steps here, with the epoch the checkpoint records
-                    state.end_epoch()
+                if due.epoch_end:  # the hook, then a per-epoch scheduler steps, with the epoch the checkpoint records
+                    d.end_epoch(at)
                     at.next_epoch()
                     batches = None
                 if due.save or stopping or clock:  # save, then evaluate: a failed evaluation must not cost the save
@@ -466,11 +497,11 @@ def _marked(phase: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
 
     def mark(action: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(action)
-        def marked(self: _Driver, *args: Any) -> None:
+        def marked(self: _Driver, *args: Any, **kwargs: Any) -> None:
             if self.stop is None:  # before start(): nothing watches yet
-                return action(self, *args)
+                return action(self, *args, **kwargs)
             with self.watch.mark(phase):
-                return action(self, *args)
+                return action(self, *args, **kwargs)
 
         return marked
 
@@ -701,7 +732,7 @@ class _Driver:
         self.watch = Watch(watching, self.proc.rank, self.proc.device, self.state, self.step_fn)
         peak = resolve_peak(watching.peak_flops, self.proc.device)
         self.meter = Meter(self.proc, self.state, self.step_fn, self.watch.flops, peak, watching.straggler_threshold)
-        self.used_lr: Any = None  # the learning rate of the last update this process made
+        self.used_lr: list[Any] | None = None  # each group's learning rate in the last update this process made
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)
         # names what a rank waited for when another stops
@@ -737,10 +768,25 @@ class _Driver:
         self.spent = True
         return None
 
+    def begin_epoch(self, at: Progress) -> None:
+        """``on_epoch_start`` of the epoch that begins, or resumes part-way, in this call."""
+        if self.options.on_epoch_start is not None:
+            self.waiting.now(f"on_epoch_start of epoch {at.epoch}")
+            self.options.on_epoch_start(self.state, at.epoch)
+
+    def end_epoch(self, at: Progress) -> None:
+        """After the epoch's last update: ``on_epoch_end``, then the epoch's scheduler step, but for a scheduler
+        fed a metric, which steps after the evaluation (``evaluate``)."""
+        if self.options.on_epoch_end is not None:
+            self.waiting.now(f"on_epoch_end of epoch {at.epoch}")
+            self.options.on_epoch_end(self.state, at.epoch)
+        if self.options.eval.scheduler_metric is None:
+            self.state.end_epoch()
+
     def update(self, at: Progress, batch: Any, waited: float) -> None:
         self.waiting.now(f"update {self.state.step + 1} (its forward, backward and gradient all-reduce)")
         started = time.perf_counter()
-        lr = _rate_used(self.state.optimizer)  # before the step: the scheduler steps inside it
+        lr = _rates_used(self.state.optimizer)  # before the step: the scheduler steps inside it
         with self.watch.update(self.state.step + 1, batch):  # FLOPs counted on the first; the profiler's window
             out = self.step_fn(self.state, batch)
         self.used_lr = lr
@@ -753,7 +799,9 @@ class _Driver:
         # the rate the window's last update used (None: that update was made by an earlier process)
         # "epoch": the epochs completed at the record's step, as in an evaluation record (1 at the first one's end)
         done = at.epoch + (at.position == self.per_epoch or at.ended)
-        record = self.meter.read(at.window, done, None if self.used_lr is None else float(self.used_lr))
+        groups = len(state.optimizer.param_groups)
+        used = [None] * groups if self.used_lr is None else self.used_lr
+        record = self.meter.read(at.window, done, [None if lr is None else float(lr) for lr in used])
         # the learning-rate rule's input (ct.scaled_lr): samples per update, all processes together
         batch = self.loader.batch_size
         record["global_batch"] = None if batch is None else batch * self.shards
@@ -808,6 +856,9 @@ class _Driver:
                 entry[f"eval_{kind}"] = self.evaluator(self.state.model)
         at.evals.append(entry)
         self.log.write_eval(at.evals[-1])
+        name = self.options.eval.scheduler_metric
+        if name is not None:  # an evaluation at an epoch's end: eval_every is refused with it
+            self.state.end_epoch(metric=metric_of(entry, name))
 
     def close(self) -> None:
         """Undo what was set up, whatever happened, and however far ``start`` got."""
@@ -921,10 +972,10 @@ def _finite(t: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(low) & torch.isfinite(high)
 
 
-def _rate_used(optimizer: Any) -> Any:
-    """The first parameter group's learning rate, as the next ``optimizer.step()`` uses it: read before the
+def _rates_used(optimizer: Any) -> list[Any]:
+    """Each parameter group's learning rate, as the next ``optimizer.step()`` uses it: read before the
     update (the scheduler steps inside it), a tensor rate copied on its device (schedulers fill it in place;
     reading it is the log point's host sync), a NumPy one as it is (``float`` at the log point: JSON takes
     neither)."""
-    lr = optimizer.param_groups[0].get("lr")  # None: an optimizer with no rate (a custom one), logged as null
-    return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
+    rates = [g.get("lr") for g in optimizer.param_groups]  # None: a group with no rate (a custom one): null
+    return [lr.detach().clone() if isinstance(lr, torch.Tensor) else lr for lr in rates]

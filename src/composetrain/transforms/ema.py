@@ -14,43 +14,80 @@ from torch import nn
 from composetrain.core.protocol import Context, Pass, TrainStep, Update
 from composetrain.core.state import TrainState
 from composetrain.core.steps import Transform, refuse_step, transform_factory
-from composetrain.core.util import EMA, EMA_MODEL, check_int, check_real, show
+from composetrain.core.util import EMA, EMA_MODEL, show
 from composetrain.launch.agree import differing
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._averages import Averages, model_tensors
+from composetrain.transforms._ema_rule import Rule
 
 __all__ = ["ema", "ema_model"]
 
 KEY = "ema"  # its state in TrainState.transform_state
-FORMULAS = ("lerp", "sum")
 
 
 @transform_factory
-def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp") -> Transform:
+def ema(
+    decay: float,
+    *,
+    every: int = 1,
+    warmup: int = 0,
+    formula: str = "lerp",
+    decay_warmup: bool = False,
+    warmup_gamma: float = 1.0,
+    warmup_power: float = 2 / 3,
+    min_decay: float = 0.0,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    exclude_buffers: bool = False,
+    integers: str = "average",
+) -> Transform:
     """Keep an exponential moving average (EMA) of the model's parameters and buffers in the TrainState.
 
     After an applied update ``n`` (``state.step``, skipped updates not counted) with ``(n - 1) % every == 0``,
     each average ``a`` of a tensor ``w`` becomes ``decay * a + (1 - decay) * w``; the first such update
     copies the weights, as ``torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=
     get_ema_multi_avg_fn(decay), use_buffers=True)`` does. Through update ``warmup`` the average follows
-    the weights (it copies them), as torchvision's recipe resets its EMA during the learning-rate warmup.
-    Integer buffers (BatchNorm's ``num_batches_tracked``) are averaged and truncated, as torch does.
+    the weights (it copies them), as torchvision's recipe resets its EMA during the learning-rate warmup
+    (and as timm's ``ModelEmaV3(update_after_step=warmup)``).
+    Integer buffers (BatchNorm's ``num_batches_tracked``) are averaged and truncated, as torch does
+    (``integers="copy"``: copied, as timm does).
     Averages keep their tensor's shape, dtype and layout: float32 under ``mixed_precision``, DTensor
-    shards under ``ct.sharded`` (``ct.ema_model`` gathers them). Under ``ct.distributed`` the parameters'
+    shards under ``ct.sharded`` (``ct.ema_model`` gathers them), unless ``dtype`` or ``device`` say otherwise.
+    Under ``ct.distributed`` the parameters'
     averages are the same on every rank; buffers a forward updates (BatchNorm's running statistics) are each
     rank's own, and so are their averages: a checkpoint keeps rank 0's (``nn.SyncBatchNorm`` makes them
     agree). Every rank must build it alike (``ct.run`` checks). They are checkpointed with the state.
     It runs after the inner update, so it is right in any nesting order; a model changed after the EMA
-    began is refused before the update, and averages follow their weights to another device.
+    began is refused before the update, and averages follow their weights to another device (but with
+    ``device``).
+
+    timm's ``ModelEmaV3``, updated as its ``train.py`` does (``model_ema.update(model, step=num_updates)``), is
+    ``ct.ema(decay, warmup=update_after_step, decay_warmup=use_warmup, warmup_gamma=..., warmup_power=...,
+    min_decay=..., device=..., dtype=..., exclude_buffers=..., integers="copy")``, bit for bit, for
+    ``stochastic_rounding=False`` (ct rounds a bf16 average to nearest; keep it in float32 instead).
 
     Args:
         decay: the weight of the old average, in [0, 1], e.g. 0.999.
         every: average after every this many applied updates (the first included).
         warmup: applied updates during which the average copies the weights (torchvision's recipe:
-            ``lr_warmup_epochs * updates_per_epoch``).
+            ``lr_warmup_epochs * updates_per_epoch``; timm's ``update_after_step``).
         formula: ``"lerp"``: ``torch._foreach_lerp_`` as ``get_ema_multi_avg_fn`` (one fused kernel);
             ``"sum"``: ``decay * a + (1 - decay) * w`` term by term, bit for bit torchvision's
             ``ExponentialMovingAverage``. The two differ in the last bit.
+        decay_warmup: timm's ``use_warmup``: the ``k``-th averaging update since the last copy uses
+            ``max(min(1 - (1 + k / warmup_gamma) ** -warmup_power, decay), min_decay)``, so the decay ramps up
+            to ``decay`` (0.999 after 10K updates with ``warmup_power=3/4``).
+        warmup_gamma: the ramp's time scale (timm's default 1.0); with ``decay_warmup`` only.
+        warmup_power: the ramp's power (timm's default 2/3); with ``decay_warmup`` only.
+        min_decay: the ramp's floor (at most ``decay``); with ``decay_warmup`` only, as in timm.
+        device: keep the averages on this device (``"cpu"`` for a large model on an accelerator: timm's
+            ``--model-ema-force-cpu``), each weight copied there and averaged tensor by tensor, as
+            ``ModelEmaV3(device=...)``; the EMA's evaluation copies them back into the model.
+        dtype: keep floating-point averages in this dtype (``torch.float32`` for a bf16 model, whose rounding
+            would lose the small steps of a high decay), averaged as ``ModelEmaV3(dtype=...)`` does; evaluated
+            in the model's dtype (the averages rounded to it), ``ct.ema_model`` returns a model in ``dtype``.
+        exclude_buffers: average the parameters only and copy every buffer, as ``ModelEmaV3(exclude_buffers=True)``.
+        integers: ``"average"`` (torch's ``AveragedModel``) or ``"copy"`` (timm's): what becomes of integer buffers.
 
     Returns:
         A transform: ``ema(0.999)(step) -> TrainStep``.
@@ -59,36 +96,31 @@ def ema(decay: float, *, every: int = 1, warmup: int = 0, formula: str = "lerp")
         >>> train = ct.compose(ct.ema(0.998, every=4), ct.mixed_precision, ct.accumulate(2))(step)
         >>> ct.run(train, state, data, eval_step=evaluate, eval_data=val)  # evals "eval" and "eval_ema"
         >>> averaged = ct.ema_model(state)                                  # a copy with the EMA weights
+        >>> timm_like = ct.ema(0.9998, decay_warmup=True, integers="copy", dtype=torch.float32)
     """
     refuse_step(decay, EMA, "decay", "ema(0.999)")
-    given, decay = decay, check_real(decay, EMA, "decay", positive=False, example="ema(0.999)")
-    if not 0.0 <= decay <= 1.0:
-        raise ValueError(
-            f"{EMA}: decay must be in [0, 1], got {show(given)}; e.g. ema(0.999), the old average's weight"
-        )
-    every = check_int(every, EMA, "every", example="ema(0.999, every=4)")
-    warmup = check_int(warmup, EMA, "warmup", minimum=0, example="ema(0.999, warmup=2 * updates_per_epoch)")
-    if formula not in FORMULAS:
-        raise ValueError(
-            f"{EMA}: formula must be 'lerp' (torch's get_ema_multi_avg_fn) or 'sum' (torchvision's "
-            f"ExponentialMovingAverage), got {show(formula)}"
-        )
-    formula = FORMULAS[FORMULAS.index(formula)]  # a plain str (not NumPy's), as it prints
-    label = _shown(decay, every, warmup, formula)
-    return Transform(label, lambda step: _Ema(step, label, decay, every, warmup, formula))
-
-
-def _shown(decay: float, every: int, warmup: int, formula: str) -> str:
-    given = (("every", every, 1), ("warmup", warmup, 0), ("formula", formula, "lerp"))
-    options = [f"{k}={v!r}" for k, v, default in given if v != default]
-    return f"{EMA}({', '.join([repr(decay), *options])})"
+    rule = Rule.checked(
+        decay,
+        every=every,
+        warmup=warmup,
+        formula=formula,
+        decay_warmup=decay_warmup,
+        warmup_gamma=warmup_gamma,
+        warmup_power=warmup_power,
+        min_decay=min_decay,
+        device=device,
+        dtype=dtype,
+        exclude_buffers=exclude_buffers,
+        integers=integers,
+    )
+    return Transform(rule.label(), lambda step: _Ema(step, rule))
 
 
 class _Ema(TrainStep):
     role = "ema"
 
-    def __init__(self, inner: TrainStep, label: str, decay: float, every: int, warmup: int, formula: str) -> None:
-        self.label, self.decay, self.every, self.warmup, self.formula = label, decay, every, warmup, formula
+    def __init__(self, inner: TrainStep, rule: Rule) -> None:
+        self.rule, self.label, self.every = rule, rule.label(), rule.every
         super().__init__(inner)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
@@ -107,8 +139,7 @@ class _Ema(TrainStep):
         applied = self._inner().update(state, ctx)
         n = state.step
         if n != before and (n - 1) % self.every == 0:  # an applied update: state.step counts those only
-            averages = self._averages(state)
-            averages.update(state.model, self.decay, self.formula, follow=n <= self.warmup)
+            self._averages(state).update(state.model, follow=n <= self.rule.warmup)
         return applied
 
     def setup(self, state: TrainState) -> None:
@@ -122,12 +153,12 @@ class _Ema(TrainStep):
         """Every rank averages alike, or none starts: each would keep its own average silently (a
         checkpoint rank 0's, an evaluation their mean). ct.run calls ``setup`` on every rank together."""
         group_world(None, self)  # a launch of several processes that never joined is refused
-        configs = differing((self.decay, self.every, self.warmup, self.formula))
+        configs = differing(self.rule)
         if configs is not None and any(c != configs[0] for c in configs):  # -0.0 is 0.0, as the average takes it
-            shown = ", ".join(f"rank {r} {_shown(*config)}" for r, config in enumerate(configs))
+            shown = ", ".join(f"rank {r} {config.label()}" for r, config in enumerate(configs))
             raise ValueError(
                 f"{self!r}: the ranks' ct.ema differ: {shown}; each would keep its own average (a checkpoint keeps "
-                "rank 0's): build it with the same decay, every, warmup and formula on every rank"
+                "rank 0's): build it with the same options on every rank"
             )
 
     def eval_weights(self, state: TrainState) -> dict[str, AbstractContextManager[Any]]:
@@ -136,11 +167,10 @@ class _Ema(TrainStep):
 
     def _averages(self, state: TrainState) -> Averages:
         """The averages in the state, created with this EMA's settings (a checkpoint's are compared with them)."""
-        settings = {"decay": self.decay, "every": self.every, "warmup": self.warmup, "formula": self.formula}
-        return state.transform_state(KEY, lambda: Averages.of(state.model, settings))
+        return state.transform_state(KEY, lambda: Averages.of(state.model, self.rule))
 
     def _config(self) -> tuple[Any, ...]:
-        return (self.decay, self.every, self.warmup, self.formula)
+        return (self.rule,)
 
 
 @contextlib.contextmanager
@@ -168,8 +198,9 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
     """The EMA weights of ``ct.ema`` in a module: ``into`` (loaded in place) or a copy of ``state.model``.
 
     Before the first average (and with no ``ct.ema`` in the composition) the averages are the model's
-    own weights. Under ``ct.sharded`` the shards are gathered: call it on every rank, with ``into`` a
-    plain (unsharded) model of the same architecture. After ``ct.load_checkpoint`` it gives the saved
+    own weights. The copy is in the averages' dtype and on their device (``ct.ema(dtype=..., device=...)``).
+    Under ``ct.sharded`` the shards are gathered: call it on every rank, with ``into`` a plain (unsharded) model of
+    the same architecture. After ``ct.load_checkpoint`` it gives the saved
     averages.
 
     Args:
@@ -197,6 +228,11 @@ def ema_model(state: TrainState, into: nn.Module | None = None) -> nn.Module:
                 "to gather them into: ct.ema_model(state, into=build_model())"
             )
         into = copy.deepcopy(state.model)
+        # ct.ema(dtype=..., device=...): the copy in the averages' dtype and on their device, as timm's ema.module
+        floating = {(a.dtype, a.device) for a in averages.values() if a.is_floating_point()}
+        if len(floating) == 1:
+            dtype, device = floating.pop()
+            into.to(device=device, dtype=dtype)
     elif not isinstance(into, nn.Module):
         raise TypeError(f"{EMA_MODEL}: into must be a torch.nn.Module, got {show(into)}")
     target = model_tensors(into)

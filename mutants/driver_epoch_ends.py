@@ -1,0 +1,28 @@
+"""The planted bugs of src/composetrain/driver/epoch_ends.py, replayed by tools/mutants.py.
+
+Grouped by tools/regroup_mutants.py (`from`: the catalogue each was first written in): add an entry here, or
+write a catalogue of your own and run it.
+"""
+
+MUTANTS = [
+    {
+        "file": "src/composetrain/driver/epoch_ends.py",
+        "find": ("    if metric in groups.get(kind, {}):\n        return float(groups[kind][metric])"),
+        "replace": ("    if metric in own:\n        return float(own[metric])"),
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_the_metric_of_ct_ema_s_weights_can_feed_it",
+        ],
+        "why": "37.2: 'eval_ema.loss' read from the model's own evaluation",
+        "from": "timm_recipes",
+    },
+    {
+        "file": "src/composetrain/driver/epoch_ends.py",
+        "find": "    if name is None and scheduler is not None and needs_metric(scheduler):",
+        "replace": "    if False:",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_scheduler_that_needs_a_metric_without_one_is_refused",
+        ],
+        "why": "37.2: a plateau scheduler without scheduler_metric runs: refused only at the first epoch's end",
+        "from": "timm_recipes",
+    },
+]

@@ -1,0 +1,119 @@
+"""What ct.run does between epochs besides saving and evaluating: the user's hooks (``on_epoch_start``,
+``on_epoch_end``), checked when the run starts, and the evaluation metric fed to a scheduler that steps on one
+(``scheduler_metric``), checked against the TrainState's scheduler before anything is trained.
+
+The order at an epoch's end (``run.py``): the last update, ``on_epoch_end(state, epoch)``, the epoch scheduler step
+(``state.end_epoch()``), the checkpoint, the evaluation; a scheduler fed a metric steps after the evaluation
+instead, with it (``state.end_epoch(metric=...)``). Checkpoints come before the evaluation, so one saved at an
+epoch's end holds the hook's changes and not yet the metric's step: the resumed run evaluates first
+(``Progress.evaluation_missed``) and feeds the metric then, so that each is done once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+from composetrain.core.scheduling import needs_metric, takes_metric
+from composetrain.core.state import TrainState
+from composetrain.core.util import RUN, show
+from composetrain.driver.tracking import deferred_kind
+
+__all__ = ["check_hook", "check_metric_kind", "check_scheduler_metric", "metric_of", "parse_metric"]
+
+_FORM = (
+    "'eval.NAME' (NAME a metric of eval_step's) or 'eval_ema.NAME' (the same metric of ct.ema's weights), e.g. "
+    "scheduler_metric='eval.loss'"
+)
+
+
+def check_hook(fn: Any, name: str) -> None:
+    """``fn`` can be called as ``fn(state, epoch)`` and runs when called (not a generator, not ``async``)."""
+    usage = f"{name}(state, epoch)"
+    if fn is None:
+        return
+    wrong = not callable(fn) or isinstance(fn, type) or deferred_kind(fn) is not None
+    if not wrong:
+        try:
+            inspect.signature(fn).bind(None, 0)
+        except TypeError:
+            wrong = True
+        except ValueError:  # a builtin without a signature: taken at its word
+            pass
+    if wrong:
+        raise TypeError(
+            f"{RUN}: {name} must be a function {usage}, got {show(fn)}; e.g. {name}=lambda state, epoch: "
+            "loader.sampler.set_epoch(epoch + 1)"
+        )
+
+
+def parse_metric(name: Any) -> tuple[str, str] | None:
+    """``scheduler_metric`` as (the evaluation record's key, the metric's name), or None (not given)."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise TypeError(f"{RUN}: scheduler_metric must be a str {_FORM}, got {show(name)}")
+    kind, dot, metric = name.partition(".")
+    if not (dot and metric and (kind == "eval" or kind.startswith("eval_"))):
+        raise ValueError(
+            f"{RUN}: scheduler_metric must name an evaluation metric, {_FORM}; got {show(name)} (a training metric "
+            "is not fed: evaluate on part of the training data for one)"
+        )
+    return kind, metric
+
+
+def check_scheduler_metric(state: TrainState, name: str | None) -> None:
+    """Refuse a scheduler that steps on a metric without ``scheduler_metric``, and ``scheduler_metric`` for a
+    scheduler that takes none: the one would never decay, the other's metric would be dropped."""
+    scheduler = state.scheduler
+    kind_name = type(scheduler).__name__
+    if name is None and scheduler is not None and needs_metric(scheduler):
+        raise ValueError(
+            f"{RUN}: the scheduler {kind_name} steps on a metric, and scheduler_metric is not given: it would never "
+            "decay; give eval_step and eval_data and name the metric it steps on, e.g. ct.run(..., "
+            "scheduler_metric='eval.loss'): after each epoch's evaluation it steps with that metric"
+        )
+    if name is not None and (scheduler is None or not takes_metric(scheduler, state.scheduler_kind)):
+        which = "the TrainState has no scheduler" if scheduler is None else f"the scheduler {kind_name} takes none"
+        raise ValueError(
+            f"{RUN}: scheduler_metric={name!r} is given, but {which}: the metric would be dropped; leave "
+            "scheduler_metric out, or build the TrainState with a scheduler that steps on a metric "
+            "(ReduceLROnPlateau with scheduler_interval='epoch', or timm's)"
+        )
+
+
+def check_metric_kind(name: str | None, kinds: Iterable[str]) -> None:
+    """Refuse ``scheduler_metric`` naming the evaluation of weights the composition does not evaluate (``kinds``:
+    ``TrainStep.eval_weights``'s names, ``"ema"`` for ``ct.ema``), before the first update: found at the first
+    evaluation, it would cost an epoch."""
+    parsed = parse_metric(name)
+    if parsed is None or parsed[0] == "eval":
+        return
+    held = ["eval", *(f"eval_{k}" for k in kinds)]
+    if parsed[0] not in held:
+        raise ValueError(
+            f"{RUN}: scheduler_metric={name!r} names the evaluation of weights {parsed[0][5:]!r}, which this "
+            f"composition does not evaluate (its evaluations: {held}); name one of those, e.g. 'eval.loss' (the "
+            "evaluation of ct.ema's weights is 'eval_ema': compose ct.ema for it)"
+        )
+
+
+def metric_of(entry: dict[str, Any], name: str) -> float:
+    """The metric ``scheduler_metric`` names, read from an evaluation's record; a name the record lacks is refused
+    with the names it holds (after the epoch's checkpoint: a fixed command resumes there)."""
+    parsed = parse_metric(name)
+    assert parsed is not None  # for the type checker: called with a scheduler_metric only
+    kind, metric = parsed
+    # as ct.run keeps an evaluation: the model's metrics beside step and epoch, other weights' under "eval_<kind>"
+    own = {k: v for k, v in entry.items() if k not in ("step", "epoch") and not isinstance(v, dict)}
+    groups = {"eval": own, **{k: v for k, v in entry.items() if isinstance(v, dict)}}
+    if metric in groups.get(kind, {}):
+        return float(groups[kind][metric])
+    held = {k: sorted(v) for k, v in groups.items()}
+    raise ValueError(
+        f"{RUN}: scheduler_metric={name!r} names no metric of this evaluation, which holds "
+        + ", ".join(f"{k}: {v}" for k, v in held.items())
+        + f"; name one of them ({kind}.NAME), and run the same command again: it resumes from the checkpoint of "
+        "this epoch's end and steps the scheduler then"
+    )
