@@ -161,23 +161,31 @@ def main() -> None:
     throughput = {n: [b["time"] / a["time"] for a, b in zip(runs[n], runs["never"], strict=True)] for n in names}
     median = statistics.median
     print(f"## Checkpoint saves off the training path ({state_bytes(state) / 2**20:.0f} MB of state)\n")
-    print(f"{args.rounds} rounds of {args.updates} updates, a save every {args.every} ({saves} timed per run), "
-          f"torch threads {args.threads}, batch {args.batch}\n")  # fmt: skip
+    print(
+        f"{args.rounds} rounds of {args.updates} updates, a save every {args.every} ({saves} timed per run), "
+        f"torch threads {args.threads}, batch {args.batch}\n"
+    )
     in_run = {n: [lost_in_run(run) for run in runs[n]] for n in ("sync", "async")}
-    print("| contender | s per run (median) | lost per save vs never, s | lost per save in the run, s | throughput vs "
-          "never | first update after a save vs a normal one | peak memory above start, MB |")  # fmt: skip
+    print(
+        "| contender | s per run (median) | lost per save vs never, s | lost per save in the run, s | throughput vs "
+        "never | first update after a save vs a normal one | peak memory above start, MB |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for n in names:
         per_save = f"{median(lost[n]):.3f}" if n in lost else "-"
         own = f"{median(in_run[n]):.3f}" if n in in_run else "-"
         first = f"{median(after_save(run) for run in runs[n]):.2f}x" if n != "never" else "-"
         peak = median(run["peak"] for run in runs[n]) / 2**20
-        print(f"| {n} | {median(run['time'] for run in runs[n]):.2f} | {per_save} | {own} | "
-              f"{median(throughput[n]):.3f} | {first} | {peak:.0f} |")  # fmt: skip
+        print(
+            f"| {n} | {median(run['time'] for run in runs[n]):.2f} | {per_save} | {own} | "
+            f"{median(throughput[n]):.3f} | {first} | {peak:.0f} |"
+        )
     spread = sorted(ratio)
     own_ratio = median(a / s for a, s in zip(in_run["async"], in_run["sync"], strict=True))
-    print(f"\nlost per save, async / sync: **{median(ratio):.3f}** against the never-saving run (rounds "
-          f"{spread[0]:.3f} to {spread[-1]:.3f}), **{own_ratio:.3f}** within each run; goal <= 0.2")  # fmt: skip
+    print(
+        f"\nlost per save, async / sync: **{median(ratio):.3f}** against the never-saving run (rounds "
+        f"{spread[0]:.3f} to {spread[-1]:.3f}), **{own_ratio:.3f}** within each run; goal <= 0.2"
+    )
     usual = median(median(run["intervals"]) for run in runs["never"])
     print(f"a normal update (never saving): {usual * 1000:.0f} ms")
 

@@ -1,4 +1,4 @@
-"""Saves written in the background (``ct.run(..., checkpoint_async=True)``, the default): published only once
+"""Saves written in the background (``ct.run(..., checkpoint_async=True)``; off by default): published only once
 written (files fsynced, checksums listed), at most one in flight, the copy taken at the update boundary, the same
 bytes as a synchronous save, resumable as one; a write that fails (a full disk) stops the run with its error, the
 previous checkpoint the newest; retention never leaves no checkpoint; the stalls named in ``result.bottleneck``.
@@ -24,7 +24,7 @@ from run_script import untimed
 import composetrain as ct
 import composetrain.checkpoint.files as files
 
-OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 4}
+OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 4, "checkpoint_async": True}
 
 
 def train(directory, step=run_script.step, **options):
@@ -378,9 +378,14 @@ def two_ranks(directory, step, before_write):
     files._write = write
     try:
         return ct.run(
-            ct.distributed(step), run_script.state(), run_script.dataset(), checkpoint_dir=directory, max_steps=6,
-            checkpoint_every=2, **OPTIONS,
-        )  # fmt: skip
+            ct.distributed(step),
+            run_script.state(),
+            run_script.dataset(),
+            checkpoint_dir=directory,
+            max_steps=6,
+            checkpoint_every=2,
+            **OPTIONS,
+        )
     finally:
         files._write = real
 

@@ -27,7 +27,7 @@ from composetrain.checkpoint.background import KILL_AT, LOG
 from composetrain.checkpoint.objects import open_checkpoints
 
 HERE = Path(__file__).resolve().parent
-OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 4}
+OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 4, "checkpoint_async": True}
 JOB = {"max_steps": 7, "checkpoint_every": 3, "keep_checkpoints": 1}  # saves 3, 6 (background), 7 (the last)
 
 
@@ -77,8 +77,12 @@ def test_sigkill_at_every_io_step_of_the_saves_leaves_the_last_published_checkpo
         expected = max((name for at, name in published.items() if at < k), default=None)  # before it died
         assert latest(folder) == expected, f"killed at {k}: {steps[k - 1]}"
         resumed = job(folder)
-        assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict()["model"].values(), straight.state_dict()[
-            "model"].values(), strict=True)), f"killed at {k}: {steps[k - 1]}"  # fmt: skip
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(
+                resumed.state_dict()["model"].values(), straight.state_dict()["model"].values(), strict=True
+            )
+        ), f"killed at {k}: {steps[k - 1]}"
         assert resumed.step == 7
 
 

@@ -28,7 +28,7 @@ from composetrain.driver.options import RunOptions
 
 fsspec = pytest.importorskip("fsspec")
 
-OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 4}
+OPTIONS = {"batch_size": 12, "num_workers": 0, "progress": False, "seed": 5, "log_every": 4, "checkpoint_async": True}
 
 
 def train(directory, step=run_script.step, state=None, **options):
@@ -166,8 +166,9 @@ def test_a_run_in_s3_saves_in_the_background_publishes_by_a_marker_written_last_
         uploads = [i for i, s in enumerate(steps) if s.startswith("upload ") and s.endswith(f"[checkpoint step {n}]")]
         if n < 7:  # 3 and 6 in the background, each file uploaded before the marker
             assert len(uploads) == 2 and max(uploads) < marker, steps
-    assert listing(url) == [f"{s}/{f}" for s in ("step-000000006", "step-000000007") for f in ("checksums.json",
-                            "rank-0.pt", "state.pt")]  # fmt: skip
+    assert listing(url) == [
+        f"{s}/{f}" for s in ("step-000000006", "step-000000007") for f in ("checksums.json", "rank-0.pt", "state.pt")
+    ]
     fs, path = objects.filesystem(url)
     sums = json.loads(fs.cat_file(f"{path}/step-000000007/checksums.json"))["sha256"]
     for name, digest in sums.items():
@@ -184,8 +185,11 @@ def test_a_checkpoint_without_its_marker_is_absent_and_a_changed_object_is_set_a
     client.delete_object(Bucket="markers", Key="exp/step-000000009/checksums.json")  # as if cut short
     assert latest(url) == "step-000000008"
     client.put_object(Bucket="markers", Key="exp/step-000000008/state.pt", Body=b"changed")
-    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint s3://markers/exp/step-000000008: state\.pt "
-                      r"does not match the checksum .* moved to corrupt-step-000000008"):  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"skipping unreadable checkpoint s3://markers/exp/step-000000008: state\.pt "
+        r"does not match the checksum .* moved to corrupt-step-000000008",
+    ):
         resumed, _ = train(url, max_steps=12, checkpoint_every=3, keep_checkpoints=3)
     straight, _ = train(tmp_path / "straight", max_steps=12, checkpoint_every=3)
     assert_states_equal(resumed, straight)
@@ -306,8 +310,10 @@ def test_the_store_gone_mid_upload_stops_the_run_and_publishes_nothing(s3, tmp_p
         message
     )
     assert "the storage cannot be reached" in message or "failed:" in message, message
-    assert message.endswith("the previous checkpoint step-000000003 is intact and nothing of step 6 was published "
-                            "(what was uploaded of it has no marker: it is absent)"), message  # fmt: skip
+    assert message.endswith(
+        "the previous checkpoint step-000000003 is intact and nothing of step 6 was published "
+        "(what was uploaded of it has no marker: it is absent)"
+    ), message
     assert time.monotonic() - started < 240
     relay.restore()
     assert latest(url) == "step-000000003" and "step-000000006/checksums.json" not in listing(url)
@@ -333,8 +339,11 @@ def test_the_server_killed_mid_upload_is_a_clear_error_within_seconds(s3_server,
             threading.Timer(0.05, server.kill).start()  # while the parts of state.pt go up
 
         monkeypatch.setattr(objects, "io_step", cutting(6, kill))
-        with pytest.raises(OSError, match=r"run: checkpoint step 6 could not be written in s3://killed/exp "
-                           r"\(the upload of .*\); the previous checkpoint step-000000003 is intact"):  # fmt: skip
+        with pytest.raises(
+            OSError,
+            match=r"run: checkpoint step 6 could not be written in s3://killed/exp "
+            r"\(the upload of .*\); the previous checkpoint step-000000003 is intact",
+        ):
             train(url, state=big_state(), max_steps=60, checkpoint_every=3)
         assert killed and time.monotonic() - killed[0] < 120
     finally:
@@ -374,8 +383,10 @@ def test_a_read_only_bucket_is_refused_before_anything_is_trained(s3_server, mon
         server.bucket("readonly")
         iam = server.client("iam")
         iam.create_user(UserName="reader")
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:Get*", "s3:List*"],
-                                                          "Resource": "*"}]}  # fmt: skip
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": ["s3:Get*", "s3:List*"], "Resource": "*"}],
+        }
         iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps(policy))
         key = iam.create_access_key(UserName="reader")["AccessKey"]
         env = {**s3_server.env, "AWS_ENDPOINT_URL": server.url, "AWS_ACCESS_KEY_ID": key["AccessKeyId"]}
@@ -397,14 +408,20 @@ def test_two_ranks_save_into_one_checkpoint_in_s3_and_sharded_states_are_refused
     url = s3.bucket("ranks") + "/exp"
     a, b = pool.run(__name__, "two_ranks", url, s3.env)
     assert a == b == {"steps": 6, "checkpoint": f"{url}/step-000000006"}
-    assert listing(url) == [f"step-00000000{n}/{f}" for n in (4, 6) for f in ("checksums.json", "rank-0.pt",
-                            "rank-1.pt", "state.pt")]  # fmt: skip
+    assert listing(url) == [
+        f"step-00000000{n}/{f}" for n in (4, 6) for f in ("checksums.json", "rank-0.pt", "rank-1.pt", "state.pt")
+    ]
     resumed = pool.run(__name__, "two_ranks", url, s3.env, 8)
     straight = pool.run(__name__, "two_ranks", str(tmp_path / "straight"), s3.env, 8)
     assert resumed[0]["params"] == straight[0]["params"]
     refusals = pool.run(__name__, "sharded_refused", url + "-sharded", s3.env)
-    assert all(r.startswith("ValueError: run: checkpoint_dir 's3://ranks/exp-sharded' is object storage, where "
-                            "ct.run does not save sharded tensors") for r in refusals), refusals  # fmt: skip
+    assert all(
+        r.startswith(
+            "ValueError: run: checkpoint_dir 's3://ranks/exp-sharded' is object storage, where "
+            "ct.run does not save sharded tensors"
+        )
+        for r in refusals
+    ), refusals
     assert all(r.endswith("(0 updates)") for r in refusals), refusals  # before training, not at the first save
 
 
@@ -429,8 +446,12 @@ def with_env(env, call):
 def two_ranks(rank, world, url, env, steps=6):
     state = run_script.state()
     step = ct.distributed(run_script.step)
-    result = with_env(env, lambda: ct.run(step, state, run_script.dataset(), checkpoint_dir=url, max_steps=steps,
-                                          checkpoint_every=2, **OPTIONS))  # fmt: skip
+    result = with_env(
+        env,
+        lambda: ct.run(
+            step, state, run_script.dataset(), checkpoint_dir=url, max_steps=steps, checkpoint_every=2, **OPTIONS
+        ),
+    )
     if steps != 6:
         return {"params": [p.tolist() for p in state.model.parameters()]}
     return {"steps": result.steps, "checkpoint": result.checkpoint}
@@ -444,8 +465,10 @@ def sharded_refused(rank, world, url, env):
         return run_script.step(model, batch)
 
     try:
-        with_env(env, lambda: ct.run(ct.sharded(step), state, run_script.dataset(), checkpoint_dir=url, max_steps=2,
-                                     **OPTIONS))  # fmt: skip
+        with_env(
+            env,
+            lambda: ct.run(ct.sharded(step), state, run_script.dataset(), checkpoint_dir=url, max_steps=2, **OPTIONS),
+        )
     except ValueError as e:
         return f"ValueError: {e} ({len(calls)} updates)"
     return "no error"

@@ -478,7 +478,7 @@ def test_worker_seeding_goes_through_seed_everything():
     first = (random.random(), float(np.random.rand()), float(torch.rand(())))
     seed_everything(7)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) != first
-    worker = ct_data._seed_worker(3, 1)  # worker 2 of rank 1 of seed 3
+    worker = ct_data._seed_worker(3, 1, 0)  # worker 2 of rank 1 of seed 3, a run started at update 0
     worker(2)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == first
 
@@ -489,7 +489,7 @@ def test_loader_workers_start_under_the_spawn_start_method():
     import multiprocessing
     import pickle
 
-    pickle.dumps(ct_data._seed_worker(7, 0))
+    pickle.dumps(ct_data._seed_worker(7, 0, 0))
     data = TensorDataset(torch.arange(10.0), torch.arange(10))
     loader, sampler = build(data, batch_size=4, workers=1, seed=3)
     method = multiprocessing.get_start_method(allow_none=True)

@@ -186,6 +186,15 @@ def test_an_update_of_another_size_is_scaled_by_its_samples():
     assert result.history[1]["flops_per_update"] == pytest.approx(full * 4 / 10, rel=1e-12)
 
 
+def test_a_compiled_composition_is_compiled_at_its_first_update_and_not_counted():
+    """FlopCounterMode keeps torch.compile from compiling the update it watches: a compiled composition's first
+    update compiles (one compilation there, none after), and its records carry no FLOP count."""
+    step = ct.compile(backend="aot_eager")(run_script.step)
+    result = ct.run(step, run_script.state(), run_script.dataset(24), batch_size=12, epochs=1, log_every=1, **OPTIONS)
+    assert [r.get("compiles") for r in result.history] == [1, 0]
+    assert all("flops_per_update" not in r or r["flops_per_update"] is None for r in result.history)
+
+
 def test_samples_and_tokens_per_second_are_the_weights_units_over_the_windows_time():
     state = gpt_state()
     data = corpus()

@@ -228,3 +228,11 @@ def test_a_metric_named_like_a_fixed_panel_keeps_its_own_panel(tmp_path):
     assert drawn["learning rate"]["train"] == ([1, 2], [0.1, 0.1])
     assert drawn["'training loss' (metric)"]["train"] == ([1, 2], [8.0, 9.0])
     assert drawn["'learning rate' (metric)"]["train"] == ([1, 2], [6.0, 7.0])
+
+
+def test_the_plot_leaves_out_every_measured_field():
+    """The fields that measure the machine (samples/s, FLOPs, memory, stragglers) are bookkeeping, not metrics."""
+    from composetrain import plot
+    from composetrain.core.metric_names import MEASURED
+
+    assert MEASURED <= plot._LOOP_KEYS

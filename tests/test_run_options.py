@@ -217,11 +217,16 @@ def test_valid_options_build_resolve_their_defaults_and_round_trip(args):
     if args["checkpoint_dir"] is not None:  # the defaults resolved: every 10 minutes, in the background
         given = args["checkpoint_every"]
         expected = (
-            "10min" if given is None else given if isinstance(given, str)
-            else (int(given[0]), given[1]) if isinstance(given, tuple) else int(given)
-        )  # fmt: skip
+            "10min"
+            if given is None
+            else given
+            if isinstance(given, str)
+            else (int(given[0]), given[1])
+            if isinstance(given, tuple)
+            else int(given)
+        )
         assert every == expected
-        assert saving.checkpoint_async is (args["checkpoint_async"] is not False)
+        assert saving.checkpoint_async is (args["checkpoint_async"] is True)
     assert (
         loader.seed == args["seed"] and loader.batch_size == args["batch_size"] and options.timeout == args["timeout"]
     )

@@ -24,6 +24,9 @@ COLORS = {"train": "#1f77b4", "eval": "#ff7f0e"}  # matplotlib's tab:blue and ta
 MAX_PANELS = 24  # the loss, 20 metrics, the learning rate, the throughput, the data wait: 8 rows of 3
 
 _LOOP_KEYS = {"step", "epoch", "skipped", "lr", "lr_groups", "updates_per_s", "data_wait", "loss", "global_batch"}
+# the machine's measures (core.metric_names.MEASURED: not imported, this module needs no torch): not curves of the
+# training (updates / s and the data wait are drawn as the fixed panels above)
+_LOOP_KEYS |= {"samples_per_s", "tokens_per_s", "flops_per_update", "mfu", "peak_memory_mib", "stragglers"}
 
 
 def read_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
