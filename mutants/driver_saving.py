@@ -39,7 +39,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/saving.py",
-        "find": "            self.waits += 1\n",
+        "find": "                self.waits += 1\n",
         "replace": "",
         "tests": [
             "tests/test_checkpoint_async.py::test_at_most_one_save_is_in_flight_and_a_save_that_finds_one_waits",

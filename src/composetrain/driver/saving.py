@@ -74,15 +74,17 @@ class Saves:
         started = time.perf_counter()
         self.since, self.late = time.monotonic(), False
         if self.checkpoints.pending is not None:  # still written on some rank (agreed): this one waits for it
-            self.waits += 1
             self.checkpoints.finish()
-            self.waited += time.perf_counter() - started
+            if not last:
+                self.waits += 1
+                self.waited += time.perf_counter() - started
         if self.background and not last:
             self.checkpoints.save_async(step, shared, local, nonfinite=nonfinite)
         else:
             self.checkpoints.save(step, shared, local, nonfinite=nonfinite)
-        self.count += 1
-        self.blocked += time.perf_counter() - started
+        if not last:  # the run's last save ends it, however often it saves: no stall of its throughput to name
+            self.count += 1
+            self.blocked += time.perf_counter() - started
 
     def finish(self) -> None:
         """The save still in flight written and published (the run returns once its last save is durable)."""
