@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,7 +122,7 @@ def _npy_header(f: Any, start: bytes, path: Path, size: int, who: str) -> tuple[
         version = np.lib.format.read_magic(f)
         read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
         shape, _, dtype = read(f)
-    except (KeyError, ValueError, SyntaxError) as e:
+    except (KeyError, ValueError, SyntaxError, tokenize.TokenError) as e:  # TokenError: a header cut inside a bracket
         raise ValueError(
             f"{who}: {path} has an .npy header that cannot be read ({e}); write it again with np.save"
         ) from None
