@@ -5,9 +5,12 @@ checkpointed per rank and resumed several times, across a pass's end, to the uni
 from __future__ import annotations
 
 import pytest
+import run_script
 import torch
 from stream_data import Counting, Stateless
-from test_streams import params, run, same
+from test_streams import params, run, same, step
+
+import composetrain as ct
 
 pytest.importorskip("torchdata")
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -59,3 +62,17 @@ def test_a_stateful_dataloader_over_a_stream_without_state_is_refused_with_check
     assert "stream_resume='replay'" in str(e.value)
     result, _, _ = run(loader(0, Stateless()), tmp_path, batch_size=None, stream_resume="replay", max_steps=3)
     assert result.steps == 3
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 2), (2, 1)])
+def test_a_stream_resumed_with_another_number_of_workers_is_refused_before_anything_changes(tmp_path, before, after):
+    """Each worker keeps its own share's state: the dataset's load_state_dict was handed the loader's (a KeyError
+    blamed on the stream), and a loader of other workers raised torchdata's AssertionError after the model was
+    loaded."""
+    run(Counting(length=30), tmp_path, num_workers=before, max_steps=3)
+    state, data = run_script.state(), Counting(length=30)
+    fresh = params(state)
+    with pytest.raises(ValueError, match=rf"read by {before} loader worker\(s\) .* this run reads it with {after}: "):
+        ct.run(step, state, data, batch_size=4, num_workers=after, checkpoint_dir=tmp_path, progress=False)
+    assert all(torch.equal(p, q) for p, q in zip(params(state), fresh, strict=True)) and data.next == 0
+    assert run(Counting(length=30), tmp_path, num_workers=before, max_steps=5)[0].steps == 5  # as it was saved
