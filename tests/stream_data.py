@@ -154,3 +154,29 @@ class Unsplit(Counting):
 
     def set_rank(self, rank: int, world_size: int) -> None:
         pass
+
+
+class Unreachable(Counting):
+    """Fails on rank 1 outside its items: in ``set_rank``, in ``set_epoch`` of its second pass, or in ``__iter__``
+    (not a generator: it opens its shards before it returns the iterator), as a lost bucket would."""
+
+    def __init__(self, length: int | None = 30, where: str = "iter", **kwargs: Any) -> None:
+        super().__init__(length, **kwargs)
+        self.where = where
+
+    def fail(self, where: str, rank: int) -> None:
+        if where == self.where and rank == 1:
+            raise OSError(f"bucket unreachable in {where}")
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        self.fail("set_rank", rank)
+        super().set_rank(rank, world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch == 1:
+            self.fail("set_epoch", self.rank)
+        super().set_epoch(epoch)
+
+    def __iter__(self) -> Any:
+        self.fail("iter", self.rank)
+        return super().__iter__()

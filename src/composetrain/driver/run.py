@@ -51,7 +51,7 @@ from composetrain.driver.reader import Reader
 from composetrain.driver.saving import Saves
 from composetrain.driver.schedules import horizon_problem, steps_left_problem
 from composetrain.driver.stragglers import DEFAULT_THRESHOLD
-from composetrain.driver.stream_passes import open_pass, restore_stream, stream_record
+from composetrain.driver.stream_passes import agreed_stream, open_pass, restore_stream, stream_record
 from composetrain.driver.streams import Stream, build_stream
 from composetrain.driver.throughput import resolve_peak
 from composetrain.driver.tracking import Tracker
@@ -536,15 +536,18 @@ class _Driver:
         except ValueError as e:
             raise ValueError(f"{RUN}: {step_fn!r}: {e}") from None
         self.stream = (  # read in passes, its state per rank
-            build_stream(
-                chosen.data,
-                batch_size=chosen.batch_size,
-                drop_last=chosen.drop_last,
-                collate_fn=chosen.collate_fn,
-                num_workers=chosen.num_workers,
-                resume=chosen.stream_resume,
-                proc=proc,
-                seed=chosen.seed,
+            agreed_stream(
+                lambda: build_stream(
+                    chosen.data,
+                    batch_size=chosen.batch_size,
+                    drop_last=chosen.drop_last,
+                    collate_fn=chosen.collate_fn,
+                    num_workers=chosen.num_workers,
+                    resume=chosen.stream_resume,
+                    proc=proc,
+                    seed=chosen.seed,
+                ),
+                proc,
             )
             if chosen.stream
             else None

@@ -12,7 +12,8 @@ What ct.run does with a stream, in order:
   read ahead, so the state taken after an update holds exactly the batches trained on;
 - every rank says whether it got a batch (one small all-reduce per update on several processes): at the first
   update some rank's stream has none, the pass ends on every rank (the others' batch of that update is dropped),
-  and a stream that raises on one rank raises on every rank;
+  and a stream that raises on one rank (reading an item, or in ``set_rank``, ``set_epoch`` or ``iter()``) raises on
+  every rank;
 - a save keeps ``state_dict()`` (the dataset's, or the loader's, which holds its workers' datasets'), checked to
   hold tensors and plain types only; a resume hands it to ``load_state_dict`` before the next ``iter()`` (inside a
   pass after that pass's ``set_epoch``, at a pass's end before the next one's). Read in this process, ct.run also
