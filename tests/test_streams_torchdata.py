@@ -76,3 +76,13 @@ def test_a_stream_resumed_with_another_number_of_workers_is_refused_before_anyth
         ct.run(step, state, data, batch_size=4, num_workers=after, checkpoint_dir=tmp_path, progress=False)
     assert all(torch.equal(p, q) for p, q in zip(params(state), fresh, strict=True)) and data.next == 0
     assert run(Counting(length=30), tmp_path, num_workers=before, max_steps=5)[0].steps == 5  # as it was saved
+
+
+def test_a_stateful_dataloader_out_of_order_is_refused_with_checkpoints(tmp_path):
+    """in_order=False: batches in the order the workers finish them, whose state torchdata does not promise to resume
+    (a resumed run trained on other batches than the uninterrupted one)."""
+    unordered = StatefulDataLoader(Counting(length=30), batch_size=4, num_workers=2, in_order=False)
+    with pytest.raises(TypeError, match=r"checkpoint_dir is given, but the StatefulDataLoader given has in_order=Fa"):
+        run(unordered, tmp_path, batch_size=None, num_workers=2)
+    assert not list(tmp_path.iterdir())
+    assert run(unordered, batch_size=None, num_workers=2)[0].steps == 8  # nothing to resume: read as given

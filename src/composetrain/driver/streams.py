@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
-from composetrain.checkpoint.format import unplain
+from composetrain.checkpoint.format import STREAM_STATES, unplain
 from composetrain.core.rng import capture_rng, derive_seed, restore_rng
 from composetrain.core.util import RUN, show
 from composetrain.launch.rendezvous import Process
@@ -86,6 +86,12 @@ def resume_problem(data: Any) -> str | None:
                 f"the {type(data).__name__} given has no state_dict(), so a checkpoint could not say where its stream "
                 f"stands; give torchdata's StatefulDataLoader over a dataset with {protocol}, or the dataset itself "
                 f"(ct.run batches it), {replay}"
+            )
+        if getattr(data, "in_order", True) is False and data.num_workers > 1:
+            return (
+                f"the {type(data).__name__} given has in_order=False, so its batches come in the order its workers "
+                "finish them and its state cannot say which of them were trained on (torchdata gives no guarantee "
+                "for it); give it in_order=True (the default)"
             )
         if not has_state(data.dataset):
             return (
@@ -289,6 +295,6 @@ def state_digest(state: Any) -> str:
 
 def state_problem(state: Any, where: str) -> str | None:
     """Why a stream's ``state_dict()`` cannot go into a checkpoint (loaded with weights_only=True), or None."""
-    if type(state) is not dict:
+    if type(state) not in STREAM_STATES:  # what a checkpoint's loader accepts (checkpoint/format.py)
         return f"{where} returned {show(state)}, not a dict"
     return unplain(state, where)
