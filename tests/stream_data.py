@@ -180,3 +180,30 @@ class Unreachable(Counting):
     def __iter__(self) -> Any:
         self.fail("iter", self.rank)
         return super().__iter__()
+
+
+class EpochSeeded(Counting):
+    """Items of pass ``e`` shifted by ``1000 * (e + 1)``, a shift only ``set_epoch`` sets (as a stream that seeds its
+    shard order there): a copy of it that was never told its pass raises instead of reading."""
+
+    def __init__(self, length: int | None = 30, **kwargs: Any) -> None:
+        super().__init__(length, **kwargs)
+        self.shift: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.shift = 1000 * (epoch + 1)
+
+    def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.shift is None:
+            raise RuntimeError("this copy of the stream was never told its pass (set_epoch)")
+        x, y = super().item(i)
+        return x + self.shift, y
+
+
+class WorkerRandom(Counting):
+    """Items with noise drawn from the global torch generator of the process reading them (a loader worker's)."""
+
+    def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().item(i)
+        return x + torch.rand(self.features, dtype=torch.float64), y

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import run_script
 import torch
-from stream_data import Counting, Stateless
+from stream_data import Counting, EpochSeeded, Stateless, WorkerRandom
 from test_streams import params, run, same, step
 
 import composetrain as ct
@@ -86,3 +86,31 @@ def test_a_stateful_dataloader_out_of_order_is_refused_with_checkpoints(tmp_path
         run(unordered, tmp_path, batch_size=None, num_workers=2)
     assert not list(tmp_path.iterdir())
     assert run(unordered, batch_size=None, num_workers=2)[0].steps == 8  # nothing to resume: read as given
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_loader_workers_start_after_set_epoch_also_when_checkpoints_are_saved(tmp_path, given):
+    """The check of the stream's state before the first update asked the loader for its state_dict(), which started
+    its workers there, with copies of the stream made before set_epoch(0): the first pass read them unset."""
+
+    def data():
+        made = EpochSeeded(length=16)
+        return StatefulDataLoader(made, batch_size=4, num_workers=2) if given else made
+
+    options = {"num_workers": 2, "epochs": 2, **({"batch_size": None} if given else {})}
+    unsaved, _, expected = run(data(), None, **options)
+    result, _, seen = run(data(), tmp_path, **options)
+    assert result.steps == unsaved.steps == 8 and same(seen, expected)
+    assert [round(float(x[0, 0]), -3) for x in seen] == [1000.0] * 4 + [2000.0] * 4  # each pass its own
+
+
+def test_a_pass_read_by_workers_ct_run_builds_draws_alike_in_a_resumed_run(tmp_path):
+    """Their base seed is drawn per pass from (seed, rank, epoch): a generator seeded once drew the first pass's for
+    the first pass a resumed process read, and every later pass of the run differed. Inside the pass a resume lands
+    in, what the workers' own generators draw still differs (torchdata restores the stream's state, not theirs):
+    randomness that must resume exactly comes from a generator the stream keeps in its state_dict()."""
+    options = {"num_workers": 2, "epochs": 3, "checkpoint_every": 2}
+    _, _, straight_seen = run(WorkerRandom(length=16), tmp_path / "straight", **options)
+    run(WorkerRandom(length=16), tmp_path / "chain", **options, max_steps=6)  # 2 updates into pass 2 of 4
+    last, _, seen = run(WorkerRandom(length=16), tmp_path / "chain", **options)
+    assert last.steps == 12 and same(seen[2:], straight_seen[8:])  # pass 3 as the uninterrupted run read it

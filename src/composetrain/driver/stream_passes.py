@@ -122,7 +122,7 @@ def stream_record(
     batch have read it) or None. ``inside`` None: before the first update, only checked."""
     state: Any = None
     try:
-        state = stream.state_dict()
+        state = stream.state_dict() if inside is not None else stream.state_to_check()
         problem = state_problem(state, "the stream's state_dict()")
     except Exception as e:
         problem = f"the stream's state_dict() raised {type(e).__name__}: {e}"

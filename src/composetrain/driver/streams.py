@@ -19,7 +19,10 @@ What ct.run does with a stream, in order:
   pass after that pass's ``set_epoch``, at a pass's end before the next one's). Read in this process, ct.run also
   records that it saw the stream end inside the last, short batch; read by torchdata's workers, a stream must be
   spent at its end (an ``iter()`` from that state yields nothing: a restored worker is asked for one more batch)
-  and begin its next pass in ``set_epoch``.
+  and begin its next pass in ``set_epoch``. Workers start after ``set_epoch`` (before the first update only the
+  dataset's own state is checked, so that none start earlier); those of the loader ct.run builds draw their base
+  seed per pass from (seed, rank, epoch), exact at a pass's start: inside a pass their own generators' draws are
+  not restored, only the stream's state.
 
 Where a stream keeps no state, ``stream_resume="replay"`` resumes it by reading the pass from its start again and
 dropping the batches already trained on. A dataset whose class says ``state_is_global = True`` keeps the whole
@@ -170,6 +173,8 @@ class Stream:
         choice: str | None = None,
     ) -> None:
         self.mode, self.choice = mode, choice
+        self.seed, self.rank, self.epoch = seed, rank, 0
+        self.opened = False  # a pass was opened, or a state loaded: a loader's state_dict() starts no workers now
         self.loader: DataLoader[Any] | None = None  # None: ct.run reads the dataset's items itself
         self.dataset: Any
         if isinstance(data, DataLoader):
@@ -196,15 +201,19 @@ class Stream:
 
     def set_epoch(self, epoch: int) -> None:
         """A new pass is about to begin (``set_epoch`` of the dataset, where it has one)."""
-        self.ended = False
+        self.ended, self.epoch = False, epoch
         if callable(getattr(self.dataset, "set_epoch", None)):
             self.dataset.set_epoch(epoch)
 
     def iterate(self) -> Iterator[Any]:
         """The batches of the pass, from where the stream stands (none when it was seen to end)."""
+        self.opened = True
         loader = self.loader
         if loader is None:
             return iter(()) if self.ended else self._read(iter(self.dataset))
+        if self.built:  # the workers' base seed of this pass, whichever process reads it
+            assert loader.generator is not None  # for the type checker: ct.run built it with one
+            loader.generator.manual_seed(derive_seed(self.seed, "stream pass", rank=self.rank, epoch=self.epoch))
         return _untouched(lambda: iter(loader))
 
     def _read(self, items: Iterator[Any]) -> Iterator[Any]:
@@ -227,8 +236,17 @@ class Stream:
             return self.dataset.state_dict()
         return _untouched(self.source.state_dict)  # before the first iter(), it makes the iterator
 
+    def state_to_check(self) -> Any:
+        """The state checked before the first update: ``state_dict()``; but a loader's before its first pass is its
+        dataset's (what each worker's state holds), since its own would start its workers there, before
+        ``set_epoch`` of that pass, and the pass would read their copies of the stream as they were."""
+        if self.loader is not None and not self.opened and has_state(self.dataset):
+            return self.dataset.state_dict()
+        return self.state_dict()
+
     def load_state_dict(self, state: Any) -> None:
         self.source.load_state_dict(state)
+        self.opened = True  # a loader's state_dict() gives the state loaded, starting nothing
 
     def record(self, state: dict[str, Any]) -> dict[str, Any]:
         """What a checkpoint keeps of this rank's stream: its ``state`` and whether ct.run saw it end in this pass."""
