@@ -246,3 +246,25 @@ def test_a_full_disk_is_named_with_the_file_and_changes_nothing(tmp_path):
     )
     assert "nothing was written, the file is as it was; free space in" in said.stdout
     assert read(path) == list(range(100)) and listing(tmp_path) == ["train.bin"]
+
+
+def test_a_folder_it_may_not_write_is_named_and_a_callers_own_os_error_passes_as_it_came(tmp_path, monkeypatch):
+    path = tmp_path / "train.bin"
+    ct.write_tokens([[1]], path, dtype=np.uint16)
+
+    def documents():
+        yield [2]
+        raise OSError(errno.ENOSPC, "the tokenizer's cache is full")  # the caller's, not the writer's
+
+    with pytest.raises(OSError, match=r"^\[Errno 28\] the tokenizer's cache is full$"):
+        ct.write_tokens(documents(), path, dtype=np.uint16)
+
+    def denied(file, mode="r", *args, **kwargs):  # a folder this process may not write (root may write any)
+        if mode == "xb":
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(token_writer, "open", denied, raising=False)
+    with pytest.raises(PermissionError, match=rf"ct\.write_tokens: writing {path} failed \(Permission denied\); no"):
+        ct.write_tokens([[3]], path, dtype=np.uint16)
+    assert read(path) == [1] and listing(tmp_path) == ["train.bin"]

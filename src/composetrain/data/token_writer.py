@@ -152,6 +152,7 @@ def write_tokens(arrays: Any, path: str | os.PathLike[str], *, dtype: Any = None
             _refuse_read_only(target)
         _remove_leftovers(target)  # a killed writer's: no other writer is in the folder while we hold its lock
         temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        ours = True  # False while the caller's iterable runs: an OSError there is its own (a file it reads)
         try:
             with open(temporary, "xb") as out:
                 out.write(_npy_header(dtype_, 0) if npy else b"")
@@ -159,11 +160,16 @@ def write_tokens(arrays: Any, path: str | os.PathLike[str], *, dtype: Any = None
                     with open(target, "rb") as old:
                         old.seek(offset)
                         _copy(old, out, count * dtype_.itemsize, target)
-                added = 0
-                for n, array in enumerate(_arrays(arrays)):
+                added, n, source = 0, 0, _arrays(arrays)
+                while True:
+                    ours = False
+                    array = next(source, _END)
+                    ours = True
+                    if array is _END:
+                        break
                     ids = _ids(array, n, dtype_)
                     out.write(ids.tobytes())
-                    added += ids.size
+                    added, n = added + ids.size, n + 1
                 if npy:
                     out.seek(0)
                     out.write(_npy_header(dtype_, count + added))
@@ -174,19 +180,29 @@ def write_tokens(arrays: Any, path: str | os.PathLike[str], *, dtype: Any = None
             os.replace(temporary, target)
         except BaseException as e:
             temporary.unlink(missing_ok=True)
-            if isinstance(e, OSError) and e.errno in _FULL:
+            fix = _FIXES.get(e.errno) if isinstance(e, OSError) and ours else None
+            if fix is not None:
                 raise OSError(
                     e.errno,
                     f"{WRITE_TOKENS}: writing {target} failed ({e.strerror}); nothing was written, the file is as it "
-                    f"was; free space in {target.parent} (a copy of the file and the new tokens must fit), or write to "
-                    "a new file elsewhere",
+                    f"was; {fix.format(folder=target.parent)}",
                 ) from e
             raise
         fsync_folder(target.parent)
     return count + added
 
 
-_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a full disk, a quota, a file size limit (ulimit -f)
+_END = object()
+_FULL = "free space in {folder} (a copy of the file and the new tokens must fit), or write to a new file elsewhere"
+_DENIED = "make {folder} writable (the new file is written beside the old one), or write to a new file elsewhere"
+_FIXES = {  # how writing the new file beside the old one fails, and the fix
+    errno.ENOSPC: _FULL,
+    errno.EDQUOT: _FULL,
+    errno.EFBIG: _FULL,  # a file size limit (ulimit -f)
+    errno.EACCES: _DENIED,
+    errno.EPERM: _DENIED,
+    errno.EROFS: _DENIED,
+}
 
 
 def _refuse_read_only(target: Path) -> None:
