@@ -207,3 +207,16 @@ class WorkerRandom(Counting):
     def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().item(i)
         return x + torch.rand(self.features, dtype=torch.float64), y
+
+
+class GlobalRestarting(Global):
+    """A Global stream that starts over by itself at its end (not in set_epoch): its state after the pass's last,
+    short batch is already the next pass's."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.epochs_set.append(epoch)
+
+    def __iter__(self) -> Any:
+        yield from super().__iter__()
+        self.next = 0

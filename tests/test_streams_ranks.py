@@ -12,7 +12,7 @@ import run_script
 import torch
 import torch.nn.functional as F
 from helpers import outcome
-from stream_data import Counting, Failing, Global, Unreachable, Unsplit
+from stream_data import Counting, Failing, Global, GlobalRestarting, Unreachable, Unsplit
 
 import composetrain as ct
 
@@ -102,6 +102,20 @@ def test_a_stream_resumes_on_another_number_of_processes_only_where_its_state_is
     assert len(result.history) >= 1 and result.history[-1]["step"] == 5
 
 
+def test_a_global_stream_saved_after_its_last_short_batch_resumes_on_another_number_of_processes_at_the_pass_end(
+    pool, tmp_path
+):
+    """The job's record said the stream had not ended: one process resumed the pass, and a stream that starts over by
+    itself read the whole pass again inside it (13 updates instead of 8)."""
+    pool.run(__name__, "ended_on_two", str(tmp_path))  # 10 items: updates of 4, 4, then 2 (short on both ranks)
+    result, _, seen = run(GlobalRestarting(length=10), tmp_path, ranks=False, epochs=2, batch_size=2)
+    items = GlobalRestarting(length=10)
+    items.set_epoch(1)
+    expected = [torch.stack([items.item(i)[0] for i in (k, k + 1)]) for k in range(0, 10, 2)]  # pass 2 alone
+    assert result.steps == 8 and result.epochs == 2 and len(seen) == 5
+    assert all(torch.equal(x, y) for x, y in zip(seen, expected, strict=True))
+
+
 # -- the ranks' side -------------------------------------------------------------------------------------------
 
 
@@ -141,3 +155,7 @@ def unreachable(rank, world, where):
 def saved_on_two(rank, world, folder, kind):
     data = {"Counting": Counting, "Global": Global}[kind](length=None)
     return run(data, folder, max_steps=3, batch_size=2)[0].steps
+
+
+def ended_on_two(rank, world, folder):
+    return run(GlobalRestarting(length=10), folder, max_steps=3, epochs=2, batch_size=2)[0].steps

@@ -19,7 +19,7 @@ import torch
 from composetrain.core.batching import leaves, to_device
 from composetrain.core.util import RUN
 from composetrain.driver.streams import Stream, state_digest, state_problem
-from composetrain.launch.agree import all_true, gathered, largest
+from composetrain.launch.agree import all_true, any_true, gathered, largest
 from composetrain.launch.rendezvous import Process
 
 __all__ = ["agree_on", "agreed_stream", "open_pass", "pass_batches", "restore_stream", "stream_record"]
@@ -146,7 +146,10 @@ def stream_record(
             "position, the same on every rank; keep each rank's own position out of it, or drop state_is_global "
             "(the run then resumes on the same number of processes only)"
         )
-    return stream.record(state), {"state": state, "ended": False}  # the job's: another world size reads it anew
+    # the job's, which another world size reads anew: the pass is over once any rank saw its stream end (a rank that
+    # read a short batch has nothing for the next update), and a stream that starts over by itself is then already
+    # in the next pass
+    return stream.record(state), {"state": state, "ended": any_true(stream.ended) if inside else False}
 
 
 def pass_batches(
