@@ -111,6 +111,9 @@ def test_a_pass_read_by_workers_ct_run_builds_draws_alike_in_a_resumed_run(tmp_p
     randomness that must resume exactly comes from a generator the stream keeps in its state_dict()."""
     options = {"num_workers": 2, "epochs": 3, "checkpoint_every": 2}
     _, _, straight_seen = run(WorkerRandom(length=16), tmp_path / "straight", **options)
+    _, _, clean = run(Counting(length=16), None, num_workers=2, epochs=3)  # the items without their noise
+    noise = [x - c for x, c in zip(straight_seen, clean, strict=True)]
+    assert not any(torch.allclose(noise[k], noise[k + 4]) for k in range(8))  # each pass draws its own
     run(WorkerRandom(length=16), tmp_path / "chain", **options, max_steps=6)  # 2 updates into pass 2 of 4
     last, _, seen = run(WorkerRandom(length=16), tmp_path / "chain", **options)
     assert last.steps == 12 and same(seen[2:], straight_seen[8:])  # pass 3 as the uninterrupted run read it
