@@ -67,8 +67,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/data/token_writer.py",
-        "find": ("            temporary.unlink(missing_ok=True)\n            fix ="),
-        "replace": "            fix =",
+        "find": ("            temporary.unlink(missing_ok=True)\n            failed ="),
+        "replace": "            failed =",
         "tests": [
             "tests/test_write_tokens.py::test_an_id_the_dtype_cannot_hold_changes_nothing",
         ],

@@ -180,12 +180,13 @@ def write_tokens(arrays: Any, path: str | os.PathLike[str], *, dtype: Any = None
             os.replace(temporary, target)
         except BaseException as e:
             temporary.unlink(missing_ok=True)
-            fix = _FIXES.get(e.errno) if isinstance(e, OSError) and ours else None
-            if fix is not None:
+            failed = e if isinstance(e, OSError) and ours else None
+            fix = _FIXES.get(failed.errno or 0) if failed is not None else None
+            if failed is not None and fix is not None:
                 raise OSError(
-                    e.errno,
-                    f"{WRITE_TOKENS}: writing {target} failed ({e.strerror}); nothing was written, the file is as it "
-                    f"was; {fix.format(folder=target.parent)}",
+                    failed.errno,
+                    f"{WRITE_TOKENS}: writing {target} failed ({failed.strerror}); nothing was written, the file is "
+                    f"as it was; {fix.format(folder=target.parent)}",
                 ) from e
             raise
         fsync_folder(target.parent)
