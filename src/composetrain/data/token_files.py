@@ -244,6 +244,9 @@ class TokenDataset(MappedDataset):
         assert self._rows is not None
         which = np.searchsorted(self.first, idx, side="right") - 1
         files = np.unique(which)
+        # the files read, checked again (one stat each): a file cut short under its map kills the process with
+        # SIGBUS at the read, and one written in place would be read as other tokens
+        _check_unchanged([self.files[n] for n in files.tolist()])
         if len(files) == 1:
             n = int(files[0])
             rows = self._rows[n][idx - self.first[n]]
