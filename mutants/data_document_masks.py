@@ -7,6 +7,18 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/data/document_masks.py",
+        "find": "    rows = (ids if ids.ndim == 2 else ids.unsqueeze(0)).clone()",
+        "replace": "    rows = ids if ids.ndim == 2 else ids.unsqueeze(0)",
+        "tests": [
+            "tests/test_pack.py::test_the_block_mask_keeps_the_ids_it_was_built_from",
+        ],
+        "why": (
+            "the block mask's mask_mod reads a reused buffer's later ids while its skipped blocks stay the old ones"
+        ),
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/data/document_masks.py",
         "find": "    mask = (ids.unsqueeze(-1) == ids.unsqueeze(-2)) & causal",
         "replace": "    mask = ids.unsqueeze(-1) == ids.unsqueeze(-2)",
         "tests": [

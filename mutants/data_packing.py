@@ -7,6 +7,26 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/data/packing.py",
+        "find": "        return index % len(self)",
+        "replace": "        return index",
+        "tests": [
+            "tests/test_pack.py::test_rows_are_indexed_as_a_list_is_and_anything_else_is_refused",
+        ],
+        "why": "a negative row indexes alone but not read whole (index_select refuses it)",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/data/packing.py",
+        "find": "whole = not isinstance(i, bool | np.bool_) and not (",
+        "replace": "whole = not (",
+        "tests": [
+            "tests/test_pack.py::test_rows_are_indexed_as_a_list_is_and_anything_else_is_refused",
+        ],
+        "why": "True indexes row 1 (a bool is an int to operator.index)",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/data/packing.py",
         "find": "following = doc[start + 1 : start + length + 1]",
         "replace": "following = doc[start + 1 : start + length]",
         "tests": [

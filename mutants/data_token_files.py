@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/data/token_files.py",
+        "find": "except (KeyError, ValueError, SyntaxError, tokenize.TokenError) as e:",
+        "replace": "except (KeyError, ValueError, SyntaxError) as e:",
+        "tests": [
+            "tests/test_tokens_refusals.py::test_an_npy_file_with_a_damaged_header_is_refused_naming_it",
+        ],
+        "why": "a header cut inside a bracket raises tokenize's bare TokenError, naming no file",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/data/token_files.py",
         "find": "return [inputs, torch.from_numpy(rows[:, 1:].astype(np.int64))]",
         "replace": "return [inputs, torch.from_numpy(rows[:, :-1].astype(np.int64))]",
         "tests": [
@@ -118,5 +128,15 @@ MUTANTS = [
             "a dtype given that the .npy header contradicts passes unsaid (the user's belief about the file is wrong)"
         ),
         "from": "tokens",
+    },
+    {
+        "file": "src/composetrain/data/token_files.py",
+        "find": "        _check_unchanged([self.files[n] for n in files.tolist()])\n",
+        "replace": "",
+        "tests": [
+            "tests/test_tokens.py::test_a_file_changed_after_this_process_mapped_it_is_refused_at_the_next_read",
+        ],
+        "why": "a file cut short after it was mapped kills the process with SIGBUS at the next read",
+        "from": "adv33",
     },
 ]

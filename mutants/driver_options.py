@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/options.py",
+        "find": "            and data.persistent_workers\n",
+        "replace": "",
+        "tests": [
+            "tests/test_streams.py::test_persistent_workers_that_would_never_see_set_epoch_are_refused_for_several_passes",
+        ],
+        "why": "every loader with workers refused for several passes, also those that start their workers each pass",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
         "find": 'DEFAULT_INTERVAL = "10min"',
         "replace": 'DEFAULT_INTERVAL = "epoch"',
         "tests": [

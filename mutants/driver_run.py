@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
+        "find": '            self.settings["num_workers"] = self.stream.num_workers\n',
+        "replace": "",
+        "tests": [
+            "tests/test_streams_torchdata.py::test_a_stream_resumed_with_another_number_of_workers_is_refused_before_anything_changes",
+        ],
+        "why": "a stream's state of 2 workers handed to 0 or 1: a misleading error after the model was loaded",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
         "find": "        self.started_at = state.step\n",
         "replace": "",
         "tests": [

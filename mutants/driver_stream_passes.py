@@ -7,6 +7,26 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/stream_passes.py",
+        "find": 'return stream.record(state), {"state": state, "ended": any_true(stream.ended) if inside else False}',
+        "replace": 'return stream.record(state), {"state": state, "ended": False}',
+        "tests": [
+            "tests/test_streams_ranks.py::test_a_global_stream_saved_after_its_last_short_batch_resumes_on_another_number_of_processes_at_the_pass_end",
+        ],
+        "why": "on another world size, a global stream that starts over by itself is read again in the pass it ended",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/driver/stream_passes.py",
+        "find": "batches = _raising(e)",
+        "replace": "raise",
+        "tests": [
+            "tests/test_streams_ranks.py::test_a_stream_failing_in_iter_set_epoch_or_set_rank_on_one_rank_fails_every_rank_at_once",
+        ],
+        "why": "an iter() or set_epoch raising on one rank leaves the others at the next collective (a hang)",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/driver/stream_passes.py",
         "find": "        agreed = int(largest([float(status)])[0]) if proc.world_size > 1 else status",
         "replace": "        agreed = status",
         "tests": [
@@ -30,8 +50,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/stream_passes.py",
-        "find": ("    if position == 0 or replay:\n        stream.set_epoch(epoch)"),
-        "replace": ("    if position == 0:\n        stream.set_epoch(epoch)"),
+        "find": ("        if position == 0 or replay:\n            stream.set_epoch(epoch)"),
+        "replace": ("        if position == 0:\n            stream.set_epoch(epoch)"),
         "tests": [
             "tests/test_streams.py::test_a_stream_without_state_is_refused_with_checkpoints_and_resumed_by_replay_when_asked",
         ],

@@ -7,6 +7,36 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/streams.py",
+        "find": "        if self.loader is not None and not self.opened and has_state(self.dataset):",
+        "replace": "        if False:",
+        "tests": [
+            "tests/test_streams_torchdata.py::test_loader_workers_start_after_set_epoch_also_when_checkpoints_are_saved",
+        ],
+        "why": "the check before the first update starts the loader's workers before set_epoch(0)",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/driver/streams.py",
+        "find": 'derive_seed(self.seed, "stream pass", rank=self.rank, epoch=self.epoch)',
+        "replace": 'derive_seed(self.seed, "stream pass", rank=self.rank)',
+        "tests": [
+            "tests/test_streams_torchdata.py::test_a_pass_read_by_workers_ct_run_builds_draws_alike_in_a_resumed_run",
+        ],
+        "why": "every pass's workers seeded alike: each pass's noise repeats the first pass's",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/driver/streams.py",
+        "find": 'if getattr(data, "in_order", True) is False and data.num_workers > 1:',
+        "replace": 'if getattr(data, "in_order", True) is False and data.num_workers > 2:',
+        "tests": [
+            "tests/test_streams_torchdata.py::test_a_stateful_dataloader_out_of_order_is_refused_with_checkpoints",
+        ],
+        "why": "two workers out of order are let through: a resume trains on other batches",
+        "from": "adv33",
+    },
+    {
+        "file": "src/composetrain/driver/streams.py",
         "find": "            self.ended = len(batch) < self.batch_size\n",
         "replace": "            self.ended = False\n",
         "tests": [

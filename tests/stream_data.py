@@ -154,3 +154,69 @@ class Unsplit(Counting):
 
     def set_rank(self, rank: int, world_size: int) -> None:
         pass
+
+
+class Unreachable(Counting):
+    """Fails on rank 1 outside its items: in ``set_rank``, in ``set_epoch`` of its second pass, or in ``__iter__``
+    (not a generator: it opens its shards before it returns the iterator), as a lost bucket would."""
+
+    def __init__(self, length: int | None = 30, where: str = "iter", **kwargs: Any) -> None:
+        super().__init__(length, **kwargs)
+        self.where = where
+
+    def fail(self, where: str, rank: int) -> None:
+        if where == self.where and rank == 1:
+            raise OSError(f"bucket unreachable in {where}")
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        self.fail("set_rank", rank)
+        super().set_rank(rank, world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch == 1:
+            self.fail("set_epoch", self.rank)
+        super().set_epoch(epoch)
+
+    def __iter__(self) -> Any:
+        self.fail("iter", self.rank)
+        return super().__iter__()
+
+
+class EpochSeeded(Counting):
+    """Items of pass ``e`` shifted by ``1000 * (e + 1)``, a shift only ``set_epoch`` sets (as a stream that seeds its
+    shard order there): a copy of it that was never told its pass raises instead of reading."""
+
+    def __init__(self, length: int | None = 30, **kwargs: Any) -> None:
+        super().__init__(length, **kwargs)
+        self.shift: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.shift = 1000 * (epoch + 1)
+
+    def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.shift is None:
+            raise RuntimeError("this copy of the stream was never told its pass (set_epoch)")
+        x, y = super().item(i)
+        return x + self.shift, y
+
+
+class WorkerRandom(Counting):
+    """Items with noise drawn from the global torch generator of the process reading them (a loader worker's)."""
+
+    def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().item(i)
+        return x + torch.rand(self.features, dtype=torch.float64), y
+
+
+class GlobalRestarting(Global):
+    """A Global stream that starts over by itself at its end (not in set_epoch): its state after the pass's last,
+    short batch is already the next pass's."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.epochs_set.append(epoch)
+
+    def __iter__(self) -> Any:
+        yield from super().__iter__()
+        self.next = 0

@@ -118,6 +118,12 @@ def test_empty_documents_are_left_out_and_no_tokens_at_all_is_refused():
         ([[1.5, 2.0]], TypeError, r"document 0 must be a flat sequence of integer token ids, got float64"),
         ([[1], [[1, 2]]], TypeError, r"document 1 must be a flat sequence of integer token ids, got int64 of shape"),
         ([[3, -100, 4]], ValueError, r"document 0 holds the negative id -100; give token ids \(>= 0\), and no labels"),
+        ([[1], [1, [2, 3]]], TypeError, r"document 1 must be a flat sequence of integer token ids, got object"),
+        (
+            [{"input_ids": [1, 2]}],
+            TypeError,
+            r"document 0 is a dict with keys \['input_ids'\], not a sequence of token",
+        ),
     ],
 )
 def test_documents_that_are_not_token_id_sequences_are_refused(docs, error, said):
@@ -132,8 +138,10 @@ def test_options_are_checked():
         ct.pack([[1]], 4, split=1)
     with pytest.raises(ValueError, match=r"^ct\.pack: seq_len must be a positive int, got 0"):
         ct.pack([[1]], 0)
-    with pytest.raises(ValueError, match=r"^ct\.pack: pad_id must be a non-negative int, got -1"):
+    with pytest.raises(ValueError, match=r"^ct\.pack: pad_id must be an int from 0 to 9223372036854775807, got -1"):
         ct.pack([[1]], 4, pad_id=-1)
+    with pytest.raises(ValueError, match=r"^ct\.pack: pad_id must be an int from 0 to .* got 9223372036854775808"):
+        ct.pack([[1]], 4, pad_id=2**63)  # rows are int64: it was NumPy's bare OverflowError
 
 
 def test_rows_read_whole_as_ct_run_reads_them():
@@ -142,6 +150,26 @@ def test_rows_read_whole_as_ct_run_reads_them():
     for got, i in zip(items, [2, 0], strict=True):
         assert got.keys() == packed[i].keys() and all(torch.equal(got[k], packed[i][k]) for k in got)
     assert repr(packed) == "ct.pack(first_fit): 3 rows of 4 positions, 10 tokens, 16.7% padding"
+
+
+def test_rows_are_indexed_as_a_list_is_and_anything_else_is_refused():
+    packed = ct.pack([[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]], 4)
+    last = packed[len(packed) - 1]
+    for i in (-1, np.int64(-1), torch.tensor(-1)):
+        assert all(torch.equal(packed[i][k], last[k]) for k in last)
+        assert all(torch.equal(packed.__getitems__([i])[0][k], last[k]) for k in last)  # read whole alike
+    for bad in (True, 0.0, 1.7, slice(0, 2), torch.tensor([0]), "0"):
+        with pytest.raises(TypeError, match=r"^ct\.pack: a row index must be an int, got "):
+            packed[bad]  # a tensor indexed by True gains a dimension; by 1.7, as_tensor reads row 1
+        with pytest.raises(TypeError, match=r"^ct\.pack: a row index must be an int, got "):
+            packed.__getitems__([0, bad])
+    for bad in (len(packed), -len(packed) - 1):
+        with pytest.raises(
+            IndexError, match=rf"^ct\.pack: row {bad} is out of range for 3 rows; give an index from -3"
+        ):
+            packed[bad]
+        with pytest.raises(IndexError, match=rf"^ct\.pack: row {bad} is out of range for 3 rows"):
+            packed.__getitems__([bad])
 
 
 # -- masks ---------------------------------------------------------------------------------------------------
@@ -174,6 +202,27 @@ def test_the_block_mask_attends_as_the_boolean_mask():
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     dense = ct.document_block_mask(ids, block_size=4).to_dense()  # blocks no query attends to are skipped
     assert dense.shape == (len(packed), 1, 3, 3) and not bool(dense[:, :, 0, 2].any())
+
+
+def test_the_block_mask_keeps_the_ids_it_was_built_from():
+    """flex_attention calls mask_mod whenever attention runs, while the blocks it skips were fixed at the build: ids
+    changed in place afterwards (a batch buffer reused) must change neither."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch.nn.attention.flex_attention import flex_attention
+
+    ids = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1], [3, 3, 3, 3, 3, 3, 4, -1]])
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=ct.document_mask(ids))
+    buffer = ids.clone()
+    mask = ct.document_block_mask(buffer, block_size=4)
+    buffer.fill_(0)  # the next batch written into the same buffer
+    torch.testing.assert_close(flex_attention(q, k, v, block_mask=mask), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_rows_without_positions_are_refused_by_the_block_mask():
+    with pytest.raises(ValueError, match=r"^ct\.document_block_mask: document_ids has no positions \(shape \(2, 0\)\)"):
+        ct.document_block_mask(torch.zeros(2, 0, dtype=torch.int64))  # was a ZeroDivisionError inside torch
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ same batches and the same model, bit for bit; what it refuses, before anything t
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 
 import pytest
 import run_script
@@ -207,6 +208,21 @@ def test_a_state_dict_no_checkpoint_could_hold_is_refused_before_training(tmp_pa
     run(NumpyState())  # nothing to checkpoint: accepted
 
 
+class Ordered(Counting):
+    def state_dict(self):
+        return OrderedDict(super().state_dict())
+
+
+def test_a_state_dict_returned_as_an_ordered_dict_is_saved_and_resumed(tmp_path):
+    """It loads with weights_only=True as it was (inside a state it always was accepted): 'not a dict' refused it."""
+    straight, _, straight_seen = run(Ordered(), tmp_path / "straight", epochs=2)
+    run(Ordered(), tmp_path / "chain", epochs=2, max_steps=5)
+    saved = torch.load(tmp_path / "chain" / "step-000000005" / "rank-0.pt", weights_only=True)["stream"]["state"]
+    assert type(saved) is OrderedDict and saved == {"next": 20, "epoch": 0}
+    last, _, seen = run(Ordered(), tmp_path / "chain", epochs=2)
+    assert same(seen, straight_seen[5:]) and last.steps == straight.steps == 16
+
+
 def test_a_load_state_dict_that_raises_is_named_and_changes_nothing(tmp_path):
     run(Counting(), tmp_path, max_steps=3)
     state = run_script.state()
@@ -250,6 +266,19 @@ class Once(IterableDataset):
 
     def __iter__(self):
         return self.items
+
+
+def test_persistent_workers_that_would_never_see_set_epoch_are_refused_for_several_passes():
+    """Their copies of the stream stay where the first pass left them: the second pass gave nothing, and the warning
+    said the stream does not start over (it does, in set_epoch)."""
+    loader = DataLoader(Counting(length=16), batch_size=4, num_workers=2, persistent_workers=True)
+    with pytest.raises(ValueError, match=r"epochs=2 over a DataLoader with persistent_workers=True: its workers ke"):
+        run(loader, batch_size=None, num_workers=2, epochs=2)
+    result, _, _ = run(loader, batch_size=None, num_workers=2, epochs=1)  # one pass: set_epoch(0) reaches them
+    assert result.steps == 4 and not result.exhausted
+    fresh = DataLoader(Counting(length=16), batch_size=4, num_workers=2)  # workers started again each pass
+    result, _, seen = run(fresh, batch_size=None, num_workers=2, epochs=2)
+    assert result.steps == 8 and not result.exhausted and same(seen[4:], seen[:4]) is False
 
 
 def test_a_stream_that_does_not_start_over_ends_the_run_saying_so():

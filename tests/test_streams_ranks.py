@@ -5,12 +5,14 @@ of processes only where the dataset says its state is the whole job's."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import run_script
 import torch
 import torch.nn.functional as F
 from helpers import outcome
-from stream_data import Counting, Failing, Global, Unsplit
+from stream_data import Counting, Failing, Global, GlobalRestarting, Unreachable, Unsplit
 
 import composetrain as ct
 
@@ -23,10 +25,10 @@ def step(model, batch):
     return F.cross_entropy(model(x), y)
 
 
-def run(data, folder=None, *, ranks=True, **options):
+def run(data, folder=None, *, ranks=True, state=None, **options):
     """``ct.run`` of ``step`` (``distributed`` on the pool's ranks) from a fresh state: result, state, batches."""
     SEEN.clear()
-    state = run_script.state()
+    state = run_script.state() if state is None else state
     # a rank that waits for another past 30 s fails (a hang would fail the pool's call only after 120 s)
     options = {"batch_size": 3, "num_workers": 0, "progress": False, "log_every": 2, "timeout": 30, **options}
     result = ct.run(ct.distributed(step) if ranks else step, state, data, checkpoint_dir=folder, **options)
@@ -70,6 +72,23 @@ def test_a_stream_raising_on_one_rank_fails_every_rank_and_keeps_the_last_checkp
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000001"]
 
 
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("iter", "the stream raised on rank 1 while reading the batch of update 1 of its pass"),
+        ("set_epoch", "the stream raised on rank 1 while reading the batch of update 1 of its pass"),
+        ("set_rank", "setting up the stream failed on rank 1: OSError: bucket unreachable in set_rank; every rank"),
+    ],
+)
+def test_a_stream_failing_in_iter_set_epoch_or_set_rank_on_one_rank_fails_every_rank_at_once(pool, where, said):
+    """Not only its items: the other rank was left at the next collective until the timeout (or told that a rank
+    died, to be restarted by the launcher)."""
+    zero, one = pool.run(__name__, "unreachable", where)
+    assert one[0] == f"OSError: bucket unreachable in {where}"
+    assert zero[0].startswith(f"RuntimeError: run: {said}") and f"bucket unreachable in {where}" in zero[0]
+    assert zero[1] < 15 and zero[2] == one[2] == (2 if where == "set_epoch" else 0)  # at once; a pass trained
+
+
 def test_a_stream_resumes_on_another_number_of_processes_only_where_its_state_is_the_jobs(pool, tmp_path):
     pool.run(__name__, "saved_on_two", str(tmp_path / "ranks"), "Counting")
     with pytest.raises(ValueError, match=r"saved by 2 process\(es\), this run has 1; a stream's state is each rank"):
@@ -81,6 +100,20 @@ def test_a_stream_resumes_on_another_number_of_processes_only_where_its_state_is
     expected = [torch.stack([items.item(i)[0] for i in (k, k + 1)]) for k in (12, 14)]
     assert result.steps == 5 and all(torch.equal(x, y) for x, y in zip(seen, expected, strict=True))
     assert len(result.history) >= 1 and result.history[-1]["step"] == 5
+
+
+def test_a_global_stream_saved_after_its_last_short_batch_resumes_on_another_number_of_processes_at_the_pass_end(
+    pool, tmp_path
+):
+    """The job's record said the stream had not ended: one process resumed the pass, and a stream that starts over by
+    itself read the whole pass again inside it (13 updates instead of 8)."""
+    pool.run(__name__, "ended_on_two", str(tmp_path))  # 10 items: updates of 4, 4, then 2 (short on both ranks)
+    result, _, seen = run(GlobalRestarting(length=10), tmp_path, ranks=False, epochs=2, batch_size=2)
+    items = GlobalRestarting(length=10)
+    items.set_epoch(1)
+    expected = [torch.stack([items.item(i)[0] for i in (k, k + 1)]) for k in range(0, 10, 2)]  # pass 2 alone
+    assert result.steps == 8 and result.epochs == 2 and len(seen) == 5
+    assert all(torch.equal(x, y) for x, y in zip(seen, expected, strict=True))
 
 
 # -- the ranks' side -------------------------------------------------------------------------------------------
@@ -112,6 +145,17 @@ def failing(rank, world, folder):
     return outcome(lambda: run(data, folder, checkpoint_every=1))
 
 
+def unreachable(rank, world, where):
+    state, started = run_script.state(), time.monotonic()
+    data = Unreachable(length=12, where=where)  # 6 items a rank: 2 updates a pass
+    said = outcome(lambda: run(data, epochs=2, state=state))
+    return said, time.monotonic() - started, state.step
+
+
 def saved_on_two(rank, world, folder, kind):
     data = {"Counting": Counting, "Global": Global}[kind](length=None)
     return run(data, folder, max_steps=3, batch_size=2)[0].steps
+
+
+def ended_on_two(rank, world, folder):
+    return run(GlobalRestarting(length=10), folder, max_steps=3, epochs=2, batch_size=2)[0].steps

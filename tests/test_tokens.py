@@ -4,6 +4,8 @@ resumed run reads what the uninterrupted one did."""
 
 import mmap
 import pickle
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -147,6 +149,34 @@ def test_a_file_changed_after_ct_tokens_checked_it_is_refused_when_a_process_map
         f.write(b"\0\0")
     with pytest.raises(RuntimeError, match=r"changed since ct\.tokens checked it \(its size went from 210 to 212"):
         pickle.loads(again)[0]
+
+
+@pytest.mark.parametrize("change", ["cut", "written"])
+def test_a_file_changed_after_this_process_mapped_it_is_refused_at_the_next_read(tmp_path, change):
+    """Mapped already: a file cut short killed the process with SIGBUS at the read (no error, no traceback), and one
+    written in place was read as the tokens it holds now. Run in a child process, which the SIGBUS would kill."""
+    path = tmp_path / "train.bin"
+    np.arange(1 << 16, dtype=np.uint16).tofile(path)
+    code = (
+        "import os, numpy as np, composetrain as ct\n"
+        f"path = {str(path)!r}\n"
+        "data = ct.tokens(path, 1024, dtype=np.uint16)\n"
+        "assert data.read_batch([60])[0][0, 0] == 60 * 1024  # mapped\n"
+        f"if {change!r} == 'cut':\n"
+        "    os.truncate(path, 4096)\n"
+        "else:\n"
+        "    with open(path, 'r+b') as f:\n"
+        "        f.seek(2 * 60 * 1024)\n"
+        "        f.write(bytes(8))\n"
+        "try:\n"
+        "    data.read_batch([60])\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert said.returncode == 0, said.stderr[-500:]
+    what = "its size went from 131072 to 4096 bytes" if change == "cut" else "it was written to"
+    assert said.stdout.startswith(f"ct.tokens: {path} changed since ct.tokens checked it ({what})")
 
 
 def test_an_index_out_of_range_or_not_an_int_is_refused_naming_the_dataset(tmp_path):

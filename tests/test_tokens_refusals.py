@@ -67,6 +67,25 @@ def test_an_npy_file_cut_short_or_with_bytes_appended_is_refused(tmp_path):
         ct.tokens(path, 4)
 
 
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda h: h.replace(b"}", b" "), r"EOF in multi-line statement"),  # a bracket never closed
+        (lambda h: h.replace(b"'shape'", b"'sh\x9bpe'"), r"Header does not contain the correct keys"),
+        (lambda h: h.replace(b"(20,)", b"(2 0)"), r"Cannot parse header"),
+    ],
+)
+def test_an_npy_file_with_a_damaged_header_is_refused_naming_it(tmp_path, damage, said):
+    path = tmp_path / "ids.npy"
+    np.save(path, np.arange(20, dtype=np.uint16))
+    whole = path.read_bytes()
+    path.write_bytes(damage(whole[:128]) + whole[128:])
+    with pytest.raises(
+        ValueError, match=rf"(?s)^ct\.tokens: .*ids\.npy has an \.npy header that cannot be read \(.*{said}"
+    ):
+        ct.tokens(path, 4)
+
+
 def test_a_dtype_given_that_the_npy_header_contradicts_is_refused(tmp_path):
     np.save(tmp_path / "ids.npy", np.arange(20, dtype=np.int32))
     with pytest.raises(ValueError, match=r"dtype=uint16 was given, but .*ids\.npy is an \.npy file of int32"):

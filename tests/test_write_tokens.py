@@ -1,7 +1,10 @@
 """ct.write_tokens: token ids appended to a raw or .npy token file, durable and atomic: the file holds the old tokens
 and the new ones in order, or (a call that fails) exactly what it held, with no temporary file left behind."""
 
+import errno
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -63,8 +66,12 @@ def test_an_id_the_dtype_cannot_hold_changes_nothing(tmp_path):
     before, mtime = path.read_bytes(), path.stat().st_mtime_ns
     with pytest.raises(ValueError, match=r"^ct\.write_tokens: array 2 holds the id 65536 at position 1, which uint16 "):
         ct.write_tokens([[4], [5], [6, 65536]], path, dtype=np.uint16)
-    with pytest.raises(ValueError, match=r"array 0 holds the id -1 at position 0, which uint16 cannot hold \(0 to 65"):
+    with pytest.raises(
+        ValueError, match=r"array 0 holds the negative id -1 at position 0, and token ids are 0 or more"
+    ):
         ct.write_tokens([[-1, 9]], path, dtype=np.uint16)
+    with pytest.raises(ValueError, match=r"array 1 holds the negative id -3 at position 2, .* labels, not in a token"):
+        ct.write_tokens([[1], [4, 5, -3]], tmp_path / "signed.bin", dtype=np.int32)  # a signed dtype holds no more
     with pytest.raises(ValueError, match=r"holds the id 256 .* which uint8 cannot hold \(0 to 255\)"):
         ct.write_tokens([[256]], tmp_path / "small.bin", dtype=np.uint8)
     assert path.read_bytes() == before and path.stat().st_mtime_ns == mtime
@@ -193,3 +200,71 @@ def test_a_path_that_is_a_link_a_folder_or_in_no_folder_is_refused(tmp_path):
     with pytest.raises(TypeError, match=r"^ct\.write_tokens: path must be a file path, got 3 \(int\)"):
         ct.write_tokens([[2]], 3, dtype=np.uint16)
     assert read(tmp_path / "real.bin") == [1]
+
+
+def test_a_file_nobody_may_write_is_not_appended_to(tmp_path):
+    path = tmp_path / "train.bin"
+    ct.write_tokens([[1, 2]], path, dtype=np.uint16)
+    path.chmod(0o444)
+    with pytest.raises(
+        PermissionError, match=r"^ct\.write_tokens: .*train\.bin is read-only \(mode -r--r--r--\).*u\+w"
+    ):
+        ct.write_tokens([[3]], path, dtype=np.uint16)
+    assert read(path) == [1, 2] and path.stat().st_mode & 0o777 == 0o444 and listing(tmp_path) == ["train.bin"]
+    path.chmod(0o644)
+    assert ct.write_tokens([[3]], path, dtype=np.uint16) == 3
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write_and_nothing_else(tmp_path):
+    path = tmp_path / "train.bin"
+    ct.write_tokens([[1]], path, dtype=np.uint16)
+    left = tmp_path / ".train.bin.4242.0badc0de.tmp"  # as a writer killed mid-write leaves it
+    left.write_bytes(bytes(64))
+    others = [".other.bin.4242.0badc0de.tmp", ".train.bin.tmp", ".train.bin.x.0badc0de.tmp", "train.bin.4242.tmp"]
+    for name in others:
+        (tmp_path / name).write_bytes(b"mine")
+    with pytest.warns(UserWarning, match=r"removed .*\.train\.bin\.4242\.0badc0de\.tmp, the temporary file of a write"):
+        assert ct.write_tokens([[2]], path, dtype=np.uint16) == 2
+    assert listing(tmp_path) == sorted(["train.bin", *others]) and read(path) == [1, 2]
+
+
+def test_a_full_disk_is_named_with_the_file_and_changes_nothing(tmp_path):
+    """A write past RLIMIT_FSIZE fails as one on a full disk does (EFBIG; Python ignores SIGXFSZ)."""
+    path = tmp_path / "train.bin"
+    ct.write_tokens([np.arange(100)], path, dtype=np.uint16)
+    code = (
+        "import resource, numpy as np, composetrain as ct\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))\n"
+        "try:\n"
+        f"    ct.write_tokens([np.arange(100)], {str(path)!r}, dtype=np.uint16)\n"
+        "except OSError as e:\n"
+        "    print(e.errno, e)\n"
+    )
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert said.stdout.startswith(
+        f"{errno.EFBIG} [Errno {errno.EFBIG}] ct.write_tokens: writing {path} failed (File too"
+    )
+    assert "nothing was written, the file is as it was; free space in" in said.stdout
+    assert read(path) == list(range(100)) and listing(tmp_path) == ["train.bin"]
+
+
+def test_a_folder_it_may_not_write_is_named_and_a_callers_own_os_error_passes_as_it_came(tmp_path, monkeypatch):
+    path = tmp_path / "train.bin"
+    ct.write_tokens([[1]], path, dtype=np.uint16)
+
+    def documents():
+        yield [2]
+        raise OSError(errno.ENOSPC, "the tokenizer's cache is full")  # the caller's, not the writer's
+
+    with pytest.raises(OSError, match=r"^\[Errno 28\] the tokenizer's cache is full$"):
+        ct.write_tokens(documents(), path, dtype=np.uint16)
+
+    def denied(file, mode="r", *args, **kwargs):  # a folder this process may not write (root may write any)
+        if mode == "xb":
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(token_writer, "open", denied, raising=False)
+    with pytest.raises(PermissionError, match=rf"ct\.write_tokens: writing {path} failed \(Permission denied\); no"):
+        ct.write_tokens([[3]], path, dtype=np.uint16)
+    assert read(path) == [1] and listing(tmp_path) == ["train.bin"]

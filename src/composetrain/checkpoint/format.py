@@ -33,6 +33,7 @@ __all__ = [
     "ORDER",
     "READS",
     "SHARED",
+    "STREAM_STATES",
     "WINDOW",
     "Local",
     "Order",
@@ -286,13 +287,16 @@ def local_problem(local: dict[str, Any]) -> str | None:
     )
 
 
+STREAM_STATES = (dict, OrderedDict)  # what a stream's state_dict() may be: saved as it is, loaded as it was saved
+
+
 def stream_problem(record: Any) -> str | None:
     """What is wrong with a checkpoint's record of a stream (``{"state": its state_dict(), "ended": bool}``), or
     None."""
     if record is None or (
         type(record) is dict
         and record.keys() == {"state", "ended"}
-        and type(record["state"]) is dict
+        and type(record["state"]) in STREAM_STATES
         and type(record["ended"]) is bool
     ):
         return None

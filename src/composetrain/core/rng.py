@@ -70,7 +70,7 @@ class Generators:
             numpy.random.set_state(saved)
 
 
-SEEDS = ("fresh start", "loader", "worker", "order", "resume")  # what derive_seed derives a seed for
+SEEDS = ("fresh start", "loader", "worker", "order", "resume", "stream pass")  # what derive_seed derives a seed for
 
 
 def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0, epoch: int = 0, step: int = 0) -> int:
@@ -95,7 +95,11 @@ def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0, epoc
       step) % 2**63``: from the run's seed, the rank and the global position alone, so any two resumes there draw
       alike; mixed (SplitMix64's finaliser over the numbers in turn), since a sum of multiples lines streams up
       (``(seed * 1000003 + rank) * 1000033 + step + 1`` gave rank 0 resumed after update 1 of seed 0 the fresh
-      start's rank 2's stream). Its values are never in a checkpoint (a resumed run saves the states they start).
+      start's rank 2's stream). Its values are never in a checkpoint (a resumed run saves the states they start);
+    - ``"stream pass"``: the generator of the StatefulDataLoader ct.run builds to read a stream with workers, set
+      before pass ``epoch`` begins, ``mixed(seed, 3, rank, epoch) % 2**63``: its workers' base seed, so that a pass
+      resumed at its start draws as the uninterrupted run's (a generator seeded once drew one base seed per pass
+      read in this process, another in a resumed one).
 
     Example:
         >>> seed_everything(derive_seed(5, "fresh start", rank=1))  # 5000016
@@ -112,6 +116,8 @@ def derive_seed(seed: int, purpose: str, *, rank: int = 0, worker: int = 0, epoc
         return seed + epoch
     if purpose == "resume":
         return _mixed(seed, 1, rank, step) % 2**63
+    if purpose == "stream pass":
+        return _mixed(seed, 3, rank, epoch) % 2**63
     raise ValueError(f"derive_seed: purpose must be one of {SEEDS}, got {purpose!r}")
 
 

@@ -82,7 +82,14 @@ def document_block_mask(document_ids: torch.Tensor, *, block_size: int = 128) ->
             f"{who}: this torch ({torch.__version__}) has no flex_attention; install torch 2.5 or later, or use "
             "ct.document_mask with scaled_dot_product_attention"
         ) from None
-    rows = ids if ids.ndim == 2 else ids.unsqueeze(0)
+    if ids.shape[-1] == 0:  # flex_attention's block count divides by it
+        raise ValueError(
+            f"{who}: document_ids has no positions (shape {tuple(ids.shape)}): there is nothing to attend; give rows "
+            "of at least one position"
+        )
+    # a copy: mask_mod reads the ids whenever attention runs, while the blocks skipped are fixed now; ids changed in
+    # place later (a reused batch buffer) would otherwise mix two masks
+    rows = (ids if ids.ndim == 2 else ids.unsqueeze(0)).clone()
 
     def same_document(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return (rows[b, q] == rows[b, kv]) & (q >= kv)

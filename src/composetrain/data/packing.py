@@ -8,7 +8,8 @@ called; the rows are then an ordinary map-style Dataset, so ``ct.run``'s order o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,12 +47,35 @@ class PackedDataset(Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return self.rows["input_ids"].shape[0]
 
+    def _index(self, i: Any) -> int:
+        """Row ``i`` as a list indexes (ints, NumPy ints, 0-dim integer tensors; negative from the end); never a
+        bool, a float or a slice, which a tensor would read as other rows (``t[True]`` adds a dimension)."""
+        whole = not isinstance(i, bool | np.bool_) and not (
+            isinstance(i, torch.Tensor) and (i.ndim or i.dtype == torch.bool)
+        )
+        try:
+            index = operator.index(i) if whole else None
+        except TypeError:
+            index = None
+        if index is None:
+            raise TypeError(
+                f"{PACK}: a row index must be an int, got {show(i)}; index one row (packed[3]), or several with "
+                "packed.__getitems__([3, 4])"
+            )
+        if not -len(self) <= index < len(self):
+            raise IndexError(
+                f"{PACK}: row {index} is out of range for {len(self)} rows; give an index from {-len(self)} to "
+                f"{len(self) - 1}"
+            )
+        return index % len(self)
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = self._index(i)
         return {name: t[i] for name, t in self.rows.items()}
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
         """The rows at ``indices``: one gather per field, then each row's views."""
-        index = torch.as_tensor(indices, dtype=torch.int64)
+        index = torch.tensor([self._index(i) for i in indices], dtype=torch.int64)
         gathered = {name: t.index_select(0, index) for name, t in self.rows.items()}
         return [{name: t[n] for name, t in gathered.items()} for n in range(len(index))]
 
@@ -63,7 +87,15 @@ class PackedDataset(Dataset[dict[str, torch.Tensor]]):
 
 
 def _document(doc: Any, n: int) -> np.ndarray[Any, Any]:
-    values = doc.detach().cpu().numpy() if isinstance(doc, torch.Tensor) else np.asarray(doc)
+    if isinstance(doc, Mapping):  # a dataset's row (Hugging Face's): its ids are one of its fields
+        raise TypeError(
+            f"{PACK}: document {n} is a {type(doc).__name__} with keys {list(doc)[:5]}, not a sequence of token ids; "
+            "give the ids alone, e.g. ct.pack([row['input_ids'] for row in dataset], seq_len)"
+        )
+    try:
+        values = doc.detach().cpu().numpy() if isinstance(doc, torch.Tensor) else np.asarray(doc)
+    except ValueError:  # nested lists of different lengths
+        values = np.asarray(doc, dtype=object)
     if values.size == 0:
         return np.zeros(0, np.int64)
     if values.dtype.kind not in "ui" or values.ndim != 1 or values.dtype == np.uint64:
@@ -161,7 +193,7 @@ def pack(
     if method not in METHODS:
         raise ValueError(f"{PACK}: method must be 'first_fit' or 'greedy', got {show(method)}; e.g. method='greedy'")
     split = check_bool(split, PACK, "split", example="split=True")
-    pad_id = check_int(pad_id, PACK, "pad_id", minimum=0, example="pad_id=0")
+    pad_id = check_int(pad_id, PACK, "pad_id", minimum=0, maximum=2**63 - 1, example="pad_id=0")  # int64 rows
     docs = _documents(documents)
     pieces: list[tuple[int, int, int]] = []  # document, start, length
     for n, doc in enumerate(docs):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,7 +122,7 @@ def _npy_header(f: Any, start: bytes, path: Path, size: int, who: str) -> tuple[
         version = np.lib.format.read_magic(f)
         read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
         shape, _, dtype = read(f)
-    except (KeyError, ValueError, SyntaxError) as e:
+    except (KeyError, ValueError, SyntaxError, tokenize.TokenError) as e:  # TokenError: a header cut inside a bracket
         raise ValueError(
             f"{who}: {path} has an .npy header that cannot be read ({e}); write it again with np.save"
         ) from None
@@ -243,6 +244,9 @@ class TokenDataset(MappedDataset):
         assert self._rows is not None
         which = np.searchsorted(self.first, idx, side="right") - 1
         files = np.unique(which)
+        # the files read, checked again (one stat each): a file cut short under its map kills the process with
+        # SIGBUS at the read, and one written in place would be read as other tokens
+        _check_unchanged([self.files[n] for n in files.tolist()])
         if len(files) == 1:
             n = int(files[0])
             rows = self._rows[n][idx - self.first[n]]

@@ -3,17 +3,23 @@
 A call writes the file's tokens and the new ones into a temporary file beside it, fsyncs it, and renames it over
 the path (then fsyncs the folder): the path holds the old file or the new one, never a part, and a call that fails
 (an id the dtype cannot hold, an array of floats, a full disk, an exception in the caller's iterable) leaves the
-file as it was and no temporary file behind. Writers in one folder take turns (``fcntl.flock`` on the folder).
+file as it was and no temporary file behind. Writers in one folder take turns (``fcntl.flock`` on the folder), so the
+temporary file of a writer that was killed (SIGKILL, a node lost) is removed by the next write to that path. A file
+with no write permission for anyone is not appended to.
 Each call copies the file it appends to: write a shard in few calls (``arrays`` may be a generator of documents).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import re
 import secrets
 import shutil
+import stat
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -85,10 +91,17 @@ def _ids(array: Any, n: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
             f"{values.shape}; convert it first (ids.reshape(-1).astype(np.int64))"
         )
     low, high, top = int(values.min()), int(values.max()), int(np.iinfo(dtype).max)
-    if low < 0 or high > top:
-        at = int(np.argmin(values)) if low < 0 else int(np.argmax(values))
+    if low < 0:  # no dtype holds it as a token: a wider one is no fix
+        at = int(np.argmin(values))
         raise ValueError(
-            f"{WRITE_TOKENS}: array {n} holds the id {int(values[at])} at position {at}, which {dtype} cannot hold "
+            f"{WRITE_TOKENS}: array {n} holds the negative id {low} at position {at}, and token ids are 0 or more; "
+            "nothing was written; give the tokenizer's ids (an ignore label such as -100 belongs in a batch's "
+            "labels, not in a token file)"
+        )
+    if high > top:
+        at = int(np.argmax(values))
+        raise ValueError(
+            f"{WRITE_TOKENS}: array {n} holds the id {high} at position {at}, which {dtype} cannot hold "
             f"(0 to {top}); nothing was written; write a file of a wider dtype (dtype=np.uint32, in a new file)"
         )
     return values.astype(dtype, copy=False)
@@ -136,7 +149,10 @@ def write_tokens(arrays: Any, path: str | os.PathLike[str], *, dtype: Any = None
         offset, dtype_, count = 0, wanted if wanted is not None else np.dtype(np.uint16), 0
         if exists:
             offset, dtype_, count, _ = layout_of(target, wanted, WRITE_TOKENS)
+            _refuse_read_only(target)
+        _remove_leftovers(target)  # a killed writer's: no other writer is in the folder while we hold its lock
         temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        ours = True  # False while the caller's iterable runs: an OSError there is its own (a file it reads)
         try:
             with open(temporary, "xb") as out:
                 out.write(_npy_header(dtype_, 0) if npy else b"")
@@ -144,11 +160,16 @@ def write_tokens(arrays: Any, path: str | os.PathLike[str], *, dtype: Any = None
                     with open(target, "rb") as old:
                         old.seek(offset)
                         _copy(old, out, count * dtype_.itemsize, target)
-                added = 0
-                for n, array in enumerate(_arrays(arrays)):
+                added, n, source = 0, 0, _arrays(arrays)
+                while True:
+                    ours = False
+                    array = next(source, _END)
+                    ours = True
+                    if array is _END:
+                        break
                     ids = _ids(array, n, dtype_)
                     out.write(ids.tobytes())
-                    added += ids.size
+                    added, n = added + ids.size, n + 1
                 if npy:
                     out.seek(0)
                     out.write(_npy_header(dtype_, count + added))
@@ -157,11 +178,55 @@ def write_tokens(arrays: Any, path: str | os.PathLike[str], *, dtype: Any = None
             if exists:
                 shutil.copymode(target, temporary)  # the file keeps who may read it
             os.replace(temporary, target)
-        except BaseException:
+        except BaseException as e:
             temporary.unlink(missing_ok=True)
+            failed = e if isinstance(e, OSError) and ours else None
+            fix = _FIXES.get(failed.errno or 0) if failed is not None else None
+            if failed is not None and fix is not None:
+                raise OSError(
+                    failed.errno,
+                    f"{WRITE_TOKENS}: writing {target} failed ({failed.strerror}); nothing was written, the file is "
+                    f"as it was; {fix.format(folder=target.parent)}",
+                ) from e
             raise
         fsync_folder(target.parent)
     return count + added
+
+
+_END = object()
+_FULL = "free space in {folder} (a copy of the file and the new tokens must fit), or write to a new file elsewhere"
+_DENIED = "make {folder} writable (the new file is written beside the old one), or write to a new file elsewhere"
+_FIXES = {  # how writing the new file beside the old one fails, and the fix
+    errno.ENOSPC: _FULL,
+    errno.EDQUOT: _FULL,
+    errno.EFBIG: _FULL,  # a file size limit (ulimit -f)
+    errno.EACCES: _DENIED,
+    errno.EPERM: _DENIED,
+    errno.EROFS: _DENIED,
+}
+
+
+def _refuse_read_only(target: Path) -> None:
+    """A file that nobody may write to is not appended to (the rename that publishes a new file would bypass it)."""
+    mode = os.stat(target).st_mode
+    if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(
+            f"{WRITE_TOKENS}: {target} is read-only (mode {stat.filemode(mode)}), kept from changes; nothing was "
+            f"written; make it writable (chmod u+w {target}) to append to it, or write the tokens to a new file"
+        )
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Delete the temporary files that writers of ``target`` killed mid-write left beside it (named as ours only)."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.\d+\.[0-9a-f]{{8}}\.tmp")
+    for entry in os.scandir(target.parent):
+        if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            os.unlink(entry.path)
+            warnings.warn(
+                f"{WRITE_TOKENS}: removed {entry.path}, the temporary file of a write to {target} that was killed "
+                "before it finished (its tokens were never published)",
+                stacklevel=3,
+            )
 
 
 def _copy(source: Any, out: Any, size: int, path: Path) -> None:

@@ -758,6 +758,22 @@ class RunOptions:
                     f"{RUN}: checkpoint_dir is given, but {problem}. (Without checkpoint_dir a run of it never "
                     "resumes, and needs neither.)"
                 )
+        data = loader.data
+        if (
+            loader.stream
+            and isinstance(data, DataLoader)
+            and data.num_workers
+            and data.persistent_workers
+            and callable(getattr(data.dataset, "set_epoch", None))
+            and (self.total_epochs or 1) > 1
+        ):
+            raise ValueError(
+                f"{RUN}: epochs={self.total_epochs} over a {type(data).__name__} with persistent_workers=True: its "
+                "workers keep the copies of the stream they started with, which never see the set_epoch(epoch) "
+                "ct.run calls before each pass (on the dataset in this process), so the passes after the first "
+                "read a spent stream (or the first pass again); give the loader persistent_workers=False (its "
+                "workers start each pass from the dataset as set_epoch left it), or epochs=1"
+            )
 
     @property
     def total_epochs(self) -> int | None:

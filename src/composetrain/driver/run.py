@@ -51,7 +51,7 @@ from composetrain.driver.reader import Reader
 from composetrain.driver.saving import Saves
 from composetrain.driver.schedules import horizon_problem, steps_left_problem
 from composetrain.driver.stragglers import DEFAULT_THRESHOLD
-from composetrain.driver.stream_passes import open_pass, restore_stream, stream_record
+from composetrain.driver.stream_passes import agreed_stream, open_pass, restore_stream, stream_record
 from composetrain.driver.streams import Stream, build_stream
 from composetrain.driver.throughput import resolve_peak
 from composetrain.driver.tracking import Tracker
@@ -536,15 +536,18 @@ class _Driver:
         except ValueError as e:
             raise ValueError(f"{RUN}: {step_fn!r}: {e}") from None
         self.stream = (  # read in passes, its state per rank
-            build_stream(
-                chosen.data,
-                batch_size=chosen.batch_size,
-                drop_last=chosen.drop_last,
-                collate_fn=chosen.collate_fn,
-                num_workers=chosen.num_workers,
-                resume=chosen.stream_resume,
-                proc=proc,
-                seed=chosen.seed,
+            agreed_stream(
+                lambda: build_stream(
+                    chosen.data,
+                    batch_size=chosen.batch_size,
+                    drop_last=chosen.drop_last,
+                    collate_fn=chosen.collate_fn,
+                    num_workers=chosen.num_workers,
+                    resume=chosen.stream_resume,
+                    proc=proc,
+                    seed=chosen.seed,
+                ),
+                proc,
             )
             if chosen.stream
             else None
@@ -606,6 +609,8 @@ class _Driver:
         }
         if self.stream is not None:  # how it resumes ("global state": on any number of processes)
             self.settings["stream"] = "global state" if self.stream.global_state else self.stream.mode
+            # who keeps its state: the dataset (0), or a StatefulDataLoader's workers, one state each
+            self.settings["num_workers"] = self.stream.num_workers
         self.checkpoints = None
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
@@ -670,6 +675,15 @@ class _Driver:
                 f"{RUN}: checkpoint {path} continues a run of global_batch_size={old}, and this run has "
                 f"global_batch_size={new}: it changes the run (which samples form each update, so the model it "
                 f"trains); resume with global_batch_size={old}, or point checkpoint_dir elsewhere to start afresh"
+            )
+        old, new = changed.get("num_workers", (None, None))
+        if old is not None and self.stream is not None and self.stream.mode == "state":
+            raise ValueError(
+                f"{RUN}: checkpoint {path} holds the state of a stream read by {old} loader worker(s) (0: in the "
+                f"training process), and this run reads it with {new}: each worker keeps its own share of the "
+                "stream, so neither the dataset nor a StatefulDataLoader of another number of workers can continue "
+                f"from it; resume with num_workers={old} (or a DataLoader of as many), or point checkpoint_dir "
+                "elsewhere to start afresh"
             )
         if changed:
             listing = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in changed.items())

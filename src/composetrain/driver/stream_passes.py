@@ -10,7 +10,7 @@ import hashlib
 import itertools
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,10 @@ import torch
 from composetrain.core.batching import leaves, to_device
 from composetrain.core.util import RUN
 from composetrain.driver.streams import Stream, state_digest, state_problem
-from composetrain.launch.agree import all_true, gathered, largest
+from composetrain.launch.agree import all_true, any_true, gathered, largest
 from composetrain.launch.rendezvous import Process
 
-__all__ = ["agree_on", "open_pass", "pass_batches", "restore_stream", "stream_record"]
+__all__ = ["agree_on", "agreed_stream", "open_pass", "pass_batches", "restore_stream", "stream_record"]
 
 _BATCH, _END, _ERROR = 0, 1, 2  # what a rank says before each update; the largest wins
 
@@ -34,17 +34,22 @@ def open_pass(
     (``restore_stream``); or, under ``stream_resume="replay"``, the pass read again from its start and the batches
     already trained on dropped. ``first``: the first batch this process reads in this run (compared across ranks)."""
     replay = stream.mode == "replay" and position > 0
-    if position == 0 or replay:
-        stream.set_epoch(epoch)
-    batches = stream.iterate()
+    read = position
+    try:  # the stream's set_epoch and iter() may raise too (an __iter__ that opens its shards): on every rank alike
+        if position == 0 or replay:
+            stream.set_epoch(epoch)
+        batches = stream.iterate()
+        if replay:
+            warnings.warn(
+                f"{RUN}: resuming the stream {type(stream.dataset).__name__} by replay (stream_resume='replay'): "
+                f"reading pass {epoch + 1} again from its start and dropping its first {position} batches, already "
+                "trained on",
+                stacklevel=4,
+            )
+            read = sum(1 for _ in itertools.islice(batches, position))
+    except Exception as e:
+        batches = _raising(e)  # raised by pass_batches at its first batch, where every rank learns of it
     if replay:
-        warnings.warn(
-            f"{RUN}: resuming the stream {type(stream.dataset).__name__} by replay (stream_resume='replay'): "
-            f"reading pass {epoch + 1} again from its start and dropping its first {position} batches, already "
-            "trained on",
-            stacklevel=4,
-        )
-        read = sum(1 for _ in itertools.islice(batches, position))
         problem = agree_on(None if read == position else f"rank {proc.rank}'s stream gave {read} batches", proc)
         if problem is not None:
             raise ValueError(
@@ -53,6 +58,31 @@ def open_pass(
                 "it state_dict() and load_state_dict() (stream_resume='state')"
             )
     return pass_batches(batches, position, proc.device, proc, check_shards=first, waiting=waiting)
+
+
+def agreed_stream(build: Callable[[], Stream], proc: Process) -> Stream:
+    """``build()``, the stream of this rank (which calls its dataset's ``set_rank``), on every rank or on none: a rank
+    whose stream fails raises its own error, the others a RuntimeError naming it, rather than each waiting at the
+    next collective for a rank that left."""
+    stream, error = None, None
+    try:
+        stream = build()
+    except Exception as e:
+        error = e
+    problem = agree_on(None if error is None else f"rank {proc.rank}: {type(error).__name__}: {error}", proc)
+    if error is not None:
+        raise error
+    if problem is not None:
+        raise RuntimeError(
+            f"{RUN}: setting up the stream failed on {problem}; every rank stops with it, before anything is read"
+        )
+    assert stream is not None  # for the type checker: built where nothing failed
+    return stream
+
+
+def _raising(error: Exception) -> Iterator[Any]:
+    raise error
+    yield  # a generator: raises at its first next()
 
 
 def restore_stream(
@@ -92,7 +122,7 @@ def stream_record(
     batch have read it) or None. ``inside`` None: before the first update, only checked."""
     state: Any = None
     try:
-        state = stream.state_dict()
+        state = stream.state_dict() if inside is not None else stream.state_to_check()
         problem = state_problem(state, "the stream's state_dict()")
     except Exception as e:
         problem = f"the stream's state_dict() raised {type(e).__name__}: {e}"
@@ -116,7 +146,10 @@ def stream_record(
             "position, the same on every rank; keep each rank's own position out of it, or drop state_is_global "
             "(the run then resumes on the same number of processes only)"
         )
-    return stream.record(state), {"state": state, "ended": False}  # the job's: another world size reads it anew
+    # the job's, which another world size reads anew: the pass is over once any rank saw its stream end (a rank that
+    # read a short batch has nothing for the next update), and a stream that starts over by itself is then already
+    # in the next pass
+    return stream.record(state), {"state": state, "ended": any_true(stream.ended) if inside else False}
 
 
 def pass_batches(

@@ -12,13 +12,17 @@ What ct.run does with a stream, in order:
   read ahead, so the state taken after an update holds exactly the batches trained on;
 - every rank says whether it got a batch (one small all-reduce per update on several processes): at the first
   update some rank's stream has none, the pass ends on every rank (the others' batch of that update is dropped),
-  and a stream that raises on one rank raises on every rank;
+  and a stream that raises on one rank (reading an item, or in ``set_rank``, ``set_epoch`` or ``iter()``) raises on
+  every rank;
 - a save keeps ``state_dict()`` (the dataset's, or the loader's, which holds its workers' datasets'), checked to
   hold tensors and plain types only; a resume hands it to ``load_state_dict`` before the next ``iter()`` (inside a
   pass after that pass's ``set_epoch``, at a pass's end before the next one's). Read in this process, ct.run also
   records that it saw the stream end inside the last, short batch; read by torchdata's workers, a stream must be
   spent at its end (an ``iter()`` from that state yields nothing: a restored worker is asked for one more batch)
-  and begin its next pass in ``set_epoch``.
+  and begin its next pass in ``set_epoch``. Workers start after ``set_epoch`` (before the first update only the
+  dataset's own state is checked, so that none start earlier); those of the loader ct.run builds draw their base
+  seed per pass from (seed, rank, epoch), exact at a pass's start: inside a pass their own generators' draws are
+  not restored, only the stream's state.
 
 Where a stream keeps no state, ``stream_resume="replay"`` resumes it by reading the pass from its start again and
 dropping the batches already trained on. A dataset whose class says ``state_is_global = True`` keeps the whole
@@ -37,7 +41,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
-from composetrain.checkpoint.format import unplain
+from composetrain.checkpoint.format import STREAM_STATES, unplain
 from composetrain.core.rng import capture_rng, derive_seed, restore_rng
 from composetrain.core.util import RUN, show
 from composetrain.launch.rendezvous import Process
@@ -85,6 +89,12 @@ def resume_problem(data: Any) -> str | None:
                 f"the {type(data).__name__} given has no state_dict(), so a checkpoint could not say where its stream "
                 f"stands; give torchdata's StatefulDataLoader over a dataset with {protocol}, or the dataset itself "
                 f"(ct.run batches it), {replay}"
+            )
+        if getattr(data, "in_order", True) is False and data.num_workers > 1:
+            return (
+                f"the {type(data).__name__} given has in_order=False, so its batches come in the order its workers "
+                "finish them and its state cannot say which of them were trained on (torchdata gives no guarantee "
+                "for it); give it in_order=True (the default)"
             )
         if not has_state(data.dataset):
             return (
@@ -163,6 +173,8 @@ class Stream:
         choice: str | None = None,
     ) -> None:
         self.mode, self.choice = mode, choice
+        self.seed, self.rank, self.epoch = seed, rank, 0
+        self.opened = False  # a pass was opened, or a state loaded: a loader's state_dict() starts no workers now
         self.loader: DataLoader[Any] | None = None  # None: ct.run reads the dataset's items itself
         self.dataset: Any
         if isinstance(data, DataLoader):
@@ -189,15 +201,19 @@ class Stream:
 
     def set_epoch(self, epoch: int) -> None:
         """A new pass is about to begin (``set_epoch`` of the dataset, where it has one)."""
-        self.ended = False
+        self.ended, self.epoch = False, epoch
         if callable(getattr(self.dataset, "set_epoch", None)):
             self.dataset.set_epoch(epoch)
 
     def iterate(self) -> Iterator[Any]:
         """The batches of the pass, from where the stream stands (none when it was seen to end)."""
+        self.opened = True
         loader = self.loader
         if loader is None:
             return iter(()) if self.ended else self._read(iter(self.dataset))
+        if self.built:  # the workers' base seed of this pass, whichever process reads it
+            assert loader.generator is not None  # for the type checker: ct.run built it with one
+            loader.generator.manual_seed(derive_seed(self.seed, "stream pass", rank=self.rank, epoch=self.epoch))
         return _untouched(lambda: iter(loader))
 
     def _read(self, items: Iterator[Any]) -> Iterator[Any]:
@@ -220,8 +236,17 @@ class Stream:
             return self.dataset.state_dict()
         return _untouched(self.source.state_dict)  # before the first iter(), it makes the iterator
 
+    def state_to_check(self) -> Any:
+        """The state checked before the first update: ``state_dict()``; but a loader's before its first pass is its
+        dataset's (what each worker's state holds), since its own would start its workers there, before
+        ``set_epoch`` of that pass, and the pass would read their copies of the stream as they were."""
+        if self.loader is not None and not self.opened and has_state(self.dataset):
+            return self.dataset.state_dict()
+        return self.state_dict()
+
     def load_state_dict(self, state: Any) -> None:
         self.source.load_state_dict(state)
+        self.opened = True  # a loader's state_dict() gives the state loaded, starting nothing
 
     def record(self, state: dict[str, Any]) -> dict[str, Any]:
         """What a checkpoint keeps of this rank's stream: its ``state`` and whether ct.run saw it end in this pass."""
@@ -288,6 +313,6 @@ def state_digest(state: Any) -> str:
 
 def state_problem(state: Any, where: str) -> str | None:
     """Why a stream's ``state_dict()`` cannot go into a checkpoint (loaded with weights_only=True), or None."""
-    if type(state) is not dict:
+    if type(state) not in STREAM_STATES:  # what a checkpoint's loader accepts (checkpoint/format.py)
         return f"{where} returned {show(state)}, not a dict"
     return unplain(state, where)
