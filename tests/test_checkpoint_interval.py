@@ -88,10 +88,10 @@ def test_anything_else_is_refused_naming_the_forms_it_takes(every, error):
     assert show(every) in message or show(every[0]) in message or show(every[1]) in message, message
 
 
-def test_a_run_with_a_folder_saves_every_ten_minutes_unless_told_in_the_foreground_unless_asked():
-    assert DEFAULT_INTERVAL == "10min" and ASYNC_DEFAULT is False
+def test_a_run_with_a_folder_saves_every_ten_minutes_unless_told_in_the_background_unless_told():
+    assert DEFAULT_INTERVAL == "10min" and ASYNC_DEFAULT is True
     options = CheckpointOptions("runs/a")
-    assert options.every_seconds == 600 and options.every_updates is None and options.checkpoint_async is False
+    assert options.every_seconds == 600 and options.every_updates is None and options.checkpoint_async is True
     assert CheckpointOptions("runs/a", checkpoint_async=True).checkpoint_async is True
     assert CheckpointOptions("runs/a", "epoch").every_seconds is None  # epoch ends only: as before
     assert CheckpointOptions("runs/a", 100).every_seconds is None  # a count given: no clock

@@ -349,9 +349,10 @@ class LoaderOptions:
 # A run with a checkpoint_dir saves at least this often (wall-clock; its epoch ends too), unless told otherwise:
 # a kill loses minutes, not an epoch. What it costs is measured in benchmarks/README.md (Checkpoints).
 DEFAULT_INTERVAL = "10min"
-# Whether saves are written in the background unless told (checkpoint_async=None): not yet (a tracker's records
-# after a save begun can be sent twice when a kill loses it; README, Checkpoints)
-ASYNC_DEFAULT = False
+# Whether saves are written in the background unless told (checkpoint_async=None): they keep every promise of a
+# synchronous save (tests/test_run_tracker.py, test_checkpoint_async.py, test_checkpoint_kill_points.py with it on)
+# and stall the training 0.2 of one (benchmarks/README.md, Checkpoints)
+ASYNC_DEFAULT = True
 _UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(s|min|h)")
 _EVERY = (
