@@ -78,6 +78,8 @@ def test_a_duration_is_its_number_of_units(n, unit):
         (("epoch", 5), TypeError),
         ([500, "30min"], TypeError),
         ((True, "30s"), TypeError),
+        ("9" * 400 + "s", ValueError),  # a float past 1e308: inf seconds, which would never save
+        ((None, "30s"), TypeError),  # a pair is a count and a duration: "30s" alone says the duration
     ],
 )
 def test_anything_else_is_refused_naming_the_forms_it_takes(every, error):

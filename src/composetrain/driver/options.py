@@ -10,6 +10,7 @@ a device or a folder: every refusal comes before anything is set up.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sized
@@ -364,7 +365,8 @@ _EVERY = (
 def seconds_of(value: str) -> float | None:
     """The seconds a duration such as ``"90s"``, ``"30min"``, ``"1.5h"`` means, or None if it is none."""
     match = _DURATION.fullmatch(value)
-    return None if match is None else float(match[1]) * _UNITS[match[2]]
+    seconds = None if match is None else float(match[1]) * _UNITS[match[2]]
+    return seconds if seconds is None or math.isfinite(seconds) else None  # 400 nines: no interval, never a save
 
 
 def _every(value: Any) -> tuple[int | None, float | None]:
@@ -372,7 +374,7 @@ def _every(value: Any) -> tuple[int | None, float | None]:
     if isinstance(value, tuple) and len(value) == 2:
         counts = [v for v in value if not isinstance(v, str)]
         texts = [v for v in value if isinstance(v, str)]
-        if len(counts) == 1 and len(texts) == 1 and texts[0] != "epoch":
+        if len(counts) == 1 and len(texts) == 1 and texts[0] != "epoch" and counts[0] is not None:
             return _every(counts[0])[0], _every(texts[0])[1]
     elif isinstance(value, str):
         seconds = seconds_of(value)
