@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
+        "find": "        self.saves.resumed = True",
+        "replace": "        self.saves.resumed = False",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_with_a_tracker_the_first_checkpoint_is_written_in_the_foreground_and_the_rest_in_the_background",
+        ],
+        "why": "the driver never tells the saves it resumed: a resumed tracked run's first save stalls",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
         "find": "        self.started_at = state.step\n",
         "replace": "",
         "tests": [
