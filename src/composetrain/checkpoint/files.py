@@ -338,6 +338,7 @@ class Checkpoints:
         """Every rank's checksums, as its writer left them in ``flush``'s folder, once all are there; None as soon
         as some rank's writes are marked failed, or when some rank's mark is still missing at ``deadline``."""
         parts: dict[int, dict[str, str]] = {}
+        pause = 0.05  # then longer: each look is a request per missing rank in object storage
         while True:
             for rank in range(self.world_size):
                 if rank not in parts:
@@ -350,7 +351,8 @@ class Checkpoints:
                 return [parts[r] for r in range(self.world_size)]
             if time.monotonic() >= deadline:
                 return None
-            time.sleep(0.05)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2.0, pause * 1.5)
 
     def _begin(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None) -> Flush:
         """Every check, on every rank alike, before anything is written; then the temporary folder."""
