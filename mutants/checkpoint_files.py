@@ -7,6 +7,89 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/checkpoint/files.py",
+        "find": "        elif written and self.rank == 0 and self._writer.outcome()[1] is None:",
+        "replace": "        elif False and written and self.rank == 0 and self._writer.outcome()[1] is None:",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it",
+            "tests/test_streams_ranks.py::test_a_stream_raising_on_one_rank_fails_every_rank_and_keeps_the_last_checkpoint",
+        ],
+        "why": "several ranks give a failed run's save in flight up, the last checkpoint a synchronous save had",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "            if self.world_size > 1:  # this rank's part told in the folder",
+        "replace": "            if self.world_size > 2:  # this rank's part told in the folder",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it",
+        ],
+        "why": "no marks on two ranks: rank 0 waits its timeout for them, then gives the save up",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": ("  # that rank's writes failed: nothing to publish\n                        return None\n"),
+        "replace": ("  # that rank's writes failed: nothing to publish\n                        continue\n"),
+        "tests": [
+            "tests/test_checkpoint_async.py::test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it",
+        ],
+        "why": "a rank's failed writes not heeded: rank 0 waits out its whole timeout for a part that never comes",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "            if len(parts) == self.world_size:",
+        "replace": "            if len(parts) >= self.world_size - 1:",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it",
+        ],
+        "why": "published without every rank's part: a checkpoint missing a rank's file, listed as complete",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "        deadline = time.monotonic() + self.timeout",
+        "replace": "        deadline = time.monotonic() + 3 * self.timeout",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it",
+        ],
+        "why": "a rank that died mid-write holds the others past the timeout the user gave",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": '    return json.dumps({"sha256": sums} if failed is None else {"failed": failed})',
+        "replace": '    return json.dumps({"sha256": sums})',
+        "tests": [
+            "tests/test_checkpoint_async.py::test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it",
+        ],
+        "why": "a rank whose writes failed marks its part written: rank 0 publishes a checkpoint without its file",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": "            mark.unlink(missing_ok=True)",
+        "replace": "            pass",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it",
+        ],
+        "why": "the ranks' marks left in the published checkpoint, files it does not list",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
+        "find": (
+            "        self._seal(flush, sums)\n        self._commit(flush, sums)\n        self._prune(flush.step)\n"
+        ),
+        "replace": ("        self._seal(flush, sums)\n        self._commit(flush, sums)\n"),
+        "tests": [
+            "tests/test_checkpoint_async.py::test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it",
+        ],
+        "why": "a save published by rank 0 alone keeps more checkpoints than keep_checkpoints",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/checkpoint/files.py",
         "find": '                    problem = problem or (local and unlogged_problem(payload, local["window"]))',
         "replace": "                    problem = problem",
         "tests": [
@@ -202,8 +285,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/checkpoint/files.py",
-        "find": "            older = [p for p in self._steps() if self._step(p) < flush.step]",
-        "replace": "            older = [p for p in self._steps() if self._step(p) <= flush.step]",
+        "find": "        older = [p for p in self._steps() if self._step(p) < step]",
+        "replace": "        older = [p for p in self._steps() if self._step(p) <= step]",
         "tests": [
             "tests/test_checkpoint_async.py::test_retention_never_leaves_the_folder_without_a_complete_checkpoint",
         ],

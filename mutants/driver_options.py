@@ -208,4 +208,34 @@ MUTANTS = [
         "why": "shuffle=True with a stream is ignored, not refused",
         "from": "streams",
     },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "    return seconds if seconds is None or math.isfinite(seconds) else None",
+        "replace": "    return seconds",
+        "tests": [
+            "tests/test_checkpoint_interval.py::test_anything_else_is_refused_naming_the_forms_it_takes",
+        ],
+        "why": "a duration past 1e308 seconds accepted: inf, a clock that never saves",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": ' and texts[0] != "epoch" and counts[0] is not None:',
+        "replace": ' and texts[0] != "epoch":',
+        "tests": [
+            "tests/test_checkpoint_interval.py::test_anything_else_is_refused_naming_the_forms_it_takes",
+        ],
+        "why": "(None, '30s') accepted while (5, None) is refused",
+        "from": "adv35",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "ASYNC_DEFAULT = True",
+        "replace": "ASYNC_DEFAULT = False",
+        "tests": [
+            "tests/test_checkpoint_interval.py::test_a_run_with_a_folder_saves_every_ten_minutes_unless_told_in_the_background_unless_told",
+        ],
+        "why": "saves block the training by default",
+        "from": "adv35",
+    },
 ]

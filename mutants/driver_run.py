@@ -571,4 +571,14 @@ MUTANTS = [
         "why": "37.2: 'eval_ema.*' without ct.ema found at the first evaluation, after an epoch's training",
         "from": "timm_recipes",
     },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        self.saves.resumed = True",
+        "replace": "        self.saves.resumed = False",
+        "tests": [
+            "tests/test_checkpoint_async.py::test_with_a_tracker_the_first_checkpoint_is_written_in_the_foreground_and_the_rest_in_the_background",
+        ],
+        "why": "the driver never tells the saves it resumed: a resumed tracked run's first save stalls",
+        "from": "adv35",
+    },
 ]

@@ -1,4 +1,4 @@
-"""Saves written in the background (``ct.run(..., checkpoint_async=True)``; off by default): published only once
+"""Saves written in the background (``ct.run(..., checkpoint_async=True)``, the default): published only once
 written (files fsynced, checksums listed), at most one in flight, the copy taken at the update boundary, the same
 bytes as a synchronous save, resumable as one; a write that fails (a full disk) stops the run with its error, the
 previous checkpoint the newest; retention never leaves no checkpoint; the stalls named in ``result.bottleneck``.
@@ -91,6 +91,32 @@ def test_a_background_save_is_published_only_once_written_while_training_goes_on
     assert result.checkpoint == tmp_path / "step-000000006"
     # 2 and 4 by a writer thread, the run's last save (6) by the training thread, which returns once it is written
     assert writers == [*["checkpoint step 2"] * 2, *["checkpoint step 4"] * 2, *["MainThread"] * 2]
+
+
+def test_with_a_tracker_the_first_checkpoint_is_written_in_the_foreground_and_the_rest_in_the_background(
+    tmp_path, monkeypatch
+):
+    """With on_record, a run that has no checkpoint writes its first one on the training thread (a kill before it
+    is published would start the run afresh and send again the records made meanwhile), later ones in the
+    background; a run resumed from a checkpoint writes even its first in the background. Without on_record, the
+    first too."""
+    writers, real = [], files._write
+
+    def spy(obj, path):
+        writers.append((path.parent.name.removeprefix(".step-00000000")[0], threading.current_thread().name))
+        return real(obj, path)
+
+    monkeypatch.setattr(files, "_write", spy)
+    got = []
+    train(tmp_path / "a", max_steps=4, checkpoint_every=2, on_record=got.append)
+    assert writers == [("2", "MainThread")] * 2 + [("4", "MainThread")] * 2  # 4: the run's last
+    writers.clear()
+    train(tmp_path / "a", max_steps=8, checkpoint_every=3, on_record=got.append)  # resumed at 4: saves 6, 8
+    assert writers == [("6", "checkpoint step 6")] * 2 + [("8", "MainThread")] * 2
+    assert [r["step"] for r in got] == [4, 8]  # each record once
+    writers.clear()
+    train(tmp_path / "b", max_steps=4, checkpoint_every=2)
+    assert writers == [("2", "checkpoint step 2")] * 2 + [("4", "MainThread")] * 2
 
 
 def test_at_most_one_save_is_in_flight_and_a_save_that_finds_one_waits(tmp_path, monkeypatch):
@@ -322,6 +348,17 @@ def test_saves_that_stall_training_are_named_in_the_bottleneck(tmp_path, monkeyp
     assert "checkpoint" not in result.bottleneck, result.bottleneck
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_the_runs_last_save_however_slow_is_no_stall_named_in_the_bottleneck(tmp_path, monkeypatch, background):
+    """A run that saves only at its end (0.3 s a file there): that save ends the run whatever the interval, so
+    ``result.bottleneck`` tells no one to save less often (it did, on a loop as short as the save, now and then)."""
+    real = files._write
+    monkeypatch.setattr(files, "_write", lambda obj, path: time.sleep(0.3) or real(obj, path))
+    _, result = train(tmp_path, max_steps=8, checkpoint_async=background)
+    assert published(tmp_path) == ["step-000000008"]
+    assert "checkpoint" not in result.bottleneck and "save" not in result.bottleneck, result.bottleneck
+
+
 def test_sigterm_during_a_background_save_finishes_it_then_saves_the_final_state(tmp_path, monkeypatch):
     """SIGTERM arrives in update 5 while the save of 3 is held in its writes (released half a second later): the
     run waits for that save, publishes it, saves 5 and stops, pre-empted; resumed, it ends as the straight run."""
@@ -362,6 +399,36 @@ def test_two_ranks_publish_a_save_only_once_both_wrote_it_and_both_stop_on_one_f
     assert all("for checkpoint step 4" in e and "on rank 1" in e for e in errors), errors
     assert all("the previous checkpoint step-000000002 is intact" in e for e in errors), errors
     assert published(tmp_path / "full") == ["step-000000002"] and not temporary(tmp_path / "full")
+
+
+@pytest.mark.parametrize("rank_1", ["written", "died mid-write", "out of space"])
+def test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it(
+    pool, tmp_path, rank_1
+):
+    """Both ranks begin the save of 4 (2 published), then fail with no collective between them (as when one rank
+    raises alone and the other finds it gone): each waits for its own writes, and rank 0 publishes the save of 4
+    once rank 1's part is written (rank 1's writes held 0.5 s past the failure), as a synchronous save would have
+    been, its files those of the state of 4. When rank 1 never finishes its part (its writer stuck, as in a rank
+    that died), rank 0 gives up after ``timeout`` (2 s); when rank 1's writes fail (a full disk), rank 0 learns it
+    from rank 1's mark and gives up at once (``timeout`` 20 s: not waited). Then step 2 stays the newest
+    (keep_checkpoints=1: pruned only once 4 is published)."""
+    out = pool.run(__name__, "fail_with_a_save_in_flight", str(tmp_path), rank_1)
+    assert out[0]["abandoned"] == (rank_1 != "written")
+    if rank_1 == "died mid-write":  # waited its timeout, no longer
+        assert 1.9 <= out[0]["seconds"] < 5, out
+    else:  # out of space: told by rank 1's mark, not its 20 s timeout
+        assert out[0]["seconds"] < 10, out
+    if rank_1 == "written":
+        assert published(tmp_path) == ["step-000000004"] and not temporary(tmp_path)  # keep=1: 2 pruned
+        path = tmp_path / "step-000000004"
+        for name in ("state.pt", "rank-0.pt", "rank-1.pt"):  # each the part of 4 its rank wrote, as listed
+            assert torch.load(path / name, weights_only=True)["n"] == 4
+            assert files.mismatch(path, name, files.read_sums(path)[0]) is None
+        sums = json.loads((path / "checksums.json").read_text())["sha256"]
+        assert sorted(sums) == ["rank-0.pt", "rank-1.pt", "state.pt"]  # the marks removed, no file of it
+        assert sorted(p.name for p in path.iterdir()) == ["checksums.json", "rank-0.pt", "rank-1.pt", "state.pt"]
+    else:
+        assert published(tmp_path) == ["step-000000002"]
 
 
 # -- run on every rank of the pool (its ranks import this module by name) ----------------------------------------
@@ -419,3 +486,38 @@ def rank_1_full(rank, world, directory):
     except OSError as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
+
+
+def fail_with_a_save_in_flight(rank, world, directory, rank_1):
+    state, gate, real = run_script.state(), threading.Event(), files._write
+
+    def held(obj, path):
+        if rank == 1 and path.parent.name == ".step-000000004.tmp":
+            if rank_1 == "out of space":
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            gate.wait(None if rank_1 == "written" else 6)  # never set when it dies: stuck past rank 0's timeout
+        return real(obj, path)
+
+    files._write = held
+    timeout = 2 if rank_1 == "died mid-write" else 20
+    checkpoints = files.Checkpoints(directory, rank=rank, world_size=world, keep=1, timeout=timeout)
+    try:
+        shared, local = payload(state, 2)
+        checkpoints.save(2, shared if rank == 0 else {}, local)
+        shared, local = payload(state, 4)
+        checkpoints.save_async(4, shared if rank == 0 else {}, local)
+        if rank_1 == "written":
+            threading.Timer(0.5, gate.set).start()
+        started = time.monotonic()
+        checkpoints.close()  # the run failed: no collective from here on
+        return {
+            "abandoned": checkpoints.newest is None or checkpoints.newest.name != "step-000000004",
+            "seconds": time.monotonic() - started,
+        }
+    finally:
+        if rank_1 == "written":
+            gate.set()
+        for t in threading.enumerate():
+            if t.name.startswith("checkpoint step"):
+                t.join(30)
+        files._write = real

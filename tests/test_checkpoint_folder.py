@@ -308,6 +308,42 @@ def test_a_really_full_disk_says_so_and_leaves_the_previous_checkpoint(tiny_disk
     assert os.statvfs(tiny_disk).f_bfree * os.statvfs(tiny_disk).f_frsize > 900_000  # the space is back
 
 
+def test_a_really_full_disk_in_a_background_save_stops_the_run_and_a_rerun_ends_as_a_plain_loop(tiny_disk, tmp_path):
+    """ct.run, saving in the background (the default) into a 1 MiB disk a state of 577 KB every 2 updates with
+    keep_checkpoints=1: the save of 2 fits, the save of 4 (written while 2 is still there) runs out of space in
+    its writer thread. The run stops with the error, 2 the newest, nothing of 4 left and its space back; moved to a
+    roomier folder, the run resumes and ends equal to a plain PyTorch loop over the same batches."""
+    d = run_script.dataset()
+
+    def wide():
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 4000), torch.nn.ReLU(), torch.nn.Linear(4000, 2)).double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return ct.TrainState(model, optimizer)
+
+    def step(model, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    options = {"batch_size": 12, "shuffle": False, "num_workers": 0, "progress": False, "checkpoint_every": 2}
+    with pytest.raises(OSError, match=r"run: no space left in .* for checkpoint step 4 \(writing about 57") as e:
+        ct.run(step, wide(), d, checkpoint_dir=tiny_disk / "run", max_steps=12, keep_checkpoints=1, **options)
+    assert e.value.errno == errno.ENOSPC and "the previous checkpoint step-000000002 is intact" in str(e.value)
+    assert sorted(p.name for p in (tiny_disk / "run").iterdir() if "step" in p.name) == ["step-000000002"]
+    assert os.statvfs(tiny_disk).f_bfree * os.statvfs(tiny_disk).f_frsize > 350_000  # the space is back
+    shutil.copytree(tiny_disk / "run", tmp_path / "roomy", ignore=shutil.ignore_patterns(".lock-*"))
+    resumed = wide()
+    ct.run(step, resumed, d, checkpoint_dir=tmp_path / "roomy", max_steps=12, **options)
+    plain = wide()
+    for i in range(12):
+        x, y = d[i * 12 % 96 : i * 12 % 96 + 12]
+        step(plain.model, (x, y)).backward()
+        plain.optimizer.step()
+        plain.optimizer.zero_grad(set_to_none=True)
+    for a, b in zip(resumed.model.parameters(), plain.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("lost", ["state.pt", None])
 def test_a_folder_without_state_pt_where_the_run_saves_is_refused_before_training(tmp_path, lost):
     """The newest checkpoint lost its state.pt (or a folder of the user's has the name of a step the run saves at):

@@ -198,6 +198,23 @@ def test_a_checkpoint_without_its_marker_is_absent_and_a_changed_object_is_set_a
     assert published(url) == ["step-000000008", "step-000000009", "step-000000012"]  # resumed from 6, saved anew
 
 
+def test_an_upload_of_several_ranks_cut_short_with_their_marks_is_tidied_by_the_next_run(s3, tmp_path):
+    """A two-rank save cut short leaves, under its prefix, a rank's file and that rank's mark (its checksums, which
+    a failing run's rank 0 reads to publish alone), no marker: the next run removes them as its own objects, saves
+    there anew and ends as the uninterrupted run."""
+    url = s3.bucket("marks") + "/exp"
+    train(url, max_steps=4, checkpoint_every=4)
+    client = s3.client()
+    client.put_object(Bucket="marks", Key="exp/step-000000008/.written-rank-1", Body=b'{"sha256": {}}')
+    client.put_object(Bucket="marks", Key="exp/step-000000008/rank-1.pt", Body=b"half")
+    resumed, _ = train(url, max_steps=12, checkpoint_every=4)
+    straight, _ = train(tmp_path / "straight", max_steps=12, checkpoint_every=4)
+    assert_states_equal(resumed, straight)
+    assert [n for n in listing(url) if n.startswith("step-000000008/")] == [
+        f"step-000000008/{f}" for f in ("checksums.json", "rank-0.pt", "state.pt")
+    ]
+
+
 def test_retention_in_s3_keeps_the_newest_complete_checkpoint_at_every_moment(s3):
     url = s3.bucket("retention") + "/exp"
     looks = []

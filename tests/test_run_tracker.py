@@ -199,15 +199,18 @@ def sent_once(got, straight):
     assert untimed(got) == untimed(straight)
 
 
-@pytest.mark.parametrize("kills", [(7, 2), (7, 1, 1), (10, 3), (7, 5)])
-def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again(tmp_path, kills):
+@pytest.mark.parametrize(
+    ("kills", "sync"), [((7, 2), False), ((7, 1, 1), False), ((10, 3), False), ((7, 5), False), ((7, 2), True)]
+)
+def test_each_record_reaches_the_tracker_once_across_runs_killed_again_and_again(tmp_path, kills, sync):
     """Real SIGKILLs (run_script's job, this file's main): killed in update 7 (saved at 4, 6 sent), then killed
     again before the resumed run redid 6: its rewrite of the metrics file from the checkpoint must not forget what
-    was sent, or the next run sends 6 again."""
-    sent_once_across_kills(tmp_path, "--kill-at", kills)
+    was sent, or the next run sends 6 again. Saved in the background (the default: the first checkpoint, 4, in the
+    foreground, or a kill before it is written would start afresh and send 3, 4e and 6 again), and synchronously."""
+    sent_once_across_kills(tmp_path, "--kill-at", kills, ["--sync"] if sync else [])
 
 
-def sent_once_across_kills(tmp_path, where, kills):
+def sent_once_across_kills(tmp_path, where, kills, more=()):
     """This file's killed job (its main block), killed ``where`` (--kill-at or --kill-in-tracker) at each of ``kills``
     and then run to its end: each record reached the tracker once, and the metrics file is the straight run's."""
     straight = []
@@ -216,7 +219,7 @@ def sent_once_across_kills(tmp_path, where, kills):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for kill in (*kills, 0):
         command = [sys.executable, __file__, "--dir", str(tmp_path / "b"), "--sent", str(sent)]
-        with Job([*command, where, str(kill)], env) as job:
+        with Job([*command, where, str(kill), *more], env) as job:
             code, out = job.finish(180)
         assert code == (-signal.SIGKILL if kill else 0), out
     sent_once([json.loads(line) for line in sent.read_text().splitlines()], straight)
@@ -373,6 +376,7 @@ def main():
     p.add_argument("--sent", required=True)
     p.add_argument("--kill-at", type=int, default=0)
     p.add_argument("--kill-in-tracker", type=int, default=0)
+    p.add_argument("--sync", action="store_true")  # checkpoint_async=False
     args = p.parse_args()
     torch.set_num_threads(1)
     calls = []
@@ -394,7 +398,7 @@ def main():
             f.flush()
             os.fsync(f.fileno())
 
-    options = {**OPTIONS, **RESUMED}
+    options = {**OPTIONS, **RESUMED, **({"checkpoint_async": False} if args.sync else {})}
     ct.run(step, run_script.state(), run_script.dataset(), checkpoint_dir=args.dir, on_record=tracker, **options)
     print("DONE", flush=True)
 

@@ -29,8 +29,10 @@ import datetime
 import errno
 import functools
 import io
+import json
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -72,7 +74,7 @@ from composetrain.checkpoint.shards import ShardFiles, split
 from composetrain.core.util import RUN
 from composetrain.launch.agree import all_true, from_rank0, gathered
 
-__all__ = ["Checkpoints", "Flush", "StepWriter"]
+__all__ = ["Checkpoints", "Flush", "StepWriter", "mark_name", "mark_text", "parse_mark"]
 
 
 def _write(obj: Any, path: Path) -> str:
@@ -273,6 +275,11 @@ class Checkpoints:
                 error = error or shards.exception()
                 if error is None:
                     flush.written.update(self._shard_sums(flush))
+            if self.world_size > 1:  # this rank's part told in the folder: rank 0 can publish alone (abandon)
+                try:
+                    self._mark(flush, None if error is None else f"{type(error).__name__}: {error}")
+                except Exception as e:  # a full disk: the mark of a failure too (rank 0 then waits its timeout)
+                    error = error or e
             if error is not None:
                 raise error
             return flush.written
@@ -305,15 +312,47 @@ class Checkpoints:
         return self._publish(flush, gathered(written))
 
     def abandon(self) -> None:
-        """The run failed with a save in flight: alone, this process waits for its writes (``timeout`` seconds
-        at most) and publishes it if they went well, as no other rank has to agree; with several, the save is given
-        up (the ranks may be anywhere): never published, what it left removed by the next run."""
-        if self._pending is None:
+        """The run failed with a save in flight: it is published if every rank wrote its part, else given up (never
+        published; what it left is removed by the next run), as a synchronous save would have been published
+        before the failure. Each rank waits for its own writes (``timeout`` seconds at most). Alone, this process
+        then publishes it; with several, the ranks may be anywhere (in a collective that will never complete, or
+        gone), so none is asked to agree: each rank's writer left its checksums in the folder once its part was
+        written (``_mark``), and rank 0 publishes the save once every rank's are there, waiting for them until
+        ``timeout`` seconds have passed since the failure (a rank that died mid-write never leaves them)."""
+        flush = self._pending
+        if flush is None:
             return
-        if self._writer.wait(self.timeout) and self.world_size == 1:
+        deadline = time.monotonic() + self.timeout
+        written = self._writer.wait(self.timeout)
+        if written and self.world_size == 1:
             with contextlib.suppress(Exception):  # a failed write: removed, the run's own error goes on
                 self.finish()
+        elif written and self.rank == 0 and self._writer.outcome()[1] is None:
+            with contextlib.suppress(Exception):  # the store or the disk failing now: the next run tidies
+                parts = self._wait_for_marks(flush, deadline)
+                if parts is not None:
+                    self._publish_alone(flush, parts)
         self._pending = None
+
+    def _wait_for_marks(self, flush: Flush, deadline: float) -> list[dict[str, str]] | None:
+        """Every rank's checksums, as its writer left them in ``flush``'s folder, once all are there; None as soon
+        as some rank's writes are marked failed, or when some rank's mark is still missing at ``deadline``."""
+        parts: dict[int, dict[str, str]] = {}
+        pause = 0.05  # then longer: each look is a request per missing rank in object storage
+        while True:
+            for rank in range(self.world_size):
+                if rank not in parts:
+                    found = self._read_mark(flush, rank)
+                    if isinstance(found, str):  # that rank's writes failed: nothing to publish
+                        return None
+                    if found is not None:
+                        parts[rank] = found
+            if len(parts) == self.world_size:
+                return [parts[r] for r in range(self.world_size)]
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2.0, pause * 1.5)
 
     def _begin(self, step: int, payload: dict[str, Any], local: dict[str, Any], nonfinite: str | None) -> Flush:
         """Every check, on every rank alike, before anything is written; then the temporary folder."""
@@ -407,12 +446,24 @@ class Checkpoints:
         self._agreed(flush, lambda: self._seal(flush, sums) if self.rank == 0 else None)
         self._agreed(flush, lambda: self._commit(flush, sums) if self.rank == 0 else None)  # every rank learns
         if self.rank == 0:
-            older = [p for p in self._steps() if self._step(p) < flush.step]
-            for stale in older[self.keep - 1 :]:  # the newest, just published, is never among them
-                self._remove(stale)
+            self._prune(flush.step)
         self._barrier()
         self.newest = flush.final
         return flush.final
+
+    def _publish_alone(self, flush: Flush, everyone: list[dict[str, str]]) -> None:
+        """``_publish`` by rank 0 alone, no other rank taking part (``abandon``); its errors raised here."""
+        sums = {name: sum_ for part in everyone for name, sum_ in part.items()}
+        self._seal(flush, sums)
+        self._commit(flush, sums)
+        self._prune(flush.step)
+        self.newest = flush.final
+
+    def _prune(self, step: int) -> None:
+        """Rank 0: the checkpoints older than ``step`` beyond ``keep`` removed; ``step``'s, just published, never."""
+        older = [p for p in self._steps() if self._step(p) < step]
+        for stale in older[self.keep - 1 :]:
+            self._remove(stale)
 
     def taken(self, step: int) -> bool:
         """Whether something that is no checkpoint sits where checkpoint ``step`` would be published (a save there
@@ -460,8 +511,29 @@ class Checkpoints:
                 found[f"{SHARDS}/{p.name}"] = digest(p)
         return found
 
+    def _mark(self, flush: Flush, failed: str | None) -> None:
+        """This rank's part of ``flush`` written (its checksums) or ``failed`` (why), said in the temporary folder,
+        whole or not at all (``abandon``: rank 0 publishes alone once every rank's are there; ``_seal`` removes
+        them)."""
+        mark = flush.tmp / mark_name(self.rank)
+        part = mark.with_name(mark.name + ".part")
+        io_step(f"write {mark.name}")
+        part.write_text(mark_text(flush.written, failed))
+        os.replace(part, mark)
+
+    def _read_mark(self, flush: Flush, rank: int) -> dict[str, str] | str | None:
+        """The checksums ``rank`` left in ``flush``'s temporary folder, why its writes failed (a str), or None while
+        it left nothing readable."""
+        try:
+            return parse_mark((flush.tmp / mark_name(rank)).read_text())
+        except (OSError, ValueError):
+            return None
+
     def _seal(self, flush: Flush, sums: dict[str, str]) -> None:
         """Rank 0: the checksums listed, then every entry of the temporary folder durable."""
+        for mark in flush.tmp.glob(".written-rank-*"):  # the ranks' marks (several ranks): no file of the checkpoint
+            io_step(f"remove {mark.name}")
+            mark.unlink(missing_ok=True)
         io_step(f"write {CHECKSUMS}")
         write_sums(flush.tmp, sums)
         if (flush.tmp / SHARDS).is_dir():
@@ -686,3 +758,25 @@ def _free(directory: Path, name: str) -> Path:
         n += 1
         candidate = directory / f"{name}-{n}"
     return candidate
+
+
+def mark_name(rank: int) -> str:
+    """The name of the file in which ``rank``'s writer leaves the checksums of its part of a save (several ranks)."""
+    return f".written-rank-{rank}"
+
+
+def mark_text(sums: dict[str, str], failed: str | None) -> str:
+    """A rank's mark: ``{"sha256": its files' checksums}``, or ``{"failed": why}``."""
+    return json.dumps({"sha256": sums} if failed is None else {"failed": failed})
+
+
+def parse_mark(text: str | bytes) -> dict[str, str] | str | None:
+    """A rank's mark as ``_mark`` wrote it: its files' checksums by name, why its writes failed (a str), or None:
+    not one."""
+    value = json.loads(text)
+    if isinstance(value, dict) and isinstance(value.get("failed"), str):
+        return str(value["failed"])
+    sums = value.get("sha256") if isinstance(value, dict) else None
+    if isinstance(sums, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in sums.items()):
+        return sums
+    return None

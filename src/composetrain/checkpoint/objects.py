@@ -34,7 +34,7 @@ import torch
 
 from composetrain.checkpoint.background import io_step
 from composetrain.checkpoint.checksums import CHECKSUMS, Hashing, differs, parse_sums, sums_text
-from composetrain.checkpoint.files import Checkpoints, Flush
+from composetrain.checkpoint.files import Checkpoints, Flush, mark_name, mark_text, parse_mark
 from composetrain.checkpoint.folder import SHARDS, STATE_FILE, step_of
 from composetrain.checkpoint.format import MARK, read
 from composetrain.core.util import RUN
@@ -43,7 +43,9 @@ from composetrain.launch.agree import all_true, from_rank0
 __all__ = ["ObjectCheckpoints", "Place", "StorageError", "is_remote", "local_path", "open_checkpoints", "read_remote"]
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-_OURS = re.compile(rf"({re.escape(STATE_FILE)}|rank-[0-9]+\.pt|{re.escape(CHECKSUMS)}|{SHARDS}/.+)")
+_OURS = re.compile(
+    rf"({re.escape(STATE_FILE)}|rank-[0-9]+\.pt|{re.escape(CHECKSUMS)}|{SHARDS}/.+|\.written-rank-[0-9]+)"
+)
 _TMP = re.compile(r"\.(step-[0-9]{9,})\.tmp")
 _UNREACHABLE = {
     "EndpointConnectionError",
@@ -318,7 +320,23 @@ class ObjectCheckpoints(Checkpoints):
         marker = place / CHECKSUMS
         self._call("upload of", marker, self.fs.pipe_file, marker.path, sums_text(sums).encode())
 
+    def _mark(self, flush: Flush, failed: str | None) -> None:
+        mark = flush.tmp / mark_name(self.rank)
+        io_step(f"upload {mark.name}")
+        self._call("upload of", mark, self.fs.pipe_file, mark.path, mark_text(flush.written, failed).encode())
+
+    def _read_mark(self, flush: Flush, rank: int) -> dict[str, str] | str | None:
+        try:
+            return parse_mark(self.fs.cat_file((flush.tmp / mark_name(rank)).path))
+        except (OSError, ValueError):
+            return None
+
     def _seal(self, flush: Flush, sums: dict[str, str]) -> None:
+        for rank in range(self.world_size) if self.world_size > 1 else ():  # the ranks' marks: no file of it
+            mark = flush.tmp / mark_name(rank)
+            io_step(f"remove {mark.name}")
+            with contextlib.suppress(FileNotFoundError):
+                self._call("removal of", mark, self.fs.rm_file, mark.path)
         if flush.tmp != flush.final:  # a step saved again: its copy complete beside the published one
             self._put_marker(flush.tmp, sums)
 

@@ -10,6 +10,7 @@ a device or a folder: every refusal comes before anything is set up.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sized
@@ -349,9 +350,10 @@ class LoaderOptions:
 # A run with a checkpoint_dir saves at least this often (wall-clock; its epoch ends too), unless told otherwise:
 # a kill loses minutes, not an epoch. What it costs is measured in benchmarks/README.md (Checkpoints).
 DEFAULT_INTERVAL = "10min"
-# Whether saves are written in the background unless told (checkpoint_async=None): not yet (a tracker's records
-# after a save begun can be sent twice when a kill loses it; README, Checkpoints)
-ASYNC_DEFAULT = False
+# Whether saves are written in the background unless told (checkpoint_async=None): they keep every promise of a
+# synchronous save (tests/test_run_tracker.py, test_checkpoint_async.py, test_checkpoint_kill_points.py with it on)
+# and stall the training 0.2 of one (benchmarks/README.md, Checkpoints)
+ASYNC_DEFAULT = True
 _UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(s|min|h)")
 _EVERY = (
@@ -363,7 +365,8 @@ _EVERY = (
 def seconds_of(value: str) -> float | None:
     """The seconds a duration such as ``"90s"``, ``"30min"``, ``"1.5h"`` means, or None if it is none."""
     match = _DURATION.fullmatch(value)
-    return None if match is None else float(match[1]) * _UNITS[match[2]]
+    seconds = None if match is None else float(match[1]) * _UNITS[match[2]]
+    return seconds if seconds is None or math.isfinite(seconds) else None  # 400 nines: no interval, never a save
 
 
 def _every(value: Any) -> tuple[int | None, float | None]:
@@ -371,7 +374,7 @@ def _every(value: Any) -> tuple[int | None, float | None]:
     if isinstance(value, tuple) and len(value) == 2:
         counts = [v for v in value if not isinstance(v, str)]
         texts = [v for v in value if isinstance(v, str)]
-        if len(counts) == 1 and len(texts) == 1 and texts[0] != "epoch":
+        if len(counts) == 1 and len(texts) == 1 and texts[0] != "epoch" and counts[0] is not None:
             return _every(counts[0])[0], _every(texts[0])[1]
     elif isinstance(value, str):
         seconds = seconds_of(value)

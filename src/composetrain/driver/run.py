@@ -222,7 +222,10 @@ def run(
             allowed to prune older ones) only once every rank's files are durable, at a later update boundary. At
             most one save is in flight: the next waits for it. A write error (a full disk) stops the run at the
             next update boundary, the previous checkpoint the newest; the run's last save (its end, SIGTERM,
-            SIGUSR1) is written before ct.run returns. False: each save blocks training until it is published.
+            SIGUSR1) is written before ct.run returns; a run that fails with a save in flight publishes it once every
+            rank's part is written (rank 0 waits ``timeout`` seconds at most for them). With ``on_record``, the first
+            checkpoint of a run that has none is written in the foreground (until one exists a kill starts the run
+            afresh, sending its records again). False: each save blocks training until it is published.
         seed: a non-negative int below 2**32; seeds the data order, the workers and (on a fresh start) Python, NumPy and
             torch generators, with each rank's own stream.
         requeue: on SIGUSR1 (SLURM's pre-emption warning) under SLURM, requeue the job after
@@ -624,7 +627,7 @@ class _Driver:
                 data_shards=[can.data_shard(r, proc.world_size)[0] for r in range(proc.world_size)],
                 timeout=options.timeout,
             )
-        self.saves = Saves(self.checkpoints, saving, proc.is_main)
+        self.saves = Saves(self.checkpoints, saving, proc.is_main, tracked=options.log.on_record is not None)
         # torch's compile caches beside the checkpoints while the loop runs, for a warm restart (ct.compile)
         self.compile_cache = None
         if self.checkpoints is not None and can.compile_cache and self.checkpoints.local:
@@ -668,6 +671,7 @@ class _Driver:
             seed_everything(derive_seed(seed, "fresh start", rank=self.shard))  # a data shard's processes alike
             return Progress(schedule, start=state.step)
         path, saved, local = latest  # local None: saved by other processes or another layout (a global batch run)
+        self.saves.resumed = True  # a kill from here on resumes at least here: saves may go in the background
         changed = {k: (saved["settings"].get(k), v) for k, v in self.settings.items() if saved["settings"].get(k) != v}
         old, new = changed.get("global_batch_size", (None, None))
         if old is not None and new is not None:

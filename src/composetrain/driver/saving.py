@@ -23,16 +23,19 @@ __all__ = ["Saves"]
 class Saves:
     """The saves of one call of ``ct.run`` (``checkpoints`` None: it saves nothing)."""
 
-    def __init__(self, checkpoints: Checkpoints | None, options: CheckpointOptions, is_main: bool) -> None:
-        self.checkpoints, self.is_main = checkpoints, is_main
+    def __init__(
+        self, checkpoints: Checkpoints | None, options: CheckpointOptions, is_main: bool, tracked: bool = False
+    ) -> None:
+        self.checkpoints, self.is_main, self.tracked = checkpoints, is_main, tracked  # tracked: on_record given
         self.background = bool(options.checkpoint_async)
         self.seconds = options.every_seconds
         self.since = time.monotonic()  # rank 0's clock: when the last save began (or this call)
-        self.blocked = 0.0  # seconds the training thread spent in saves
+        self.blocked = 0.0  # seconds the training thread spent in saves (but the run's last: it ends the run)
         self.count = 0
         self.waits, self.waited = 0, 0.0  # saves that found the previous one still being written, and how long
         self.deferred, self.late = 0, False  # clock saves that came due while one was being written; this one
         self.skipped: list[int] = []  # clock saves given up at a step where the user's folder is in the way
+        self.resumed = False  # this call resumed from a checkpoint (set by the driver)
 
     @property
     def newest(self) -> Path | str | None:
@@ -68,8 +71,15 @@ class Saves:
         return bool(due)
 
     def save(self, step: int, shared: dict[str, Any], local: dict[str, Any], nonfinite: str | None, last: bool) -> None:
-        """Save ``step``: in the background unless it is the run's ``last`` (the run ends with it written), once
-        the save still in flight, if any, is published (at most one in flight: this waits for it)."""
+        """Save ``step``: in the background unless it is the run's ``last`` (the run ends with it written) or the
+        first checkpoint of a tracked run, once the save still in flight, if any, is published (at most one in
+        flight: this waits for it).
+
+        With ``on_record``, the first checkpoint is written in the foreground: until one exists a kill starts the
+        run afresh, which sends the tracker again every record the killed run sent; written in the background, the
+        records made while it is written would be among them (a synchronous save has none). From the first
+        checkpoint on, a kill that loses a save in flight resumes from the one before, and the metrics file says
+        which of the records made since were sent."""
         assert self.checkpoints is not None
         started = time.perf_counter()
         self.since, self.late = time.monotonic(), False
@@ -78,7 +88,7 @@ class Saves:
             if not last:
                 self.waits += 1
                 self.waited += time.perf_counter() - started
-        if self.background and not last:
+        if self.background and not last and (not self.tracked or self.resumed or self.checkpoints.newest is not None):
             self.checkpoints.save_async(step, shared, local, nonfinite=nonfinite)
         else:
             self.checkpoints.save(step, shared, local, nonfinite=nonfinite)
