@@ -350,7 +350,7 @@ class LoaderOptions:
 # a kill loses minutes, not an epoch. What it costs is measured in benchmarks/README.md (Checkpoints).
 DEFAULT_INTERVAL = "10min"
 # Whether saves are written in the background unless told (checkpoint_async=None): not yet (a tracker's records
-# after a save begun can be sent twice when a kill loses it; README, Checkpoints)
+# after a save begun can be sent twice when a kill loses it; docs/driver/checkpoints.md)
 ASYNC_DEFAULT = False
 _UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(s|min|h)")
