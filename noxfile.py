@@ -1,4 +1,5 @@
-"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s benchmarks`, `nox -s mutants`, `nox -s gpu`."""
+"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s docs`, `nox -s benchmarks`, `nox -s mutants`,
+`nox -s gpu`."""
 
 import nox
 
@@ -23,6 +24,17 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_layers.py")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (MkDocs, Material, mkdocstrings): built strictly into site/, where a broken link or
+    anchor, a page left out of the navigation or a public name without its reference entry fails; `nox -s docs --
+    serve` serves it at http://127.0.0.1:8000. Only the `[docs]` extra is installed: mkdocstrings reads the package's
+    source, so neither torch nor the package is."""
+    session.install(*nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["docs"])
+    session.env["NO_MKDOCS_2_WARNING"] = "1"  # Material's banner about MkDocs 2
+    session.run("mkdocs", *(session.posargs or ["build", "--strict"]))
 
 
 @nox.session

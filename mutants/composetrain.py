@@ -17,4 +17,15 @@ MUTANTS = [
         "why": "without NumPy every public name fails, ct.run included",
         "from": "integration",
     },
+    {
+        "file": "src/composetrain/__init__.py",
+        "find": ('    "write_tokens",\n]'),
+        "replace": ('    "write_tokens",\n    "__version__",\n]'),
+        "tests": [
+            "tests/test_docs.py::test_every_public_name_has_its_entry_in_the_api_reference",
+            "tests/test_docs.py::test_the_api_table_lists_every_public_name_once",
+        ],
+        "why": "a public name added without its entry in the API reference (nor its line in the API table)",
+        "from": "issue38_docs",
+    },
 ]

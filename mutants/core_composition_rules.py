@@ -165,4 +165,40 @@ MUTANTS = [
         "why": "tensor_parallel(sharded(...)) accepted: FSDP would shard before the plan splits",
         "from": "meshes",
     },
+    {
+        "file": "src/composetrain/core/composition_rules.py",
+        "find": (
+            '    ("checkpoint_activations", "data_parallel"): "data_parallel\'s replicas are copies of the model '
+            'that the chosen "\n'
+            '    "submodules are not part of; run one process per device with distributed instead: "\n'
+            '    "distributed(checkpoint_activations(modules)(step))",\n'
+        ),
+        "replace": "",
+        "tests": [
+            "tests/test_composition_table.py::test_the_order_table_holds_under_the_composition_rules",
+        ],
+        "why": (
+            "a refused pair dropped from the rules: the README's order table still says checkpoint_activations "
+            "is not with data_parallel, which now composes"
+        ),
+        "from": "issue38_docs",
+    },
+    {
+        "file": "src/composetrain/core/composition_rules.py",
+        "find": (
+            '    ("sharded", "pipeline_split"): "FSDP2 here shards a model on one device per process; split the '
+            'model with "'
+        ),
+        "replace": (
+            '    ("sharded", "accumulate"): "FSDP2 here shards a model on one device per process; split the '
+            'model with "'
+        ),
+        "tests": [
+            "tests/test_composition_table.py::test_the_order_table_holds_under_the_composition_rules",
+        ],
+        "why": (
+            "a new refusal (sharded around accumulate(n)) that the order table, which puts them in order, does not say"
+        ),
+        "from": "issue38_docs",
+    },
 ]

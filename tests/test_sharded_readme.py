@@ -1,4 +1,4 @@
-"""The README's sharding example runs as written, as one script under torchrun: the trained model stays
+"""The sharding example of docs/scale/sharded.md runs as written, as one script under torchrun: the trained model stays
 usable after ct.run (full_state_dict, load_checkpoint), and the job still exits cleanly."""
 
 import atexit
@@ -48,18 +48,18 @@ def test_the_readme_sharding_example_runs_as_one_script(tmp_path):
 
 
 # -- the script: python tests/test_sharded_readme.py FOLDER (the working folder for runs/big) ---------------------
-# The README's sharding example, run as written (one script, under torchrun) after a prelude that defines what it
-# names. Each rank then writes FOLDER/rank<r>.pt: whether the trained model was still usable (its whole weights from
-# ct.full_state_dict against its gathered parameters, the checkpoint loaded back), and that the process group ct.run
-# created is still there; the process must then exit cleanly (no hang, no abort).
+# docs/scale/sharded.md's sharding example, run as written (one script, under torchrun) after a prelude that defines
+# what it names. Each rank then writes FOLDER/rank<r>.pt: whether the trained model was still usable (its whole
+# weights from ct.full_state_dict against its gathered parameters, the checkpoint loaded back), and that the process
+# group ct.run created is still there; the process must then exit cleanly (no hang, no abort).
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "scale" / "sharded.md"
 
 
 def example() -> str:
-    blocks = re.findall(r"```python\n(.+?)```", README.read_text(), re.S)
+    blocks = re.findall(r"```python\n(.+?)```", PAGE.read_text(), re.S)
     found = [b for b in blocks if "ct.sharded(" in b and "ct.full_state_dict" in b]
-    assert len(found) == 1, f"the README's sharding example: {len(found)} blocks found"
+    assert len(found) == 1, f"docs/scale/sharded.md's sharding example: {len(found)} blocks found"
     return found[0]
 
 
@@ -88,7 +88,7 @@ def main() -> None:
     x = torch.randn(32, 4, dtype=torch.float64, generator=g)
     dataset = TensorDataset(x, (x[:, 0] > 0).long())
     scope = {"ct": ct, "model": model, "optimizer": optimizer, "step": step, "dataset": dataset, "Block": Block}
-    exec(compile(example(), "README sharding example", "exec"), scope)
+    exec(compile(example(), "docs/scale/sharded.md sharding example", "exec"), scope)
     state, weights = scope["state"], scope["weights"]
     rank = dist.get_rank()
     gathered = {n: p.full_tensor() for n, p in state.model.named_parameters()}  # a collective, every rank

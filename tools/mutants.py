@@ -88,7 +88,7 @@ def run(mutants: list[Mutant], timeout: float) -> list[tuple[Mutant, str, float]
     results = []
     with tempfile.TemporaryDirectory(prefix="ct-mutants-") as tmp:
         copy = Path(tmp) / "tree"
-        for part in ("src", "tests", "examples", "benchmarks", "README.md", "pyproject.toml"):
+        for part in ("src", "tests", "examples", "benchmarks", "docs", "README.md", "mkdocs.yml", "pyproject.toml"):
             src = ROOT / part
             if src.is_dir():
                 shutil.copytree(src, copy / part, ignore=shutil.ignore_patterns("__pycache__"))

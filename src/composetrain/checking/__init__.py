@@ -66,9 +66,10 @@ def check(
         dtype: the precision of the copies, float64 by default (where the model allows: if the plain step fails
             in float64 they keep their own); None keeps the model's. ``mixed_precision``'s autocast leaves
             float64 alone: its rounding is checked with ``dtype=None`` (then with the 16-bit tolerance).
-        rtol, atol: the tolerance of each tensor (relative to its own largest magnitude), by default by the
+        rtol: the relative tolerance of each tensor (relative to its own largest magnitude), by default by the
             lowest precision involved: the copies', or the loss's where the step computes it lower (transformers'
-            float32 ``.loss`` of a float64 model), or mixed_precision's (float64: 1e-9, 1e-12).
+            float32 ``.loss`` of a float64 model), or mixed_precision's (float64: 1e-9).
+        atol: the absolute tolerance of each tensor, chosen with ``rtol`` (float64: 1e-12).
 
     Returns:
         The CheckResult (true when it agrees); print it for the numbers. When they differ because the plain step

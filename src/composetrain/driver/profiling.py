@@ -110,7 +110,7 @@ class _AroundUpdate:
         if not watch.flops.done and {"compile", "pipeline"} & set(getattr(watch.step, "roles", ())):
             # FlopCounterMode's dispatch mode keeps torch.compile from compiling the update it watches (it would
             # run eagerly and compile one update later), and hangs a multi-process pipeline's first update (its
-            # stages' sends and receives under the mode): neither is counted (README, limits)
+            # stages' sends and receives under the mode): neither is counted (docs/limits/driver.md)
             watch.flops.done = True
         if not watch.flops.done:  # the first update of the call: its FLOPs, counted once (or kept from before)
             model = watch.state.model if watch.state is not None else None

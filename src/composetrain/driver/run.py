@@ -216,7 +216,7 @@ def run(
             run resumed there evaluates first.
         keep_checkpoints: how many of the newest checkpoints to keep (at least one: the newest complete
             checkpoint is never pruned).
-        checkpoint_async: write saves in the background (default True): at the update boundary each rank copies
+        checkpoint_async: write saves in the background (default False): at the update boundary each rank copies
             what it saves into new host memory (doubling the state's host memory while the save is in flight) and
             a thread writes it while training goes on; the save is published (counted as the newest, resumable,
             allowed to prune older ones) only once every rank's files are durable, at a later update boundary. At
