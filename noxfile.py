@@ -19,11 +19,11 @@ def lint(session: nox.Session) -> None:
     """ruff on everything, mypy on the package's public API, and the package's layers (tests/test_layers.py:
     imports go only downward, core < launch < data < transforms < checking < checkpoint < driver < the top
     level, without cycles)."""
-    session.install("-e", ".[lint]", "pytest")
+    session.install("-e", ".[lint]", "pytest", "pytest-xdist")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_layers.py")
+    session.run("python", "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_layers.py")
 
 
 @nox.session
@@ -78,7 +78,7 @@ def gpu(session: nox.Session) -> None:
     machine may reach no package index): the GPU tests, then the GPU benchmarks. Under 8 minutes
     on one H200."""
     session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'nox -s gpu needs CUDA'")
-    session.run("python", "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *session.posargs)
+    session.run("python", "-m", "pytest", "-m", "gpu", "-q", "-n", "0", "-p", "no:cacheprovider", *session.posargs)
     session.chdir("benchmarks")
     for model in ("resnet50", "transformer"):
         session.run(

@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -66,3 +67,22 @@ def s3(s3_server, monkeypatch):
     for name, value in s3_server.env.items():
         monkeypatch.setenv(name, value)
     return s3_server
+
+
+# Under pytest-xdist (pyproject's addopts: `-n 2 --dist loadgroup`), the tests that start processes of their own
+# (ranks, torchrun, SLURM, an S3 server, example scripts) run one after another on one worker, as in a serial run:
+# two of them at once on two cores would race their ranks' time limits. The other tests share the workers.
+_STARTS_PROCESSES = re.compile(
+    r"from processes import|import processes|elastic_runs|torchrun|subprocess|Popen|mp\.spawn|multiprocessing|slurm"
+)
+_PROCESS_FIXTURES = {"pool", "s3_server", "s3", "uninterrupted_elastic_job"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    starts: dict[str, bool] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in starts:
+            starts[path] = bool(_STARTS_PROCESSES.search(item.path.read_text()))
+        if starts[path] or _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("processes"))

@@ -240,9 +240,14 @@ class S3Server:
 def free_port() -> int:
     """A free port below Linux's ephemeral range (32768+). A port from that range can be handed to a
     client, retrying to connect before the server binds, as its own source port: it then connects to
-    itself, and the rendezvous fails now and then."""
+    itself, and the rendezvous fails now and then. Under pytest-xdist each worker draws from its own part of
+    that range, so two workers never hand out the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    width = 12000 // max(count, 1)
+    low = 20000 + width * (int(worker) % max(count, 1) if worker.isdigit() else 0)
     while True:
-        port = random.randrange(20000, 32000)
+        port = random.randrange(low, low + width)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

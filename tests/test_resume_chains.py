@@ -1,7 +1,7 @@
 """Repeated resumes (PITFALLS 42, 47): a ``global_batch_size`` run interrupted k times at random updates, each part on
 1, 2 or 3 processes (hypothesis: k, the points, the world sizes, with and without accumulate, ct.sharded, dropout
 where every part runs on one number of processes), ends bit for bit as the uninterrupted run on that number (1 or 2:
-see the README's Known limits for 3), or to float64 rounding on another, each update on the same samples and each
+see docs/limits for 3), or to float64 rounding on another, each update on the same samples and each
 record in the metrics file once.
 
 A few examples by default (each runs up to four jobs on gloo pools): ``CT_RESUME_EXAMPLES=50`` explores more.
@@ -91,7 +91,7 @@ def test_a_run_interrupted_k_times_on_any_number_of_processes_ends_as_the_uninte
     if same and worlds[0] <= 2:  # bit for bit, dropout included
         assert all(torch.equal(v, last["params"][k]) for k, v in straight["params"].items())
         assert untimed(last["history"]) == untimed(straight["history"])
-    else:  # on 3 processes too: a resumed process's first update all-reduces in another order (README, Known limits)
+    else:  # on 3 processes too: a resumed process's first update all-reduces in another order (docs/limits)
         for k, v in straight["params"].items():
             assert torch.allclose(v, last["params"][k], rtol=1e-12, atol=0), k
         assert [r["step"] for r in last["history"]] == [r["step"] for r in straight["history"]]

@@ -474,7 +474,7 @@ def test_three_ranks_resumed_mid_window_judge_as_the_straight_run(pool3, tmp_pat
     for a, b in zip(straight, resumed, strict=True):
         assert a["history"] == b["history"] and a["statistics"] == b["statistics"]  # the same skips, judged alike
         # to the last bits only: ct.distributed alone resumes so on 3 gloo ranks (resumed_run(guarded=False) differs
-        # from its straight run in the 15th digit too; README, Known limits)
+        # from its straight run in the 15th digit too; docs/limits)
         for p, q in zip(a["params"], b["params"], strict=True):
             torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
     assert sum(skipped for _, skipped in straight[0]["history"]) == 2

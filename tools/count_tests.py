@@ -62,7 +62,7 @@ def count(source: str) -> Counter[str]:
 def collected() -> int:
     """The number of tests pytest collects from tests/."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"]
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider", "tests"]
     out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False).stdout
     match = re.search(r"(\d+) tests? collected", out)
     if match is None:

@@ -106,7 +106,7 @@ def run(mutants: list[Mutant], timeout: float) -> list[tuple[Mutant, str, float]
             path.write_text(original.replace(m.find, m.replace))
             start = time.monotonic()
             try:
-                cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests]
+                cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *m.tests]
                 rc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, timeout=timeout).returncode
                 verdict = "caught" if rc == 1 else ("SURVIVED" if rc == 0 else f"error (pytest exit {rc})")
             except subprocess.TimeoutExpired:
