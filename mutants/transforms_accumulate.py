@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/accumulate.py",
+        "find": '        self.roles = self.roles | {"accumulate"}',
+        "replace": "        pass",
+        "tests": [
+            "tests/test_composition_rules.py::test_every_order_the_table_refuses_is_refused_when_built",
+        ],
+        "why": "accumulate(n) applies no role: pipeline(accumulate(n)(step)), refused by the table, is built",
+        "from": "docs2",
+    },
+    {
+        "file": "src/composetrain/transforms/accumulate.py",
         "find": "        return self._inner().forward_size(state, -(-size // max(pieces, 1)))",
         "replace": "        return self._inner().forward_size(state, size)",
         "tests": [

@@ -132,6 +132,8 @@ class _Accumulate(TrainStep):
         self.own_weight = weight
         self.label = _label(n, weight, by_size)
         super().__init__(inner, weight=weight)
+        # applied for the table's rules (pipeline refuses it inside), not a role it may hold once: it nests
+        self.roles = self.roles | {"accumulate"}
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         inner = self._inner()
