@@ -418,3 +418,9 @@ def test_the_checkpoint_defaults_the_pages_and_the_docstring_state_are_the_codes
         assert "(default every 10 minutes), `checkpoint_async` (default True:" in text, page
     checkpoints = " ".join((DOCS / "driver" / "checkpoints.md").read_text().split())
     assert "saves **every 10 minutes**" in checkpoints and "(`checkpoint_async=True`, the default;" in checkpoints
+
+
+def test_no_page_keeps_a_template_placeholder():
+    """A ``{NAME}`` left by the pages' generation (docs/driver/evaluation.md showed "{SNIPPETS}" to readers)."""
+    left = [f"{p.relative_to(ROOT)}: {m}" for p in PAGES for m in re.findall(r"\{[A-Z][A-Z_]{2,}\}", p.read_text())]
+    assert left == []
