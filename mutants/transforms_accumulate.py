@@ -7,7 +7,30 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/accumulate.py",
-        "find": "        return self._inner().forward_size(state, -(-size // max(pieces, 1)))",
+        "find": "        largest = min(self.n, size) if self.by_size else -(-size // max(min(self.n, size), 1))",
+        "replace": (
+            "        largest = -(-size // -(-size // self.n)) if self.by_size else -(-size // max(min(self.n, "
+            "size), 1))"
+        ),
+        "tests": [
+            "tests/test_accumulate_micro_batch.py::test_forward_size_is_the_largest_batch_the_plain_step_is_called_with",
+        ],
+        "why": "micro_batch=m's forwards counted as near-equal pieces: 9 samples by 4 said 3, the forwards hold 4",
+        "from": "docs2",
+    },
+    {
+        "file": "src/composetrain/transforms/accumulate.py",
+        "find": '        self.roles = self.roles | {"accumulate"}',
+        "replace": "        pass",
+        "tests": [
+            "tests/test_composition_rules.py::test_every_order_the_table_refuses_is_refused_when_built",
+        ],
+        "why": "accumulate(n) applies no role: pipeline(accumulate(n)(step)), refused by the table, is built",
+        "from": "docs2",
+    },
+    {
+        "file": "src/composetrain/transforms/accumulate.py",
+        "find": "        return self._inner().forward_size(state, largest)",
         "replace": "        return self._inner().forward_size(state, size)",
         "tests": [
             "tests/test_global_batch.py::test_evaluation_reads_batches_no_larger_than_the_training_forward",
@@ -18,10 +41,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/transforms/accumulate.py",
-        "find": (
-            "        pieces = -(-size // self.n) if self.by_size else min(self.n, size)  # as split_weighted cuts it"
-        ),
-        "replace": "        pieces = -(-size // self.n) if self.by_size else max(self.n, size)",
+        "find": "        largest = min(self.n, size) if self.by_size else -(-size // max(min(self.n, size), 1))",
+        "replace": "        largest = min(self.n, size) if self.by_size else -(-size // max(self.n, size))",
         "tests": [
             "tests/test_global_batch.py::test_evaluation_reads_batches_no_larger_than_the_training_forward",
             "tests/test_accumulate_micro_batch.py::test_forward_size_says_how_large_the_compositions_forwards_are",

@@ -7,6 +7,19 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/spikes.py",
+        "find": (
+            "            accepted = zip(self.watched, stats.mean, stats.stds(self.decay), strict=True) if "
+            "stats.mean else ()"
+        ),
+        "replace": "            accepted = zip(self.watched, stats.mean, stats.stds(self.decay), strict=True)",
+        "tests": [
+            "tests/test_skip_spikes.py::test_max_consecutive_non_finite_updates_before_any_accepted_one_raise_the_message",
+        ],
+        "why": "the averages zipped when none exist yet: zip()'s ValueError instead of the max_consecutive message",
+        "from": "docs2",
+    },
+    {
+        "file": "src/composetrain/transforms/spikes.py",
         "find": "everyone = ctx.gather(mine) if ctx.gather is not None else [mine]",
         "replace": "everyone = [mine]",
         "tests": [

@@ -158,6 +158,30 @@ def test_forward_size_says_how_large_the_compositions_forwards_are():
     assert auto.forward_size(state, 10) == 3  # 4 micro-batches: 3, 3, 2, 2
 
 
+FORWARDS = {  # compositions of accumulate's two forms, by p and q
+    "size": lambda p, q: ct.accumulate(micro_batch=p),
+    "count": lambda p, q: ct.accumulate(p),
+    "size(count)": lambda p, q: ct.compose(ct.accumulate(micro_batch=p), ct.accumulate(q)),
+    "count(size)": lambda p, q: ct.compose(ct.accumulate(p), ct.accumulate(micro_batch=q)),
+    "size(size)": lambda p, q: ct.compose(ct.accumulate(micro_batch=p), ct.accumulate(micro_batch=q)),
+}
+
+
+@given(nesting=st.sampled_from(sorted(FORWARDS)), p=st.integers(1, 7), q=st.integers(1, 5), size=st.integers(1, 30))
+def test_forward_size_is_the_largest_batch_the_plain_step_is_called_with(nesting, p, q, size):
+    """micro_batch=4 cuts 9 samples 4, 4, 1: its forwards hold min(m, b) samples (it said 3)."""
+    seen = []
+
+    def step(model, batch):
+        seen.append(len(batch[0]))
+        return classify(model, batch)
+
+    train = FORWARDS[nesting](p, q)(step)
+    state = make_state()
+    train(state, make_batch(size))
+    assert train.forward_size(state, size) == max(seen)
+
+
 # -- nestings --------------------------------------------------------------------------------------
 NESTINGS = {
     "size(size)": lambda p, q: ct.compose(ct.accumulate(micro_batch=p), ct.accumulate(micro_batch=q)),

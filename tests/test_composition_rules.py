@@ -133,3 +133,22 @@ def test_a_step_breaking_two_rules_is_refused_for_the_first_by_name_whatever_the
         with pytest.raises(ValueError) as refused:
             ct.data_parallel(["cpu"])(inside)
         assert str(refused.value) == f"data_parallel(['cpu']): cannot wrap a step that applies distributed: {why}"
+
+
+def test_every_order_the_table_refuses_is_refused_when_built():
+    """Each refused pair of the table, as the transforms themselves build it: ``expected_refusal`` reads the roles a
+    step applies, so a transform missing from its step's roles would let its pairs compose unseen (``accumulate(n)``
+    applied no role, and ``pipeline(accumulate(n)(step))``, refused by the table, was built)."""
+    unrefused = []
+    for outer, inner in PAIRS:
+        if (TABLE_NAME.get(outer, outer), TABLE_NAME.get(inner, inner)) in REFUSED:
+            try:
+                TRANSFORMS[outer]()(ct.ema(0.5)(TRANSFORMS[inner]()(classify)))
+            except ValueError:
+                continue
+            unrefused.append(f"{outer}({inner})")
+    assert unrefused == []
+    with pytest.raises(ValueError) as refused:
+        ct.pipeline([["0", "1"], ["2"]], microbatches=2)(ct.accumulate(micro_batch=5)(classify))
+    why = REFUSED["pipeline", "accumulate"]
+    assert str(refused.value).endswith(f"cannot wrap a step that applies accumulate: {why}")

@@ -350,3 +350,77 @@ def test_a_module_added_without_its_line_or_a_line_without_its_module_is_found()
         "transforms/clip.py: named in the code layout, but no such module"
     ]
     assert layout_problems(code_layout(), files | {"added.py"}) == ["added.py: no line in the code layout"]
+
+
+def api_table_problems(text: str) -> list[str]:
+    """What the API table's signatures (``name(a, *, b=1, ...)``) and the code's disagree on: an argument the
+    function lacks, a default other than the code's, a keyword-only argument shown positional (or the reverse), a
+    required argument left out."""
+    import inspect
+
+    import composetrain as ct
+
+    problems = []
+    for name, shown in re.findall(r"^\| \[`(\w+)\((.*?)\)`\]", text, re.M):
+        params = inspect.signature(getattr(ct, name)).parameters
+        varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params.values())
+        keyword_only, listed = False, set()
+        for arg in (a.strip() for a in re.split(r",\s*(?![^()]*\))", shown)):
+            if arg in ("*", "..."):
+                keyword_only = keyword_only or arg == "*"
+                continue
+            arg_name, given, default = arg.lstrip("*").partition("=")
+            p = params.get(arg_name)
+            if p is None:
+                if not varargs:  # compose(f, g, h): names of *transforms
+                    problems.append(f"{name}: no argument {arg_name} (it has {', '.join(params)})")
+                continue
+            listed.add(arg_name)
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and keyword_only != (p.kind is p.KEYWORD_ONLY):
+                problems.append(f"{name}: {arg_name} is {p.kind.description}")
+            if given and eval(default, {"torch": __import__("torch")}) != p.default:
+                problems.append(f"{name}: {arg_name}={default}, but its default is {p.default!r}")
+        problems += [
+            f"{name}: required argument {n} left out"
+            for n, p in params.items()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in listed
+        ]
+    return problems
+
+
+def test_the_api_tables_signatures_are_the_codes():
+    assert api_table_problems((DOCS / "api" / "index.md").read_text()) == []
+
+
+def test_a_signature_that_differs_from_the_code_is_found():
+    assert api_table_problems("| [`load_checkpoint(state, folder)`][x] | ... |\n") == [
+        "load_checkpoint: no argument folder (it has state, checkpoint)",
+        "load_checkpoint: required argument checkpoint left out",
+    ]
+    assert api_table_problems("| [`ema(decay, every=2)`][x] | ... |\n") == [
+        "ema: every is keyword-only",
+        "ema: every=2, but its default is 1",
+    ]
+
+
+def test_the_checkpoint_defaults_the_pages_and_the_docstring_state_are_the_codes():
+    """Every 10 minutes, in the background: what ``CheckpointOptions`` resolves a run with a folder to."""
+    import composetrain as ct
+    from composetrain.driver.options import ASYNC_DEFAULT, DEFAULT_INTERVAL, CheckpointOptions
+
+    options = CheckpointOptions(checkpoint_dir="runs/a")
+    assert (options.checkpoint_every, options.checkpoint_async) == (DEFAULT_INTERVAL, ASYNC_DEFAULT) == ("10min", True)
+    docstring = " ".join(ct.run.__doc__.split())
+    assert "checkpoint_async: write saves in the background (default True with a checkpoint_dir;" in docstring
+    assert "Default: every 10 minutes" in docstring
+    for page in ("driver/run.md", "api/index.md"):
+        text = (DOCS / page).read_text()
+        assert "(default every 10 minutes), `checkpoint_async` (default True:" in text, page
+    checkpoints = " ".join((DOCS / "driver" / "checkpoints.md").read_text().split())
+    assert "saves **every 10 minutes**" in checkpoints and "(`checkpoint_async=True`, the default;" in checkpoints
+
+
+def test_no_page_keeps_a_template_placeholder():
+    """A ``{NAME}`` left by the pages' generation (docs/driver/evaluation.md showed "{SNIPPETS}" to readers)."""
+    left = [f"{p.relative_to(ROOT)}: {m}" for p in PAGES for m in re.findall(r"\{[A-Z][A-Z_]{2,}\}", p.read_text())]
+    assert left == []

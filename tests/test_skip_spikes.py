@@ -214,6 +214,18 @@ def test_max_consecutive_skips_raise_after_a_complete_skipped_update():
     assert s.transform_state("skip_spikes", SpikeStatistics).consecutive == 3
 
 
+def test_max_consecutive_non_finite_updates_before_any_accepted_one_raise_the_message():
+    """A run whose first updates are all non-finite has no averages yet: the message says so (it raised zip()'s
+    ValueError instead)."""
+    s = state()
+    train = ct.skip_spikes(max_consecutive=2, watch="both")(step)
+    data = batches(2, nan={0, 1})
+    assert train(s, data[0]).skipped
+    with pytest.raises(FloatingPointError, match=r"2 updates in a row were skipped .*accepted so far: none\)"):
+        train(s, data[1])
+    assert s.step == 0
+
+
 def test_a_resume_mid_way_judges_exactly_as_the_straight_run():
     data = batches(30, spikes={14, 22}, nan={18})
     straight = state()

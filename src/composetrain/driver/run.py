@@ -216,16 +216,17 @@ def run(
             run resumed there evaluates first.
         keep_checkpoints: how many of the newest checkpoints to keep (at least one: the newest complete
             checkpoint is never pruned).
-        checkpoint_async: write saves in the background (default False): at the update boundary each rank copies
-            what it saves into new host memory (doubling the state's host memory while the save is in flight) and
-            a thread writes it while training goes on; the save is published (counted as the newest, resumable,
-            allowed to prune older ones) only once every rank's files are durable, at a later update boundary. At
-            most one save is in flight: the next waits for it. A write error (a full disk) stops the run at the
-            next update boundary, the previous checkpoint the newest; the run's last save (its end, SIGTERM,
-            SIGUSR1) is written before ct.run returns; a run that fails with a save in flight publishes it once every
-            rank's part is written (rank 0 waits ``timeout`` seconds at most for them). With ``on_record``, the first
-            checkpoint of a run that has none is written in the foreground (until one exists a kill starts the run
-            afresh, sending its records again). False: each save blocks training until it is published.
+        checkpoint_async: write saves in the background (default True with a checkpoint_dir; False: each save
+            blocks training until it is published): at the update boundary each rank copies what it saves into new
+            host memory (doubling the state's host memory while the save is in flight) and a thread writes it while
+            training goes on; the save is published (counted as the newest, resumable, allowed to prune older ones)
+            only once every rank's files are durable, at a later update boundary. At most one save is in flight: the
+            next waits for it (a save by the clock is put off to the first update after it instead). A write error
+            (a full disk) stops the run at the next update boundary, the previous checkpoint the newest; the run's
+            last save (its end, SIGTERM, SIGUSR1) is written before ct.run returns; a run that fails with a save in
+            flight publishes it once every rank's part is written (rank 0 waits ``timeout`` seconds at most for
+            them). With ``on_record``, the first checkpoint of a run that has none is written in the foreground
+            (until one exists a kill starts the run afresh, sending its records again).
         seed: a non-negative int below 2**32; seeds the data order, the workers and (on a fresh start) Python, NumPy and
             torch generators, with each rank's own stream.
         requeue: on SIGUSR1 (SLURM's pre-emption warning) under SLURM, requeue the job after

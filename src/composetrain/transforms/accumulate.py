@@ -132,6 +132,8 @@ class _Accumulate(TrainStep):
         self.own_weight = weight
         self.label = _label(n, weight, by_size)
         super().__init__(inner, weight=weight)
+        # applied for the table's rules (pipeline refuses it inside), not a role it may hold once: it nests
+        self.roles = self.roles | {"accumulate"}
 
     def grads(self, state: TrainState, batch: Any, ctx: Context) -> Pass:
         inner = self._inner()
@@ -148,8 +150,9 @@ class _Accumulate(TrainStep):
         return combine(passes, who)
 
     def forward_size(self, state: TrainState, size: int) -> int:
-        pieces = -(-size // self.n) if self.by_size else min(self.n, size)  # as split_weighted cuts it
-        return self._inner().forward_size(state, -(-size // max(pieces, 1)))
+        # as split_weighted cuts it: pieces of n samples, the last one short, or n near-equal pieces
+        largest = min(self.n, size) if self.by_size else -(-size // max(min(self.n, size), 1))
+        return self._inner().forward_size(state, largest)
 
     def _config(self) -> tuple[Any, ...]:
         return (self.n, self.by_size, self.own_weight)
