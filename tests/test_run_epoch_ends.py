@@ -305,3 +305,24 @@ def test_a_metric_of_weights_the_composition_does_not_evaluate_is_refused_before
     assert said.startswith("run: scheduler_metric='eval_ema.loss' names the evaluation of weights 'ema'")
     assert "['eval']" in said and "ct.ema" in said
     assert state.step == 0 and state.epoch == 0
+
+
+# -- found by the issue-37 adversary --------------------------------------------------------------------------
+def test_an_evaluation_of_nan_steps_the_plateau_as_by_hand_and_the_run_goes_on():
+    """A NaN metric (0/0, an epoch that diverged) is no improvement to ReduceLROnPlateau, as timm's train.py feeds
+    it; refused, the run stopped after its checkpoint and its resume evaluated to NaN and stopped again."""
+    state, calls = plateau_state(), []
+
+    def nan_at_epochs_1_and_2(model, batch):
+        calls.append(state.step)
+        metrics = evaluate(model, batch)
+        bad = state.step in (2 * PER_EPOCH, 3 * PER_EPOCH)
+        return {**metrics, "loss": torch.tensor(float("nan"), dtype=torch.float64) if bad else metrics["loss"]}
+
+    result = ct.run(step, state, data(), epochs=EPOCHS, **QUICK, **{**EVAL, "eval_step": nan_at_epochs_1_and_2})
+    hand = lr_scheduler.ReduceLROnPlateau(torch.optim.SGD(net().parameters(), lr=0.5), patience=0, factor=0.5)
+    for e in result.evals:
+        hand.step(e["loss"])
+    assert [e["loss"] != e["loss"] for e in result.evals] == [False, True, True, False]
+    assert state.epoch == EPOCHS and state.optimizer.param_groups[0]["lr"] == hand.optimizer.param_groups[0]["lr"]
+    assert state.optimizer.param_groups[0]["lr"] <= 0.5 * 0.5**2  # decayed on each NaN epoch
