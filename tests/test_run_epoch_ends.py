@@ -326,3 +326,34 @@ def test_an_evaluation_of_nan_steps_the_plateau_as_by_hand_and_the_run_goes_on()
     assert [e["loss"] != e["loss"] for e in result.evals] == [False, True, True, False]
     assert state.epoch == EPOCHS and state.optimizer.param_groups[0]["lr"] == hand.optimizer.param_groups[0]["lr"]
     assert state.optimizer.param_groups[0]["lr"] <= 0.5 * 0.5**2  # decayed on each NaN epoch
+
+
+@pytest.mark.parametrize("name", ["on_epoch_start", "on_epoch_end"])
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda s: s.end_epoch(), r"state\.epoch from \d+ to \d+"),
+        (lambda s: setattr(s, "epoch", s.epoch + 3), r"state\.epoch from \d+ to \d+"),
+        (lambda s: ct.train_step(step)(s, data(4)[:]), r"state\.step from \d+ to \d+"),
+        (lambda s: setattr(s, "model", net(3)), r"state\.model"),
+        (lambda s: setattr(s, "optimizer", torch.optim.SGD(s.model.parameters(), lr=1.0)), r"state\.optimizer"),
+        (lambda s: setattr(s, "scheduler", None), r"state\.scheduler"),
+    ],
+    ids=["end_epoch", "epoch", "an update", "model", "optimizer", "scheduler"],
+)
+def test_a_hook_that_moves_the_runs_count_or_swaps_what_it_trains_is_refused_at_once(tmp_path, name, change, named):
+    """A plain loop's state.end_epoch() moved into on_epoch_end would step an epoch scheduler twice an epoch; an
+    update in a hook, a model or optimizer swapped in: the run's count, its checkpoints and its scheduler would no
+    longer agree with what trains. Refused when the hook returns, before the epoch's checkpoint."""
+    state = plain_state()
+    opt = state.optimizer
+    state = ct.TrainState(state.model, opt, lr_scheduler.StepLR(opt, 1, gamma=0.5), scheduler_interval="epoch")
+
+    def hook(s, epoch):
+        if epoch == 1:
+            change(s)
+
+    with pytest.raises(ValueError, match=rf"^run: {name} changed {named}.*leave "):
+        ct.run(step, state, data(), epochs=3, checkpoint_dir=tmp_path, **QUICK, **{name: hook})
+    saved = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step-"))
+    assert saved == [f"step-{PER_EPOCH:09d}"]  # nothing saved after the hook
