@@ -251,3 +251,31 @@ def test_it_prints_the_options_given():
 def test_bad_options_are_refused_when_built(options, error, pattern):
     with pytest.raises(error, match=rf"^ema: {pattern}"):
         ct.ema(0.9, **options)
+
+
+# -- found by the issue-37 adversary --------------------------------------------------------------------------
+@pytest.mark.parametrize("device", ["meta", torch.device("meta")])
+def test_a_meta_device_is_refused_when_built(device):
+    """Averages on the meta device hold no numbers: the run would train, and ct.ema_model give a model of none."""
+    with pytest.raises(ValueError, match=r"^ema: device must be a device that holds data, got .*meta.*device='cpu'"):
+        ct.ema(0.9, device=device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_a_dtype_the_average_cannot_be_kept_in_is_refused_when_built(dtype):
+    """float8 has no lerp and no promotion: its second update raised after optimizer.step(), the state half-updated."""
+    with pytest.raises(ValueError, match=rf"^ema: dtype must be .*float32.*got {dtype}"):
+        ct.ema(0.9, dtype=dtype)
+
+
+def test_a_device_this_process_lacks_is_refused_naming_it_before_anything_changes():
+    """torch's own error ('Found no NVIDIA driver', 'invalid device ordinal') named neither ct.ema nor device."""
+    state = state_of(net())
+    before = copy.deepcopy(state.state_dict())
+    train = ct.ema(0.9, device="cuda:99")(step)
+    with pytest.raises(ValueError, match=r"^ema\(0.9, device='cuda:99'\): device='cuda:99' cannot hold the averages"):
+        train(state, batches(1)[0])
+    assert state.step == 0 and state.unusable is None
+    after = state.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(before["model"].values(), after["model"].values(), strict=True))
+    assert after["optimizer"]["state"] == {} and "ema" not in after["transforms"]

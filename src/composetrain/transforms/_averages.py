@@ -49,7 +49,17 @@ class Averages:
                 f"{rule.label()}: the model's weights are DTensor shards (ct.sharded), averaged shard by shard as "
                 "they are laid out; device= and dtype= would keep them whole elsewhere: leave them out"
             )
-        made = {k: t.to(device=rule.device, dtype=_dtype_for(rule, t), copy=True) for k, t in tensors.items()}
+        try:
+            made = {k: t.to(device=rule.device, dtype=_dtype_for(rule, t), copy=True) for k, t in tensors.items()}
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, AssertionError) as error:  # torch's words name neither ct.ema nor its device
+            if rule.device is None:
+                raise
+            raise ValueError(
+                f"{rule.label()}: device={str(rule.device)!r} cannot hold the averages ({error}); give a device this "
+                "process has, e.g. device='cpu', or leave device out (the averages stay beside their weights)"
+            ) from error
         return cls(made, rule, frozenset(k for k, _ in model.named_parameters()))
 
     def matched(self, model: nn.Module) -> dict[str, torch.Tensor]:
