@@ -279,3 +279,23 @@ def test_a_device_this_process_lacks_is_refused_naming_it_before_anything_change
     after = state.state_dict()
     assert all(torch.equal(a, b) for a, b in zip(before["model"].values(), after["model"].values(), strict=True))
     assert after["optimizer"]["state"] == {} and "ema" not in after["transforms"]
+
+
+@pytest.mark.parametrize("then", [{}, {"dtype": torch.float64}])
+def test_a_resume_with_another_average_dtype_names_the_option_it_was_kept_with(then):
+    """The averages were kept in float32 (dtype=torch.float32) for a bf16 model: the refusal said 'this model's ...
+    torch.bfloat16; load a checkpoint of the same model', though the model is the same and the fix is the option."""
+    saved = state_of(net(dtype=torch.bfloat16))
+    ct.ema(0.9, dtype=torch.float32)(step)(saved, batches(1, dtype=torch.bfloat16)[0])
+    checkpoint = copy.deepcopy(saved.state_dict())
+    resumed = state_of(net(seed=1, dtype=torch.bfloat16))
+    resumed.load_state_dict(checkpoint)
+    before = copy.deepcopy(resumed.state_dict()["model"])
+    with pytest.raises(ValueError) as e:
+        ct.ema(0.9, **then)(step)(resumed, batches(1, dtype=torch.bfloat16)[0])
+    said = str(e.value)
+    assert said.startswith("ema: the checkpoint's average of '0.weight' is (8, 5) torch.float32, this run's ")
+    assert "dtype=torch.float32" in said and "same model" not in said
+    assert resumed.step == 1 and all(
+        torch.equal(a, b) for a, b in zip(before.values(), resumed.model.state_dict().values(), strict=True)
+    )
