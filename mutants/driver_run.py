@@ -525,8 +525,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "            self.options.on_epoch_end(self.state, at.epoch)",
-        "replace": "            self.options.on_epoch_end(self.state, at.epoch + 1)",
+        "find": '            call_hook(self.options.on_epoch_end, "on_epoch_end", self.state, at.epoch)',
+        "replace": '            call_hook(self.options.on_epoch_end, "on_epoch_end", self.state, at.epoch + 1)',
         "tests": [
             "tests/test_run_epoch_ends.py::test_the_hooks_run_at_each_epochs_start_and_end_in_order",
         ],
