@@ -7,6 +7,18 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
+        "find": '            call_hook(self.options.on_epoch_start, "on_epoch_start", self.state, at.epoch)',
+        "replace": "            self.options.on_epoch_start(self.state, at.epoch)",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_hook_that_moves_the_runs_count_or_swaps_what_it_trains_is_refused_at_once",
+        ],
+        "why": (
+            "adv37: on_epoch_start called around the check: a hook moving the count at an epoch's start let through"
+        ),
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
         "find": '            self.settings["num_workers"] = self.stream.num_workers\n',
         "replace": "",
         "tests": [
