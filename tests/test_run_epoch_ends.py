@@ -196,6 +196,36 @@ def test_a_hook_that_cannot_be_called_as_fn_state_epoch_is_refused(name, hook):
     refused(state, TypeError, rf"^run: {name} must be a function {name}\(state, epoch\), got ", **{name: hook})
 
 
+async def _async_hook(state, epoch):
+    pass
+
+
+def _generator_hook(state, epoch):
+    yield epoch
+
+
+@pytest.mark.parametrize(
+    ("hook", "why"),
+    [
+        (_async_hook, r"it returns a coroutine \(async def\) that ct\.run would not await: its body would never run"),
+        (_generator_hook, r"it returns a generator that ct\.run would not iterate: its body would never run"),
+        (lambda *, state, epoch: None, r"its signature \(\*, state, epoch\) cannot be called as fn\(state, epoch\)"),
+        (
+            lambda state, epoch, extra: None,
+            r"its signature \(state, epoch, extra\) cannot be called as fn\(state, epoch\)",
+        ),
+        (nn.Linear, r"it is a class: calling it would build one"),
+        (3, r"it is not callable"),
+    ],
+    ids=["async", "generator", "keywords", "three", "class", "int"],
+)
+def test_a_refused_hook_is_told_why_it_cannot_be_called(hook, why):
+    """'must be a function on_epoch_end(state, epoch), got <function ...> (function)': a function arrived, and the
+    message did not say what was wrong with it."""
+    pattern = rf"^run: on_epoch_end must be a function on_epoch_end\(state, epoch\), got .*; {why}; e\.g\. "
+    refused(plain_state(), TypeError, pattern, on_epoch_end=hook)
+
+
 # -- the hooks ----------------------------------------------------------------------------------------------
 def hooked(calls, seen):
     """on_epoch_end halves the BatchNorm's running variance (a change to the state: checkpointed) and records

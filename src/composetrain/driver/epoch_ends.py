@@ -29,21 +29,32 @@ _FORM = (
 
 
 def check_hook(fn: Any, name: str) -> None:
-    """``fn`` can be called as ``fn(state, epoch)`` and runs when called (not a generator, not ``async``)."""
+    """``fn`` can be called as ``fn(state, epoch)`` and runs when called (not a generator, not ``async``); the
+    refusal says which it is not."""
     usage = f"{name}(state, epoch)"
     if fn is None:
         return
-    wrong = not callable(fn) or isinstance(fn, type) or deferred_kind(fn) is not None
-    if not wrong:
+    why, kind = None, deferred_kind(fn) if callable(fn) else None
+    if not callable(fn):
+        why = "it is not callable"
+    elif isinstance(fn, type):
+        why = "it is a class: calling it would build one"
+    elif kind is not None:
+        how, marked = ("await", " (async def)") if kind == "a coroutine" else ("iterate", "")
+        why = f"it returns {kind}{marked} that ct.run would not {how}: its body would never run"
+    else:
         try:
-            inspect.signature(fn).bind(None, 0)
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without a signature: taken at its word
+            signature = None
+        try:
+            if signature is not None:
+                signature.bind(None, 0)
         except TypeError:
-            wrong = True
-        except ValueError:  # a builtin without a signature: taken at its word
-            pass
-    if wrong:
+            why = f"its signature {signature} cannot be called as fn(state, epoch)"
+    if why is not None:
         raise TypeError(
-            f"{RUN}: {name} must be a function {usage}, got {show(fn)}; e.g. {name}=lambda state, epoch: "
+            f"{RUN}: {name} must be a function {usage}, got {show(fn)}; {why}; e.g. {name}=lambda state, epoch: "
             "loader.sampler.set_epoch(epoch + 1)"
         )
 
