@@ -7,6 +7,28 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/core/scheduling.py",
+        "find": "        return math.nan\n",
+        "replace": "        return None\n",
+        "tests": [
+            "tests/test_timm_schedulers.py::test_a_nan_metric_is_an_epoch_without_improvement_as_the_scheduler_takes_it",
+            "tests/test_run_epoch_ends.py::test_an_evaluation_of_nan_steps_the_plateau_as_by_hand_and_the_run_goes_on",
+        ],
+        "why": "adv37: a NaN metric refused again: a run fed by scheduler_metric stops, and so does its resume",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/core/scheduling.py",
+        "find": "not isinstance(metric, bool) and math.isnan(metric)",
+        "replace": "not isinstance(metric, bool) and math.isinf(metric)",
+        "tests": [
+            "tests/test_timm_schedulers.py::test_a_nan_metric_is_an_epoch_without_improvement_as_the_scheduler_takes_it",
+            "tests/test_run_epoch_ends.py::test_an_evaluation_of_nan_steps_the_plateau_as_by_hand_and_the_run_goes_on",
+        ],
+        "why": "adv37: the wrong non-finite number let through (an infinity taken as NaN, NaN refused)",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/core/scheduling.py",
         "find": ('        if interval != "epoch":\n            raise TypeError('),
         "replace": ('        if interval != "update":\n            raise TypeError('),
         "tests": [

@@ -7,6 +7,18 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
+        "find": '            call_hook(self.options.on_epoch_start, "on_epoch_start", self.state, at.epoch)',
+        "replace": "            self.options.on_epoch_start(self.state, at.epoch)",
+        "tests": [
+            "tests/test_run_epoch_ends.py::test_a_hook_that_moves_the_runs_count_or_swaps_what_it_trains_is_refused_at_once",
+        ],
+        "why": (
+            "adv37: on_epoch_start called around the check: a hook moving the count at an epoch's start let through"
+        ),
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
         "find": '            self.settings["num_workers"] = self.stream.num_workers\n',
         "replace": "",
         "tests": [
@@ -525,8 +537,8 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "            self.options.on_epoch_end(self.state, at.epoch)",
-        "replace": "            self.options.on_epoch_end(self.state, at.epoch + 1)",
+        "find": '            call_hook(self.options.on_epoch_end, "on_epoch_end", self.state, at.epoch)',
+        "replace": '            call_hook(self.options.on_epoch_end, "on_epoch_end", self.state, at.epoch + 1)',
         "tests": [
             "tests/test_run_epoch_ends.py::test_the_hooks_run_at_each_epochs_start_and_end_in_order",
         ],

@@ -7,6 +7,47 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/_averages.py",
+        "find": ("            if rule.device is None:\n                raise\n"),
+        "replace": ("            if rule.device is not None:\n                raise\n"),
+        "tests": [
+            "tests/test_ema_timm.py::test_a_device_this_process_lacks_is_refused_naming_it_before_anything_changes",
+        ],
+        "why": "adv37: torch's 'no NVIDIA driver' passed on, naming neither ct.ema nor device=",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": 'and theirs.is_floating_point() and kept != mine.get("dtype")',
+        "replace": 'and theirs.is_floating_point() and kept == mine.get("dtype")',
+        "tests": [
+            "tests/test_ema_timm.py::test_a_resume_with_another_average_dtype_names_the_option_it_was_kept_with",
+        ],
+        "why": "adv37: an average kept with another dtype= told to load a checkpoint of the same model",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": '    then = f"dtype={kept}" if kept is not None',
+        "replace": "    then = f\"dtype={mine.get('dtype')}\" if kept is not None",
+        "tests": [
+            "tests/test_ema_timm.py::test_a_resume_with_another_average_dtype_names_the_option_it_was_kept_with",
+        ],
+        "why": "adv37: the fix names this run's dtype, not the one the checkpoint's averages were kept with",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
+        "find": '        saved_settings = saved.get("settings")  # older checkpoints lack them\n',
+        "replace": "        saved_settings = None  # older checkpoints lack them\n",
+        "tests": [
+            "tests/test_ema_timm.py::test_a_resume_with_another_average_dtype_names_the_option_it_was_kept_with",
+            "tests/test_ema.py::test_a_resume_with_other_ema_settings_warns_naming_both",
+        ],
+        "why": "adv37: the checkpoint's settings not read: neither the dtype fix nor the other-settings warning",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/transforms/_averages.py",
         "find": "    if per_tensor:\n",
         "replace": "    if False:\n",
         "tests": [

@@ -7,6 +7,36 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/_ema_rule.py",
+        "find": '    if device.type == "meta":',
+        "replace": '    if value == "meta":',
+        "tests": [
+            "tests/test_ema_timm.py::test_a_meta_device_is_refused_when_built",
+        ],
+        "why": "adv37: the meta device refused as a string only: torch.device('meta') averages nothing",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/transforms/_ema_rule.py",
+        "find": "    if value not in DTYPES:",
+        "replace": "    if value.itemsize > 8:",
+        "tests": [
+            "tests/test_ema_timm.py::test_a_dtype_the_average_cannot_be_kept_in_is_refused_when_built",
+        ],
+        "why": "adv37: float8 accepted: its second update raises after optimizer.step()",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/transforms/_ema_rule.py",
+        "find": "DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)",
+        "replace": "DTYPES = (torch.float32, torch.bfloat16, torch.float16)",
+        "tests": [
+            "tests/test_ema_timm.py::test_a_float64_average_of_a_float32_model_is_model_ema_v3s",
+        ],
+        "why": "adv37: a float64 average (timm's dtype=torch.float64) refused with the others",
+        "from": "adv37",
+    },
+    {
+        "file": "src/composetrain/transforms/_ema_rule.py",
         "find": "        decay = 1 - (1 + n / self.warmup_gamma) ** -self.warmup_power",
         "replace": "        decay = 1 - (n / self.warmup_gamma) ** -self.warmup_power",
         "tests": [

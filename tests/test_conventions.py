@@ -42,6 +42,12 @@ class Arg(NamedTuple):
     at_most: float = math.inf  # reals: the inclusive upper bound
     unset: bool = False  # None is its default, "not given": not a value of the wrong kind
     signed: bool = False  # reals: a negative value is in range too (a metric)
+    nan: bool = False  # reals: NaN is in range too (a metric, passed on as torch's schedulers take it)
+
+    def bounded(self) -> bool:
+        """Whether some value of the right kind is out of range."""
+        unbounded = self.signed and not self.finite and self.below == self.at_most == math.inf
+        return self.kind != "bool" and not (unbounded and self.nan)
 
 
 _SAVED = make_state().state_dict()
@@ -117,6 +123,7 @@ ARGS = [
         finite=False,
         unset=True,
         signed=True,
+        nan=True,
     ),
     Arg("mixed_precision", "loss_scale", lambda v: ct.mixed_precision(dtype="fp16", loss_scale=v), "real"),
     Arg("mixed_precision", "max_consecutive_skips", lambda v: ct.mixed_precision(max_consecutive_skips=v), "int"),
@@ -199,7 +206,7 @@ def _out_of_range(a: Arg) -> st.SearchStrategy[Any]:
     def bad_real(x: float) -> bool:
         low = x <= 0 if a.positive else x < 0 and not a.signed
         high = (a.below < math.inf and x >= a.below) or x > a.at_most
-        return math.isnan(x) or (a.finite and math.isinf(x)) or low or high
+        return (math.isnan(x) and not a.nan) or (a.finite and math.isinf(x)) or low or high
 
     floats = st.floats(allow_nan=True, allow_infinity=True)
     if a.signed and not a.finite and a.below == a.at_most == math.inf:
@@ -216,7 +223,7 @@ def _in_range(a: Arg) -> st.SearchStrategy[Any]:
         return st.booleans()
     top = min(a.below, a.at_most, 1e6)
     good = st.floats(-1e6 if a.signed else 0.0 if not a.positive else 1e-6, top, exclude_max=top == a.below)
-    extra = [st.just(math.inf)] if not a.finite else []
+    extra = ([st.just(math.inf)] if not a.finite else []) + ([st.just(math.nan)] if a.nan else [])
     return st.one_of(good, good.map(np.float64), *extra)
 
 
@@ -236,7 +243,7 @@ def test_numeric_and_flag_arguments_follow_one_rule(a, data):
     _refused(
         a, data.draw(_WRONG_KIND[a.kind].filter(lambda v: not a.unset or v is not None), label="wrong kind"), TypeError
     )
-    if a.kind != "bool":
+    if a.bounded():
         _refused(a, data.draw(_out_of_range(a), label="out of range"), ValueError)
     a.call(data.draw(_in_range(a), label="in range"))
 
@@ -253,12 +260,12 @@ def _edges(a: Arg) -> tuple[list[Any], list[Any], list[Any]]:
         out: list[Any] = [a.minimum - 1] + ([] if a.maximum is None else [a.maximum + 1])
         return wrong, out, [a.minimum] + ([] if a.maximum is None else [a.maximum])
     bounded = a.finite or a.below < math.inf or a.at_most < math.inf
-    out = [math.nan] + ([] if a.signed else [-math.inf]) + ([math.inf] if bounded else [])
+    out = ([] if a.nan else [math.nan]) + ([] if a.signed else [-math.inf]) + ([math.inf] if bounded else [])
     out += [0.0] if a.positive else [] if a.signed else [-1e-300]
     out += ([a.below] if a.below < math.inf else []) + ([math.nextafter(a.at_most, 2.0)] if a.at_most < 1e300 else [])
     inside = ([] if a.positive else [0.0]) + ([a.at_most] if a.at_most < math.inf else [])
     inside += [-1.5] + ([] if a.finite else [-math.inf]) if a.signed else []
-    return wrong, out, inside + ([] if a.finite else [math.inf])
+    return wrong, out, inside + ([] if a.finite else [math.inf]) + ([math.nan] if a.nan else [])
 
 
 @pytest.mark.parametrize("a", ARGS, ids=[f"{a.who}-{a.arg}" for a in ARGS])

@@ -251,3 +251,51 @@ def test_it_prints_the_options_given():
 def test_bad_options_are_refused_when_built(options, error, pattern):
     with pytest.raises(error, match=rf"^ema: {pattern}"):
         ct.ema(0.9, **options)
+
+
+# -- found by the issue-37 adversary --------------------------------------------------------------------------
+@pytest.mark.parametrize("device", ["meta", torch.device("meta")])
+def test_a_meta_device_is_refused_when_built(device):
+    """Averages on the meta device hold no numbers: the run would train, and ct.ema_model give a model of none."""
+    with pytest.raises(ValueError, match=r"^ema: device must be a device that holds data, got .*meta.*device='cpu'"):
+        ct.ema(0.9, device=device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_a_dtype_the_average_cannot_be_kept_in_is_refused_when_built(dtype):
+    """float8 has no lerp and no promotion: its second update raised after optimizer.step(), the state half-updated."""
+    with pytest.raises(ValueError, match=rf"^ema: dtype must be .*float32.*got {dtype}"):
+        ct.ema(0.9, dtype=dtype)
+
+
+def test_a_device_this_process_lacks_is_refused_naming_it_before_anything_changes():
+    """torch's own error ('Found no NVIDIA driver', 'invalid device ordinal') named neither ct.ema nor device."""
+    state = state_of(net())
+    before = copy.deepcopy(state.state_dict())
+    train = ct.ema(0.9, device="cuda:99")(step)
+    with pytest.raises(ValueError, match=r"^ema\(0.9, device='cuda:99'\): device='cuda:99' cannot hold the averages"):
+        train(state, batches(1)[0])
+    assert state.step == 0 and state.unusable is None
+    after = state.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(before["model"].values(), after["model"].values(), strict=True))
+    assert after["optimizer"]["state"] == {} and "ema" not in after["transforms"]
+
+
+@pytest.mark.parametrize("then", [{}, {"dtype": torch.float64}])
+def test_a_resume_with_another_average_dtype_names_the_option_it_was_kept_with(then):
+    """The averages were kept in float32 (dtype=torch.float32) for a bf16 model: the refusal said 'this model's ...
+    torch.bfloat16; load a checkpoint of the same model', though the model is the same and the fix is the option."""
+    saved = state_of(net(dtype=torch.bfloat16))
+    ct.ema(0.9, dtype=torch.float32)(step)(saved, batches(1, dtype=torch.bfloat16)[0])
+    checkpoint = copy.deepcopy(saved.state_dict())
+    resumed = state_of(net(seed=1, dtype=torch.bfloat16))
+    resumed.load_state_dict(checkpoint)
+    before = copy.deepcopy(resumed.state_dict()["model"])
+    with pytest.raises(ValueError) as e:
+        ct.ema(0.9, **then)(step)(resumed, batches(1, dtype=torch.bfloat16)[0])
+    said = str(e.value)
+    assert said.startswith("ema: the checkpoint's average of '0.weight' is (8, 5) torch.float32, this run's ")
+    assert "dtype=torch.float32" in said and "same model" not in said
+    assert resumed.step == 1 and all(
+        torch.equal(a, b) for a, b in zip(before.values(), resumed.model.state_dict().values(), strict=True)
+    )

@@ -196,6 +196,36 @@ def test_a_hook_that_cannot_be_called_as_fn_state_epoch_is_refused(name, hook):
     refused(state, TypeError, rf"^run: {name} must be a function {name}\(state, epoch\), got ", **{name: hook})
 
 
+async def _async_hook(state, epoch):
+    pass
+
+
+def _generator_hook(state, epoch):
+    yield epoch
+
+
+@pytest.mark.parametrize(
+    ("hook", "why"),
+    [
+        (_async_hook, r"it returns a coroutine \(async def\) that ct\.run would not await: its body would never run"),
+        (_generator_hook, r"it returns a generator that ct\.run would not iterate: its body would never run"),
+        (lambda *, state, epoch: None, r"its signature \(\*, state, epoch\) cannot be called as fn\(state, epoch\)"),
+        (
+            lambda state, epoch, extra: None,
+            r"its signature \(state, epoch, extra\) cannot be called as fn\(state, epoch\)",
+        ),
+        (nn.Linear, r"it is a class: calling it would build one"),
+        (3, r"it is not callable"),
+    ],
+    ids=["async", "generator", "keywords", "three", "class", "int"],
+)
+def test_a_refused_hook_is_told_why_it_cannot_be_called(hook, why):
+    """'must be a function on_epoch_end(state, epoch), got <function ...> (function)': a function arrived, and the
+    message did not say what was wrong with it."""
+    pattern = rf"^run: on_epoch_end must be a function on_epoch_end\(state, epoch\), got .*; {why}; e\.g\. "
+    refused(plain_state(), TypeError, pattern, on_epoch_end=hook)
+
+
 # -- the hooks ----------------------------------------------------------------------------------------------
 def hooked(calls, seen):
     """on_epoch_end halves the BatchNorm's running variance (a change to the state: checkpointed) and records
@@ -305,3 +335,55 @@ def test_a_metric_of_weights_the_composition_does_not_evaluate_is_refused_before
     assert said.startswith("run: scheduler_metric='eval_ema.loss' names the evaluation of weights 'ema'")
     assert "['eval']" in said and "ct.ema" in said
     assert state.step == 0 and state.epoch == 0
+
+
+# -- found by the issue-37 adversary --------------------------------------------------------------------------
+def test_an_evaluation_of_nan_steps_the_plateau_as_by_hand_and_the_run_goes_on():
+    """A NaN metric (0/0, an epoch that diverged) is no improvement to ReduceLROnPlateau, as timm's train.py feeds
+    it; refused, the run stopped after its checkpoint and its resume evaluated to NaN and stopped again."""
+    state, calls = plateau_state(), []
+
+    def nan_at_epochs_1_and_2(model, batch):
+        calls.append(state.step)
+        metrics = evaluate(model, batch)
+        bad = state.step in (2 * PER_EPOCH, 3 * PER_EPOCH)
+        return {**metrics, "loss": torch.tensor(float("nan"), dtype=torch.float64) if bad else metrics["loss"]}
+
+    result = ct.run(step, state, data(), epochs=EPOCHS, **QUICK, **{**EVAL, "eval_step": nan_at_epochs_1_and_2})
+    hand = lr_scheduler.ReduceLROnPlateau(torch.optim.SGD(net().parameters(), lr=0.5), patience=0, factor=0.5)
+    for e in result.evals:
+        hand.step(e["loss"])
+    assert [e["loss"] != e["loss"] for e in result.evals] == [False, True, True, False]
+    assert state.epoch == EPOCHS and state.optimizer.param_groups[0]["lr"] == hand.optimizer.param_groups[0]["lr"]
+    assert state.optimizer.param_groups[0]["lr"] <= 0.5 * 0.5**2  # decayed on each NaN epoch
+
+
+@pytest.mark.parametrize("name", ["on_epoch_start", "on_epoch_end"])
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda s: s.end_epoch(), r"state\.epoch from \d+ to \d+"),
+        (lambda s: setattr(s, "epoch", s.epoch + 3), r"state\.epoch from \d+ to \d+"),
+        (lambda s: ct.train_step(step)(s, data(4)[:]), r"state\.step from \d+ to \d+"),
+        (lambda s: setattr(s, "model", net(3)), r"state\.model"),
+        (lambda s: setattr(s, "optimizer", torch.optim.SGD(s.model.parameters(), lr=1.0)), r"state\.optimizer"),
+        (lambda s: setattr(s, "scheduler", None), r"state\.scheduler"),
+    ],
+    ids=["end_epoch", "epoch", "an update", "model", "optimizer", "scheduler"],
+)
+def test_a_hook_that_moves_the_runs_count_or_swaps_what_it_trains_is_refused_at_once(tmp_path, name, change, named):
+    """A plain loop's state.end_epoch() moved into on_epoch_end would step an epoch scheduler twice an epoch; an
+    update in a hook, a model or optimizer swapped in: the run's count, its checkpoints and its scheduler would no
+    longer agree with what trains. Refused when the hook returns, before the epoch's checkpoint."""
+    state = plain_state()
+    opt = state.optimizer
+    state = ct.TrainState(state.model, opt, lr_scheduler.StepLR(opt, 1, gamma=0.5), scheduler_interval="epoch")
+
+    def hook(s, epoch):
+        if epoch == 1:
+            change(s)
+
+    with pytest.raises(ValueError, match=rf"^run: {name} changed {named}.*leave "):
+        ct.run(step, state, data(), epochs=3, checkpoint_dir=tmp_path, **QUICK, **{name: hook})
+    saved = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step-"))
+    assert saved == [f"step-{PER_EPOCH:09d}"]  # nothing saved after the hook

@@ -246,13 +246,13 @@ def test_a_failing_step_update_leaves_the_state_marked_unusable():
 
 
 # -- schedulers fed a metric ---------------------------------------------------------------------------------
-def plateau_parts(kind):
+def plateau_parts(kind, mode="min"):
     model, opt = parts()
     if kind == "torch":
-        return model, opt, lr_scheduler.ReduceLROnPlateau(opt, mode="min", patience=1, factor=0.5)
+        return model, opt, lr_scheduler.ReduceLROnPlateau(opt, mode=mode, patience=1, factor=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # timm deprecates it, not its behaviour
-        return model, opt, timm_scheduler.PlateauLRScheduler(opt, decay_rate=0.5, patience_t=1, mode="min")
+        return model, opt, timm_scheduler.PlateauLRScheduler(opt, decay_rate=0.5, patience_t=1, mode=mode)
 
 
 METRICS = [1.0, 0.9, 0.95, 0.97, 0.99, 0.99, 0.5]
@@ -312,14 +312,30 @@ def test_a_metric_given_to_a_scheduler_that_takes_none_is_refused(metric):
         assert state.epoch == 0
 
 
-@pytest.mark.parametrize("metric", ["0.5", True, torch.tensor(0.5), [0.5], float("nan")])
+@pytest.mark.parametrize("metric", ["0.5", True, torch.tensor(0.5), [0.5]])
 def test_a_metric_that_is_no_number_is_refused(metric):
     model, opt, plateau = plateau_parts("torch")
     state = ct.TrainState(model, opt, plateau, scheduler_interval="epoch")
-    error = ValueError if metric != metric else TypeError  # NaN: a number out of range
-    with pytest.raises(error, match=r"^TrainState\.end_epoch: metric must be a number, got .*metric=val_loss.item"):
+    with pytest.raises(TypeError, match=r"^TrainState\.end_epoch: metric must be a number, got .*metric=val_loss.item"):
         state.end_epoch(metric=metric)
     assert plateau.last_epoch == 0 and state.epoch == 0
+
+
+@pytest.mark.parametrize("kind", ["torch", "timm"])
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_a_nan_metric_is_an_epoch_without_improvement_as_the_scheduler_takes_it(kind, mode):
+    """torch's ReduceLROnPlateau (and timm's plateau, which steps it) take NaN as no improvement, and timm's
+    train.py feeds whatever its evaluation gave (a metric of 0/0, a diverged epoch): refused, a run fed by
+    scheduler_metric could not go on, not even from its checkpoint (it evaluates to NaN again)."""
+    model, opt, plateau = plateau_parts(kind, mode)
+    state = ct.TrainState(model, opt, plateau, scheduler_interval="epoch" if kind == "torch" else "update")
+    _, by_hand_opt, by_hand = plateau_parts(kind, mode)
+    nan = float("nan")
+    for epoch, metric in enumerate([1.0, nan, nan, 0.5, np.float64(nan), nan, nan]):
+        state.end_epoch(metric=metric)
+        by_hand.step(metric) if kind == "torch" else by_hand.step(epoch + 1, metric)
+        assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in by_hand_opt.param_groups]
+    assert state.epoch == 7 and opt.param_groups[0]["lr"] < 0.1  # it decayed on the NaN epochs
 
 
 def test_a_timm_scheduler_takes_the_metric_as_timms_loop_gives_it():

@@ -15,6 +15,8 @@ Each check raises before the TrainState exists: a scheduler that failed only whe
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from typing import Any
 
 import torch
@@ -100,9 +102,11 @@ def as_metric(metric: Any, scheduler: Any, kind: str) -> float | None:
                 "would never decay; " + _FEED
             )
         return None
-    value = check_real(
-        metric, END_EPOCH, "metric", positive=False, finite=False, example="state.end_epoch(metric=val_loss.item())"
-    )
+    value = _nan(metric)
+    if value is None:
+        value = check_real(
+            metric, END_EPOCH, "metric", positive=False, finite=False, example="state.end_epoch(metric=val_loss.item())"
+        )
     if scheduler is None or not takes_metric(scheduler, kind):
         which = "there is no scheduler" if scheduler is None else f"the scheduler {kind_name} steps without one"
         raise ValueError(
@@ -111,6 +115,15 @@ def as_metric(metric: Any, scheduler: Any, kind: str) -> float | None:
             "scheduler_interval='epoch')"
         )
     return value
+
+
+def _nan(metric: Any) -> float | None:
+    """NaN for a NaN number, else None: a metric of NaN (0/0, an epoch that diverged) is taken as torch's
+    ``ReduceLROnPlateau`` takes it, no improvement (timm's ``train.py`` feeds it so); refused, a run fed by
+    ``scheduler_metric`` could not go on, not even from its checkpoint (which evaluates to NaN again)."""
+    if isinstance(metric, numbers.Real) and not isinstance(metric, bool) and math.isnan(metric):
+        return math.nan
+    return None
 
 
 def _binds(method: Any, *args: Any) -> bool:

@@ -221,7 +221,7 @@ class TrainState:
 
         Args:
             metric: the metric a scheduler steps on (a validation loss, a Python or NumPy number: ``loss.item()``), or
-                None.
+                None. NaN is passed on as it is: ``ReduceLROnPlateau`` takes it as no improvement.
         """
         value = as_metric(metric, self.scheduler, self.scheduler_kind)
         scheduler, kind = self.scheduler, self.scheduler_kind

@@ -20,7 +20,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.util import RUN, show
 from composetrain.driver.tracking import deferred_kind
 
-__all__ = ["check_hook", "check_metric_kind", "check_scheduler_metric", "metric_of", "parse_metric"]
+__all__ = ["call_hook", "check_hook", "check_metric_kind", "check_scheduler_metric", "metric_of", "parse_metric"]
 
 _FORM = (
     "'eval.NAME' (NAME a metric of eval_step's) or 'eval_ema.NAME' (the same metric of ct.ema's weights), e.g. "
@@ -29,23 +29,57 @@ _FORM = (
 
 
 def check_hook(fn: Any, name: str) -> None:
-    """``fn`` can be called as ``fn(state, epoch)`` and runs when called (not a generator, not ``async``)."""
+    """``fn`` can be called as ``fn(state, epoch)`` and runs when called (not a generator, not ``async``); the
+    refusal says which it is not."""
     usage = f"{name}(state, epoch)"
     if fn is None:
         return
-    wrong = not callable(fn) or isinstance(fn, type) or deferred_kind(fn) is not None
-    if not wrong:
+    why, kind = None, deferred_kind(fn) if callable(fn) else None
+    if not callable(fn):
+        why = "it is not callable"
+    elif isinstance(fn, type):
+        why = "it is a class: calling it would build one"
+    elif kind is not None:
+        how, marked = ("await", " (async def)") if kind == "a coroutine" else ("iterate", "")
+        why = f"it returns {kind}{marked} that ct.run would not {how}: its body would never run"
+    else:
         try:
-            inspect.signature(fn).bind(None, 0)
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without a signature: taken at its word
+            signature = None
+        try:
+            if signature is not None:
+                signature.bind(None, 0)
         except TypeError:
-            wrong = True
-        except ValueError:  # a builtin without a signature: taken at its word
-            pass
-    if wrong:
+            why = f"its signature {signature} cannot be called as fn(state, epoch)"
+    if why is not None:
         raise TypeError(
-            f"{RUN}: {name} must be a function {usage}, got {show(fn)}; e.g. {name}=lambda state, epoch: "
+            f"{RUN}: {name} must be a function {usage}, got {show(fn)}; {why}; e.g. {name}=lambda state, epoch: "
             "loader.sampler.set_epoch(epoch + 1)"
         )
+
+
+def call_hook(fn: Any, name: str, state: TrainState, epoch: int) -> None:
+    """``fn(state, epoch)``, refused when it returns having moved the run's count (``state.step``, ``state.epoch``:
+    a plain loop's ``state.end_epoch()`` moved into ``on_epoch_end`` steps an epoch scheduler twice an epoch) or
+    swapped what the run trains (the state's model, optimizer or scheduler): its checkpoints, its schedule and its
+    position in the data would no longer agree. Refused before the epoch's checkpoint, so the last one stands."""
+    kept = {k: getattr(state, k) for k in _KEPT}
+    fn(state, epoch)
+    moved = [k for k in ("step", "epoch") if getattr(state, k) != kept[k]]
+    swapped = [k for k in _KEPT if k not in ("step", "epoch") and getattr(state, k) is not kept[k]]
+    if moved or swapped:
+        said = [f"state.{k} from {kept[k]} to {getattr(state, k)}" for k in moved]
+        said += [f"state.{k} (another object)" for k in swapped]
+        raise ValueError(
+            f"{RUN}: {name} changed {', '.join(said)} in epoch {epoch}; ct.run counts the updates and ends each epoch "
+            "itself (on_epoch_end, then state.end_epoch()), and trains the TrainState's own model, optimizer and "
+            f"scheduler: leave those to it, and change settings (a Mixup's, a sampler's epoch) or the model's tensors "
+            "in place (distribute_bn) in a hook; the run resumes from its last checkpoint"
+        )
+
+
+_KEPT = ("step", "epoch", "model", "optimizer", "scheduler")
 
 
 def parse_metric(name: Any) -> tuple[str, str] | None:

@@ -29,7 +29,7 @@ from composetrain.core.state import TrainState
 from composetrain.core.steps import PlainStep, lift
 from composetrain.core.util import RUN, show
 from composetrain.driver.compiling import CompileCache
-from composetrain.driver.epoch_ends import check_metric_kind, check_scheduler_metric, metric_of
+from composetrain.driver.epoch_ends import call_hook, check_metric_kind, check_scheduler_metric, metric_of
 from composetrain.driver.evaluation import EvalStep, evaluator
 from composetrain.driver.global_batches import GlobalBatches, batchnorm_problem
 from composetrain.driver.loader import (
@@ -279,7 +279,9 @@ def run(
             ``epoch``, before the epoch scheduler step, the epoch's checkpoint and its evaluation (timm's
             ``--dist-bn``: ``timm.utils.distribute_bn(state.model, world_size, reduce=True)``). Once per epoch
             end, also across a resume: its changes to the state are in that checkpoint, and a run stopped before
-            the checkpoint was written redoes the epoch's last updates and it.
+            the checkpoint was written redoes the epoch's last updates and it. A hook that moves ``state.step``
+            or ``state.epoch`` (ct.run calls ``state.end_epoch()`` itself), or swaps the state's model, optimizer
+            or scheduler, is refused when it returns.
 
     A run that stops inside a logging window (``max_steps``, SIGTERM) logs that window as one
     last, shorter record. Each record also says ``samples_per_s`` (all processes together), ``tokens_per_s`` (when
@@ -791,14 +793,14 @@ class _Driver:
         """``on_epoch_start`` of the epoch that begins, or resumes part-way, in this call."""
         if self.options.on_epoch_start is not None:
             self.waiting.now(f"on_epoch_start of epoch {at.epoch}")
-            self.options.on_epoch_start(self.state, at.epoch)
+            call_hook(self.options.on_epoch_start, "on_epoch_start", self.state, at.epoch)
 
     def end_epoch(self, at: Progress) -> None:
         """After the epoch's last update: ``on_epoch_end``, then the epoch's scheduler step, but for a scheduler
         fed a metric, which steps after the evaluation (``evaluate``)."""
         if self.options.on_epoch_end is not None:
             self.waiting.now(f"on_epoch_end of epoch {at.epoch}")
-            self.options.on_epoch_end(self.state, at.epoch)
+            call_hook(self.options.on_epoch_end, "on_epoch_end", self.state, at.epoch)
         if self.options.eval.scheduler_metric is None:
             self.state.end_epoch()
 

@@ -49,7 +49,17 @@ class Averages:
                 f"{rule.label()}: the model's weights are DTensor shards (ct.sharded), averaged shard by shard as "
                 "they are laid out; device= and dtype= would keep them whole elsewhere: leave them out"
             )
-        made = {k: t.to(device=rule.device, dtype=_dtype_for(rule, t), copy=True) for k, t in tensors.items()}
+        try:
+            made = {k: t.to(device=rule.device, dtype=_dtype_for(rule, t), copy=True) for k, t in tensors.items()}
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, AssertionError) as error:  # torch's words name neither ct.ema nor its device
+            if rule.device is None:
+                raise
+            raise ValueError(
+                f"{rule.label()}: device={str(rule.device)!r} cannot hold the averages ({error}); give a device this "
+                "process has, e.g. device='cpu', or leave device out (the averages stay beside their weights)"
+            ) from error
         return cls(made, rule, frozenset(k for k, _ in model.named_parameters()))
 
     def matched(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -129,15 +139,15 @@ class Averages:
         n = check_int(saved.get("n_averaged"), EMA, "the checkpoint's n_averaged", minimum=0)
         theirs = saved["averages"]
         same_names(self.tensors, theirs, "the checkpoint's")
+        saved_settings = saved.get("settings")  # older checkpoints lack them
         for k, mine in self.tensors.items():
             t = theirs[k]
             if not isinstance(t, torch.Tensor) or t.shape != mine.shape or t.dtype != mine.dtype:
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else show(t)
                 raise ValueError(
-                    f"{EMA}: the checkpoint's average of {k!r} is {got}, this model's {tuple(mine.shape)} "
-                    f"{mine.dtype}; load a checkpoint of the same model, in the same dtype"
+                    f"{EMA}: the checkpoint's average of {k!r} is {got}, this run's {tuple(mine.shape)} "
+                    f"{mine.dtype}; {_dtype_fix(saved_settings, self.settings, t, mine)}"
                 )
-        saved_settings = saved.get("settings")  # older checkpoints lack them
         if isinstance(saved_settings, Mapping) and Rule.complete(saved_settings) != Rule.complete(self.settings):
             # a deliberate change (a higher decay late in training) is allowed, but never silent
             warnings.warn(
@@ -151,6 +161,18 @@ class Averages:
             for k, mine in self.tensors.items():
                 mine.copy_(_laid_out(theirs[k], mine))
         self.n_averaged = n
+
+
+def _dtype_fix(saved: Any, mine: Mapping[str, Any], theirs: Any, average: torch.Tensor) -> str:
+    """The fix for an average of another shape or dtype than the checkpoint's: ct.ema's ``dtype=`` as saved, where
+    that is what differs (the model is the same), else the same model."""
+    kept = saved.get("dtype") if isinstance(saved, Mapping) else None
+    same_shape = isinstance(theirs, torch.Tensor) and theirs.shape == average.shape
+    if not (same_shape and theirs.is_floating_point() and kept != mine.get("dtype")):
+        return "load a checkpoint of the same model, in the same dtype"
+    then = f"dtype={kept}" if kept is not None else "no dtype (the model's)"
+    now = f"dtype={mine['dtype']}" if "dtype" in mine else "none (the model's)"
+    return f"the checkpoint's averages were kept with {then}, this run's ct.ema has {now}: build ct.ema with {then}"
 
 
 def _average(pairs: list[tuple[torch.Tensor, torch.Tensor]], decay: float, formula: str, *, per_tensor: bool) -> None:

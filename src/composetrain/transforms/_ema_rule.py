@@ -15,6 +15,7 @@ __all__ = ["FORMULAS", "INTEGERS", "Rule"]
 
 FORMULAS = ("lerp", "sum")
 INTEGERS = ("average", "copy")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the ones lerp and foreach add average
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +145,12 @@ def _device(value: Any) -> torch.device | None:
             f"{EMA}: device must be a device torch knows (a str or torch.device) or None, got {show(value)}; {hint}"
         )
     try:
-        return torch.device(value)
+        device = torch.device(value)
     except (RuntimeError, ValueError):
         raise ValueError(f"{EMA}: device must be a device torch knows, got {show(value)}; {hint}") from None
+    if device.type == "meta":  # no numbers: the run would train, and ct.ema_model give a model of none
+        raise ValueError(f"{EMA}: device must be a device that holds data, got {show(value)}; {hint}")
+    return device
 
 
 def _dtype(value: Any) -> torch.dtype | None:
@@ -157,4 +161,7 @@ def _dtype(value: Any) -> torch.dtype | None:
         raise TypeError(f"{EMA}: dtype must be a floating-point torch.dtype or None, got {show(value)}; {hint}")
     if not value.is_floating_point:
         raise ValueError(f"{EMA}: dtype must be a floating-point torch.dtype or None, got {value}; {hint}")
+    if value not in DTYPES:  # float8: no lerp, no promotion; found at the second update, after optimizer.step()
+        shown = ", ".join(map(str, DTYPES))
+        raise ValueError(f"{EMA}: dtype must be one the average can be kept in ({shown}) or None, got {value}; {hint}")
     return value

@@ -81,11 +81,13 @@ def ema(
         warmup_power: the ramp's power (timm's default 2/3); with ``decay_warmup`` only.
         min_decay: the ramp's floor (at most ``decay``); with ``decay_warmup`` only, as in timm.
         device: keep the averages on this device (``"cpu"`` for a large model on an accelerator: timm's
-            ``--model-ema-force-cpu``), each weight copied there and averaged tensor by tensor, as
+            ``--model-ema-force-cpu``; not ``"meta"``, and one this process has: refused before the first
+            update), each weight copied there and averaged tensor by tensor, as
             ``ModelEmaV3(device=...)``; the EMA's evaluation copies them back into the model.
-        dtype: keep floating-point averages in this dtype (``torch.float32`` for a bf16 model, whose rounding
-            would lose the small steps of a high decay), averaged as ``ModelEmaV3(dtype=...)`` does; evaluated
-            in the model's dtype (the averages rounded to it), ``ct.ema_model`` returns a model in ``dtype``.
+        dtype: keep floating-point averages in this dtype, float32, float64, bfloat16 or float16
+            (``torch.float32`` for a bf16 model, whose rounding would lose the small steps of a high decay),
+            averaged as ``ModelEmaV3(dtype=...)`` does; evaluated in the model's dtype (the averages rounded to
+            it), ``ct.ema_model`` returns a model in ``dtype``.
         exclude_buffers: average the parameters only and copy every buffer, as ``ModelEmaV3(exclude_buffers=True)``.
         integers: ``"average"`` (torch's ``AveragedModel``) or ``"copy"`` (timm's): what becomes of integer buffers.
 
