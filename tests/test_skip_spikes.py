@@ -214,6 +214,23 @@ def test_max_consecutive_skips_raise_after_a_complete_skipped_update():
     assert s.transform_state("skip_spikes", SpikeStatistics).consecutive == 3
 
 
+@pytest.mark.parametrize("watch", ["loss", "both"])
+def test_max_consecutive_skips_before_any_accepted_update_raise_the_guards_error(watch):
+    """Diverged from the first update (no average yet): the FloatingPointError that names the skips, no bare error."""
+    s = state()
+    train = ct.skip_spikes(max_consecutive=2, watch=watch)(step)
+    data = batches(2, nan={0, 1})
+    before = copy.deepcopy(s.model.state_dict())
+    train(s, data[0])
+    with pytest.raises(
+        FloatingPointError,
+        match=r"2 updates in a row were skipped as spikes \(the last: loss nan.*"
+        r"accepted so far: none\); .*raise sigmas or max_consecutive",
+    ):
+        train(s, data[1])
+    assert s.step == 0 and all(torch.equal(a, b) for a, b in zip(s.model.state_dict().values(), before.values()))
+
+
 def test_a_resume_mid_way_judges_exactly_as_the_straight_run():
     data = batches(30, spikes={14, 22}, nan={18})
     straight = state()

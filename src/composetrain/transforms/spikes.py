@@ -207,9 +207,13 @@ class _SkipSpikes(TrainStep):
             stats.accept(values, self.decay)
         if stats.consecutive >= self.max_consecutive:
             shown = ", ".join(f"{n} {v:.6g}" for n, v in zip(self.watched, values, strict=True))
-            averages = ", ".join(
-                f"{n} mean {m:.6g} (std {s:.3g})"
-                for n, m, s in zip(self.watched, stats.mean, stats.stds(self.decay), strict=True)
+            averages = (
+                ", ".join(  # none before the first accepted update: no averages yet
+                    f"{n} mean {m:.6g} (std {s:.3g})"
+                    for n, m, s in zip(self.watched, stats.mean, stats.stds(self.decay), strict=True)
+                )
+                if stats.mean
+                else ""
             )
             raise FloatingPointError(
                 f"{self!r}: {stats.consecutive} updates in a row were skipped as spikes (the last: {shown}; "
