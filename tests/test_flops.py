@@ -136,6 +136,58 @@ def test_a_later_call_on_the_same_model_composition_and_batch_layout_takes_the_c
     assert len(entered) == 5
 
 
+class Gated(nn.Module):
+    """A model whose forward runs its wide head only while its submodule ``gate`` is in training mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.narrow, self.wide, self.gate = nn.Linear(6, 2), nn.Linear(6, 256), nn.Module()
+
+    def forward(self, x):
+        out = self.narrow(x)
+        return out + 0 * self.wide(x).sum(-1, keepdim=True) if self.gate.training else out
+
+
+@pytest.mark.parametrize("change", ["freeze", "submodule_eval"])
+def test_a_later_call_after_freezing_or_a_submodules_mode_change_is_counted_again(change):
+    """The kept count is taken only for an update alike: frozen parameters need no weight gradients (fine-tuning
+    unfreezes between calls), and a submodule's mode can change what the forward runs."""
+    torch.manual_seed(0)
+    model = Gated().double()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    train, data = ct.accumulate(2)(run_script.step), run_script.dataset()
+    ct.run(train, state, data, batch_size=12, max_steps=2, **OPTIONS)
+    if change == "freeze":
+        model.wide.requires_grad_(False)
+    else:
+        model.gate.eval()
+    again = ct.run(train, state, data, batch_size=12, max_steps=4, log_every=2, **OPTIONS)
+    with FlopCounterMode(display=False) as counter:
+        run_script.step(copy.deepcopy(model), data[0:12])[0].backward()
+    assert again.history[-1]["flops_per_update"] == counter.get_total_flops()
+
+
+def test_a_data_parallel_composition_is_not_counted():
+    """data_parallel runs its replicas in threads, which FlopCounterMode (a dispatch mode of the calling thread)
+    does not see: no count, rather than 0."""
+    step = ct.data_parallel(["cpu", "cpu"])(run_script.step)
+    result = ct.run(step, run_script.state(), run_script.dataset(24), batch_size=12, epochs=1, log_every=1, **OPTIONS)
+    assert all(r.get("flops_per_update") is None for r in result.history)
+    assert all(
+        r.get("mfu") is None
+        for r in ct.run(
+            step,
+            run_script.state(),
+            run_script.dataset(24),
+            batch_size=12,
+            epochs=1,
+            log_every=1,
+            peak_flops=1e12,
+            **OPTIONS,
+        ).history
+    )
+
+
 class Opaque:
     """An object of the user's in a batch: the count's layout cannot look into it."""
 

@@ -32,6 +32,7 @@ from composetrain.driver.throughput import FlopCount
 __all__ = ["Watch"]
 
 _NOTHING = contextlib.nullcontext()
+_UNCOUNTED = frozenset({"compile", "pipeline", "data_parallel"})  # compositions FlopCounterMode cannot count
 _END = object()
 
 
@@ -107,10 +108,12 @@ class _AroundUpdate:
     def __enter__(self) -> None:
         watch = self.watch
         stack = contextlib.ExitStack()
-        if not watch.flops.done and {"compile", "pipeline"} & set(getattr(watch.step, "roles", ())):
+        if not watch.flops.done and _UNCOUNTED & set(getattr(watch.step, "roles", ())):
             # FlopCounterMode's dispatch mode keeps torch.compile from compiling the update it watches (it would
-            # run eagerly and compile one update later), and hangs a multi-process pipeline's first update (its
-            # stages' sends and receives under the mode): neither is counted (docs/limits/driver.md)
+            # run eagerly and compile one update later), hangs a multi-process pipeline's first update (its
+            # stages' sends and receives under the mode), and is not seen by data_parallel's replicas (they run in
+            # threads of their own, and the mode is the calling thread's: it would count 0): none is counted
+            # (docs/limits/driver.md)
             watch.flops.done = True
         if not watch.flops.done:  # the first update of the call: its FLOPs, counted once (or kept from before)
             model = watch.state.model if watch.state is not None else None
