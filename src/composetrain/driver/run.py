@@ -244,7 +244,8 @@ def run(
             the record (which counts as sent; a KeyboardInterrupt or SystemExit comes out as itself, with a
             note); the other ranks return, ``preempted``. Every rank waits while it runs.
         profile: run ``torch.profiler`` over a window of updates and write each rank's trace into the run's
-            folder (``profile/`` beside the checkpoints, or the metrics file): True for the default window (after 5
+            folder (``profile/`` beside a local checkpoint_dir's checkpoints, or the metrics file; a folder that
+            cannot be made is refused before the first update): True for the default window (after 5
             updates, 1 of warm-up, 3 recorded, once), or a dict of ``wait``, ``warmup``, ``active``, ``repeat``
             (``torch.profiler.schedule``'s), ``record_shapes``, ``profile_memory``, ``with_stack`` and ``folder``.
             Chrome trace JSON in TensorBoard's profiler-plugin layout; updates and their phases (data,
@@ -258,7 +259,7 @@ def run(
             or computed; gathered at log points only, in one small collective.
         oom_snapshot: on CUDA, record the allocator's history (a cost per allocation) and, when an update runs out
             of memory, write ``memory/oom-rank<r>-update<n>.pickle`` in the run's folder before raising (open it at
-            https://pytorch.org/memory_viz); needs checkpoint_dir or log_file.
+            https://pytorch.org/memory_viz); needs checkpoint_dir (a local one) or log_file: refused without.
 
         scheduler_metric: the evaluation metric a scheduler that steps on one is fed (``ReduceLROnPlateau``,
             timm's schedulers, which ``lr_scheduler.step(epoch + 1, metric)`` in timm's ``train.py``):
