@@ -216,4 +216,41 @@ def test_a_window_inside_a_profiler_of_the_users_is_refused_before_the_first_upd
 def test_the_run_folder_itself_may_hold_the_traces_beside_the_metrics_file(tmp_path):
     log_file = tmp_path / "metrics.jsonl"
     run_script.train(max_steps=2, log_file=log_file, profile={"wait": 0, "warmup": 0, "active": 1, "folder": tmp_path})
-    assert log_file.is_file() and [p.name.split(".")[0] for p in tmp_path.glob("*.pt.trace.json")] == ["rank0-updates1-1"]
+    assert log_file.is_file() and [p.name.split(".")[0] for p in tmp_path.glob("*.pt.trace.json")] == [
+        "rank0-updates1-1"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("window", "message"),
+    [
+        (
+            {"wait": 3, "warmup": 1, "active": 3},
+            r"run: the run ended after update 6, inside the profiler's window over updates 5-7: its trace \(named for "
+            r"updates 5-7\) holds updates 5-6 only; start it earlier \(profile's wait=3, warmup=1\) or run longer",
+        ),
+        (
+            {"wait": 8},
+            r"run: the run ended after 6 update\(s\) of this call, before the profiler's window \(after 8 "
+            r"update\(s\), 1 of warm-up and 3 recorded\) was complete: no trace was written; start it earlier",
+        ),
+    ],
+)
+def test_a_run_that_ends_before_its_window_is_complete_says_so(tmp_path, window, message):
+    with pytest.warns(UserWarning, match=message):
+        run_script.train(max_steps=6, log_file=tmp_path / "metrics.jsonl", profile=window)
+    traces = list(tmp_path.glob("profile/*.json"))
+    if window["wait"] == 3:  # what it recorded of the window: update 5 and 6, of 5-7
+        assert [p.name.split(".")[0] for p in traces] == ["rank0-updates5-7"]
+        assert [m for m in annotations(traces[0]) if m.startswith("update ")] == ["update 5", "update 6"]
+    else:
+        assert not traces
+
+
+def test_a_complete_window_warns_of_nothing(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=r".*profiler's window")
+        run_script.train(max_steps=6, log_file=tmp_path / "metrics.jsonl", profile={"wait": 2, "repeat": 3})
+    assert len(list(tmp_path.glob("profile/*.json"))) == 1

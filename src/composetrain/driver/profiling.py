@@ -26,6 +26,7 @@ import torch
 from torch.autograd import profiler as torch_profiler
 from torch.autograd.profiler import record_function
 
+from composetrain.core.util import RUN
 from composetrain.driver.options import ProfileOptions, WatchOptions
 from composetrain.driver.throughput import FlopCount
 
@@ -81,8 +82,13 @@ class Watch:
                 return
             yield got
 
+    def missed(self, step: int) -> str | None:
+        """Why the run that ended at update ``step`` wrote fewer traces than its window asks for, or None."""
+        return self.window.missed(step) if self.window is not None else None
+
     def close(self) -> None:
-        """Stop what is running (a window cut short writes no trace); whatever happened."""
+        """Stop what is running (a window cut short in warm-up writes no trace, one cut short while recording
+        what it recorded); whatever happened."""
         if self.window is not None:
             self.window.close()
         if self.snapshots is not None:
@@ -144,6 +150,9 @@ class _Window:
         self.calls = 0  # updates of this ct.run call begun so far
         self.profiler: Any = None
         self.left = 0  # updates the running profiler has still to see
+        self.span = (0, 0)  # the updates the running profiler records
+        self.traces = 0  # windows whose trace was written
+        self.cut = False  # whether close() stopped a window before its end
 
     def before(self, number: int) -> None:
         """Before each update of the call: start the profiler where a window begins."""
@@ -169,6 +178,7 @@ class _Window:
         )
         self.profiler.start()
         self.left = o.warmup + o.active
+        self.span = (first, first + o.active - 1)
 
     def after(self) -> None:
         """After each update the profiler saw."""
@@ -179,8 +189,31 @@ class _Window:
         if self.left == 0:
             self.profiler.stop()
             self.profiler = None
+            self.traces += 1
+
+    def missed(self, step: int) -> str | None:
+        """A window the run ended inside, or none begun: no trace for it (said, rather than left to be found)."""
+        o = self.options
+        fix = f"start it earlier (profile's wait={o.wait}, warmup={o.warmup}) or run longer"
+        if self.profiler is not None or self.cut:
+            first, last = self.span
+            written = (  # torch.profiler writes what it recorded when stopped while recording, none in warm-up
+                f"its trace (named for updates {first}-{last}) holds updates {first}-{step} only"
+                if step >= first
+                else "no trace was written for it"
+            )
+            inside = f"inside the profiler's window over updates {first}-{last}"
+            return f"{RUN}: the run ended after update {step}, {inside}: {written}; {fix}"
+        if self.traces == 0:
+            return (
+                f"{RUN}: the run ended after {self.calls} update(s) of this call, before the profiler's window "
+                f"(after {o.wait} update(s), {o.warmup} of warm-up and {o.active} recorded) was complete: no trace "
+                f"was written; {fix}"
+            )
+        return None
 
     def close(self) -> None:
         if self.profiler is not None:
+            self.cut = True  # a window cut short: its trace is not written
             self.profiler.stop()
             self.profiler = None

@@ -434,6 +434,9 @@ def run(
                 "the run ends here (RunResult.exhausted)",
                 stacklevel=2,
             )
+        missed = d.watch.missed(state.step) if not d.stop.agreed else None  # a stop asked for says why itself
+        if missed is not None:
+            warnings.warn(missed, stacklevel=2)
         result = RunResult(
             history=at.history,
             evals=at.evals,
