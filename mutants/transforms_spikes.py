@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/spikes.py",
+        "find": ('                if stats.mean\n                else ""\n'),
+        "replace": ('                if True\n                else ""\n'),
+        "tests": [
+            "tests/test_skip_spikes.py::test_max_consecutive_skips_before_any_accepted_update_raise_the_guards_error",
+        ],
+        "why": "the averages listed before any was made: a bare zip() ValueError instead of the guard's error",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/transforms/spikes.py",
         "find": "everyone = ctx.gather(mine) if ctx.gather is not None else [mine]",
         "replace": "everyone = [mine]",
         "tests": [

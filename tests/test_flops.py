@@ -167,6 +167,25 @@ def test_a_later_call_after_freezing_or_a_submodules_mode_change_is_counted_agai
     assert again.history[-1]["flops_per_update"] == counter.get_total_flops()
 
 
+def test_a_head_swapped_for_a_wider_one_is_counted_again(monkeypatch):
+    """The same model object, as many submodules, one of them replaced by another shape: counted anew."""
+    entered = counted_calls(monkeypatch)
+    model = nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 1))
+    batch = torch.zeros(3, 2)
+
+    def step(m, b):
+        return m(b).sum()
+
+    totals = []
+    for width in (4, 8):
+        model[0], model[1] = nn.Linear(2, width), nn.Linear(width, 1)
+        count = throughput.FlopCount()
+        with count.counting(model, step, batch):
+            step(model, batch).backward()
+        totals.append(count.total)
+    assert len(entered) == 2 and totals[1] == 2 * totals[0]
+
+
 def test_a_data_parallel_composition_is_not_counted():
     """data_parallel runs its replicas in threads, which FlopCounterMode (a dispatch mode of the calling thread)
     does not see: no count, rather than 0."""

@@ -228,7 +228,9 @@ def test_max_consecutive_skips_before_any_accepted_update_raise_the_guards_error
         r"accepted so far: none\); .*raise sigmas or max_consecutive",
     ):
         train(s, data[1])
-    assert s.step == 0 and all(torch.equal(a, b) for a, b in zip(s.model.state_dict().values(), before.values()))
+    assert s.step == 0 and all(
+        torch.equal(a, b) for a, b in zip(s.model.state_dict().values(), before.values(), strict=True)
+    )
 
 
 def test_a_resume_mid_way_judges_exactly_as_the_straight_run():

@@ -214,6 +214,6 @@ class _Window:
 
     def close(self) -> None:
         if self.profiler is not None:
-            self.cut = True  # a window cut short: its trace is not written
+            self.cut = True  # a window cut short: said at the run's end (Watch.missed)
             self.profiler.stop()
             self.profiler = None
