@@ -7,8 +7,8 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/run.py",
-        "find": "            watched = (options.watch.straggler_threshold, options.watch.peak_flops)\n",
-        "replace": "            watched = (DEFAULT_THRESHOLD, options.watch.peak_flops)\n",
+        "find": "        everyone = proc.differing((options.watch.straggler_threshold, options.watch.peak_flops))\n",
+        "replace": "        everyone = proc.differing((DEFAULT_THRESHOLD, options.watch.peak_flops))\n",
         "tests": [
             "tests/test_stragglers.py::test_ranks_given_other_thresholds_or_peaks_refuse_together_before_the_first_update",
         ],
@@ -146,10 +146,7 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
-        "find": (
-            "            if everyone is not None and any(roles != everyone[0][0] for roles, _ in everyone):\n"
-            '                shown = ", ".join(f"rank {r} {roles}"'
-        ),
+        "find": ('            if everyone is not None:\n                shown = ", ".join(f"rank {r} {roles}"'),
         "replace": ('            if False:\n                shown = ", ".join(f"rank {r} {roles}"'),
         "tests": [
             "tests/test_ema_ranks.py::test_ct_ema_on_one_rank_only_is_refused_on_every_rank_before_the_setup",

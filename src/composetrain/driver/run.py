@@ -618,6 +618,17 @@ class _Driver:
             self.settings["stream"] = "global state" if self.stream.global_state else self.stream.mode
             # who keeps its state: the dataset (0), or a StatefulDataLoader's workers, one state each
             self.settings["num_workers"] = self.stream.num_workers
+        # every rank judges stragglers and MFU alike (rank 0's records and every rank's bottleneck say the same),
+        # or none starts: before any file is made. A profiler window or an OOM snapshot may be one rank's own
+        everyone = proc.differing((options.watch.straggler_threshold, options.watch.peak_flops))
+        if everyone is not None:
+            shown = ", ".join(
+                f"rank {r} straggler_threshold={t!r}, peak_flops={f!r}" for r, (t, f) in enumerate(everyone)
+            )
+            raise ValueError(
+                f"{RUN}: the ranks' straggler_threshold or peak_flops differ: {shown}; each would name other "
+                "stragglers and log another mfu: give every rank the same"
+            )
         self.checkpoints = None
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
@@ -642,23 +653,12 @@ class _Driver:
             self.stop: StopSignal | None = None  # set by start(); close() undoes what was set up
             # every rank composes the same transforms, or a setup's collective (ct.ema's agreement on its
             # settings, ct.sharded's plan) would meet another rank's next one: a timeout, unclear errors
-            # and judges stragglers and MFU alike (rank 0's records and every rank's bottleneck say the same);
-            # in the same gather. A profiler window or an OOM snapshot may be one rank's own
-            watched = (options.watch.straggler_threshold, options.watch.peak_flops)
-            everyone = proc.differing((sorted(step_fn.roles), watched))
-            if everyone is not None and any(roles != everyone[0][0] for roles, _ in everyone):
-                shown = ", ".join(f"rank {r} {roles}" for r, (roles, _) in enumerate(everyone))
+            everyone = proc.differing(sorted(step_fn.roles))
+            if everyone is not None:
+                shown = ", ".join(f"rank {r} {roles}" for r, roles in enumerate(everyone))
                 raise ValueError(
                     f"{RUN}: the ranks' train steps apply different transforms: {shown}; build the same "
                     "composition on every rank"
-                )
-            if everyone is not None:
-                shown = ", ".join(
-                    f"rank {r} straggler_threshold={t!r}, peak_flops={f!r}" for r, (_, (t, f)) in enumerate(everyone)
-                )
-                raise ValueError(
-                    f"{RUN}: the ranks' straggler_threshold or peak_flops differ: {shown}; each would name other "
-                    "stragglers and log another mfu: give every rank the same"
                 )
             # last, so that nothing above can fail with the model set up; before resuming: e.g. a
             # checkpoint's shards load straight into the shards
