@@ -353,6 +353,38 @@ def test_a_precision_to_look_up_is_refused_on_the_cpu_before_the_first_update():
     )
 
 
+def test_a_precision_to_look_up_is_refused_before_a_resume_loads_the_checkpoint_or_a_file_is_made(tmp_path):
+    """Refused with the user's TrainState as it was given: not the checkpoint's, loaded before the refusal."""
+    ct.run(
+        run_script.step,
+        run_script.state(),
+        run_script.dataset(),
+        batch_size=8,
+        max_steps=2,
+        checkpoint_dir=tmp_path / "a",
+        **OPTIONS,
+    )
+    for folder in (tmp_path / "a", tmp_path / "fresh"):
+        state = run_script.state()
+        before = copy.deepcopy(state.model.state_dict())
+        made = sorted(folder.iterdir()) if folder.exists() else None
+        with pytest.raises(ValueError, match=r"run: peak_flops='bf16' looks the peak up for a GPU, but this process"):
+            ct.run(
+                run_script.step,
+                state,
+                run_script.dataset(),
+                batch_size=8,
+                max_steps=4,
+                peak_flops="bf16",
+                checkpoint_dir=folder,
+                **OPTIONS,
+            )
+        assert state.step == 0 and all(
+            torch.equal(a, b) for a, b in zip(state.model.state_dict().values(), before.values(), strict=True)
+        )
+        assert (sorted(folder.iterdir()) if folder.exists() else None) == made
+
+
 @pytest.mark.parametrize(
     ("value", "error", "message"),
     [

@@ -618,12 +618,22 @@ class _Driver:
             self.settings["stream"] = "global state" if self.stream.global_state else self.stream.mode
             # who keeps its state: the dataset (0), or a StatefulDataLoader's workers, one state each
             self.settings["num_workers"] = self.stream.num_workers
-        # every rank judges stragglers and MFU alike (rank 0's records and every rank's bottleneck say the same),
-        # or none starts: before any file is made. A profiler window or an OOM snapshot may be one rank's own
-        everyone = proc.differing((options.watch.straggler_threshold, options.watch.peak_flops))
+        # the peak MFU divides by, looked up for this device (refused, where the table has none, before anything is
+        # resumed or written); every rank judges stragglers and MFU alike (rank 0's records and every rank's
+        # bottleneck say the same), or none starts. A profiler window or an OOM snapshot may be one rank's own
+        watch = options.watch
+        try:
+            self.peak, problem = resolve_peak(watch.peak_flops, proc.device), None
+        except ValueError as e:
+            self.peak, problem = None, str(e)
+        everyone = proc.differing((watch.straggler_threshold, watch.peak_flops, problem))
+        refused = [(r, p) for r, (_, _, p) in enumerate(everyone)] if everyone is not None else [(proc.rank, problem)]
+        for rank, theirs in refused:
+            if theirs is not None:
+                raise ValueError(theirs if theirs == problem else f"{theirs} (on rank {rank})")
         if everyone is not None:
             shown = ", ".join(
-                f"rank {r} straggler_threshold={t!r}, peak_flops={f!r}" for r, (t, f) in enumerate(everyone)
+                f"rank {r} straggler_threshold={t!r}, peak_flops={f!r}" for r, (t, f, _) in enumerate(everyone)
             )
             raise ValueError(
                 f"{RUN}: the ranks' straggler_threshold or peak_flops differ: {shown}; each would name other "
@@ -763,8 +773,9 @@ class _Driver:
         watching = self.options.watch
         # the profiler window, the FLOP count, the OOM snapshot
         self.watch = Watch(watching, self.proc.rank, self.proc.device, self.state, self.step_fn)
-        peak = resolve_peak(watching.peak_flops, self.proc.device)
-        self.meter = Meter(self.proc, self.state, self.step_fn, self.watch.flops, peak, watching.straggler_threshold)
+        self.meter = Meter(
+            self.proc, self.state, self.step_fn, self.watch.flops, self.peak, watching.straggler_threshold
+        )
         self.used_lr: list[Any] | None = None  # each group's learning rate in the last update this process made
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)
