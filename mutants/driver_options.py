@@ -7,6 +7,57 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/options.py",
+        "find": "            if log_file is not None and _within(folder, log_file)\n",
+        "replace": "            if log_file is not None and _within(log_file, folder)\n",
+        "tests": [
+            "tests/test_profile_window.py::test_the_run_folder_itself_may_hold_the_traces_beside_the_metrics_file",
+        ],
+        "why": "the containment tested the wrong way round: a trace folder holding the metrics file is refused",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "            if folder.exists() and not folder.is_dir()\n",
+        "replace": "            if False\n",
+        "tests": [
+            "tests/test_profile_window.py::test_a_trace_folder_that_cannot_be_made_is_refused_before_the_first_update",
+        ],
+        "why": "a file where the trace folder goes is found only at the window's end, updates into the run",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "        if self.oom_snapshot and self.folder is None:",
+        "replace": "        if self.oom_snapshot and self.folder is None and False:",
+        "tests": [
+            "tests/test_profile_window.py::test_oom_snapshot_without_a_run_folder_is_refused",
+        ],
+        "why": "oom_snapshot without a run folder accepted: the snapshot silently never written",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "        run_folder = Path(local_path(directory)).expanduser() if local else None\n",
+        "replace": "        run_folder = Path(directory).expanduser() if directory is not None else None\n",
+        "tests": [
+            "tests/test_profile_window.py::test_a_file_url_checkpoint_dir_gets_its_traces_in_the_folder_it_names",
+            "tests/test_profile_window.py::test_a_remote_checkpoint_dir_is_no_folder_for_traces",
+        ],
+        "why": "a URL taken as a path: traces written to ./file:/... or ./s3:/... in the working directory",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
+        "find": "        if torch_profiler._is_profiler_enabled:  # torch runs one at a time",
+        "replace": "        if False:  # torch runs one at a time",
+        "tests": [
+            "tests/test_profile_window.py::test_a_window_inside_a_profiler_of_the_users_is_refused_before_the_first_update",
+        ],
+        "why": "the window started inside the user's profiler: torch cancels the user's trace",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/options.py",
         "find": "            and data.persistent_workers\n",
         "replace": "",
         "tests": [

@@ -19,6 +19,27 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/run.py",
+        "find": '                raise ValueError(theirs if theirs == problem else f"{theirs} (on rank {rank})")\n',
+        "replace": "                pass\n",
+        "tests": [
+            "tests/test_flops.py::test_a_precision_to_look_up_is_refused_before_a_resume_loads_the_checkpoint_or_a_file_is_made",
+            "tests/test_flops.py::test_a_precision_to_look_up_is_refused_on_the_cpu_before_the_first_update",
+        ],
+        "why": "a peak the table lacks for this device dropped: the run trains on without mfu, silently",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "        everyone = proc.differing((watch.straggler_threshold, watch.peak_flops, problem))\n",
+        "replace": "        everyone = proc.differing((DEFAULT_THRESHOLD, watch.peak_flops, problem))\n",
+        "tests": [
+            "tests/test_stragglers.py::test_ranks_given_other_thresholds_or_peaks_refuse_together_before_the_first_update",
+        ],
+        "why": "the ranks' thresholds not compared: each rank names other stragglers in its records and bottleneck",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/run.py",
         "find": '            self.settings["num_workers"] = self.stream.num_workers\n',
         "replace": "",
         "tests": [

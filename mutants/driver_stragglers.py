@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/stragglers.py",
+        "find": '                "cause": "data" if data >= compute else "compute",\n',
+        "replace": '                "cause": "compute" if data >= compute else "data",\n',
+        "tests": [
+            "tests/test_stragglers.py::test_a_rank_waiting_on_data_is_named_so",
+        ],
+        "why": "the cause swapped: a rank slow to read its data is sent to check its device",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/stragglers.py",
         "find": "mine.own > threshold * median and",
         "replace": "mine.own < threshold * median and",
         "tests": [

@@ -7,6 +7,38 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/driver/throughput.py",
+        "find": "p.device, p.requires_grad) for name, p in model.named_parameters())",
+        "replace": "p.device) for name, p in model.named_parameters())",
+        "tests": [
+            "tests/test_flops.py::test_a_later_call_after_freezing_or_a_submodules_mode_change_is_counted_again",
+        ],
+        "why": "the kept count taken after parameters were frozen: weight gradients counted that are not computed",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/throughput.py",
+        "find": "    modes = tuple(m.training for m in model.modules())\n",
+        "replace": "    modes = model.training\n",
+        "tests": [
+            "tests/test_flops.py::test_a_later_call_after_freezing_or_a_submodules_mode_change_is_counted_again",
+        ],
+        "why": "only the root's mode in the layout: a submodule put in eval mode keeps the training forward's count",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/throughput.py",
+        "find": (
+            "        return float(self.total) if samples == self.samples else self.total * samples / self.samples\n"
+        ),
+        "replace": "        return float(self.total)\n",
+        "tests": [
+            "tests/test_flops.py::test_an_update_of_another_size_is_scaled_by_its_samples",
+        ],
+        "why": "every update logged with the counted one's FLOPs, whatever its samples",
+        "from": "adv36",
+    },
+    {
+        "file": "src/composetrain/driver/throughput.py",
         "find": "        self.done = True\n",
         "replace": "",
         "tests": [
@@ -59,17 +91,21 @@ MUTANTS = [
     },
     {
         "file": "src/composetrain/driver/throughput.py",
-        "find": "params = tuple((name, tuple(p.shape), p.dtype, p.device) for name, p in model.named_parameters())",
+        "find": (
+            "params = tuple((name, tuple(p.shape), p.dtype, p.device, p.requires_grad) for name, p in "
+            "model.named_parameters())"
+        ),
         "replace": "params = ()",
         "tests": [
             "tests/test_flops.py::test_a_later_call_on_the_same_model_composition_and_batch_layout_takes_the_count_made",
+            "tests/test_flops.py::test_a_head_swapped_for_a_wider_one_is_counted_again",
         ],
         "why": "a model grown or shrunk in place (a layer added, a head swapped) keeps the old count",
         "from": "observability_speed",
     },
     {
         "file": "src/composetrain/driver/throughput.py",
-        "find": "return (type(model), model.training, params, _leaf_layout(batch))",
+        "find": "return (type(model), modes, params, _leaf_layout(batch))",
         "replace": "return (type(model), params, _leaf_layout(batch))",
         "tests": [
             "tests/test_flops.py::test_a_later_call_on_the_same_model_composition_and_batch_layout_takes_the_count_made",

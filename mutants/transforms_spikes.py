@@ -7,16 +7,13 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/spikes.py",
-        "find": (
-            "            accepted = zip(self.watched, stats.mean, stats.stds(self.decay), strict=True) if "
-            "stats.mean else ()"
-        ),
-        "replace": "            accepted = zip(self.watched, stats.mean, stats.stds(self.decay), strict=True)",
+        "find": ('                if stats.mean\n                else ""\n'),
+        "replace": ('                if True\n                else ""\n'),
         "tests": [
-            "tests/test_skip_spikes.py::test_max_consecutive_non_finite_updates_before_any_accepted_one_raise_the_message",
+            "tests/test_skip_spikes.py::test_max_consecutive_skips_before_any_accepted_update_raise_the_guards_error",
         ],
-        "why": "the averages zipped when none exist yet: zip()'s ValueError instead of the max_consecutive message",
-        "from": "docs2",
+        "why": "the averages listed before any was made: a bare zip() ValueError instead of the guard's error",
+        "from": "adv36",
     },
     {
         "file": "src/composetrain/transforms/spikes.py",

@@ -136,6 +136,77 @@ def test_a_later_call_on_the_same_model_composition_and_batch_layout_takes_the_c
     assert len(entered) == 5
 
 
+class Gated(nn.Module):
+    """A model whose forward runs its wide head only while its submodule ``gate`` is in training mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.narrow, self.wide, self.gate = nn.Linear(6, 2), nn.Linear(6, 256), nn.Module()
+
+    def forward(self, x):
+        out = self.narrow(x)
+        return out + 0 * self.wide(x).sum(-1, keepdim=True) if self.gate.training else out
+
+
+@pytest.mark.parametrize("change", ["freeze", "submodule_eval"])
+def test_a_later_call_after_freezing_or_a_submodules_mode_change_is_counted_again(change):
+    """The kept count is taken only for an update alike: frozen parameters need no weight gradients (fine-tuning
+    unfreezes between calls), and a submodule's mode can change what the forward runs."""
+    torch.manual_seed(0)
+    model = Gated().double()
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    train, data = ct.accumulate(2)(run_script.step), run_script.dataset()
+    ct.run(train, state, data, batch_size=12, max_steps=2, **OPTIONS)
+    if change == "freeze":
+        model.wide.requires_grad_(False)
+    else:
+        model.gate.eval()
+    again = ct.run(train, state, data, batch_size=12, max_steps=4, log_every=2, **OPTIONS)
+    with FlopCounterMode(display=False) as counter:
+        run_script.step(copy.deepcopy(model), data[0:12])[0].backward()
+    assert again.history[-1]["flops_per_update"] == counter.get_total_flops()
+
+
+def test_a_head_swapped_for_a_wider_one_is_counted_again(monkeypatch):
+    """The same model object, as many submodules, one of them replaced by another shape: counted anew."""
+    entered = counted_calls(monkeypatch)
+    model = nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 1))
+    batch = torch.zeros(3, 2)
+
+    def step(m, b):
+        return m(b).sum()
+
+    totals = []
+    for width in (4, 8):
+        model[0], model[1] = nn.Linear(2, width), nn.Linear(width, 1)
+        count = throughput.FlopCount()
+        with count.counting(model, step, batch):
+            step(model, batch).backward()
+        totals.append(count.total)
+    assert len(entered) == 2 and totals[1] == 2 * totals[0]
+
+
+def test_a_data_parallel_composition_is_not_counted():
+    """data_parallel runs its replicas in threads, which FlopCounterMode (a dispatch mode of the calling thread)
+    does not see: no count, rather than 0."""
+    step = ct.data_parallel(["cpu", "cpu"])(run_script.step)
+    result = ct.run(step, run_script.state(), run_script.dataset(24), batch_size=12, epochs=1, log_every=1, **OPTIONS)
+    assert all(r.get("flops_per_update") is None for r in result.history)
+    assert all(
+        r.get("mfu") is None
+        for r in ct.run(
+            step,
+            run_script.state(),
+            run_script.dataset(24),
+            batch_size=12,
+            epochs=1,
+            log_every=1,
+            peak_flops=1e12,
+            **OPTIONS,
+        ).history
+    )
+
+
 class Opaque:
     """An object of the user's in a batch: the count's layout cannot look into it."""
 
@@ -280,6 +351,38 @@ def test_a_precision_to_look_up_is_refused_on_the_cpu_before_the_first_update():
     assert state.step == 0 and all(
         torch.equal(a, b) for a, b in zip(state.model.state_dict().values(), before.values(), strict=True)
     )
+
+
+def test_a_precision_to_look_up_is_refused_before_a_resume_loads_the_checkpoint_or_a_file_is_made(tmp_path):
+    """Refused with the user's TrainState as it was given: not the checkpoint's, loaded before the refusal."""
+    ct.run(
+        run_script.step,
+        run_script.state(),
+        run_script.dataset(),
+        batch_size=8,
+        max_steps=2,
+        checkpoint_dir=tmp_path / "a",
+        **OPTIONS,
+    )
+    for folder in (tmp_path / "a", tmp_path / "fresh"):
+        state = run_script.state()
+        before = copy.deepcopy(state.model.state_dict())
+        made = sorted(folder.iterdir()) if folder.exists() else None
+        with pytest.raises(ValueError, match=r"run: peak_flops='bf16' looks the peak up for a GPU, but this process"):
+            ct.run(
+                run_script.step,
+                state,
+                run_script.dataset(),
+                batch_size=8,
+                max_steps=4,
+                peak_flops="bf16",
+                checkpoint_dir=folder,
+                **OPTIONS,
+            )
+        assert state.step == 0 and all(
+            torch.equal(a, b) for a, b in zip(state.model.state_dict().values(), before.values(), strict=True)
+        )
+        assert (sorted(folder.iterdir()) if folder.exists() else None) == made
 
 
 @pytest.mark.parametrize(

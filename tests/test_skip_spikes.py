@@ -214,16 +214,23 @@ def test_max_consecutive_skips_raise_after_a_complete_skipped_update():
     assert s.transform_state("skip_spikes", SpikeStatistics).consecutive == 3
 
 
-def test_max_consecutive_non_finite_updates_before_any_accepted_one_raise_the_message():
-    """A run whose first updates are all non-finite has no averages yet: the message says so (it raised zip()'s
-    ValueError instead)."""
+@pytest.mark.parametrize("watch", ["loss", "both"])
+def test_max_consecutive_skips_before_any_accepted_update_raise_the_guards_error(watch):
+    """Diverged from the first update (no average yet): the FloatingPointError that names the skips, no bare error."""
     s = state()
-    train = ct.skip_spikes(max_consecutive=2, watch="both")(step)
+    train = ct.skip_spikes(max_consecutive=2, watch=watch)(step)
     data = batches(2, nan={0, 1})
-    assert train(s, data[0]).skipped
-    with pytest.raises(FloatingPointError, match=r"2 updates in a row were skipped .*accepted so far: none\)"):
+    before = copy.deepcopy(s.model.state_dict())
+    train(s, data[0])
+    with pytest.raises(
+        FloatingPointError,
+        match=r"2 updates in a row were skipped as spikes \(the last: loss nan.*"
+        r"accepted so far: none\); .*raise sigmas or max_consecutive",
+    ):
         train(s, data[1])
-    assert s.step == 0
+    assert s.step == 0 and all(
+        torch.equal(a, b) for a, b in zip(s.model.state_dict().values(), before.values(), strict=True)
+    )
 
 
 def test_a_resume_mid_way_judges_exactly_as_the_straight_run():
@@ -486,7 +493,7 @@ def test_three_ranks_resumed_mid_window_judge_as_the_straight_run(pool3, tmp_pat
     for a, b in zip(straight, resumed, strict=True):
         assert a["history"] == b["history"] and a["statistics"] == b["statistics"]  # the same skips, judged alike
         # to the last bits only: ct.distributed alone resumes so on 3 gloo ranks (resumed_run(guarded=False) differs
-        # from its straight run in the 15th digit too; docs/limits)
+        # from its straight run in the 15th digit too; README, Known limits)
         for p, q in zip(a["params"], b["params"], strict=True):
             torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
     assert sum(skipped for _, skipped in straight[0]["history"]) == 2

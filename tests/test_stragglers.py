@@ -130,6 +130,49 @@ def test_the_slowed_rank_is_named_with_its_host_and_what_it_waited_on(pool3):
             assert r["mfu"] == pytest.approx(r["flops_per_update"] * r["updates_per_s"] / (3 * 1e9), rel=1e-9)
 
 
+def differing_watch(rank, world, which, folder):
+    """Rank 2 gives another straggler_threshold (or peak_flops): every rank refuses, naming each rank's, before the
+    first update; a profiler window on one rank only is that rank's own."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 1))
+    state = ct.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    given = {
+        "threshold": {"straggler_threshold": 3.0 if rank == 2 else 1.5},
+        "peak": {"peak_flops": 2e9 if rank == 2 else 1e9},
+        "profile": {"profile": {"wait": 0, "warmup": 0, "active": 1} if rank == 0 else False},
+    }[which]
+    try:
+        ct.run(
+            ct.distributed(lambda m, b: F.mse_loss(m(b[0]).squeeze(-1), b[1])),
+            state,
+            Slowed(12 * world, rank, -1, set()),
+            batch_size=4,
+            max_steps=2,
+            num_workers=0,
+            progress=False,
+            log_file=f"{folder}/{which}/metrics.jsonl",
+            **given,
+        )
+    except ValueError as e:
+        return str(e), state.step
+    return None, state.step
+
+
+def test_ranks_given_other_thresholds_or_peaks_refuse_together_before_the_first_update(pool3, tmp_path):
+    threshold = pool3.run(__name__, "differing_watch", "threshold", str(tmp_path))
+    message = (
+        "run: the ranks' straggler_threshold or peak_flops differ: rank 0 straggler_threshold=1.5, peak_flops=None, "
+        "rank 1 straggler_threshold=1.5, peak_flops=None, rank 2 straggler_threshold=3.0, peak_flops=None; each "
+        "would name other stragglers and log another mfu: give every rank the same"
+    )
+    assert threshold == [(message, 0)] * 3
+    peak = pool3.run(__name__, "differing_watch", "peak", str(tmp_path))
+    assert all(m is not None and "rank 2 straggler_threshold=1.2, peak_flops=2000000000.0;" in m for m, _ in peak)
+    assert all(step == 0 for _, step in peak)
+    assert not (tmp_path / "threshold").exists() and not (tmp_path / "peak").exists()  # refused before any file
+    assert pool3.run(__name__, "differing_watch", "profile", str(tmp_path)) == [(None, 2)] * 3
+
+
 def times(*rows):
     return [RankTimes(*row) for row in rows]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+from torch.autograd import profiler as torch_profiler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from composetrain.checkpoint.objects import is_remote, local_path
@@ -646,11 +647,17 @@ class ProfileOptions:
             raise TypeError(f"{RUN}: ProfileOptions.folder is a resolved Path or None, got {show(self.folder)}")
 
     @classmethod
-    def from_run_arg(cls, profile: Any, run_folder: Path | None) -> ProfileOptions | None:
+    def from_run_arg(cls, profile: Any, run_folder: Path | None, log_file: Path | None = None) -> ProfileOptions | None:
         """``profile``: False (no profiler), True (the default window), or a dict of the fields (``folder``: where the
         traces go, default ``profile/`` in the run's folder: checkpoint_dir, else the metrics file's)."""
         if profile is False:
             return None
+        if torch_profiler._is_profiler_enabled:  # torch runs one at a time: the window's would cancel the user's
+            raise RuntimeError(
+                f"{RUN}: profile={show(profile)} starts torch.profiler over its window, but a profiler is recording "
+                "already (torch runs one at a time: the user's trace would be cancelled); leave profile out inside "
+                "your own torch.profiler.profile(), or call ct.run outside it"
+            )
         if profile is True:
             profile = {}
         if not isinstance(profile, Mapping):
@@ -679,6 +686,22 @@ class ProfileOptions:
                 )
             _no_nul(folder, "profile's folder")
             folder = Path(folder).expanduser()
+        # torch.profiler makes the folder only when a window's trace is written, updates into the run
+        inside = _file_above(folder)
+        problem = (
+            "it is the metrics file"
+            if log_file is not None and _within(folder, log_file)
+            else "a file is there"
+            if folder.exists() and not folder.is_dir()
+            else f"it would be inside {str(inside)!r}, a file, not a folder"
+            if inside is not None
+            else None
+        )
+        if problem is not None:
+            raise PermissionError(
+                f"{RUN}: profile's folder {str(folder)!r} cannot be made ({problem}); choose a folder for the traces, "
+                "e.g. profile={'folder': 'runs/a/profile'}"
+            )
         return dataclasses.replace(window, folder=folder)
 
 
@@ -712,15 +735,31 @@ class WatchOptions:
             )
         _set(self, straggler_threshold=threshold)
         check_flag(self.oom_snapshot, "oom_snapshot")
+        if self.oom_snapshot and self.folder is None:  # the snapshot would be lost without a word
+            raise ValueError(
+                f"{RUN}: oom_snapshot writes its snapshot into the run's folder, but there is none: give "
+                "checkpoint_dir (a local folder) or log_file"
+            )
         if self.profile is not None and not isinstance(self.profile, ProfileOptions):
             raise TypeError(f"{RUN}: WatchOptions.profile is a ProfileOptions or None, got {show(self.profile)}")
 
     @classmethod
     def from_run_args(
-        cls, *, profile: Any, peak_flops: Any, straggler_threshold: Any, oom_snapshot: Any, run_folder: Path | None
+        cls,
+        *,
+        profile: Any,
+        peak_flops: Any,
+        straggler_threshold: Any,
+        oom_snapshot: Any,
+        run_folder: Path | None,
+        log_file: Path | None = None,
     ) -> WatchOptions:
         return cls(
-            ProfileOptions.from_run_arg(profile, run_folder), peak_flops, straggler_threshold, oom_snapshot, run_folder
+            ProfileOptions.from_run_arg(profile, run_folder, log_file),
+            peak_flops,
+            straggler_threshold,
+            oom_snapshot,
+            run_folder,
         )
 
 
@@ -821,7 +860,11 @@ class RunOptions:
             global_batch_size=a.get("global_batch_size"),
             stream_resume=a.get("stream_resume"),
         )
-        run_folder = Path(a["checkpoint_dir"]).expanduser() if a["checkpoint_dir"] is not None else None
+        # the local folder the traces and snapshots go to: checkpoint_dir's (a file:// URL's path; object storage is
+        # none), else the metrics file's
+        directory = a["checkpoint_dir"]
+        local = directory is not None and not is_remote(directory)
+        run_folder = Path(local_path(directory)).expanduser() if local else None
         if run_folder is None and log.log_file is not None:
             run_folder = log.log_file.parent
         watch = WatchOptions.from_run_args(
@@ -830,6 +873,7 @@ class RunOptions:
             straggler_threshold=a.get("straggler_threshold", 1.2),
             oom_snapshot=a.get("oom_snapshot", False),
             run_folder=run_folder,
+            log_file=log.log_file,
         )
         return cls(
             a["epochs"],

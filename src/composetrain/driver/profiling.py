@@ -26,12 +26,14 @@ import torch
 from torch.autograd import profiler as torch_profiler
 from torch.autograd.profiler import record_function
 
+from composetrain.core.util import RUN
 from composetrain.driver.options import ProfileOptions, WatchOptions
 from composetrain.driver.throughput import FlopCount
 
 __all__ = ["Watch"]
 
 _NOTHING = contextlib.nullcontext()
+_UNCOUNTED = frozenset({"compile", "pipeline", "data_parallel"})  # compositions FlopCounterMode cannot count
 _END = object()
 
 
@@ -80,8 +82,13 @@ class Watch:
                 return
             yield got
 
+    def missed(self, step: int) -> str | None:
+        """Why the run that ended at update ``step`` wrote fewer traces than its window asks for, or None."""
+        return self.window.missed(step) if self.window is not None else None
+
     def close(self) -> None:
-        """Stop what is running (a window cut short writes no trace); whatever happened."""
+        """Stop what is running (a window cut short in warm-up writes no trace, one cut short while recording
+        what it recorded); whatever happened."""
         if self.window is not None:
             self.window.close()
         if self.snapshots is not None:
@@ -107,10 +114,12 @@ class _AroundUpdate:
     def __enter__(self) -> None:
         watch = self.watch
         stack = contextlib.ExitStack()
-        if not watch.flops.done and {"compile", "pipeline"} & set(getattr(watch.step, "roles", ())):
+        if not watch.flops.done and _UNCOUNTED & set(getattr(watch.step, "roles", ())):
             # FlopCounterMode's dispatch mode keeps torch.compile from compiling the update it watches (it would
-            # run eagerly and compile one update later), and hangs a multi-process pipeline's first update (its
-            # stages' sends and receives under the mode): neither is counted (docs/limits/driver.md)
+            # run eagerly and compile one update later), hangs a multi-process pipeline's first update (its
+            # stages' sends and receives under the mode), and is not seen by data_parallel's replicas (they run in
+            # threads of their own, and the mode is the calling thread's: it would count 0): none is counted
+            # (docs/limits/driver.md)
             watch.flops.done = True
         if not watch.flops.done:  # the first update of the call: its FLOPs, counted once (or kept from before)
             model = watch.state.model if watch.state is not None else None
@@ -141,6 +150,9 @@ class _Window:
         self.calls = 0  # updates of this ct.run call begun so far
         self.profiler: Any = None
         self.left = 0  # updates the running profiler has still to see
+        self.span = (0, 0)  # the updates the running profiler records
+        self.traces = 0  # windows whose trace was written
+        self.cut = False  # whether close() stopped a window before its end
 
     def before(self, number: int) -> None:
         """Before each update of the call: start the profiler where a window begins."""
@@ -166,6 +178,7 @@ class _Window:
         )
         self.profiler.start()
         self.left = o.warmup + o.active
+        self.span = (first, first + o.active - 1)
 
     def after(self) -> None:
         """After each update the profiler saw."""
@@ -176,8 +189,31 @@ class _Window:
         if self.left == 0:
             self.profiler.stop()
             self.profiler = None
+            self.traces += 1
+
+    def missed(self, step: int) -> str | None:
+        """A window the run ended inside, or none begun: no trace for it (said, rather than left to be found)."""
+        o = self.options
+        fix = f"start it earlier (profile's wait={o.wait}, warmup={o.warmup}) or run longer"
+        if self.profiler is not None or self.cut:
+            first, last = self.span
+            written = (  # torch.profiler writes what it recorded when stopped while recording, none in warm-up
+                f"its trace (named for updates {first}-{last}) holds updates {first}-{step} only"
+                if step >= first
+                else "no trace was written for it"
+            )
+            inside = f"inside the profiler's window over updates {first}-{last}"
+            return f"{RUN}: the run ended after update {step}, {inside}: {written}; {fix}"
+        if self.traces == 0:
+            return (
+                f"{RUN}: the run ended after {self.calls} update(s) of this call, before the profiler's window "
+                f"(after {o.wait} update(s), {o.warmup} of warm-up and {o.active} recorded) was complete: no trace "
+                f"was written; {fix}"
+            )
+        return None
 
     def close(self) -> None:
         if self.profiler is not None:
+            self.cut = True  # a window cut short: said at the run's end (Watch.missed)
             self.profiler.stop()
             self.profiler = None

@@ -245,7 +245,8 @@ def run(
             the record (which counts as sent; a KeyboardInterrupt or SystemExit comes out as itself, with a
             note); the other ranks return, ``preempted``. Every rank waits while it runs.
         profile: run ``torch.profiler`` over a window of updates and write each rank's trace into the run's
-            folder (``profile/`` beside the checkpoints, or the metrics file): True for the default window (after 5
+            folder (``profile/`` beside a local checkpoint_dir's checkpoints, or the metrics file; a folder that
+            cannot be made is refused before the first update): True for the default window (after 5
             updates, 1 of warm-up, 3 recorded, once), or a dict of ``wait``, ``warmup``, ``active``, ``repeat``
             (``torch.profiler.schedule``'s), ``record_shapes``, ``profile_memory``, ``with_stack`` and ``folder``.
             Chrome trace JSON in TensorBoard's profiler-plugin layout; updates and their phases (data,
@@ -259,7 +260,7 @@ def run(
             or computed; gathered at log points only, in one small collective.
         oom_snapshot: on CUDA, record the allocator's history (a cost per allocation) and, when an update runs out
             of memory, write ``memory/oom-rank<r>-update<n>.pickle`` in the run's folder before raising (open it at
-            https://pytorch.org/memory_viz); needs checkpoint_dir or log_file.
+            https://pytorch.org/memory_viz); needs checkpoint_dir (a local one) or log_file: refused without.
 
         scheduler_metric: the evaluation metric a scheduler that steps on one is fed (``ReduceLROnPlateau``,
             timm's schedulers, which ``lr_scheduler.step(epoch + 1, metric)`` in timm's ``train.py``):
@@ -436,6 +437,9 @@ def run(
                 "the run ends here (RunResult.exhausted)",
                 stacklevel=2,
             )
+        missed = d.watch.missed(state.step) if not d.stop.agreed else None  # a stop asked for says why itself
+        if missed is not None:
+            warnings.warn(missed, stacklevel=2)
         result = RunResult(
             history=at.history,
             evals=at.evals,
@@ -617,6 +621,27 @@ class _Driver:
             self.settings["stream"] = "global state" if self.stream.global_state else self.stream.mode
             # who keeps its state: the dataset (0), or a StatefulDataLoader's workers, one state each
             self.settings["num_workers"] = self.stream.num_workers
+        # the peak MFU divides by, looked up for this device (refused, where the table has none, before anything is
+        # resumed or written); every rank judges stragglers and MFU alike (rank 0's records and every rank's
+        # bottleneck say the same), or none starts. A profiler window or an OOM snapshot may be one rank's own
+        watch = options.watch
+        try:
+            self.peak, problem = resolve_peak(watch.peak_flops, proc.device), None
+        except ValueError as e:
+            self.peak, problem = None, str(e)
+        everyone = proc.differing((watch.straggler_threshold, watch.peak_flops, problem))
+        refused = [(r, p) for r, (_, _, p) in enumerate(everyone)] if everyone is not None else [(proc.rank, problem)]
+        for rank, theirs in refused:
+            if theirs is not None:
+                raise ValueError(theirs if theirs == problem else f"{theirs} (on rank {rank})")
+        if everyone is not None:
+            shown = ", ".join(
+                f"rank {r} straggler_threshold={t!r}, peak_flops={f!r}" for r, (t, f, _) in enumerate(everyone)
+            )
+            raise ValueError(
+                f"{RUN}: the ranks' straggler_threshold or peak_flops differ: {shown}; each would name other "
+                "stragglers and log another mfu: give every rank the same"
+            )
         self.checkpoints = None
         saving = options.checkpoint
         if saving.checkpoint_dir is not None:  # first in the folder: refused here if another run holds it
@@ -751,8 +776,9 @@ class _Driver:
         watching = self.options.watch
         # the profiler window, the FLOP count, the OOM snapshot
         self.watch = Watch(watching, self.proc.rank, self.proc.device, self.state, self.step_fn)
-        peak = resolve_peak(watching.peak_flops, self.proc.device)
-        self.meter = Meter(self.proc, self.state, self.step_fn, self.watch.flops, peak, watching.straggler_threshold)
+        self.meter = Meter(
+            self.proc, self.state, self.step_fn, self.watch.flops, self.peak, watching.straggler_threshold
+        )
         self.used_lr: list[Any] | None = None  # each group's learning rate in the last update this process made
         self.bar = progress_bar(show_bar, total, self.state.step)
         self.stop = StopSignal(self.proc)

@@ -146,10 +146,13 @@ class _Unknown:
 
 
 def _layout(model: nn.Module, batch: Any) -> Hashable:
-    """What an update's FLOPs depend on besides the composition, as a value: the model's parameters and mode, the
-    batch's structure and tensors' shapes (an object inside it that is neither is taken as unknown)."""
-    params = tuple((name, tuple(p.shape), p.dtype, p.device) for name, p in model.named_parameters())
-    return (type(model), model.training, params, _leaf_layout(batch))
+    """What an update's FLOPs depend on besides the composition, as a value: the model's parameters (which of them
+    need gradients: a frozen one has no weight gradient to compute) and every submodule's mode (a forward may run a
+    part only while training), the batch's structure and tensors' shapes (an object inside it that is neither is
+    taken as unknown)."""
+    params = tuple((name, tuple(p.shape), p.dtype, p.device, p.requires_grad) for name, p in model.named_parameters())
+    modes = tuple(m.training for m in model.modules())
+    return (type(model), modes, params, _leaf_layout(batch))
 
 
 def _leaf_layout(value: Any) -> Hashable:

@@ -207,8 +207,14 @@ class _SkipSpikes(TrainStep):
             stats.accept(values, self.decay)
         if stats.consecutive >= self.max_consecutive:
             shown = ", ".join(f"{n} {v:.6g}" for n, v in zip(self.watched, values, strict=True))
-            accepted = zip(self.watched, stats.mean, stats.stds(self.decay), strict=True) if stats.mean else ()
-            averages = ", ".join(f"{n} mean {m:.6g} (std {s:.3g})" for n, m, s in accepted)  # none before the first
+            averages = (
+                ", ".join(  # none before the first accepted update: no averages yet
+                    f"{n} mean {m:.6g} (std {s:.3g})"
+                    for n, m, s in zip(self.watched, stats.mean, stats.stds(self.decay), strict=True)
+                )
+                if stats.mean
+                else ""
+            )
             raise FloatingPointError(
                 f"{self!r}: {stats.consecutive} updates in a row were skipped as spikes (the last: {shown}; "
                 f"accepted so far: {averages or 'none'}); the run has diverged or the data changed: lower the "
