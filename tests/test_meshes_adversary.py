@@ -198,6 +198,26 @@ def disagreeing_layouts(rank: int, world: int) -> dict[str, Any]:
     return found
 
 
+def crafted_checkpoint(rank: int, world: int, checkpoint: str) -> dict[str, Any]:
+    """PP 2 x DP 2 laid out, then a checkpoint whose '1.q.weight' (the first stage's) has the wrong shape loaded:
+    what each rank raised, and whether its own part (parameters, optimizer, step) stayed as it was."""
+    train = ct.distributed(ct.clip_grad_norm(MAX_NORM)(ct.pipeline(STAGES, microbatches=2)(step)))
+    state = sgd(gpt(rank))
+    ct.apply_sharding(train, state)
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    try:
+        ct.load_checkpoint(state, checkpoint)
+        found = {"error": "no error"}
+    except Exception as e:
+        found = {"error": f"{type(e).__name__}: {e}"}
+    after = state.model.state_dict()
+    found["unchanged"] = (
+        state.step == 0 and not state.optimizer.state and all(torch.equal(after[k], v) for k, v in before.items())
+    )
+    state.release_runtime()
+    return found
+
+
 # -- the tests ---------------------------------------------------------------------------------------------------------
 
 
@@ -276,3 +296,43 @@ def test_ranks_that_lay_out_the_job_differently_are_refused_on_every_rank_before
         assert "rank 0: (pp=4, dp=1)" in found["stages"] and "rank 1: (pp=2, dp=2)" in found["stages"]
         assert "rank 0: no mesh; rank 1: (replicate=2, shard=2)" in found["hsdp_beside_fsdp"]
         assert "rank 2: (pp=2, dp=2)" in found["pipeline_beside_ddp"]
+
+
+def test_a_checkpoint_one_stage_refuses_is_loaded_by_no_stage(pool, tmp_path):
+    # the second stage's processes loaded the checkpoint (step 2, their optimizer state) while the first stage's
+    # refused it: a job half resumed
+    from test_meshes import BATCH, RUN, dataset
+
+    from composetrain.checkpoint.checksums import digest, write_sums
+
+    state = sgd(gpt())
+    ct.run(
+        ct.clip_grad_norm(MAX_NORM)(step),
+        state,
+        dataset(),
+        batch_size=BATCH,
+        max_steps=1,
+        checkpoint_dir=tmp_path,
+        **RUN,
+    )
+    folder = tmp_path / "step-000000001"
+    crafted = 0
+    for path in folder.glob("*.pt"):
+        saved = torch.load(path, weights_only=False)
+        holders = [saved] if isinstance(saved, dict) else []
+        while holders:  # the model's state dict, wherever the file nests it
+            d = holders.pop()
+            if "1.q.weight" in d:
+                d["1.q.weight"] = d["1.q.weight"][:4]
+                torch.save(saved, path)
+                crafted += 1
+                break
+            holders += [v for v in d.values() if isinstance(v, dict)]
+    assert crafted == 1
+    write_sums(folder, {p.name: digest(p) for p in folder.glob("*.pt")})
+    results = pool.run("test_meshes_adversary", "crafted_checkpoint", str(folder), timeout=300)
+    for rank, found in enumerate(results):
+        assert found["unchanged"], (rank, found)
+        assert "1.q.weight: (4, 8) vs (8, 8)" in found["error"], (rank, found)
+        if rank >= 2:  # the second stage (ranks 2 and 3): told why, by the first
+            assert "pipeline stage 0 refused its part of the checkpoint" in found["error"], found

@@ -182,6 +182,20 @@ class StageView:
     def __init__(self, state: TrainState, plan: Plan, stage: int, group: Any) -> None:
         self.state, self.plan, self.stage, self.group = state, plan, stage, group
 
+    def agree(self, problem: Exception | None, who: str) -> None:
+        """Raise ``problem`` here, or on a stage whose own part was fine, what another stage raised (a collective
+        over the stages): a refusal on one stage is on all, before any writes."""
+        every = gathered(None if problem is None else f"{type(problem).__name__}: {problem}", self.group)
+        if problem is not None:
+            raise problem
+        refused = [(s, text) for s, text in enumerate(every) if text is not None]
+        if refused:
+            stage, text = refused[0]
+            raise ValueError(
+                f"{who}: pipeline stage {stage} refused its part of the checkpoint ({text}); so does this stage "
+                f"({self.stage}), loading nothing: every stage resumes from it or none"
+            )
+
     def _own_paths(self) -> dict[int, str]:
         found: dict[int, str] = {}
         for path, p in self.state.model.named_parameters(remove_duplicate=False):
