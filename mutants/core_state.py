@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/core/state.py",
+        "find": "            self.view.agree(problem, LOAD_STATE)\n",
+        "replace": ("            if problem is not None:\n                raise problem\n"),
+        "tests": [
+            "tests/test_meshes_adversary.py::test_a_checkpoint_one_stage_refuses_is_loaded_by_no_stage",
+        ],
+        "why": "each stage checks only its own part: the stages whose part is fine load while another refuses",
+        "from": "adv34_load",
+    },
+    {
+        "file": "src/composetrain/core/state.py",
         "find": 'and type(model).__name__ == "OptimizedModule":',
         "replace": 'and type(model).__name__ == "OptimisedModule":',
         "tests": [

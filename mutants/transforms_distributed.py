@@ -7,6 +7,16 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/distributed.py",
+        "find": "agreed_layout(state, lambda: self._layout(world), self, self.group)  # once: before any other",
+        "replace": "None  # once: before any other",
+        "tests": [
+            "tests/test_meshes_adversary.py::test_ranks_that_lay_out_the_job_differently_are_refused_on_every_rank_before_any_group",
+        ],
+        "why": "a pipeline on one rank beside plain DDP on the others: mismatched collectives abort the job",
+        "from": "adv34",
+    },
+    {
+        "file": "src/composetrain/transforms/distributed.py",
         "find": (
             "dist.all_reduce(units, group=place.data_group)  # over the data shards only: a split's ranks share theirs"
         ),

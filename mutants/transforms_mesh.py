@@ -7,6 +7,28 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/_mesh.py",
+        "find": "    every = differing((type(problem).__name__ if problem else None, layout), group)",
+        "replace": "    every = differing(type(problem).__name__ if problem else None, group)",
+        "tests": [
+            "tests/test_meshes_adversary.py::test_ranks_that_lay_out_the_job_differently_are_refused_on_every_rank_before_any_group",
+        ],
+        "why": "the ranks compare their refusals only, not their layouts: different groups, a hang",
+        "from": "adv34",
+    },
+    {
+        "file": "src/composetrain/transforms/_mesh.py",
+        "find": '("refused it (see its error)" if p else "no mesh"',
+        "replace": '("no mesh"',
+        "tests": [
+            "tests/test_meshes_adversary.py::test_ranks_that_lay_out_the_job_differently_are_refused_on_every_rank_before_any_group",
+        ],
+        "why": (
+            "a rank that refused its own layout is shown as having no mesh: the message points away from its error"
+        ),
+        "from": "adv34",
+    },
+    {
+        "file": "src/composetrain/transforms/_mesh.py",
         "find": 'ORDER = ("pp", "replicate", "shard", "dp", "tp")  # outermost first',
         "replace": 'ORDER = ("tp", "pp", "replicate", "shard", "dp")  # outermost first',
         "tests": [

@@ -7,6 +7,18 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/sharded.py",
+        "find": "agreed_layout(state, lambda: self._layout(world), self, self.group)  # once: before any other",
+        "replace": "None  # once: before any other",
+        "tests": [
+            "tests/test_meshes_adversary.py::test_ranks_that_lay_out_the_job_differently_are_refused_on_every_rank_before_any_group",
+        ],
+        "why": (
+            "HSDP on one rank beside plain FSDP on the others: one builds a mesh while the others all-gather counts"
+        ),
+        "from": "adv34",
+    },
+    {
+        "file": "src/composetrain/transforms/sharded.py",
         "find": 'mesh = place.sub(tuple(n for n in ("replicate", "shard") if n in dict(place.layout)))',
         "replace": 'mesh = place.sub(("shard",))',
         "tests": [

@@ -7,6 +7,46 @@ write a catalogue of your own and run it.
 MUTANTS = [
     {
         "file": "src/composetrain/transforms/tensor_parallel.py",
+        "find": "                _check_ties(model, self.plan, self)\n",
+        "replace": "                pass\n",
+        "tests": [
+            "tests/test_meshes_adversary.py::test_plans_that_break_a_tie_or_meet_a_submodule_twice_are_refused",
+        ],
+        "why": "a plan splitting a tied embedding or head breaks the tie silently",
+        "from": "adv34",
+    },
+    {
+        "file": "src/composetrain/transforms/tensor_parallel.py",
+        "find": '                path = f"{where}.{local}"',
+        "replace": "                path = local",
+        "tests": [
+            "tests/test_meshes_adversary.py::test_plans_that_break_a_tie_or_meet_a_submodule_twice_are_refused",
+        ],
+        "why": "ties looked up by the submodule's own parameter name, not the model's path: none is ever found",
+        "from": "adv34",
+    },
+    {
+        "file": "src/composetrain/transforms/tensor_parallel.py",
+        "find": "    broken = [paths for paths in ties if len({id(now[q]) for q in paths}) > 1]",
+        "replace": "    broken: list[list[str]] = []",
+        "tests": [
+            "tests/test_meshes_adversary.py::test_plans_that_break_a_tie_or_meet_a_submodule_twice_are_refused",
+        ],
+        "why": "a plan given as a function breaks a tie and trains on",
+        "from": "adv34",
+    },
+    {
+        "file": "src/composetrain/transforms/tensor_parallel.py",
+        "find": "            if n in seen and _style(seen[n][1]) != _style(style):",
+        "replace": "            if n in seen and False:",
+        "tests": [
+            "tests/test_meshes_adversary.py::test_plans_that_break_a_tie_or_meet_a_submodule_twice_are_refused",
+        ],
+        "why": "two keys meeting one submodule with different styles: the later applies silently",
+        "from": "adv34",
+    },
+    {
+        "file": "src/composetrain/transforms/tensor_parallel.py",
         "find": (
             "        for t in [*model.parameters(), *model.buffers()]:\n"
             "            dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)"

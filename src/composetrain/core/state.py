@@ -280,8 +280,18 @@ class TrainState:
         written, and should a write still fail, what was written is restored.
         """
         if self.view is not None and isinstance(state_dict, Mapping) and set(state_dict) >= KEYS:
-            state_dict = self.view.own(state_dict)  # the whole model's state: this process's part of it
-        step, epoch, transforms = self._check(state_dict)
+            # the whole model's state: this process's part of it, checked on every part before any is written (a
+            # stage that loaded beside one that refused would leave the job half resumed)
+            problem: Exception | None = None
+            try:
+                state_dict = self.view.own(state_dict)
+                step, epoch, transforms = self._check(state_dict)
+            except Exception as e:
+                problem = e
+            self.view.agree(problem, LOAD_STATE)
+            assert problem is None  # agree raised it otherwise
+        else:
+            step, epoch, transforms = self._check(state_dict)
         before = [hyperparameters(g) for g in self.optimizer.param_groups]
         undo: list[Callable[[], None]] = []  # restores what each write changed, should a later one fail
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ import torch.distributed as dist
 
 from composetrain.core.state import RuntimeState, TrainState
 
-__all__ = ["KEY", "MeshPlace", "average_gradients", "data_layout", "mesh_for", "mesh_with"]
+__all__ = ["KEY", "MeshPlace", "agreed_layout", "average_gradients", "data_layout", "mesh_for", "mesh_with"]
 
 KEY = "mesh"  # its state in TrainState.transform_state (a RuntimeState: never checkpointed)
 ORDER = ("pp", "replicate", "shard", "dp", "tp")  # outermost first
@@ -75,6 +76,7 @@ class _Meshes(RuntimeState):
     def __init__(self) -> None:
         self.place: MeshPlace | None = None
         self.released = False
+        self.agreed = False  # the ranks compared their layouts (agreed_layout), once
 
     def release(self) -> None:
         # the process group is about to be destroyed: a model laid out on it cannot move to another one
@@ -103,9 +105,47 @@ def data_layout(
     return tuple((name, sizes[name]) for name in ORDER if name in sizes and (sizes[name] > 1 or name in dict(data)))
 
 
-def mesh_for(state: TrainState, layout: tuple[tuple[str, int], ...], who: object, group: Any = None) -> MeshPlace:
-    """The mesh of ``layout`` for ``state``'s model: the one it was laid out on, or a new one (a collective:
-    every process builds it alike). A model already laid out on another mesh is refused."""
+Layout = tuple[tuple[str, int], ...]
+
+
+def agreed_layout(state: TrainState, layout_of: Callable[[], Layout | None], who: object, group: Any = None) -> Any:
+    """``layout_of()`` (a layout, or None for a data-parallel transform with nothing split inside), the first time
+    for ``state`` compared over the job's processes (one tiny all-reduce): ranks that build different layouts
+    (another ``replicate=``, ``tensor_parallel`` size or number of stages) would make different groups and
+    collectives, which hangs or aborts the job; they are refused on every rank, as a layout one rank refuses
+    (a size that does not divide) is, before any group is made."""
+    from composetrain.launch.agree import differing
+
+    held = state.transform_state(KEY, _Meshes)
+    if held.agreed:
+        return layout_of()
+    problem: Exception | None = None
+    layout: Layout | None = None
+    try:
+        layout = layout_of()
+    except ValueError as e:
+        problem = e
+    every = differing((type(problem).__name__ if problem else None, layout), group)
+    if problem is not None:
+        raise problem
+    if every is not None:
+        shown = [
+            f"rank {r}: " + ("refused it (see its error)" if p else "no mesh" if lay is None else _shown(lay))
+            for r, (p, lay) in enumerate(every)
+        ]
+        raise ValueError(
+            f"{who!r}: the ranks lay out the job differently ({'; '.join(shown)}); every rank must build the same "
+            "composition (the same sharded(replicate=), tensor_parallel(size=) and pipeline(stages)), or they "
+            "would make different groups and wait on each other for ever"
+        )
+    held.agreed = True
+    return layout
+
+
+def mesh_for(state: TrainState, layout_of: Callable[[], Layout | None], who: object, group: Any = None) -> MeshPlace:
+    """The mesh of the layout ``layout_of()`` gives for ``state``'s model: the one it was laid out on, or a new one
+    (a collective: every process builds it alike, after the ranks agree on the layout). A model already laid out
+    on another mesh is refused."""
     held = state.transform_state(KEY, _Meshes)
     if held.released:
         raise RuntimeError(
@@ -113,6 +153,8 @@ def mesh_for(state: TrainState, layout: tuple[tuple[str, int], ...], who: object
             "(TrainState.release_runtime, which ct.run calls when the process exits); a model split or sharded "
             "over a mesh cannot move to a new one: build a fresh TrainState and load a checkpoint into it"
         )
+    layout = agreed_layout(state, layout_of, who, group)
+    assert layout is not None  # called by the transforms that lay out a mesh only
     if held.place is not None:
         if held.place.layout != layout:
             raise RuntimeError(

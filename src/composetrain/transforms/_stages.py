@@ -13,6 +13,7 @@ gathers the stages' parts (model, optimizer state by parameter name, transform s
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ class Plan:
         groups: the optimizer's groups as canonical names, in the unsplit optimizer's order.
         paths: every state-dict key of the whole model (parameters and buffers).
         shapes: canonical name -> the parameter's shape.
+        dtypes: canonical name -> the parameter's dtype (what a stage that does not hold it sends in its place).
     """
 
     stages: tuple[tuple[str, ...], ...]
@@ -46,6 +48,7 @@ class Plan:
     groups: list[list[str]]
     paths: frozenset[str]
     shapes: dict[str, torch.Size]
+    dtypes: dict[str, torch.dtype] = dataclasses.field(default_factory=dict)
 
     def stage_of(self, path: str) -> int | None:
         for i, names in enumerate(self.stages):
@@ -83,11 +86,12 @@ def check_stages(
     canonical: dict[str, str] = {}
     first: dict[int, str] = {}
     shapes: dict[str, torch.Size] = {}
+    dtypes: dict[str, torch.dtype] = {}
     plan = Plan(stages, {}, {}, [], frozenset(), {})
     for path, p in model.named_parameters(remove_duplicate=False):
         name = first.setdefault(id(p), path)
         canonical[path] = name
-        shapes[name] = p.shape
+        shapes[name], dtypes[name] = p.shape, p.dtype
         stage = plan.stage_of(path)
         if stage is None:
             raise ValueError(
@@ -111,7 +115,7 @@ def check_stages(
             )
         groups.append([names[id(p)] for p in g["params"]])
     paths = frozenset(model.state_dict(keep_vars=True).keys())
-    return Plan(stages, {n: tuple(sorted(s)) for n, s in holders.items()}, canonical, groups, paths, shapes)
+    return Plan(stages, {n: tuple(sorted(s)) for n, s in holders.items()}, canonical, groups, paths, shapes, dtypes)
 
 
 def _stages_shown(stages: tuple[tuple[str, ...], ...]) -> str:
@@ -178,6 +182,20 @@ class StageView:
     def __init__(self, state: TrainState, plan: Plan, stage: int, group: Any) -> None:
         self.state, self.plan, self.stage, self.group = state, plan, stage, group
 
+    def agree(self, problem: Exception | None, who: str) -> None:
+        """Raise ``problem`` here, or on a stage whose own part was fine, what another stage raised (a collective
+        over the stages): a refusal on one stage is on all, before any writes."""
+        every = gathered(None if problem is None else f"{type(problem).__name__}: {problem}", self.group)
+        if problem is not None:
+            raise problem
+        refused = [(s, text) for s, text in enumerate(every) if text is not None]
+        if refused:
+            stage, text = refused[0]
+            raise ValueError(
+                f"{who}: pipeline stage {stage} refused its part of the checkpoint ({text}); so does this stage "
+                f"({self.stage}), loading nothing: every stage resumes from it or none"
+            )
+
     def _own_paths(self) -> dict[int, str]:
         found: dict[int, str] = {}
         for path, p in self.state.model.named_parameters(remove_duplicate=False):
@@ -191,7 +209,11 @@ class StageView:
         flat = [p for g in self.state.optimizer.param_groups for p in g["params"]]
         optimizer = here["optimizer"]
         by_name = {self.plan.canonical[path_of[id(flat[i])]]: _whole(entry) for i, entry in optimizer["state"].items()}
-        mine = {"model": _whole(dict(here["model"])), "optimizer": by_name, "transforms": _whole(here["transforms"])}
+        # the transforms' state by the unsplit model's names too (ct.ema's averages): a weight tied across stages is
+        # its first name's on every stage, as in the unsplit model (where the other name is no parameter of its own)
+        aliases = {path: self.plan.canonical[path] for path in path_of.values()}
+        transforms = _renamed(_whole(here["transforms"]), {a: c for a, c in aliases.items() if a != c})
+        mine = {"model": _whole(dict(here["model"])), "optimizer": by_name, "transforms": transforms}
         every = gathered(mine, self.group)
         model = _union([e["model"] for e in every])
         states = _union([e["optimizer"] for e in every])
@@ -236,6 +258,8 @@ class StageView:
         transforms = whole["transforms"]
         if isinstance(transforms, Mapping):
             others = self.plan.paths - set(live)
+            back = {self.plan.canonical[path]: path for path in self._own_paths().values()}
+            transforms = _renamed(transforms, {c: a for c, a in back.items() if a != c})
             mine["transforms"] = _without(transforms, others, live)
         return mine
 
@@ -247,6 +271,14 @@ def _like(value: Any, like: Any) -> Any:
         from torch.distributed.tensor import distribute_tensor
 
         return distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+    return value
+
+
+def _renamed(value: Any, names: Mapping[str, str]) -> Any:
+    """Nested dicts with their keys in ``names`` renamed (a tied weight's name on one stage and in the unsplit
+    model)."""
+    if isinstance(value, Mapping):
+        return {names.get(k, k) if isinstance(k, str) else k: _renamed(v, names) for k, v in value.items()}
     return value
 
 
@@ -276,16 +308,16 @@ def tied_sum(model: nn.Module, plan: Plan, group: Any, shard: tuple[int, int]) -
     for name in tied:
         p = here.get(name)
         grads.append(None if p is None else p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
-    sample = next((p for p in model.parameters()), None)
-    dtype = sample.dtype if sample is not None else torch.float32
+    sample = next((p for p in model.parameters()), None)  # a stage may hold no parameter at all
     device = sample.device if sample is not None else torch.device("cpu")
     shards, index = shard
     pieces = []
     for g, name in zip(grads, tied, strict=True):
-        if g is None:  # not held here (or no gradient): zeros of the piece's shape
+        if g is None:  # not held here (or no gradient): zeros of the piece's shape and the weight's dtype, on every
+            # stage alike (a stage holding no parameter must not send another dtype: gloo aborts the process)
             chunks = torch.empty(plan.shapes[name], device="meta").chunk(shards)
             shape = chunks[index].shape if index < len(chunks) else (0, *plan.shapes[name][1:])
-            g = torch.zeros(shape, dtype=dtype, device=device)
+            g = torch.zeros(shape, dtype=plan.dtypes[name], device=device)
         pieces.append(g)
     flat = torch.cat([g.reshape(-1) for g in pieces])
     dist.all_reduce(flat, group=group)
@@ -305,6 +337,10 @@ class Parts:
         names = {id(p): plan.canonical[path] for path, p in model.named_parameters(remove_duplicate=False)}
         # a weight tied across stages counts once: on the first stage that holds it
         self._elsewhere = {i for i, n in names.items() if plan.holders[n][0] != stage}
+        # the whole model's norm's dtype, as the plain loop's (torch stacks the per-tensor norms: promoted); a stage
+        # whose part has no gradient (frozen, or no parameter) must send the others' dtype: gloo aborts on a mismatch
+        floating = [d for d in plan.dtypes.values() if d.is_floating_point]
+        self.dtype = functools.reduce(torch.promote_types, floating) if floating else torch.get_default_dtype()
 
     def counted(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [t for t in tensors if id(t) not in self._elsewhere]
@@ -313,9 +349,9 @@ class Parts:
         """The norm over every stage's gradients, from each stage's own: their p-th powers added (the largest
         for the infinity norm), on every stage."""
         if norm_type == float("inf"):
-            total = norm.clone()
+            total = norm.to(self.dtype, copy=True)
             dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
             return total
-        total = norm.pow(norm_type)
+        total = norm.to(self.dtype).pow(norm_type)
         dist.all_reduce(total, group=self.group)
         return total.pow(1.0 / norm_type)

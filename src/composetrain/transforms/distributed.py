@@ -22,7 +22,7 @@ from composetrain.core.util import DISTRIBUTED, check_bool, check_real, name, sh
 from composetrain.launch.agree import gathered_numbers, largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import DDPDeferredSync, LastSync, grads_telling_the_others
-from composetrain.transforms._mesh import MeshPlace, average_gradients, data_layout, mesh_for
+from composetrain.transforms._mesh import MeshPlace, agreed_layout, average_gradients, data_layout, mesh_for
 
 __all__ = ["distributed"]
 
@@ -195,6 +195,7 @@ class _Distributed(TrainStep):
         world, device = group_world(self.group, self)
         if world == 1:  # what does not apply is a no-op
             return self._inner().prepare(state, batch, ctx)
+        agreed_layout(state, lambda: self._layout(world), self, self.group)  # once: before any other collective
         if self.meshed:
             return self._prepare_split(state, batch, ctx, world, device)
         # the global unit count, so that every rank normalises by the same total; DDP averages
@@ -279,14 +280,20 @@ class _Distributed(TrainStep):
     def setup(self, state: TrainState) -> None:
         """Around a model split inside: lay out the mesh first, so the split inside finds its dimension."""
         world, _ = group_world(self.group, self)
+        if world > 1:
+            agreed_layout(state, lambda: self._layout(world), self, self.group)
         if self.meshed and world > 1:
             self.place(state, world)
         super().setup(state)
 
     def place(self, state: TrainState, world: int) -> MeshPlace:
         """The mesh of the model split inside, with this transform's ``dp`` dimension (built once)."""
-        layout = data_layout(world, (("dp", None),), self._inner().capabilities.data_ranks, self)
-        return mesh_for(state, layout, self)
+        return mesh_for(state, lambda: self._layout(world), self)
+
+    def _layout(self, world: int) -> tuple[tuple[str, int], ...] | None:
+        if not self.meshed:
+            return None
+        return data_layout(world, (("dp", None),), self._inner().capabilities.data_ranks, self)
 
     def waited(self, state: TrainState) -> float:
         replica = state.transform_state(self.role, _Replica)

@@ -142,6 +142,9 @@ class _Pipeline(TrainStep):
         if found is not None:
             return found
         world, _ = group_world(None, self)
+        return mesh_for(state, lambda: self._layout(world), self)
+
+    def _layout(self, world: int) -> tuple[tuple[str, int], ...]:
         layout = data_layout(world, (("dp", None),), (len(self.stages), 1), self)
         if dict(layout)["dp"] > 1:
             raise ValueError(
@@ -150,7 +153,7 @@ class _Pipeline(TrainStep):
                 "transform, distributed(pipeline(...)(step)) or sharded(pipeline(...)(step)), or run "
                 f"{len(self.stages)} processes"
             )
-        return mesh_for(state, layout, self)
+        return layout
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         if not self._split(state):  # one process: accumulate(microbatches) on the unsplit model

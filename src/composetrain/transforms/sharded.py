@@ -20,7 +20,7 @@ from composetrain.core.util import SHARDED, check_bool, check_int, show
 from composetrain.launch.agree import differing, gathered_numbers, largest
 from composetrain.launch.rendezvous import group_world
 from composetrain.transforms._deferred_sync import LastSync, grads_telling_the_others
-from composetrain.transforms._mesh import MeshPlace, data_layout, mesh_for
+from composetrain.transforms._mesh import MeshPlace, agreed_layout, data_layout, mesh_for
 from composetrain.transforms._shard_optimizer import only_initial_state, remake_initial_state
 from composetrain.transforms._shard_units import Units, check_units_argument, describe_units, select_units
 
@@ -162,13 +162,19 @@ class _Sharded(TrainStep):
         if not self.meshed:
             return None
         world, _ = group_world(None, self)
+        return mesh_for(state, lambda: self._layout(world), self)
+
+    def _layout(self, world: int) -> tuple[tuple[str, int], ...] | None:
+        if not self.meshed:
+            return None
         data = (("replicate", self.replicate), ("shard", None)) if self.replicate is not None else (("shard", None),)
-        return mesh_for(state, data_layout(world, data, self._inner().capabilities.data_ranks, self), self)
+        return data_layout(world, data, self._inner().capabilities.data_ranks, self)
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         world, device = group_world(self.group, self)
         if world == 1:  # what does not apply is a no-op
             return self._inner().prepare(state, batch, ctx)
+        agreed_layout(state, lambda: self._layout(world), self, self.group)  # once: before any other collective
         place = self.place(state)
         group = place.data_group if place is not None else self.group  # the processes whose batches differ
         world = place.data_size if place is not None else world
@@ -223,6 +229,8 @@ class _Sharded(TrainStep):
     def setup(self, state: TrainState) -> None:
         """Shard the model before a checkpoint is resumed: its sharded tensors load straight into the shards."""
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            world = dist.get_world_size(self.group)
+            agreed_layout(state, lambda: self._layout(world), self, self.group)
             shard(self, state)
         super().setup(state)
 

@@ -105,12 +105,17 @@ def _checked_plan(plan: Any) -> str:
     return name(plan)
 
 
+def _style(style: Any) -> Any:
+    """A style with its settings, comparable (its repr holds no addresses)."""
+    return type(style).__name__, sorted((a, repr(b)) for a, b in vars(style).items())
+
+
 def _described(plan: Plan) -> Any:
     """What every rank must agree on: the names and the styles with their settings (their reprs hold no
     addresses); a function by its qualified name."""
     if not isinstance(plan, Mapping):
         return f"{getattr(plan, '__module__', '')}.{getattr(plan, '__qualname__', name(plan))}"
-    return sorted((k, type(v).__name__, sorted((a, repr(b)) for a, b in vars(v).items())) for k, v in plan.items())
+    return sorted((k, *_style(v)) for k, v in plan.items())
 
 
 class _Split(RuntimeState):
@@ -137,6 +142,9 @@ class _TensorParallel(TrainStep):
         if found is not None:
             return found
         world, _ = group_world(None, self)
+        return mesh_for(state, lambda: self._layout(world), self)
+
+    def _layout(self, world: int) -> tuple[tuple[str, int], ...]:
         layout = data_layout(world, (("dp", None),), (1, self.size), self)
         if dict(layout)["dp"] > 1:
             raise ValueError(
@@ -145,7 +153,7 @@ class _TensorParallel(TrainStep):
                 "sharded(tensor_parallel(...)(step)) or distributed(tensor_parallel(...)(step)), or run "
                 f"{self.size} processes"
             )
-        return mesh_for(state, layout, self)
+        return layout
 
     def prepare(self, state: TrainState, batch: Any, ctx: Context) -> Context:
         world, _ = group_world(None, self)
@@ -196,6 +204,7 @@ class _TensorParallel(TrainStep):
             _refuse_dropout(model, self)
             if isinstance(self.plan, Mapping):
                 _check_names(model, self.plan, self)
+                _check_ties(model, self.plan, self)
         except Exception as e:
             problem = e
         every = differing((type(problem).__name__ if problem else None, _described(self.plan), self.size))
@@ -222,9 +231,20 @@ class _TensorParallel(TrainStep):
 
 
 def _check_names(model: nn.Module, plan: Mapping[str, Any], who: object) -> None:
-    """Every key of the plan matches a submodule, and torch's Linear-only styles meet Linears or Embeddings."""
+    """Every key of the plan matches a submodule, no submodule is matched by two keys with different styles, and
+    torch's Linear-only styles meet Linears or Embeddings."""
+    seen: dict[str, tuple[str, Any]] = {}
     for key, style in plan.items():
         found = _resolved(model, key)
+        for n, _ in found:
+            if n in seen and _style(seen[n][1]) != _style(style):
+                raise ValueError(
+                    f"{who!r}: plan[{seen[n][0]!r}] ({type(seen[n][1]).__name__}) and plan[{key!r}] "
+                    f"({type(style).__name__}) both match {n!r}; a submodule is split one way: only one would apply "
+                    "(the later), the other silently dropped. Narrow the patterns so that each submodule meets one "
+                    "style"
+                )
+            seen[n] = (key, style)
         if not found:
             close = [n for n, _ in model.named_modules() if n and n.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
             raise ValueError(
@@ -240,6 +260,40 @@ def _check_names(model: nn.Module, plan: Mapping[str, Any], who: object) -> None
                     f"{who!r}: plan[{key!r}] is {kind}, which splits an nn.Linear or nn.Embedding only, but matches "
                     f"{[(n, type(m).__name__) for n, m in found if n in wrong][:4]}; name the Linear layers inside it"
                 )
+
+
+_LEAVES_PARAMETERS = ("PrepareModuleInput", "PrepareModuleOutput", "PrepareModuleInputOutput")
+
+
+def _tied(model: nn.Module) -> list[list[str]]:
+    """The paths of each parameter the model holds under several names (an embedding tied to the output layer)."""
+    paths: dict[int, list[str]] = {}
+    for path, p in model.named_parameters(remove_duplicate=False):
+        paths.setdefault(id(p), []).append(path)
+    return [found for found in paths.values() if len(found) > 1]
+
+
+def _check_ties(model: nn.Module, plan: Mapping[str, Any], who: object) -> None:
+    """No style of the plan distributes a parameter the model also holds under another name: parallelize_module
+    gives the split module a DTensor copy of it, the other holder keeps the plain tensor, and the tie breaks
+    without a word (each trains apart, or not at all: the update would not be the plain step's)."""
+    tied = {path: paths for paths in _tied(model) for path in paths}
+    if not tied:
+        return
+    for key, style in plan.items():
+        if type(style).__name__ in _LEAVES_PARAMETERS:
+            continue
+        for where, module in _resolved(model, key):
+            for local, _ in module.named_parameters():
+                path = f"{where}.{local}"
+                if path in tied:
+                    others = [q for q in tied[path] if q != path]
+                    raise ValueError(
+                        f"{who!r}: plan[{key!r}] ({type(style).__name__}) splits {path!r}, the same Parameter as "
+                        f"{others[:4]} (tied weights); parallelize_module would give {where!r} a split copy and leave "
+                        "the other holder the whole tensor, so the tie would break silently and the update would not "
+                        "be the plain step's: leave the tied modules out of the plan, or untie them in the model"
+                    )
 
 
 def _resolved(model: nn.Module, key: str) -> list[tuple[str, nn.Module]]:
@@ -276,6 +330,7 @@ def _apply(model: nn.Module, plan: Plan, place: MeshPlace, state: TrainState) ->
 
     group = place.group("tp")
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    ties = _tied(model)
     held = [p for g in state.optimizer.param_groups for p in g["params"]]
     foreign = [i for i, p in enumerate(held) if id(p) not in names]
     if foreign:
@@ -304,6 +359,18 @@ def _apply(model: nn.Module, plan: Plan, place: MeshPlace, state: TrainState) ->
                 "plan does not)"
             )
     now = dict(model.named_parameters(remove_duplicate=False))
+    broken = [paths for paths in ties if len({id(now[q]) for q in paths}) > 1]
+    if broken:  # a plan given as a function (a mapping is checked before): the model is split, and stays unusable
+        state.unusable = (
+            f"tensor_parallel: the plan {name(plan)} broke the tie of {broken[0]} (one Parameter before, "
+            "a split copy and a whole one after); build a fresh TrainState"
+        )
+        raise ValueError(
+            f"tensor_parallel: the plan {name(plan)} split {broken[0]}, which were one Parameter (tied weights), into "
+            "a split copy and a whole one: the tie broke, and the update would not be the plain step's. Leave the "
+            "tied modules out of the plan (or untie them in the model), and build a fresh TrainState: this one's "
+            "model is split"
+        )
     for g in state.optimizer.param_groups:
         g["params"] = [now[names[id(p)]] for p in g["params"]]
     state._unheld = [now[names[id(p)]] for p in state._unheld]
