@@ -401,7 +401,7 @@ def test_two_ranks_publish_a_save_only_once_both_wrote_it_and_both_stop_on_one_f
     assert published(tmp_path / "full") == ["step-000000002"] and not temporary(tmp_path / "full")
 
 
-@pytest.mark.parametrize("rank_1", ["written", "died mid-write", "out of space"])
+@pytest.mark.parametrize("rank_1", ["written", "died mid-write", "out of space", "died, a long timeout"])
 def test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_and_never_agree_on_it(
     pool, tmp_path, rank_1
 ):
@@ -411,11 +411,15 @@ def test_two_ranks_failing_with_a_save_in_flight_publish_it_once_both_wrote_it_a
     been, its files those of the state of 4. When rank 1 never finishes its part (its writer stuck, as in a rank
     that died), rank 0 gives up after ``timeout`` (2 s); when rank 1's writes fail (a full disk), rank 0 learns it
     from rank 1's mark and gives up at once (``timeout`` 20 s: not waited). Then step 2 stays the newest
-    (keep_checkpoints=1: pruned only once 4 is published)."""
+    (keep_checkpoints=1: pruned only once 4 is published). With a long ``timeout`` (60 s) rank 0 waits no longer
+    than ``MARKS_GRACE`` (1 s here) plus four times what the save took on it: rank 1's part, held 8 s, is not waited
+    for (a dead rank's wait would hold the job's restart for the whole timeout: 300 s by default)."""
     out = pool.run(__name__, "fail_with_a_save_in_flight", str(tmp_path), rank_1)
     assert out[0]["abandoned"] == (rank_1 != "written")
     if rank_1 == "died mid-write":  # waited its timeout, no longer
         assert 1.9 <= out[0]["seconds"] < 5, out
+    elif rank_1 == "died, a long timeout":  # the grace and four times the save's own time, not the 60 s
+        assert out[0]["seconds"] < 6, out
     else:  # out of space: told by rank 1's mark, not its 20 s timeout
         assert out[0]["seconds"] < 10, out
     if rank_1 == "written":
@@ -495,11 +499,13 @@ def fail_with_a_save_in_flight(rank, world, directory, rank_1):
         if rank == 1 and path.parent.name == ".step-000000004.tmp":
             if rank_1 == "out of space":
                 raise OSError(errno.ENOSPC, "No space left on device", str(path))
-            gate.wait(None if rank_1 == "written" else 6)  # never set when it dies: stuck past rank 0's timeout
+            gate.wait(None if rank_1 == "written" else 8 if rank_1 == "died, a long timeout" else 6)  # never set
+            # when it dies: stuck past rank 0's timeout (or its grace)
         return real(obj, path)
 
     files._write = held
-    timeout = 2 if rank_1 == "died mid-write" else 20
+    timeout = {"died mid-write": 2, "died, a long timeout": 60}.get(rank_1, 20)
+    grace, files.MARKS_GRACE = files.MARKS_GRACE, 1.0 if rank_1 == "died, a long timeout" else files.MARKS_GRACE
     checkpoints = files.Checkpoints(directory, rank=rank, world_size=world, keep=1, timeout=timeout)
     try:
         shared, local = payload(state, 2)
@@ -520,4 +526,4 @@ def fail_with_a_save_in_flight(rank, world, directory, rank_1):
         for t in threading.enumerate():
             if t.name.startswith("checkpoint step"):
                 t.join(30)
-        files._write = real
+        files._write, files.MARKS_GRACE = real, grace

@@ -125,6 +125,11 @@ class Flush:
     shards: Any = None
 
 
+# A failed run's rank 0 waits for the other ranks' parts of the save in flight this long at most, beyond four times
+# what the save took on rank 0 (and never past ``timeout``): Checkpoints.abandon
+MARKS_GRACE = 30.0
+
+
 class Checkpoints:
     """The checkpoints of one run in ``directory``, written and read by all ranks together (for ``ct.run``,
     which its messages name).
@@ -162,6 +167,7 @@ class Checkpoints:
         self._lock: io.FileIO | None = None
         self._writer = Writer()
         self._pending: Flush | None = None  # the save whose writes are in flight (save_async)
+        self._began = 0.0  # when it began (time.monotonic())
         self._group: Any = None  # the process group of background DCP writes
         self._open()
 
@@ -254,6 +260,7 @@ class Checkpoints:
         rank's files are durable. At most one save is in flight: a save in flight is finished first (this
         waits for its writes)."""
         self.finish()
+        self._began = time.monotonic()
         flush = self._begin(step, payload, local, nonfinite)
         copies: list[Staged] = []  # the copy made on every rank, or an error (no host memory left) on every rank
         self._agreed(flush, lambda: copies.append(stage(flush.files)))
@@ -318,12 +325,17 @@ class Checkpoints:
         then publishes it; with several, the ranks may be anywhere (in a collective that will never complete, or
         gone), so none is asked to agree: each rank's writer left its checksums in the folder once its part was
         written (``_mark``), and rank 0 publishes the save once every rank's are there, waiting for them until
-        ``timeout`` seconds have passed since the failure (a rank that died mid-write never leaves them)."""
+        ``timeout`` seconds have passed since the failure (a rank that died mid-write never leaves them), and no
+        longer than ``MARKS_GRACE`` seconds plus four times as long as the save has taken here so far: the ranks
+        began it together, a live rank's part is written in about the time this one's was, and waiting for a dead
+        rank's would hold the job's restart for the whole ``timeout``."""
         flush = self._pending
         if flush is None:
             return
         deadline = time.monotonic() + self.timeout
         written = self._writer.wait(self.timeout)
+        now = time.monotonic()
+        deadline = min(deadline, now + MARKS_GRACE + 4 * (now - self._began))
         if written and self.world_size == 1:
             with contextlib.suppress(Exception):  # a failed write: removed, the run's own error goes on
                 self.finish()
