@@ -69,8 +69,8 @@ def stage(value: Any) -> Staged:
     memory and every container rebuilt, so that ``torch.save`` writes the copy byte for byte as it writes ``value``
     (on the CPU): tensors that share a storage (tied weights, views) share the copy's, each storage copied once,
     and a tensor that appears twice appears twice as one object. A set is rebuilt from its elements: equal, but
-    its iteration order (so its bytes in the file) is the one Python gives the new set. From a GPU the storages go into pinned memory
-    without blocking; the ``Staged`` waits for them before it is read.
+    its iteration order (so its bytes in the file) is the one Python gives the new set. From a GPU the storages go
+    into pinned memory without blocking; the ``Staged`` waits for them before it is read.
     """
     memo: dict[int, torch.Tensor] = {}  # id of a tensor of ``value`` (alive as long as it): its copy
     storages: dict[int, torch.UntypedStorage] = {}  # a storage's identity, as torch.save keys it: its copy
