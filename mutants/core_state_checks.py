@@ -65,4 +65,14 @@ MUTANTS = [
         ),
         "from": "issue29_x_atomic",
     },
+    {
+        "file": "src/composetrain/core/_state_checks.py",
+        "find": "        if len(theirs) > len(own) and theirs[: len(own)] == own:",
+        "replace": "        if len(theirs) > len(own) and theirs[len(own) :] == own:",
+        "tests": [
+            "tests/test_core.py",
+        ],
+        "why": "groups added mid-run (add_param_group in a hook) are not told apart: the refusal names only sizes",
+        "from": "stop43",
+    },
 ]

@@ -664,3 +664,32 @@ def test_a_step_returning_loss_and_a_tensor_is_told_metrics_go_in_a_mapping():
     with pytest.raises(TypeError, match=r"got a tuple of 2 tensors .*return out\[0\]; metrics go in a mapping"):
         ct.train_step(lambda model, batch: (classify(model, batch)[0], torch.tensor(0.5)))(state, make_batch(6))
     assert_untouched(state, before)
+
+
+def test_a_checkpoint_with_groups_added_during_the_run_names_add_param_group_and_the_hook(tmp_path):
+    """timm-style unfreezing: a hook calls optimizer.add_param_group mid-run; the resumed run builds the optimizer
+    with the first group only. The refusal says groups were added during the run and what to do (issue 37's
+    adversary: the message named only the sizes), and loads nothing."""
+    torch.manual_seed(0)
+    data = [(torch.randn(4), torch.tensor(i % 2)) for i in range(16)]
+
+    def step(model, batch):
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    def unfreeze(state, epoch):
+        if epoch == 1 and len(state.optimizer.param_groups) == 1:
+            state.optimizer.add_param_group({"params": list(state.model[2].parameters())})
+
+    def state():
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2))
+        return ct.TrainState(model, torch.optim.SGD([*model[0].parameters(), *model[1].parameters()], lr=0.1))
+
+    run = dict(batch_size=4, checkpoint_dir=str(tmp_path), on_epoch_end=unfreeze)
+    ct.run(step, state(), data, epochs=2, **run)
+    again = state()
+    before = [p.detach().clone() for p in again.model.parameters()]
+    with pytest.raises(ValueError, match=r"sizes \[4, 2\], this one \[4\].*add_param_group.*on_epoch_end"):
+        ct.run(step, again, data, epochs=3, **run)
+    assert all(torch.equal(a, b) for a, b in zip(before, again.model.parameters(), strict=True))
+    assert again.step == 0 and len(again.optimizer.param_groups) == 1

@@ -138,8 +138,16 @@ def check_optimizer_state(
     own = [len(g["params"]) for g in optimizer.param_groups]
     theirs = [len(g["params"]) for g in groups]
     if own != theirs:
+        added = ""
+        if len(theirs) > len(own) and theirs[: len(own)] == own:  # as when a hook unfreezes layers mid-run
+            added = (
+                f" (the checkpoint's has {len(theirs) - len(own)} group(s) more after the same first {len(own)}: "
+                "groups added during the run, by optimizer.add_param_group in a hook such as on_epoch_end, are "
+                "not added again before a resume loads: add them to the optimizer before resuming, or build it "
+                "with every group from the start)"
+            )
         raise ValueError(
-            f"{LOAD_STATE}: the checkpoint's optimizer has parameter groups of sizes {theirs}, this one {own}; "
+            f"{LOAD_STATE}: the checkpoint's optimizer has parameter groups of sizes {theirs}, this one {own}{added}; "
             "load a checkpoint saved with the same optimizer over the same parameters"
         )
     kind = type(optimizer).__name__
