@@ -614,4 +614,14 @@ MUTANTS = [
         "why": "the driver never tells the saves it resumed: a resumed tracked run's first save stalls",
         "from": "adv35",
     },
+    {
+        "file": "src/composetrain/driver/run.py",
+        "find": "            step_fn.check_batch_size(state, per_process)\n",
+        "replace": "            pass\n",
+        "tests": [
+            "tests/test_meshes.py",
+        ],
+        "why": "a batch the pipeline cannot split is refused at the first update, after the folder, locks and log",
+        "from": "stop43",
+    },
 ]

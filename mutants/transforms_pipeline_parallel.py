@@ -61,4 +61,14 @@ MUTANTS = [
         ),
         "from": "meshes",
     },
+    {
+        "file": "src/composetrain/transforms/pipeline_parallel.py",
+        "find": "        if self._split(state):  # one process",
+        "replace": "        if not self._split(state):  # one process",
+        "tests": [
+            "tests/test_meshes.py",
+        ],
+        "why": "the early size check skipped where the stages are split (and made where one process takes any size)",
+        "from": "stop43",
+    },
 ]

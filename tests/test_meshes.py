@@ -713,6 +713,31 @@ REFUSALS = {
 }
 
 
+def pipeline_batch_in_run(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """ct.run of PP 2 x DP 2 with microbatches=3 and a global batch of 16 (8 per data shard): what it raises, and
+    what it left in the checkpoint folder."""
+    train = ct.distributed(ct.pipeline(STAGES, microbatches=3)(step))
+    state = fresh_state(seed=0)
+    try:
+        ct.run(train, state, dataset(), global_batch_size=BATCH, max_steps=1, checkpoint_dir=folder, **RUN)
+        said = "no error"
+    except ValueError as e:
+        said = f"{type(e).__name__}: {e}"
+    finally:
+        state.release_runtime()
+    return {"said": said, "left": os.path.exists(folder), "step": state.step}
+
+
+def test_a_global_batch_the_pipeline_cannot_split_is_refused_before_the_folder_is_made(pool, tmp_path):
+    """The refusal of 8 samples per data shard in microbatches=3 comes before ct.run makes the checkpoint folder,
+    its lock files or metrics.jsonl (issue 34's adversary: it came at the first update, after them)."""
+    folder = str(tmp_path / "run")
+    for rank, found in enumerate(pool.run("test_meshes", "pipeline_batch_in_run", folder, timeout=120)):
+        assert REFUSALS["pipeline_batch"] in found["said"], (rank, found)
+        assert not found["left"] and found["step"] == 0, (rank, found)
+    assert not os.path.exists(folder)
+
+
 @pytest.mark.parametrize("case", sorted(c for c in REFUSALS if ", " not in c))
 def test_bad_layouts_and_plans_are_refused_on_every_rank_alike(pool, case):
     """Meshes that do not divide, plans that name no layer (or the wrong kind), a Colwise layer left unpaired, ranks

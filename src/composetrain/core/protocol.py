@@ -379,6 +379,15 @@ class TrainStep:
         under ``"eval_ema"``). Each transform adds its own to its inner step's; none by default."""
         return self.inner.eval_weights(state) if self.inner is not None else {}
 
+    def check_batch_size(self, state: TrainState, size: int) -> None:
+        """Raise where the composition cannot take batches of ``size`` samples per process (``ct.pipeline``'s
+        micro-batches must split it evenly): ``ct.run`` asks before it makes anything in the run's folder, so
+        that such a run is refused with nothing written. Each transform asks its inner step's with the size that
+        step is given; one that cuts batches (``accumulate``, ``data_parallel``) asks nothing further (its pieces
+        are checked at the update). Nothing by default."""
+        if self.inner is not None:
+            self.inner.check_batch_size(state, size)
+
     def forward_size(self, state: TrainState, size: int) -> int:
         """The most samples one forward runs on when the composition is given a batch of ``size``: what a transform
         that cuts batches (``accumulate``, ``data_parallel``) makes of it, each calling its inner step's (``size``

@@ -588,6 +588,8 @@ class _Driver:
             if problem is not None:  # as accumulate warns of it: BatchNorm users under DDP expect it
                 warnings.warn(f"{RUN}: {problem}", stacklevel=3)
         per_process = chosen.batch_size or self.loader.batch_size
+        if per_process is not None:  # a size the composition cannot take: refused before the folder is touched
+            step_fn.check_batch_size(state, per_process)
         eval_batch: int | Callable[[], int] | None = per_process
         if chosen.global_batch_size is not None and per_process is not None:
             # G/W per process, twice as many on half the processes: evaluation reads batches of the training's

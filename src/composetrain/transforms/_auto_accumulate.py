@@ -111,6 +111,9 @@ class _AutoAccumulate(TrainStep):
             memory.micro_batch = before
             raise
 
+    def check_batch_size(self, state: TrainState, size: int) -> None:
+        pass  # its pieces are checked at the update (see Transform.check_batch_size)
+
     def forward_size(self, state: TrainState, size: int) -> int:
         found = state.transform_state(self.role, MicroBatchMemory).micro_batch  # None: whole batches fit so far
         n = 1 if found is None else math.ceil(size / found)

@@ -149,6 +149,9 @@ class _Accumulate(TrainStep):
         ]
         return combine(passes, who)
 
+    def check_batch_size(self, state: TrainState, size: int) -> None:
+        pass  # its pieces are checked at the update (see Transform.check_batch_size)
+
     def forward_size(self, state: TrainState, size: int) -> int:
         # as split_weighted cuts it: pieces of n samples, the last one short, or n near-equal pieces
         largest = min(self.n, size) if self.by_size else -(-size // max(min(self.n, size), 1))

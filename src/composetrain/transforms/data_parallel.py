@@ -92,6 +92,9 @@ class _DataParallel(TrainStep):
                 _follow(model, replica)
         return self._inner().prepare(state, batch, ctx)
 
+    def check_batch_size(self, state: TrainState, size: int) -> None:
+        pass  # its pieces are checked at the update (see Transform.check_batch_size)
+
     def forward_size(self, state: TrainState, size: int) -> int:
         return self._inner().forward_size(state, -(-size // min(len(self.devices), size)))  # the largest shard
 

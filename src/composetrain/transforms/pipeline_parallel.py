@@ -164,17 +164,24 @@ class _Pipeline(TrainStep):
         assert held.plan is not None  # split_model made it
         first = leaves(batch)
         size = first[0].shape[0] if first and first[0].dim() else 0
-        if size % self.m != 0:  # before any pass: a stage's buffers are shaped for one micro-batch size
-            raise ValueError(
-                f"{self!r}: the batch holds {size} samples, which do not split into microbatches={self.m} equal "
-                f"micro-batches (the stages exchange activations of one shape); give every process a batch size "
-                f"that is a multiple of {self.m}"
-            )
+        self._check_size(size)  # before any pass: a stage's buffers are shaped for one micro-batch size
         warn_if_batchnorm(state.model, self)
         parts = Parts(place.group("pp"), held.plan, held.stage, state.model)
         if ctx.agree is None:  # alone: a refusal on one stage is on all
             ctx = ctx._replace(agree=functools.partial(largest, group=place.world_group))
         return self._inner().prepare(state, batch, ctx._replace(model_parts=parts))
+
+    def check_batch_size(self, state: TrainState, size: int) -> None:
+        if self._split(state):  # one process: accumulate(microbatches), which takes any size
+            self._check_size(size)
+
+    def _check_size(self, size: int) -> None:
+        if size % self.m != 0:
+            raise ValueError(
+                f"{self!r}: the batch holds {size} samples, which do not split into microbatches={self.m} equal "
+                f"micro-batches (the stages exchange activations of one shape); give every process a batch size "
+                f"that is a multiple of {self.m}"
+            )
 
     def setup(self, state: TrainState) -> None:
         """Split before a checkpoint is resumed: it loads into this stage's part."""
