@@ -316,7 +316,7 @@ def test_checkpoint_activations_under_distributed_is_bit_identical(pool, composi
 def test_a_real_cuda_oom_under_a_memory_cap_is_retried():
     """A model whose whole-batch activations exceed a cap of the GPU's memory: auto settles on a micro-batch
     that fits, and the update equals train_step's on the whole batch (float32, computed without the cap)."""
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())  # the memory cap wants an index
     total = torch.cuda.get_device_properties(device).total_memory
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 8192), nn.ReLU(), nn.Linear(8192, 10)).to(device)

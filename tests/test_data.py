@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 import composetrain as ct
-from composetrain.core.batching import to_device
+from composetrain.core.batching import leaves, to_device
 from composetrain.core.rng import seed_everything
 from composetrain.driver import loader as ct_data
 from composetrain.driver import reader as ct_reader
@@ -448,7 +448,7 @@ def test_batches_copied_ahead_on_a_side_stream_equal_the_cpu_ones(kind):
     gpu = list(epoch_batches(reader, sampler, 1, 1, None, torch.device("cuda"), 6))
     assert [p for p, _, _ in gpu] == [p for p, _, _ in cpu] == [2, 3, 4, 5, 6]
     for (_, a, _), (_, b, _) in zip(cpu, gpu, strict=True):
-        assert all(t.device.type == "cuda" for t in ct.batching.leaves(b))
+        assert all(t.device.type == "cuda" for t in leaves(b))
         assert_same_batch(a, to_device(b, torch.device("cpu")))
 
 
