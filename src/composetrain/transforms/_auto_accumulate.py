@@ -112,7 +112,7 @@ class _AutoAccumulate(TrainStep):
             raise
 
     def check_batch_size(self, state: TrainState, size: int) -> None:
-        pass  # its pieces are checked at the update (see Transform.check_batch_size)
+        pass  # its pieces are checked at the update (see TrainStep.check_batch_size)
 
     def forward_size(self, state: TrainState, size: int) -> int:
         found = state.transform_state(self.role, MicroBatchMemory).micro_batch  # None: whole batches fit so far

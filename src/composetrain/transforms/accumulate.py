@@ -150,7 +150,7 @@ class _Accumulate(TrainStep):
         return combine(passes, who)
 
     def check_batch_size(self, state: TrainState, size: int) -> None:
-        pass  # its pieces are checked at the update (see Transform.check_batch_size)
+        pass  # its pieces are checked at the update (see TrainStep.check_batch_size)
 
     def forward_size(self, state: TrainState, size: int) -> int:
         # as split_weighted cuts it: pieces of n samples, the last one short, or n near-equal pieces

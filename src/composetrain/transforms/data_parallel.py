@@ -93,7 +93,7 @@ class _DataParallel(TrainStep):
         return self._inner().prepare(state, batch, ctx)
 
     def check_batch_size(self, state: TrainState, size: int) -> None:
-        pass  # its pieces are checked at the update (see Transform.check_batch_size)
+        pass  # its pieces are checked at the update (see TrainStep.check_batch_size)
 
     def forward_size(self, state: TrainState, size: int) -> int:
         return self._inner().forward_size(state, -(-size // min(len(self.devices), size)))  # the largest shard
